@@ -1,0 +1,85 @@
+"""Checkpoints: written atomically, read with ``torch.load(weights_only=True)``, usable without Lightning.
+
+Lightning's checkpoint dict carries, under :data:`CHECKPOINT_KEY`, the model config and the
+tokenizer JSON, so a checkpoint alone is enough to decode.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import uuid
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from tokenizers import Tokenizer
+
+from mtp.config import ModelConfig
+from mtp.errors import UserError
+from mtp.model import MTPModel
+
+CHECKPOINT_KEY = "mtp"
+CHECKPOINT_FORMAT = 1
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Saves to a temporary file beside the target and renames it into place: a checkpoint is whole or absent."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            torch.save(checkpoint, temporary)
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+    def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None):
+        return read_checkpoint(path, map_location)
+
+
+def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    """The raw checkpoint dict, after checking that the file exists, is complete and is an mtp checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist; pass the path of a .ckpt written by scripts/pretrain.py.")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
+        raise UserError(
+            f"checkpoint {path} is truncated or not a PyTorch checkpoint ({str(err).splitlines()[0]}); "
+            "use a complete .ckpt written by scripts/pretrain.py."
+        ) from err
+    if not isinstance(checkpoint, dict) or CHECKPOINT_KEY not in checkpoint or "state_dict" not in checkpoint:
+        raise UserError(f"{path} is not an mtp checkpoint (no '{CHECKPOINT_KEY}' entry); use one written by scripts/pretrain.py.")
+    if checkpoint[CHECKPOINT_KEY].get("format") != CHECKPOINT_FORMAT:
+        raise UserError(f"{path} has mtp checkpoint format {checkpoint[CHECKPOINT_KEY].get('format')}, this mtp reads {CHECKPOINT_FORMAT}.")
+    return checkpoint
+
+
+@dataclass
+class LoadedCheckpoint:
+    model: MTPModel
+    tokenizer: Tokenizer
+    config: ModelConfig
+    global_step: int
+
+
+def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedCheckpoint:
+    """Model (eval mode, on ``device``) and tokenizer from a checkpoint written by scripts/pretrain.py."""
+    checkpoint = read_checkpoint(path, map_location=device)
+    meta = checkpoint[CHECKPOINT_KEY]
+    config = ModelConfig.from_dict(meta["model_config"])
+    model = MTPModel(config).to(device)
+    prefix = "model."
+    state = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    model.load_state_dict(state)
+    model.eval()
+    return LoadedCheckpoint(model, Tokenizer.from_str(meta["tokenizer"]), config, checkpoint.get("global_step", 0))

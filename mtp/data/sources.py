@@ -1,0 +1,181 @@
+"""Document sources, loaded with Hugging Face ``datasets``: each yields a train and a validation split of texts.
+
+- ``stdlib``: the running Python's standard-library ``.py`` files (the embedded default; no network).
+- ``files``: local globs of ``.txt``/``.md``/``.py`` (one document per file), ``.jsonl``/``.json``
+  and ``.parquet`` (one document per row, text in ``text_field``).
+- ``hub``: a dataset name (or local dataset folder) and its text field, optionally streamed.
+
+The split is by document content: a document goes to validation when a hash of its text falls under
+``val_fraction``. It is deterministic, independent of file order, and keeps duplicates on one side.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import sys
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from mtp.errors import UserError
+
+SOURCE_KINDS = ("stdlib", "files", "hub")
+TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst"}
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+@dataclass
+class SourceConfig:
+    kind: str = "stdlib"
+    paths: list[str] = field(default_factory=list)
+    """files: glob patterns (``**`` allowed)."""
+    name: str = ""
+    """hub: dataset name on the Hub, or a local dataset folder."""
+    subset: str | None = None
+    """hub: configuration name, if the dataset has several."""
+    split: str = "train"
+    """hub: the split to read; validation documents are carved out of it by hash."""
+    text_field: str = "text"
+    streaming: bool = False
+    max_documents: int = 0
+    """Read at most this many documents (0: all); needed to bound a streamed dataset."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in SOURCE_KINDS:
+            raise UserError(f"data.source.kind={self.kind!r} is not one of {', '.join(SOURCE_KINDS)}.")
+        if self.kind == "files" and not self.paths:
+            raise UserError("data.source.kind=files needs data.source.paths=[glob, ...] naming local files.")
+        if self.kind == "hub" and not self.name:
+            raise UserError("data.source.kind=hub needs data.source.name=<dataset name or folder>.")
+        if self.max_documents < 0:
+            raise UserError(f"data.source.max_documents={self.max_documents} must be 0 (all) or positive.")
+
+
+def stdlib_files() -> list[Path]:
+    """The standard library's .py files, sorted; third-party packages excluded."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in root.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts))
+
+
+def matching_files(patterns: list[str]) -> list[Path]:
+    files = sorted({Path(p) for pattern in patterns for p in glob.glob(str(Path(pattern).expanduser()), recursive=True)})
+    files = [f for f in files if f.is_file()]
+    if not files:
+        raise UserError(f"data.source.paths={list(patterns)} matches no file; check the path or glob pattern.")
+    unknown = sorted({f.suffix for f in files} - TEXT_SUFFIXES - set(BUILDERS))
+    if unknown:
+        raise UserError(
+            f"cannot read files ending in {', '.join(unknown)}; use .txt, .md, .py, .rst, .jsonl, .json or .parquet."
+        )
+    empty = [f for f in files if f.stat().st_size == 0]
+    if len(empty) == len(files):
+        raise UserError(f"every file matched by data.source.paths={list(patterns)} is empty; point it at files with text.")
+    return files
+
+
+def source_files(config: SourceConfig) -> list[Path]:
+    if config.kind == "stdlib":
+        return stdlib_files()
+    if config.kind == "files":
+        return matching_files(config.paths)
+    return []
+
+
+def source_identity(config: SourceConfig) -> dict[str, Any]:
+    """Everything about the source that changes the documents; part of the data cache's fingerprint."""
+    identity: dict[str, Any] = {
+        "kind": config.kind,
+        "text_field": config.text_field,
+        "max_documents": config.max_documents,
+    }
+    files = source_files(config)
+    if files:
+        digest = hashlib.sha256()
+        for f in files:
+            stat = f.stat()
+            digest.update(f"{f.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        identity["files"] = digest.hexdigest()
+    if config.kind == "stdlib":
+        identity["python"] = sys.version
+    if config.kind == "hub":
+        identity.update(name=config.name, subset=config.subset, split=config.split)
+    return identity
+
+
+def load_documents(config: SourceConfig) -> datasets.Dataset | datasets.IterableDataset:
+    """All documents of the source as one dataset with a single column ``text``."""
+    if config.kind == "hub":
+        dataset = _load_hub(config)
+    else:
+        dataset = _load_files(source_files(config), config.text_field)
+    if config.max_documents:
+        dataset = dataset.take(config.max_documents)
+    return dataset
+
+
+def _load_files(files: list[Path], text_field: str) -> datasets.Dataset:
+    parts = []
+    text_files = [str(f) for f in files if f.suffix in TEXT_SUFFIXES]
+    if text_files:
+        parts.append(
+            datasets.load_dataset(
+                "text", data_files=text_files, sample_by="document", encoding_errors="replace", split="train"
+            )
+        )
+    for builder in sorted(set(BUILDERS.values())):
+        data_files = [str(f) for f in files if BUILDERS.get(f.suffix) == builder and f.stat().st_size > 0]
+        if data_files:
+            loaded = datasets.load_dataset(builder, data_files=data_files, split="train")
+            parts.append(_text_column(loaded, text_field, f"{builder} files {data_files[0]}..."))
+    dataset = datasets.concatenate_datasets(parts)
+    return dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
+
+
+def _load_hub(config: SourceConfig) -> datasets.Dataset | datasets.IterableDataset:
+    try:
+        dataset = datasets.load_dataset(config.name, config.subset, split=config.split, streaming=config.streaming)
+    except FileNotFoundError as err:
+        raise UserError(
+            f"dataset {config.name!r} was not found locally and could not be downloaded ({err}); "
+            "check data.source.name, or use data.source.kind=files for local files."
+        ) from err
+    except ValueError as err:
+        raise UserError(f"dataset {config.name!r} could not be loaded: {err}") from err
+    return _text_column(dataset, config.text_field, f"dataset {config.name!r}")
+
+
+def _text_column(dataset, text_field: str, what: str):
+    columns = dataset.column_names
+    if columns is None:  # a streamed dataset whose features are unknown until read
+        columns = list(next(iter(dataset)).keys())
+    if text_field not in columns:
+        raise UserError(
+            f"{what} has no field {text_field!r} (fields: {', '.join(columns)}); set data.source.text_field to one of them."
+        )
+    dataset = dataset.select_columns([text_field])
+    return dataset.rename_column(text_field, "text") if text_field != "text" else dataset
+
+
+def in_validation(text: str, val_fraction: float) -> bool:
+    bucket = int.from_bytes(hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest(), "little")
+    return bucket % 1_000_000 < val_fraction * 1_000_000
+
+
+def split_documents(dataset, val_fraction: float) -> dict[str, Any]:
+    """{'train': ..., 'validation': ...} by content hash (datasets ``filter``, lazy for streamed datasets)."""
+
+    def keep(want_val: bool):
+        return lambda batch: [in_validation(t, val_fraction) == want_val for t in batch["text"]]
+
+    return {"train": dataset.filter(keep(False), batched=True), "validation": dataset.filter(keep(True), batched=True)}
+
+
+def iter_texts(dataset, batch_size: int = 256) -> Iterator[list[str]]:
+    """Batches of document texts."""
+    for batch in dataset.iter(batch_size=batch_size):
+        yield batch["text"]

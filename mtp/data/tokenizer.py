@@ -1,0 +1,90 @@
+"""Tokenizers, all as Hugging Face ``tokenizers.Tokenizer`` objects so that one JSON string saves any of them.
+
+- ``byte``: ids 0..255 are the raw UTF-8 bytes, 256 is the end-of-text token.
+- ``bpe``: byte-level BPE trained on the training split, vocabulary size from the config.
+- ``pretrained``: any ``tokenizer.json`` file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from mtp.errors import UserError
+
+EOT = "<|endoftext|>"
+TOKENIZER_KINDS = ("byte", "bpe", "pretrained")
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from each byte to a printable character (what the ByteLevel pre-tokenizer emits)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, chars), strict=True))
+
+
+def byte_tokenizer() -> Tokenizer:
+    """Byte ids 0..255 in byte order, then the end-of-text token at 256."""
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([EOT])
+    return tokenizer
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Byte-level BPE with ``vocab_size`` entries (end-of-text included), trained on ``texts``."""
+    if vocab_size < 257:
+        raise UserError(f"a BPE vocabulary of {vocab_size} cannot hold the 256 bytes plus {EOT}; use at least 257.")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def load_pretrained(path: str | Path) -> Tokenizer:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"tokenizer file {path} does not exist; set data.tokenizer.path to a tokenizer.json.")
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises a bare Exception on malformed JSON
+        raise UserError(f"{path} is not a valid tokenizer.json ({err}); point data.tokenizer.path at one.") from err
+    if tokenizer.token_to_id(EOT) is None:
+        tokenizer.add_special_tokens([EOT])
+    return tokenizer
+
+
+def build_tokenizer(kind: str, texts: Iterator[str] | None = None, vocab_size: int = 0, path: str | None = None) -> Tokenizer:
+    if kind == "byte":
+        return byte_tokenizer()
+    if kind == "bpe":
+        assert texts is not None
+        return train_bpe(texts, vocab_size)
+    if kind == "pretrained":
+        if not path:
+            raise UserError("data.tokenizer.kind=pretrained needs data.tokenizer.path=/path/to/tokenizer.json.")
+        return load_pretrained(path)
+    raise UserError(f"data.tokenizer.kind={kind!r} is not one of {', '.join(TOKENIZER_KINDS)}.")
+
+
+def eot_id(tokenizer: Tokenizer) -> int:
+    token_id = tokenizer.token_to_id(EOT)
+    assert token_id is not None, "every mtp tokenizer carries the end-of-text token"
+    return token_id

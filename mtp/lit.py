@@ -1,0 +1,173 @@
+"""LightningModule: builds the MTP model from plain config, runs steps, logs metrics, sets up AdamW + schedule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ThroughputMonitor
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.text import Perplexity
+
+from mtp.checkpoint import CHECKPOINT_KEY, CHECKPOINT_FORMAT
+from mtp.config import ModelConfig
+from mtp.errors import UserError
+from mtp.loss import cross_entropy, mtp_loss, split_window
+from mtp.metrics import ExpectedTokensPerForward
+from mtp.model import MTPModel
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    eps: float = 1e-8
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    """Cosine decays the learning rate to lr * min_lr_ratio at the last step."""
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)
+        if self.lr <= 0:
+            raise UserError(f"optim.lr={self.lr} must be positive.")
+        if self.warmup_steps < 0:
+            raise UserError(f"optim.warmup_steps={self.warmup_steps} must be 0 or more.")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise UserError(f"optim.min_lr_ratio={self.min_lr_ratio} must lie in [0, 1].")
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """Learning-rate multiplier: linear warmup to 1, then cosine down to min_lr_ratio at total_steps."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class MTPLitModule(L.LightningModule):
+    def __init__(self, model: dict[str, Any], optim: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.config = ModelConfig.from_dict(dict(model))
+        self.optim = OptimConfig(**(optim or {}))
+        self.model = MTPModel(self.config)
+        n, vocab = self.config.n_future, self.config.vocab_size
+        self.val_loss = nn.ModuleList(MeanMetric() for _ in range(n))
+        self.val_acc = nn.ModuleList(MulticlassAccuracy(vocab, average="micro") for _ in range(n))
+        self.val_ppl = Perplexity()
+        self.val_tokens_per_forward = ExpectedTokensPerForward()
+
+    @property
+    def n_future(self) -> int:
+        return self.config.n_future
+
+    def setup(self, stage: str) -> None:
+        vocab_size = getattr(self.trainer.datamodule, "vocab_size", None)
+        if vocab_size is not None:
+            self.check_vocab_size(vocab_size)
+
+    def check_vocab_size(self, vocab_size: int) -> None:
+        """The tokenizer's ids must all fit the model's embedding."""
+        if vocab_size > self.config.vocab_size:
+            raise UserError(
+                f"the tokenizer has {vocab_size} tokens but model.vocab_size={self.config.vocab_size}; "
+                f"set model.vocab_size >= {vocab_size} or shrink data.tokenizer.vocab_size."
+            )
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        out = mtp_loss(self.model, batch)
+        self.log("train/loss", out.total, prog_bar=True)
+        self.log("lr", self.optimizers().param_groups[0]["lr"])
+        for k in range(1, self.n_future + 1):
+            self.log(f"train/loss_head{k}", out.per_head[k - 1])
+        return out.total
+
+    def validation_step(self, batch: Tensor, batch_idx: int) -> None:
+        inputs, targets = split_window(batch, self.n_future)
+        z = self.model.trunk(inputs)
+        predictions = []
+        for k in range(1, self.n_future + 1):  # one head's logits at a time
+            logits = self.model.head_logits(k, self.model.head_hidden(k, z))  # (B, T, V)
+            target = targets[k - 1]
+            self.val_loss[k - 1].update(cross_entropy(logits, target), weight=target.numel())
+            prediction = logits.argmax(dim=-1)
+            self.val_acc[k - 1].update(prediction.flatten(), target.flatten())
+            predictions.append(prediction)
+            if k == 1:
+                self.val_ppl.update(logits.float(), target)
+        self.val_tokens_per_forward.update(torch.stack(predictions))
+        for k in range(1, self.n_future + 1):
+            self.log(f"val/loss_head{k}", self.val_loss[k - 1], prog_bar=k == 1)
+            self.log(f"val/acc_head{k}", self.val_acc[k - 1])
+        self.log("val/ppl", self.val_ppl)
+        self.log("val/expected_tokens_per_forward", self.val_tokens_per_forward)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]  # norms (and biases)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.optim.lr,
+            betas=self.optim.betas,
+            eps=self.optim.eps,
+            fused=self.device.type == "cuda",
+        )
+        total_steps = self.trainer.estimated_stepping_batches
+        if not math.isfinite(total_steps):
+            raise UserError("the learning-rate schedule needs a finite run; set trainer.max_steps or trainer.max_epochs.")
+        schedule = partial(
+            warmup_cosine,
+            warmup_steps=self.optim.warmup_steps,
+            total_steps=int(total_steps),
+            min_lr_ratio=self.optim.min_lr_ratio,
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        datamodule = self.trainer.datamodule
+        checkpoint[CHECKPOINT_KEY] = {
+            "format": CHECKPOINT_FORMAT,
+            "model_config": self.config.to_dict(),
+            "tokenizer": datamodule.tokenizer.to_str(),
+        }
+
+    @property
+    def flops_per_batch(self) -> int | None:
+        """Approximate training FLOPs of one batch (6 x matmul parameters x tokens, plus attention)."""
+        batch_size = getattr(self.trainer.datamodule, "batch_size", None)
+        seq_len = getattr(self.trainer.datamodule, "seq_len", None)
+        if batch_size is None or seq_len is None:
+            return None
+        c = self.config
+        blocks = sum(
+            p.numel() for name, p in self.model.named_parameters() if name.startswith(("layers.", "extra_heads."))
+        )
+        unembeddings = c.n_future * c.d_model * c.vocab_size
+        attention = 6 * (c.n_layer_blocks + len(self.model.extra_heads)) * c.d_model * seq_len  # QK^T and AV, causal
+        return int(batch_size * seq_len * (6 * (blocks + unembeddings) + attention))
+
+
+class TokenThroughputMonitor(ThroughputMonitor):
+    """Lightning's throughput monitor counting every token of each (B, seq_len + n_future) window as an item.
+
+    Logs ``train/device/items_per_sec`` (tokens/s per device) and, with several devices, ``train/items_per_sec``.
+    """
+
+    def __init__(self, window_size: int = 20) -> None:
+        super().__init__(batch_size_fn=_batch_size, length_fn=_batch_tokens, window_size=window_size)
+
+
+def _batch_size(batch: Tensor) -> int:
+    return batch.size(0)
+
+
+def _batch_tokens(batch: Tensor) -> int:
+    return batch.numel()

@@ -1,0 +1,177 @@
+"""The MTP transformer in pure PyTorch: embeddings -> shared trunk -> n heads -> shared norm -> unembedding.
+
+Layout follows the released multi-token checkpoints of Gloeckle et al. (2024):
+
+- ``layers``: ``n_layers - n_future + 1`` blocks; the last one is head 1 (next token), the rest the trunk.
+- ``extra_heads``: ``n_future - 1`` blocks, heads 2..n, each applied in parallel to the trunk output.
+- ``norm`` and ``output``: one final RMSNorm and one unembedding shared by every head.
+
+With ``head_type='linear'`` every block is trunk, there are no extra blocks, and head k is its own
+unembedding ``outputs[k-1]`` ("replicated unembeddings").
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mtp.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rotary_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos and sin tables, each (max_seq_len, head_dim // 2)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate pairs (x[..., :d/2], x[..., d/2:]); x is (B, n_head, T, head_dim), cos/sin broadcast to (B, 1, T, d/2)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.n_kv_heads = config.n_kv_heads
+        self.head_dim = config.d_model // config.n_heads
+        self.wq = nn.Linear(config.d_model, config.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(config.d_model, config.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(config.d_model, config.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(config.n_heads * self.head_dim, config.d_model, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv_heads, T, head_dim)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, d_model)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(config.d_model, config.ffn_hidden, bias=False)
+        self.w3 = nn.Linear(config.d_model, config.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(config.ffn_hidden, config.d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attention = Attention(config)
+        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class MTPModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layer_blocks))
+        n_extra_blocks = config.n_future - 1 if config.head_type == "transformer" else 0
+        self.extra_heads = nn.ModuleList(Block(config) for _ in range(n_extra_blocks))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        n_unembeddings = config.n_future if config.head_type == "linear" else 1
+        self.outputs = nn.ModuleList(
+            nn.Linear(config.d_model, config.vocab_size, bias=False) for _ in range(n_unembeddings)
+        )
+        cos, sin = rotary_tables(config.d_model // config.n_heads, config.max_seq_len, config.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = self.config.init_std
+        # Scaled init of the projections that write into the residual stream (GPT-2), by total depth.
+        residual_std = std / math.sqrt(2 * self.config.n_layers)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                nn.init.normal_(p, 0.0, residual_std)
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    @property
+    def n_future(self) -> int:
+        return self.config.n_future
+
+    def rotary(self, seq_len: int) -> tuple[Tensor, Tensor]:
+        return self.rope_cos[:seq_len], self.rope_sin[:seq_len]
+
+    def trunk(self, idx: Tensor) -> Tensor:
+        """Shared trunk output z, (B, T, d_model), for token ids (B, T)."""
+        if idx.size(1) > self.config.max_seq_len:
+            raise ValueError(f"sequence of {idx.size(1)} tokens exceeds max_seq_len={self.config.max_seq_len}")
+        cos, sin = self.rotary(idx.size(1))
+        x = self.tok_embeddings(idx)
+        for block in self.trunk_blocks:
+            x = block(x, cos, sin)
+        return x
+
+    @property
+    def trunk_blocks(self) -> nn.ModuleList:
+        return self.layers if self.config.head_type == "linear" else self.layers[:-1]
+
+    def head_block(self, k: int) -> Block | None:
+        """The block of head k (1-based), or None for linear heads."""
+        if self.config.head_type == "linear":
+            return None
+        return self.layers[-1] if k == 1 else self.extra_heads[k - 2]
+
+    def unembedding(self, k: int) -> nn.Linear:
+        return self.outputs[k - 1] if self.config.head_type == "linear" else self.outputs[0]
+
+    def head_hidden(self, k: int, z: Tensor) -> Tensor:
+        """Head k's hidden state (B, T, d_model) from the trunk output z (B, T, d_model)."""
+        block = self.head_block(k)
+        if block is None:
+            return z
+        cos, sin = self.rotary(z.size(1))
+        return block(z, cos, sin)
+
+    def head_logits(self, k: int, hidden: Tensor) -> Tensor:
+        """Logits (..., vocab_size) of head k from its hidden state, through the shared norm."""
+        return self.unembedding(k)(self.norm(hidden))
+
+    def head_parameters(self, k: int) -> list[nn.Parameter]:
+        """Every parameter on head k's path from the trunk output to its logits."""
+        block = self.head_block(k)
+        params = [] if block is None else list(block.parameters())
+        return params + list(self.norm.parameters()) + list(self.unembedding(k).parameters())
+
+    def forward(self, idx: Tensor) -> Tensor:
+        """Logits of every head, (n_future, B, T, vocab_size); head k at position t predicts token t+k."""
+        z = self.trunk(idx)
+        return torch.stack([self.head_logits(k, self.head_hidden(k, z)) for k in range(1, self.n_future + 1)])

@@ -1,0 +1,71 @@
+"""train(cfg): instantiate datamodule, module, callbacks, loggers and trainer from a Hydra config, then fit."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+
+from mtp.checkpoint import AtomicCheckpointIO, read_checkpoint
+from mtp.lit import MTPLitModule
+
+log = logging.getLogger(__name__)
+
+
+def instantiate_group(group: DictConfig | None) -> list[Any]:
+    """Instantiate every entry of a callbacks/logger group that names a ``_target_``."""
+    if not group:
+        return []
+    return [hydra.utils.instantiate(node) for node in group.values() if isinstance(node, DictConfig) and "_target_" in node]
+
+
+def build(cfg: DictConfig) -> tuple[L.LightningDataModule, MTPLitModule, L.Trainer]:
+    """The datamodule (data prepared), the module and the trainer described by ``cfg``."""
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True)
+    module = MTPLitModule(  # validates the model config before any data work
+        model=OmegaConf.to_container(cfg.model, resolve=True),
+        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+    )
+    datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    module.check_vocab_size(datamodule.vocab_size)
+    trainer = hydra.utils.instantiate(
+        cfg.trainer,
+        callbacks=instantiate_group(cfg.get("callbacks")),
+        logger=instantiate_group(cfg.get("logger")) or False,
+        plugins=[AtomicCheckpointIO()],
+    )
+    return datamodule, module, trainer
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Fit as configured; returns the final logged metrics."""
+    ckpt_path = cfg.get("ckpt_path")
+    if ckpt_path:
+        read_checkpoint(ckpt_path)  # a missing, truncated or foreign file fails here, before any work
+    datamodule, module, trainer = build(cfg)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    report(trainer, metrics)
+    return metrics
+
+
+def report(trainer: L.Trainer, metrics: dict[str, float]) -> None:
+    if not trainer.is_global_zero:
+        return
+    shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith("val/"))
+    if shown:
+        print(f"final validation: {shown}")
+    checkpoint = trainer.checkpoint_callback and trainer.checkpoint_callback.last_model_path
+    if checkpoint and Path(checkpoint).is_file():
+        print(f"checkpoint: {checkpoint}")
+    for logger in trainer.loggers:
+        if logger.log_dir is None:
+            continue
+        print(f"tensorboard logs: {logger.log_dir}  (view: tensorboard --logdir {Path(logger.log_dir).parent.parent})")
