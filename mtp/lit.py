@@ -51,6 +51,15 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: 
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices (projections, embeddings, unembeddings), none on norms and biases."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
 class MTPLitModule(L.LightningModule):
     def __init__(self, model: dict[str, Any], optim: dict[str, Any] | None = None) -> None:
         super().__init__()
@@ -110,10 +119,8 @@ class MTPLitModule(L.LightningModule):
         self.log("val/expected_tokens_per_forward", self.val_tokens_per_forward)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]  # norms (and biases)
         optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            parameter_groups(self.model, self.optim.weight_decay),
             lr=self.optim.lr,
             betas=self.optim.betas,
             eps=self.optim.eps,

@@ -1,0 +1,69 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("PROJECT_ROOT", str(ROOT))
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory) -> Path:
+    """A small corpus of real code: 60 standard-library modules as .txt files."""
+    from mtp.data.sources import stdlib_files
+
+    out = tmp_path_factory.mktemp("corpus")
+    files = [f for f in stdlib_files() if 2_000 < f.stat().st_size < 40_000][:60]
+    for i, f in enumerate(files):
+        (out / f"doc{i:03d}.txt").write_text(f.read_text(encoding="utf-8", errors="replace"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory) -> Path:
+    """One data cache for the session, so tests that share settings reuse one packed corpus."""
+    return tmp_path_factory.mktemp("cache")
+
+
+def compose_train(overrides: list[str]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+@pytest.fixture
+def make_cfg(corpus_dir, shared_cache, tmp_path):
+    """Compose the real config tree with tiny sizes, the test corpus and tmp output folders."""
+
+    def make(model: str = "mtp4", extra: list[str] = ()) -> DictConfig:
+        overrides = [
+            f"model={model}",
+            "size=tiny",
+            "data=files",
+            f"data.source.paths=[{corpus_dir}/*.txt]",
+            f"data.cache_dir={shared_cache}",
+            "data.seq_len=32",
+            "data.batch_size=4",
+            "data.val_fraction=0.1",
+            "trainer.accelerator=cpu",
+            "trainer.max_steps=4",
+            "trainer.val_check_interval=2",
+            "trainer.limit_val_batches=2",
+            "trainer.log_every_n_steps=1",
+            "++trainer.enable_progress_bar=false",
+            "optim.warmup_steps=1",
+        ]
+        if model.startswith("mtp"):
+            overrides.append("model.vocab_size=512")
+        cfg = compose_train(overrides + list(extra))
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(tmp_path / "run")
+            cfg.paths.log_dir = str(tmp_path / "logs")
+        return cfg
+
+    return make

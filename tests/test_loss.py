@@ -1,0 +1,94 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mtp.config import ModelConfig
+from mtp.loss import mtp_loss, split_window
+from mtp.model import MTPModel
+
+
+def make_model(n_future=4, head_type="transformer", seed=0, **kwargs) -> MTPModel:
+    torch.manual_seed(seed)
+    config = ModelConfig(
+        vocab_size=97, d_model=32, n_layers=9, n_heads=4, n_kv_heads=2, n_future=n_future, head_type=head_type, **kwargs
+    )
+    return MTPModel(config)
+
+
+def gradients(model: MTPModel, window: torch.Tensor, mode: str, scale: float = 1.0):
+    model.zero_grad()
+    out = mtp_loss(model, window, mode)
+    (scale * out.total).backward()
+    return out, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_split_window_shifts_each_head_by_k():
+    window = torch.arange(10).unsqueeze(0)
+    inputs, targets = split_window(window, 3)
+    assert inputs.tolist() == [[0, 1, 2, 3, 4, 5, 6]]
+    assert targets[0].tolist() == [[1, 2, 3, 4, 5, 6, 7]]
+    assert targets[2].tolist() == [[3, 4, 5, 6, 7, 8, 9]]
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "linear"])
+@pytest.mark.parametrize("n_future", [1, 2, 4, 8])
+@pytest.mark.parametrize("loss_chunk", [0, 5])
+def test_sequential_gradients_equal_naive(head_type, n_future, loss_chunk):
+    weights = [1.0 / k for k in range(1, n_future + 1)]
+    model = make_model(n_future, head_type, loss_weights=weights, loss_chunk=loss_chunk)
+    window = torch.randint(0, 97, (3, 16 + n_future))
+    naive, naive_grads = gradients(model, window, "naive", scale=0.5)
+    sequential, sequential_grads = gradients(model, window, "sequential", scale=0.5)
+    torch.testing.assert_close(sequential.total, naive.total, rtol=1e-5, atol=0)
+    torch.testing.assert_close(sequential.per_head, naive.per_head, rtol=1e-5, atol=0)
+    assert naive_grads.keys() == sequential_grads.keys()
+    for name, grad in naive_grads.items():
+        relative = (sequential_grads[name] - grad).norm() / grad.norm()
+        assert relative < 1e-5, f"{name}: relative difference {relative:.2e}"
+
+
+def test_per_head_loss_is_cross_entropy_of_the_shifted_target():
+    model = make_model(n_future=3)
+    window = torch.randint(0, 97, (2, 11))
+    with torch.no_grad():
+        logits = model(window[:, :8])  # (3, 2, 8, 97)
+        out = mtp_loss(model, window)
+    for k in range(1, 4):
+        log_probs = F.log_softmax(logits[k - 1].double(), dim=-1)
+        target = window[:, k : k + 8]
+        expected = -log_probs.gather(-1, target.unsqueeze(-1)).mean()
+        torch.testing.assert_close(out.per_head[k - 1].double(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.total, out.per_head.sum())
+
+
+def test_sequential_backward_accumulates_like_autograd():
+    """Two micro-batches (gradient accumulation) sum into .grad exactly as naive mode does."""
+    model = make_model(n_future=2)
+    windows = torch.randint(0, 97, (2, 2, 14))
+    grads = {}
+    for mode in ("naive", "sequential"):
+        model.zero_grad()
+        for window in windows:
+            (mtp_loss(model, window, mode).total / 2).backward()
+        grads[mode] = [p.grad.clone() for p in model.parameters()]
+    for a, b in zip(grads["naive"], grads["sequential"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_sequential_under_bf16_autocast_tracks_naive():
+    model = make_model(n_future=4)
+    window = torch.randint(0, 97, (2, 20))
+    grads = {}
+    for mode in ("naive", "sequential"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, grads[mode] = gradients(model, window, mode)
+    for name, grad in grads["naive"].items():
+        relative = (grads["sequential"][name] - grad).norm() / grad.norm()
+        assert relative < 2e-2, f"{name}: relative difference {relative:.2e}"
+
+
+def test_eval_mode_keeps_no_graph():
+    model = make_model(n_future=2)
+    with torch.no_grad():
+        out = mtp_loss(model, torch.randint(0, 97, (1, 9)))
+    assert not out.total.requires_grad

@@ -1,0 +1,72 @@
+import pytest
+import torch
+
+from mtp.config import ModelConfig
+from mtp.model import MTPModel
+
+
+def tiny(**kwargs) -> ModelConfig:
+    values = dict(vocab_size=61, d_model=32, n_layers=9, n_heads=4, n_kv_heads=2, n_future=4)
+    values.update(kwargs)
+    return ModelConfig(**values)
+
+
+def n_params(config: ModelConfig) -> int:
+    return sum(p.numel() for p in MTPModel(config).parameters())
+
+
+@pytest.mark.parametrize("n_future", [2, 4, 8])
+def test_parameter_count_matches_next_token_model(n_future):
+    assert n_params(tiny(n_future=n_future)) == n_params(tiny(n_future=1))
+
+
+def test_layout_follows_released_checkpoints():
+    model = MTPModel(tiny(n_future=4))
+    assert len(model.layers) == 6 and len(model.extra_heads) == 3
+    assert model.head_block(1) is model.layers[-1]
+    assert model.head_block(3) is model.extra_heads[1]
+    assert len(model.outputs) == 1 and model.tok_embeddings.weight is not model.outputs[0].weight
+
+
+def test_linear_heads_have_their_own_unembedding():
+    model = MTPModel(tiny(n_future=3, head_type="linear"))
+    assert len(model.layers) == 9 and len(model.extra_heads) == 0 and len(model.outputs) == 3
+    assert model.unembedding(2) is model.outputs[1]
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "linear"])
+def test_forward_shape(head_type):
+    model = MTPModel(tiny(head_type=head_type))
+    logits = model(torch.randint(0, 61, (2, 7)))
+    assert logits.shape == (4, 2, 7, 61)
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "linear"])
+def test_causal_a_change_at_t_never_changes_logits_before_t(head_type):
+    torch.manual_seed(0)
+    model = MTPModel(tiny(head_type=head_type)).double()
+    idx = torch.randint(0, 61, (1, 12))
+    t = 7
+    changed = idx.clone()
+    changed[0, t] = (idx[0, t] + 1) % 61
+    with torch.no_grad():
+        before, after = model(idx), model(changed)
+    assert torch.equal(before[:, :, :t], after[:, :, :t])
+    assert not torch.allclose(before[:, :, t], after[:, :, t])
+
+
+def test_grouped_query_attention_matches_repeated_heads():
+    """GQA through SDPA equals plain attention with each key/value head repeated."""
+    torch.manual_seed(0)
+    model = MTPModel(tiny(n_future=1, n_layers=2))
+    attention = model.layers[0].attention
+    x = torch.randn(2, 5, 32)
+    cos, sin = model.rotary(5)
+    expected_k = attention.wk(x).view(2, 5, 2, 8).repeat_interleave(2, dim=2)
+    expected_v = attention.wv(x).view(2, 5, 2, 8).repeat_interleave(2, dim=2)
+    from mtp.model import apply_rotary
+
+    q = apply_rotary(attention.wq(x).view(2, 5, 4, 8).transpose(1, 2), cos, sin)
+    k = apply_rotary(expected_k.transpose(1, 2), cos, sin)
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, expected_v.transpose(1, 2), is_causal=True)
+    torch.testing.assert_close(attention(x, cos, sin), attention.wo(y.transpose(1, 2).reshape(2, 5, 32)))

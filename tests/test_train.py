@@ -1,0 +1,154 @@
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import open_dict
+
+from mtp.checkpoint import AtomicCheckpointIO, load_checkpoint, read_checkpoint
+from mtp.errors import UserError
+from mtp.config import ModelConfig
+from mtp.lit import parameter_groups, warmup_cosine
+from mtp.model import MTPModel
+from mtp.train import build, train
+
+PRESETS = ["mtp1", "mtp2", "mtp4", "mtp8", "byte1", "byte8"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_fast_dev_run_every_model_preset(make_cfg, preset):
+    cfg = make_cfg(preset, ["debug=fdr"])
+    metrics = train(cfg)
+    n = cfg.model.n_future
+    assert {f"val/loss_head{k}" for k in range(1, n + 1)} <= metrics.keys()
+    assert 1.0 <= metrics["val/expected_tokens_per_forward"] <= n
+
+
+def test_every_config_group_instantiates(make_cfg):
+    cfg = make_cfg("mtp2")
+    for group in ("callbacks", "logger"):
+        for node in cfg[group].values():
+            assert instantiate(node) is not None
+    assert instantiate(cfg.trainer, logger=False, enable_checkpointing=False) is not None
+
+
+def test_run_logs_metrics_and_writes_a_checkpoint_with_its_tokenizer(make_cfg):
+    cfg = make_cfg("mtp2")
+    metrics = train(cfg)
+    run = Path(cfg.paths.output_dir)
+    last = run / "checkpoints" / "last.ckpt"
+    assert last.is_file()
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert {"train/loss", "train/loss_head1", "train/loss_head2", "lr", "val/ppl", "val/acc_head2"} <= metrics.keys()
+    loaded = load_checkpoint(last)
+    assert loaded.config.n_future == 2 and loaded.global_step == 4
+    ids = loaded.tokenizer.encode("def f(x):\n    return x\n").ids
+    assert loaded.tokenizer.decode(ids) == "def f(x):\n    return x\n"
+    with torch.no_grad():
+        assert loaded.model(torch.tensor([ids])).shape == (2, 1, len(ids), 512)
+
+
+def test_tensorboard_holds_the_documented_curves(make_cfg):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = make_cfg("mtp2", ["trainer.max_steps=25", "trainer.val_check_interval=25"])
+    train(cfg)
+    events = EventAccumulator(str(Path(cfg.paths.output_dir) / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    expected = {"train/loss", "train/loss_head1", "train/loss_head2", "lr", "val/loss_head2", "val/acc_head1", "val/ppl"}
+    assert expected | {"val/expected_tokens_per_forward", "train/device/items_per_sec"} <= tags
+
+
+def test_resume_continues_the_run(make_cfg, tmp_path):
+    first = make_cfg("mtp2", ["trainer.max_steps=3"])
+    train(first)
+    last = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    assert read_checkpoint(last)["global_step"] == 3
+    second = make_cfg("mtp2", ["trainer.max_steps=6", f"ckpt_path={last}"])
+    with open_dict(second):
+        second.paths.output_dir = str(tmp_path / "resumed")
+    train(second)
+    resumed = read_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert resumed["global_step"] == 6
+    first_state = read_checkpoint(last)
+    # the optimizer's step counter continued from the first run rather than restarting
+    step_counts = [s["step"].item() for s in resumed["optimizer_states"][0]["state"].values()]
+    assert set(step_counts) == {6.0}
+    assert first_state["lr_schedulers"][0]["last_epoch"] == 3 and resumed["lr_schedulers"][0]["last_epoch"] == 6
+
+
+def test_tokenizer_larger_than_model_vocabulary(make_cfg):
+    cfg = make_cfg("mtp2", ["data.tokenizer.vocab_size=600"])
+    with pytest.raises(UserError, match="tokenizer has 600 tokens but model.vocab_size=512"):
+        train(cfg)
+
+
+def test_seq_len_longer_than_validation_data(make_cfg):
+    cfg = make_cfg("mtp2", ["data.seq_len=100000"])
+    with pytest.raises(UserError, match="longer than the whole validation split"):
+        train(cfg)
+
+
+def test_bad_resume_checkpoints(make_cfg, tmp_path):
+    missing = make_cfg("mtp2", [f"ckpt_path={tmp_path / 'nope.ckpt'}"])
+    with pytest.raises(UserError, match="does not exist"):
+        train(missing)
+    truncated = tmp_path / "truncated.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1000)}, "mtp": {"format": 1}}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:200])
+    with pytest.raises(UserError, match="truncated or not a PyTorch checkpoint"):
+        train(make_cfg("mtp2", [f"ckpt_path={truncated}"]))
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(3)}}, foreign)
+    with pytest.raises(UserError, match="not an mtp checkpoint"):
+        train(make_cfg("mtp2", [f"ckpt_path={foreign}"]))
+    text = tmp_path / "notes.ckpt"
+    text.write_text("hello")
+    with pytest.raises(UserError, match="truncated or not a PyTorch checkpoint"):
+        load_checkpoint(text)
+
+
+def test_checkpoints_load_with_weights_only_and_never_unpickle_objects(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("executed",))
+
+    path = tmp_path / "evil.ckpt"
+    torch.save({"mtp": {"format": 1}, "state_dict": {}, "payload": Evil()}, path)
+    with pytest.raises(UserError, match="truncated or not a PyTorch checkpoint"):
+        read_checkpoint(path)
+
+
+def test_atomic_save_leaves_no_partial_file(tmp_path, monkeypatch):
+    target = tmp_path / "ckpt" / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"x": torch.ones(2)}, target)
+    assert target.is_file()
+
+    def dies(obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", dies)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"x": torch.zeros(2)}, target)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["last.ckpt"]
+    monkeypatch.undo()
+    assert torch.load(target, weights_only=True)["x"].sum() == 2
+
+
+def test_warmup_then_cosine():
+    lrs = [warmup_cosine(s, warmup_steps=10, total_steps=110, min_lr_ratio=0.1) for s in range(111)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert lrs[60] == pytest.approx(0.55) and lrs[110] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
+
+
+def test_no_weight_decay_on_norms():
+    model = MTPModel(ModelConfig(vocab_size=50, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, n_future=2))
+    decay, no_decay = parameter_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 1 for p in no_decay["params"]) and all(p.dim() == 2 for p in decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    assert any(p is model.norm.weight for p in no_decay["params"])
