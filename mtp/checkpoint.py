@@ -56,9 +56,14 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
             "use a complete .ckpt written by scripts/pretrain.py."
         ) from err
     if not isinstance(checkpoint, dict) or CHECKPOINT_KEY not in checkpoint or "state_dict" not in checkpoint:
-        raise UserError(f"{path} is not an mtp checkpoint (no '{CHECKPOINT_KEY}' entry); use one written by scripts/pretrain.py.")
+        raise UserError(
+            f"{path} is not an mtp checkpoint (no '{CHECKPOINT_KEY}' entry); use one written by scripts/pretrain.py."
+        )
     if checkpoint[CHECKPOINT_KEY].get("format") != CHECKPOINT_FORMAT:
-        raise UserError(f"{path} has mtp checkpoint format {checkpoint[CHECKPOINT_KEY].get('format')}, this mtp reads {CHECKPOINT_FORMAT}.")
+        raise UserError(
+            f"{path} has mtp checkpoint format {checkpoint[CHECKPOINT_KEY].get('format')}, "
+            f"but this version of mtp reads format {CHECKPOINT_FORMAT}; load it with a matching mtp."
+        )
     return checkpoint
 
 

@@ -15,7 +15,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
-from mtp.checkpoint import CHECKPOINT_KEY, CHECKPOINT_FORMAT
+from mtp.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_KEY
 from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.loss import cross_entropy, mtp_loss, split_window
@@ -128,7 +128,9 @@ class MTPLitModule(L.LightningModule):
         )
         total_steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(total_steps):
-            raise UserError("the learning-rate schedule needs a finite run; set trainer.max_steps or trainer.max_epochs.")
+            raise UserError(
+                "the learning-rate schedule needs a finite run; set trainer.max_steps or trainer.max_epochs."
+            )
         schedule = partial(
             warmup_cosine,
             warmup_steps=self.optim.warmup_steps,

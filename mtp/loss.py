@@ -31,7 +31,7 @@ class LossOutput:
 
 
 def split_window(window: Tensor, n_future: int) -> tuple[Tensor, Tensor]:
-    """Inputs (B, T) and targets (n_future, B, T) from a window (B, T + n_future); targets[k-1] = window shifted by k."""
+    """Inputs (B, T) and targets (n_future, B, T) from a window (B, T + n_future); targets[k-1] is shifted by k."""
     seq_len = window.size(1) - n_future
     assert seq_len >= 1, "window must be longer than n_future"
     inputs = window[:, :seq_len]
@@ -48,7 +48,10 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 def naive_loss(model: MTPModel, z: Tensor, targets: Tensor, weights: list[float]) -> LossOutput:
     losses = torch.stack(
-        [cross_entropy(model.head_logits(k, model.head_hidden(k, z)), targets[k - 1]) for k in range(1, len(weights) + 1)]
+        [
+            cross_entropy(model.head_logits(k, model.head_hidden(k, z)), targets[k - 1])
+            for k in range(1, len(weights) + 1)
+        ]
     )
     total = (losses * losses.new_tensor(weights)).sum()
     return LossOutput(total, losses.detach())
@@ -76,7 +79,9 @@ def head_loss_and_grads(
     piece_losses = []
     for start in range(0, T, chunk):
         piece = detached_hidden[:, start : start + chunk]
-        piece_loss = cross_entropy(model.head_logits(k, piece), targets[:, start : start + chunk]) * piece[..., 0].numel()
+        piece_loss = (
+            cross_entropy(model.head_logits(k, piece), targets[:, start : start + chunk]) * piece[..., 0].numel()
+        )
         scale = weight / targets.numel()
         g_piece, *g_params = torch.autograd.grad(scale * piece_loss, [piece, *out_params], allow_unused=True)
         grad_hidden[:, start : start + chunk] += g_piece
@@ -118,7 +123,9 @@ class _SequentialHeads(torch.autograd.Function):
                 losses.append(loss)
         per_head = torch.stack(losses)
         total = (per_head * per_head.new_tensor(weights)).sum()
-        ctx.save_for_backward(grad_z, *[g if g is not None else torch.zeros_like(p) for g, p in zip(grad_params, params)])
+        ctx.save_for_backward(
+            grad_z, *[g if g is not None else torch.zeros_like(p) for g, p in zip(grad_params, params, strict=True)]
+        )
         ctx.mark_non_differentiable(per_head)
         return total, per_head
 

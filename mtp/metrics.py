@@ -18,7 +18,9 @@ def accepted_prefix_lengths(predictions: Tensor) -> Tensor:
     span = T - n + 1
     if n == 1:
         return torch.ones_like(predictions[0])
-    agree = torch.stack([predictions[k - 1, :, :span] == predictions[0, :, k - 1 : k - 1 + span] for k in range(2, n + 1)])
+    agree = torch.stack(
+        [predictions[k - 1, :, :span] == predictions[0, :, k - 1 : k - 1 + span] for k in range(2, n + 1)]
+    )
     return 1 + agree.long().cumprod(dim=0).sum(dim=0)
 
 

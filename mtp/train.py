@@ -20,7 +20,9 @@ def instantiate_group(group: DictConfig | None) -> list[Any]:
     """Instantiate every entry of a callbacks/logger group that names a ``_target_``."""
     if not group:
         return []
-    return [hydra.utils.instantiate(node) for node in group.values() if isinstance(node, DictConfig) and "_target_" in node]
+    return [
+        hydra.utils.instantiate(node) for node in group.values() if isinstance(node, DictConfig) and "_target_" in node
+    ]
 
 
 def build(cfg: DictConfig) -> tuple[L.LightningDataModule, MTPLitModule, L.Trainer]:

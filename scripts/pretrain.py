@@ -33,7 +33,11 @@ def main(cfg: DictConfig) -> None:
 def remove_empty_run_dir(output_dir: Path) -> None:
     """A run that failed on bad input leaves no folder behind, unless it had written something of value."""
     owned = {".hydra", f"{HydraConfig.get().job.name}.log", "tensorboard"}
-    if output_dir.is_dir() and {p.name for p in output_dir.iterdir()} <= owned and not (output_dir / "checkpoints").exists():
+    if (
+        output_dir.is_dir()
+        and {p.name for p in output_dir.iterdir()} <= owned
+        and not (output_dir / "checkpoints").exists()
+    ):
         shutil.rmtree(output_dir, ignore_errors=True)
 
 

@@ -6,11 +6,11 @@ from hydra.utils import instantiate
 from omegaconf import open_dict
 
 from mtp.checkpoint import AtomicCheckpointIO, load_checkpoint, read_checkpoint
-from mtp.errors import UserError
 from mtp.config import ModelConfig
+from mtp.errors import UserError
 from mtp.lit import parameter_groups, warmup_cosine
 from mtp.model import MTPModel
-from mtp.train import build, train
+from mtp.train import train
 
 PRESETS = ["mtp1", "mtp2", "mtp4", "mtp8", "byte1", "byte8"]
 
@@ -56,7 +56,15 @@ def test_tensorboard_holds_the_documented_curves(make_cfg):
     events = EventAccumulator(str(Path(cfg.paths.output_dir) / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    expected = {"train/loss", "train/loss_head1", "train/loss_head2", "lr", "val/loss_head2", "val/acc_head1", "val/ppl"}
+    expected = {
+        "train/loss",
+        "train/loss_head1",
+        "train/loss_head2",
+        "lr",
+        "val/loss_head2",
+        "val/acc_head1",
+        "val/ppl",
+    }
     assert expected | {"val/expected_tokens_per_forward", "train/device/items_per_sec"} <= tags
 
 

@@ -89,7 +89,9 @@ def open_packed(path: Path) -> PackedData:
         shard = path / f"{split}.bin"
         expected = meta["tokens"][split] * itemsize
         if not shard.is_file() or shard.stat().st_size != expected:
-            raise UserError(f"data cache {path} is damaged ({shard.name} is not {expected} bytes); delete that folder and rerun.")
+            raise UserError(
+                f"data cache {path} is damaged ({shard.name} is not {expected} bytes); delete that folder and rerun."
+            )
     return PackedData(path, meta, Tokenizer.from_file(str(path / "tokenizer.json")))
 
 
@@ -118,7 +120,10 @@ def _build(out: Path, source: SourceConfig, tok_config: TokenizerConfig, val_fra
     out.mkdir(parents=True)
     splits = split_documents(load_documents(source), val_fraction)
     tokenizer = build_tokenizer(
-        tok_config.kind, _training_texts(splits["train"], tok_config.train_bytes), tok_config.vocab_size, tok_config.path
+        tok_config.kind,
+        _training_texts(splits["train"], tok_config.train_bytes),
+        tok_config.vocab_size,
+        tok_config.path,
     )
     dtype = token_dtype(tokenizer.get_vocab_size())
     eot = eot_id(tokenizer)

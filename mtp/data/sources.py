@@ -59,11 +59,15 @@ class SourceConfig:
 def stdlib_files() -> list[Path]:
     """The standard library's .py files, sorted; third-party packages excluded."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(p for p in root.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts))
+    return sorted(
+        p for p in root.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)
+    )
 
 
 def matching_files(patterns: list[str]) -> list[Path]:
-    files = sorted({Path(p) for pattern in patterns for p in glob.glob(str(Path(pattern).expanduser()), recursive=True)})
+    files = sorted(
+        {Path(p) for pattern in patterns for p in glob.glob(str(Path(pattern).expanduser()), recursive=True)}
+    )
     files = [f for f in files if f.is_file()]
     if not files:
         raise UserError(f"data.source.paths={list(patterns)} matches no file; check the path or glob pattern.")
@@ -74,7 +78,9 @@ def matching_files(patterns: list[str]) -> list[Path]:
         )
     empty = [f for f in files if f.stat().st_size == 0]
     if len(empty) == len(files):
-        raise UserError(f"every file matched by data.source.paths={list(patterns)} is empty; point it at files with text.")
+        raise UserError(
+            f"every file matched by data.source.paths={list(patterns)} is empty; point it at files with text."
+        )
     return files
 
 
@@ -155,7 +161,8 @@ def _text_column(dataset, text_field: str, what: str):
         columns = list(next(iter(dataset)).keys())
     if text_field not in columns:
         raise UserError(
-            f"{what} has no field {text_field!r} (fields: {', '.join(columns)}); set data.source.text_field to one of them."
+            f"{what} has no field {text_field!r} (fields: {', '.join(columns)}); "
+            "set data.source.text_field to one of them."
         )
     dataset = dataset.select_columns([text_field])
     return dataset.rename_column(text_field, "text") if text_field != "text" else dataset

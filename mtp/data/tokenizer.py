@@ -71,7 +71,9 @@ def load_pretrained(path: str | Path) -> Tokenizer:
     return tokenizer
 
 
-def build_tokenizer(kind: str, texts: Iterator[str] | None = None, vocab_size: int = 0, path: str | None = None) -> Tokenizer:
+def build_tokenizer(
+    kind: str, texts: Iterator[str] | None = None, vocab_size: int = 0, path: str | None = None
+) -> Tokenizer:
     if kind == "byte":
         return byte_tokenizer()
     if kind == "bpe":

@@ -24,7 +24,9 @@ def test_packing_round_trip(kind, source, corpus_dir, tmp_path):
         from mtp.data.tokenizer import train_bpe
 
         train_bpe([p.read_text() for p in corpus_dir.glob("*.txt")], 600).save(str(path))
-    packed = prepare(source, TokenizerConfig(kind=kind, vocab_size=500, path=str(path) if path else None), 0.2, tmp_path / "c")
+    packed = prepare(
+        source, TokenizerConfig(kind=kind, vocab_size=500, path=str(path) if path else None), 0.2, tmp_path / "c"
+    )
     assert packed.meta["dtype"] == "uint16"
     eot = packed.meta["eot_id"]
     documents = []

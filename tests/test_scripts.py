@@ -1,0 +1,87 @@
+"""scripts/pretrain.py as a user runs it: bad input gets one clear sentence, no traceback, no leftovers."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pretrain(*overrides: str, tmp_path: Path, multirun: bool = False) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(ROOT / "scripts" / "pretrain.py"), *(["-m"] if multirun else [])]
+    command += [f"paths.log_dir={tmp_path / 'logs'}", *overrides]
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+
+
+def tiny_data(corpus_dir: Path, cache: Path) -> list[str]:
+    return [
+        "size=tiny",
+        "model.vocab_size=512",
+        "data=files",
+        f"data.source.paths=[{corpus_dir}/*.txt]",
+        f"data.cache_dir={cache}",
+        "data.seq_len=32",
+        "data.batch_size=4",
+        "data.val_fraction=0.1",
+    ]
+
+
+def assert_one_clear_error(result: subprocess.CompletedProcess, message: str) -> None:
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model=mtp3"], "Could not find 'model/mtp3'"),
+        (["model.dmodel=3"], "Could not override 'model.dmodel'"),
+        (["model.n_future=0"], "error: model.n_future=0 must be at least 1"),
+        (["model.n_future=12"], "error: model.n_future=12 leaves no trunk layer"),
+    ],
+)
+def test_bad_config_is_one_sentence(overrides, message, tmp_path):
+    result = pretrain(*overrides, tmp_path=tmp_path)
+    assert_one_clear_error(result, message)
+    assert not list((tmp_path / "logs").rglob("*.ckpt"))
+
+
+def test_bad_data_path_and_checkpoint(corpus_dir, shared_cache, tmp_path):
+    overrides = tiny_data(corpus_dir, shared_cache)
+    result = pretrain(*overrides, f"data.source.paths=[{tmp_path}/missing/*.txt]", tmp_path=tmp_path)
+    assert_one_clear_error(result, "matches no file")
+    assert result.returncode == 2
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("runs/*"))
+    result = pretrain(*overrides, f"ckpt_path={tmp_path}/none.ckpt", tmp_path=tmp_path)
+    assert_one_clear_error(result, "does not exist")
+
+
+@pytest.mark.slow
+def test_run_then_resume_from_the_command_line(corpus_dir, shared_cache, tmp_path):
+    overrides = [*tiny_data(corpus_dir, shared_cache), "trainer.max_steps=6", "trainer.val_check_interval=3"]
+    first = pretrain(*overrides, tmp_path=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    checkpoint = next(line.split(": ", 1)[1] for line in first.stdout.splitlines() if line.startswith("checkpoint: "))
+    assert Path(checkpoint).is_file()
+    assert "tensorboard --logdir" in first.stdout and "val/expected_tokens_per_forward=" in first.stdout
+    resumed = pretrain(*overrides, "trainer.max_steps=9", f"ckpt_path={checkpoint}", tmp_path=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Restoring states from the checkpoint" in resumed.stderr + resumed.stdout
+
+
+@pytest.mark.slow
+def test_sweep_runs_side_by_side(corpus_dir, shared_cache, tmp_path):
+    overrides = [*tiny_data(corpus_dir, shared_cache), "trainer.max_steps=2", "trainer.val_check_interval=2"]
+    result = pretrain(*overrides, "model=mtp1,mtp2", tmp_path=tmp_path, multirun=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    sweeps = list((tmp_path / "logs" / "pretrain" / "multiruns").iterdir())
+    assert len(sweeps) == 1
+    runs = sorted(p.name for p in sweeps[0].iterdir() if p.is_dir())
+    assert runs == ["0_mtp1", "1_mtp2"]
+    for run in runs:
+        assert list((sweeps[0] / run / "tensorboard").glob("events.out.tfevents.*"))
