@@ -100,7 +100,7 @@ def head_loss_and_grads(
 def _add(acc: Tensor | None, g: Tensor | None) -> Tensor | None:
     if g is None:
         return acc
-    return g.clone() if acc is None else acc.add_(g)
+    return g if acc is None else acc.add_(g)  # autograd.grad's results are fresh tensors we own
 
 
 class _SequentialHeads(torch.autograd.Function):
@@ -123,17 +123,21 @@ class _SequentialHeads(torch.autograd.Function):
                 losses.append(loss)
         per_head = torch.stack(losses)
         total = (per_head * per_head.new_tensor(weights)).sum()
-        ctx.save_for_backward(
-            grad_z, *[g if g is not None else torch.zeros_like(p) for g, p in zip(grad_params, params, strict=True)]
-        )
+        # Gradients are plain attributes, not saved tensors: backward hands them to autograd and drops its own
+        # reference, so AccumulateGrad can adopt them without a copy (a training step runs backward once).
+        ctx.stored_grads = [grad_z, *grad_params]
         ctx.mark_non_differentiable(per_head)
         return total, per_head
 
     @staticmethod
     def backward(ctx, grad_total: Tensor, _grad_per_head: Tensor):
-        grad_z, *grad_params = ctx.saved_tensors
-        scaled = [g * grad_total.to(g.dtype) for g in grad_params]
-        return (grad_z * grad_total.to(grad_z.dtype), None, None, None, None, *scaled)
+        assert hasattr(ctx, "stored_grads"), "the sequential loss supports one backward per forward"
+        grads = ctx.stored_grads
+        del ctx.stored_grads
+        for g in grads:
+            if g is not None:
+                g.mul_(grad_total.to(g.dtype))  # the loss scale: 1, 1/accumulation, or AMP's scale
+        return (grads[0], None, None, None, None, *grads[1:])
 
 
 def sequential_loss(model: MTPModel, z: Tensor, targets: Tensor, weights: list[float], chunk: int = 0) -> LossOutput:

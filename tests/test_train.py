@@ -8,8 +8,8 @@ from omegaconf import open_dict
 from mtp.checkpoint import AtomicCheckpointIO, load_checkpoint, read_checkpoint
 from mtp.config import ModelConfig
 from mtp.errors import UserError
-from mtp.lit import parameter_groups, warmup_cosine
 from mtp.model import MTPModel
+from mtp.optim import parameter_groups, warmup_cosine
 from mtp.train import train
 
 PRESETS = ["mtp1", "mtp2", "mtp4", "mtp8", "byte1", "byte8"]

@@ -1,0 +1,89 @@
+"""Tables and plots from benchmark results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+MIB = 2**20
+
+
+def add_ratios_to_n1(rows: list[dict[str, Any]]) -> None:
+    """Give each row memory and time ratios to the n_future=1 row of the same vocabulary and loss mode."""
+    base = {(r["vocab_size"], r["loss"]): r for r in rows if r["n_future"] == 1 and r["status"] == "ok"}
+    for row in rows:
+        ref = base.get((row["vocab_size"], row["loss"]))
+        if row["status"] != "ok" or ref is None:
+            row["memory_ratio_to_n1"] = row["time_ratio_to_n1"] = None
+            continue
+        row["memory_ratio_to_n1"] = row["peak_memory_bytes"] / ref["peak_memory_bytes"]
+        row["time_ratio_to_n1"] = row["step_time_s"] / ref["step_time_s"]
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| vocab | loss | n | peak memory (MiB) | memory / n=1 | step (ms) | time / n=1 | tokens/s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["vocab_size"], r["loss"], r["n_future"])):
+        if r["status"] != "ok":
+            lines.append(f"| {r['vocab_size']} | {r['loss']} | {r['n_future']} | {r['status']} | | | | |")
+            continue
+        lines.append(
+            f"| {r['vocab_size']} | {r['loss']} | {r['n_future']} | {r['peak_memory_bytes'] / MIB:,.0f} | "
+            f"{_ratio(r['memory_ratio_to_n1'])} | {r['step_time_s'] * 1000:,.0f} | {_ratio(r['time_ratio_to_n1'])} | "
+            f"{r['tokens_per_s']:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def plot_memory(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (memory_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    vocabs = sorted({r["vocab_size"] for r in rows})
+    colors = dict(zip(vocabs, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    for (vocab, mode), series in _series(rows).items():
+        ns = [r["n_future"] for r in series]
+        style = dict(color=colors[vocab], linestyle="-" if mode == "sequential" else "--", marker="o")
+        label = f"{mode}, V={vocab}"
+        memory_ax.plot(ns, [r["peak_memory_bytes"] / MIB for r in series], label=label, **style)
+        time_ax.plot(ns, [r["step_time_s"] * 1000 for r in series], label=label, **style)
+    for ax, ylabel in ((memory_ax, "peak memory of a training step (MiB)"), (time_ax, "median step time (ms)")):
+        ax.set_xlabel("heads n")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(sorted({r["n_future"] for r in rows}))
+        low, high = ax.get_ylim()
+        if low > 0 and high / low > 20:  # vocabularies far apart: log scale keeps every line readable
+            ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+    memory_ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _series(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[dict[str, Any]]]:
+    series: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in sorted(rows, key=lambda r: r["n_future"]):
+        if r["status"] == "ok":
+            series.setdefault((r["vocab_size"], r["loss"]), []).append(r)
+    return series
+
+
+def write_results(out: Path, rows: list[dict[str, Any]], setup: dict[str, Any], title: str) -> None:
+    """results.json, results.md and memory.png under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown_table(rows)
+    (out / "results.json").write_text(json.dumps({"setup": setup, "results": rows}, indent=2))
+    (out / "results.md").write_text(f"{title}\n\n{table}\n")
+    plot_memory(rows, out / "memory.png", title)

@@ -1,0 +1,122 @@
+"""Peak memory and step time of full training steps for one configuration, measured in this process.
+
+Run as ``python -m mtp.benchmarks.train_step '<json spec>'``; prints one JSON line. The parent
+(scripts/bench_train.py) starts a fresh process per configuration so that peak figures never mix.
+
+Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` minus the memory allocated after the model
+was built; on CPU the process's peak resident set (``ru_maxrss``) minus its resident set after the
+model was built. Both therefore count activations, logits, gradients and optimizer state.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from mtp.config import ModelConfig
+from mtp.loss import mtp_loss
+from mtp.model import MTPModel
+from mtp.optim import parameter_groups
+
+
+@dataclass
+class StepSpec:
+    n_future: int
+    vocab_size: int
+    loss: str
+    d_model: int = 256
+    n_layers: int = 9
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    seq_len: int = 128
+    batch_size: int = 4
+    loss_chunk: int = 0
+    steps: int = 3
+    warmup: int = 1
+    device: str = "cpu"
+    bf16: bool = False
+    seed: int = 0
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def peak_resident_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def measure(spec: StepSpec) -> dict:
+    torch.manual_seed(spec.seed)
+    device = torch.device(spec.device)
+    cuda = device.type == "cuda"
+    config = ModelConfig(
+        vocab_size=spec.vocab_size,
+        d_model=spec.d_model,
+        n_layers=spec.n_layers,
+        n_heads=spec.n_heads,
+        n_kv_heads=spec.n_kv_heads,
+        n_future=spec.n_future,
+        max_seq_len=spec.seq_len,
+        loss=spec.loss,
+        loss_chunk=spec.loss_chunk,
+    )
+    model = MTPModel(config).to(device)
+    optimizer = torch.optim.AdamW(parameter_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.95), fused=cuda)
+    window = torch.randint(0, spec.vocab_size, (spec.batch_size, spec.seq_len + spec.n_future), device=device)
+
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        baseline = torch.cuda.memory_allocated()
+    else:
+        baseline = resident_bytes()
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.bf16):
+            loss = mtp_loss(model, window).total
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    times = []
+    for _ in range(spec.warmup + spec.steps):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+
+    peak = (torch.cuda.max_memory_allocated() if cuda else peak_resident_bytes()) - baseline
+    step_time = statistics.median(times[spec.warmup :])
+    return {
+        **asdict(spec),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "peak_memory_bytes": peak,
+        "step_time_s": step_time,
+        "tokens_per_s": spec.batch_size * spec.seq_len / step_time,
+        "status": "ok",
+    }
+
+
+def main() -> None:
+    spec = StepSpec(**json.loads(sys.argv[1]))
+    try:
+        result = measure(spec)
+    except torch.OutOfMemoryError:
+        result = {**asdict(spec), "status": "out of memory"}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
