@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,10 @@ def instantiate_group(group: DictConfig | None) -> list[Any]:
     ]
 
 
-def build(cfg: DictConfig) -> tuple[L.LightningDataModule, MTPLitModule, L.Trainer]:
-    """The datamodule (data prepared), the module and the trainer described by ``cfg``."""
+def build(
+    cfg: DictConfig, callbacks: Sequence[L.Callback] = ()
+) -> tuple[L.LightningDataModule, MTPLitModule, L.Trainer]:
+    """The datamodule (data prepared), the module and the trainer described by ``cfg``, plus extra ``callbacks``."""
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     module = MTPLitModule(  # validates the model config before any data work
@@ -39,19 +42,19 @@ def build(cfg: DictConfig) -> tuple[L.LightningDataModule, MTPLitModule, L.Train
     module.check_vocab_size(datamodule.vocab_size)
     trainer = hydra.utils.instantiate(
         cfg.trainer,
-        callbacks=instantiate_group(cfg.get("callbacks")),
+        callbacks=instantiate_group(cfg.get("callbacks")) + list(callbacks),
         logger=instantiate_group(cfg.get("logger")) or False,
         plugins=[AtomicCheckpointIO()],
     )
     return datamodule, module, trainer
 
 
-def train(cfg: DictConfig) -> dict[str, float]:
-    """Fit as configured; returns the final logged metrics."""
+def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, float]:
+    """Fit as configured (with extra ``callbacks``, if given); returns the final logged metrics."""
     ckpt_path = cfg.get("ckpt_path")
     if ckpt_path:
         read_checkpoint(ckpt_path)  # a missing, truncated or foreign file fails here, before any work
-    datamodule, module, trainer = build(cfg)
+    datamodule, module, trainer = build(cfg, callbacks)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     save_last_checkpoint(trainer)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}

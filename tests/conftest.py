@@ -55,7 +55,7 @@ def make_cfg(corpus_dir, shared_cache, tmp_path):
             "trainer.val_check_interval=2",
             "trainer.limit_val_batches=2",
             "trainer.log_every_n_steps=1",
-            "++trainer.enable_progress_bar=false",
+            "trainer.enable_progress_bar=false",
             "optim.warmup_steps=1",
         ]
         if model.startswith("mtp"):

@@ -1,9 +1,10 @@
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from hydra.utils import instantiate
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 from mtp.checkpoint import AtomicCheckpointIO, load_checkpoint, read_checkpoint
 from mtp.config import ModelConfig
@@ -30,6 +31,21 @@ def test_every_config_group_instantiates(make_cfg):
         for node in cfg[group].values():
             assert instantiate(node) is not None
     assert instantiate(cfg.trainer, logger=False, enable_checkpointing=False) is not None
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["debug=fdr", "debug=overfit", "debug=limit", "experiment=mtp4_base_gpu"]
+    + [f"trainer={trainer}" for trainer in ("cpu", "gpu", "ddp")]
+    + [f"size={size}" for size in ("tiny", "small", "base", "large")]
+    + ["data=stdlib", "data=hub data.source.name=some/dataset", "data/tokenizer=byte", "data/tokenizer=pretrained"],
+)
+def test_every_preset_composes_into_valid_settings(make_cfg, override):
+    cfg = make_cfg("mtp4", override.split())
+    ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))  # every size fits every model preset
+    trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    trainer_args.update(accelerator="cpu", devices=1, strategy="auto", precision="32-true", logger=False)
+    instantiate(trainer_args, enable_checkpointing=False)
 
 
 def test_run_logs_metrics_and_writes_a_checkpoint_with_its_tokenizer(make_cfg):
@@ -84,6 +100,30 @@ def test_resume_continues_the_run(make_cfg, tmp_path):
     step_counts = [s["step"].item() for s in resumed["optimizer_states"][0]["state"].values()]
     assert set(step_counts) == {6.0}
     assert first_state["lr_schedulers"][0]["last_epoch"] == 3 and resumed["lr_schedulers"][0]["last_epoch"] == 6
+
+
+class RecordBatches(L.Callback):
+    def __init__(self) -> None:
+        self.batches: list[torch.Tensor] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.batches.append(batch.clone())
+
+
+def test_resume_mid_epoch_continues_the_data_order(make_cfg, tmp_path):
+    """A resumed run trains on the batches the uninterrupted run would have seen next, not the epoch's first ones."""
+    straight, first, resumed = RecordBatches(), RecordBatches(), RecordBatches()
+    train(make_cfg("mtp1", ["trainer.max_steps=6", "trainer.val_check_interval=3"]), callbacks=[straight])
+    cfg = make_cfg("mtp1", ["trainer.max_steps=3", "trainer.val_check_interval=3"])
+    train(cfg, callbacks=[first])
+    last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    cfg = make_cfg("mtp1", ["trainer.max_steps=6", "trainer.val_check_interval=3", f"ckpt_path={last}"])
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path / "resumed")
+    train(cfg, callbacks=[resumed])
+    assert len(straight.batches) == 6 and len(first.batches) == 3 and len(resumed.batches) == 3
+    for a, b in zip(straight.batches, first.batches + resumed.batches, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_tokenizer_larger_than_model_vocabulary(make_cfg):

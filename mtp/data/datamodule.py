@@ -9,7 +9,7 @@ import lightning as L
 import numpy as np
 import torch
 from tokenizers import Tokenizer
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from mtp.data.packing import PackedData, TokenizerConfig, prepare
 from mtp.data.sources import SourceConfig
@@ -35,6 +35,28 @@ class TokenWindows(Dataset):
         return torch.from_numpy(self._tokens[start : start + self.window].astype(np.int64))
 
 
+class ResumableShuffle(Sampler[int]):
+    """A random order fixed by (seed, epoch) that can start part-way into the epoch.
+
+    A run resumed from a mid-epoch checkpoint starts after the samples the first run already consumed,
+    in the same order, instead of replaying the start of the epoch.
+    """
+
+    def __init__(self, length: int, seed: int, start: int = 0) -> None:
+        self.length, self.seed, self.start, self.epoch = length, seed, start, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(self.length, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        start, self.start = self.start, 0  # only the first pass after a resume is shortened
+        return iter(order[start:].tolist())
+
+    def __len__(self) -> int:
+        return self.length
+
+
 class MTPDataModule(L.LightningDataModule):
     def __init__(
         self,
@@ -46,6 +68,7 @@ class MTPDataModule(L.LightningDataModule):
         val_fraction: float = 0.05,
         cache_dir: str = "data/cache",
         num_workers: int = 0,
+        seed: int | None = 0,
     ) -> None:
         super().__init__()
         if seq_len < 1:
@@ -58,6 +81,7 @@ class MTPDataModule(L.LightningDataModule):
         self.tokenizer_config = TokenizerConfig(**tokenizer)
         self.seq_len, self.n_future, self.batch_size = seq_len, n_future, batch_size
         self.val_fraction, self.cache_dir, self.num_workers = val_fraction, cache_dir, num_workers
+        self.seed = 0 if seed is None else seed
         self.packed: PackedData | None = None
 
     def prepare_data(self) -> None:
@@ -90,17 +114,32 @@ class MTPDataModule(L.LightningDataModule):
         return TokenWindows(path, self.packed.meta["dtype"], self.seq_len + self.n_future, self.seq_len)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.windows("train"), shuffle=True)
+        windows = self.windows("train")
+        if len(windows) < self.batch_size:
+            raise UserError(
+                f"the training split has {len(windows)} windows of {windows.window} tokens, fewer than "
+                f"data.batch_size={self.batch_size}; lower data.batch_size or data.seq_len, or add data."
+            )
+        sampler = ResumableShuffle(len(windows), self.seed, start=self._samples_already_seen())
+        return self._loader(windows, sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.windows("validation"), shuffle=False)
+        return self._loader(self.windows("validation"), sampler=None, drop_last=False)
 
-    def _loader(self, dataset: TokenWindows, shuffle: bool) -> DataLoader:
+    def _samples_already_seen(self) -> int:
+        """Training samples (all processes together) consumed in the current epoch, as restored from a checkpoint."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0
+        batches = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        return batches * self.batch_size * trainer.world_size
+
+    def _loader(self, dataset: TokenWindows, sampler: Sampler | None, drop_last: bool) -> DataLoader:
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=shuffle,
-            drop_last=shuffle,
+            sampler=sampler,
+            drop_last=drop_last,
             num_workers=self.num_workers,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=self.num_workers > 0,
