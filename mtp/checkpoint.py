@@ -1,4 +1,4 @@
-"""Checkpoints: written atomically, read with ``torch.load(weights_only=True)``, usable without Lightning.
+"""Checkpoints, read with ``torch.load(weights_only=True)`` and usable without Lightning (writing: mtp.checkpointing).
 
 Lightning's checkpoint dict carries, under :data:`CHECKPOINT_KEY`, the model config and the
 tokenizer JSON, so a checkpoint alone is enough to decode.
@@ -7,13 +7,11 @@ tokenizer JSON, so a checkpoint alone is enough to decode.
 from __future__ import annotations
 
 import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from tokenizers import Tokenizer
 
 from mtp.config import ModelConfig
@@ -22,25 +20,6 @@ from mtp.model import MTPModel
 
 CHECKPOINT_KEY = "mtp"
 CHECKPOINT_FORMAT = 1
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Saves to a temporary file beside the target and renames it into place: a checkpoint is whole or absent."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} takes no storage_options")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            torch.save(checkpoint, temporary)
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
-
-    def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None):
-        return read_checkpoint(path, map_location)
 
 
 def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:

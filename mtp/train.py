@@ -11,7 +11,8 @@ import hydra
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
-from mtp.checkpoint import AtomicCheckpointIO, read_checkpoint
+from mtp.checkpoint import read_checkpoint
+from mtp.checkpointing import AtomicCheckpointIO
 from mtp.lit import MTPLitModule
 
 log = logging.getLogger(__name__)
@@ -56,18 +57,9 @@ def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, fl
         read_checkpoint(ckpt_path)  # a missing, truncated or foreign file fails here, before any work
     datamodule, module, trainer = build(cfg, callbacks)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-    save_last_checkpoint(trainer)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     report(trainer, metrics)
     return metrics
-
-
-def save_last_checkpoint(trainer: L.Trainer) -> None:
-    """Write last.ckpt at the final step: ModelCheckpoint saves after validations, which need not fall on it."""
-    callback = trainer.checkpoint_callback
-    if trainer.fast_dev_run or callback is None or callback.dirpath is None or trainer.interrupted:
-        return
-    trainer.save_checkpoint(Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")
 
 
 def report(trainer: L.Trainer, metrics: dict[str, float]) -> None:

@@ -5,10 +5,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from mtp.data import MTPDataModule
 from mtp.lit import MTPLitModule
 
-MODEL = dict(vocab_size=64, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, n_future=3, loss="sequential")
-WINDOWS = torch.randint(0, 64, (4, 19), generator=torch.Generator().manual_seed(0))
+MODEL = dict(vocab_size=320, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, n_future=3, loss="sequential")
+WINDOWS = torch.randint(0, 320, (4, 19), generator=torch.Generator().manual_seed(0))
 
 
 class FixedWindows(L.LightningDataModule):
@@ -31,7 +32,7 @@ class CaptureFirstGradients(L.Callback):
             torch.save({n: p.grad.detach().clone() for n, p in pl_module.model.named_parameters()}, self.path)
 
 
-def first_step_gradients(tmp_path, devices: int, strategy: str) -> dict[str, torch.Tensor]:
+def first_step_gradients(tmp_path, devices: int, strategy: str, datamodule=None) -> dict[str, torch.Tensor]:
     path = str(tmp_path / f"grads_{devices}.pt")
     torch.manual_seed(0)
     module = MTPLitModule(model=MODEL, optim={"warmup_steps": 1})
@@ -46,8 +47,9 @@ def first_step_gradients(tmp_path, devices: int, strategy: str) -> dict[str, tor
         enable_model_summary=False,
         limit_val_batches=0,
         callbacks=[CaptureFirstGradients(path)],
+        use_distributed_sampler=datamodule is None,
     )
-    trainer.fit(module, datamodule=FixedWindows(batch_size=4 // devices))
+    trainer.fit(module, datamodule=datamodule or FixedWindows(batch_size=4 // devices))
     return torch.load(path, weights_only=True)
 
 
@@ -56,5 +58,27 @@ def test_ddp_first_step_gradients_equal_single_process(tmp_path):
     single = first_step_gradients(tmp_path, devices=1, strategy="auto")
     ddp = first_step_gradients(tmp_path, devices=2, strategy="ddp_spawn")
     assert single.keys() == ddp.keys()
+    for name, grad in single.items():
+        torch.testing.assert_close(ddp[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.slow
+def test_ddp_with_mtp_datamodule_splits_the_global_batch(tmp_path, corpus_dir, shared_cache):
+    """MTPDataModule gives each process its share of one shared order: the same global batch as one process."""
+
+    def datamodule(batch_size: int) -> MTPDataModule:
+        dm = MTPDataModule(
+            source={"kind": "files", "paths": [str(corpus_dir / "*.txt")]},
+            tokenizer={"kind": "byte"},
+            seq_len=16,
+            n_future=3,
+            batch_size=batch_size,
+            cache_dir=str(shared_cache),
+        )
+        dm.setup("fit")
+        return dm
+
+    single = first_step_gradients(tmp_path, devices=1, strategy="auto", datamodule=datamodule(4))
+    ddp = first_step_gradients(tmp_path, devices=2, strategy="ddp_spawn", datamodule=datamodule(2))
     for name, grad in single.items():
         torch.testing.assert_close(ddp[name], grad, rtol=1e-5, atol=1e-7, msg=name)

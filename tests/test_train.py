@@ -3,10 +3,12 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from conftest import compose_train
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
-from mtp.checkpoint import AtomicCheckpointIO, load_checkpoint, read_checkpoint
+from mtp.checkpoint import load_checkpoint, read_checkpoint
+from mtp.checkpointing import AtomicCheckpointIO
 from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.model import MTPModel
@@ -38,7 +40,7 @@ def test_every_config_group_instantiates(make_cfg):
     ["debug=fdr", "debug=overfit", "debug=limit", "experiment=mtp4_base_gpu"]
     + [f"trainer={trainer}" for trainer in ("cpu", "gpu", "ddp")]
     + [f"size={size}" for size in ("tiny", "small", "base", "large")]
-    + ["data=stdlib", "data=hub data.source.name=some/dataset", "data/tokenizer=byte", "data/tokenizer=pretrained"],
+    + ["data/tokenizer=byte", "data/tokenizer=pretrained"],
 )
 def test_every_preset_composes_into_valid_settings(make_cfg, override):
     cfg = make_cfg("mtp4", override.split())
@@ -46,6 +48,13 @@ def test_every_preset_composes_into_valid_settings(make_cfg, override):
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer_args.update(accelerator="cpu", devices=1, strategy="auto", precision="32-true", logger=False)
     instantiate(trainer_args, enable_checkpointing=False)
+
+
+def test_default_config_is_mtp4_on_the_stdlib_corpus():
+    cfg = compose_train([])
+    assert cfg.model.n_future == 4 and cfg.data.source.kind == "stdlib" and cfg.data.tokenizer.kind == "bpe"
+    assert compose_train(["model=byte8"]).data.tokenizer.kind == "byte"
+    assert OmegaConf.to_container(cfg.trainer, resolve=False)["max_steps"] > 0
 
 
 def test_run_logs_metrics_and_writes_a_checkpoint_with_its_tokenizer(make_cfg):
@@ -111,13 +120,16 @@ class RecordBatches(L.Callback):
 
 
 def test_resume_mid_epoch_continues_the_data_order(make_cfg, tmp_path):
-    """A resumed run trains on the batches the uninterrupted run would have seen next, not the epoch's first ones."""
+    """A resumed run trains on the batches the uninterrupted run would have seen next, not the epoch's first ones.
+
+    The first run stops at step 3, between validations, so its last.ckpt is the one written at the final step.
+    """
     straight, first, resumed = RecordBatches(), RecordBatches(), RecordBatches()
-    train(make_cfg("mtp1", ["trainer.max_steps=6", "trainer.val_check_interval=3"]), callbacks=[straight])
-    cfg = make_cfg("mtp1", ["trainer.max_steps=3", "trainer.val_check_interval=3"])
+    train(make_cfg("mtp1", ["trainer.max_steps=6", "trainer.val_check_interval=2"]), callbacks=[straight])
+    cfg = make_cfg("mtp1", ["trainer.max_steps=3", "trainer.val_check_interval=2"])
     train(cfg, callbacks=[first])
     last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
-    cfg = make_cfg("mtp1", ["trainer.max_steps=6", "trainer.val_check_interval=3", f"ckpt_path={last}"])
+    cfg = make_cfg("mtp1", ["trainer.max_steps=6", "trainer.val_check_interval=2", f"ckpt_path={last}"])
     with open_dict(cfg):
         cfg.paths.output_dir = str(tmp_path / "resumed")
     train(cfg, callbacks=[resumed])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -9,11 +10,15 @@ import lightning as L
 import numpy as np
 import torch
 from tokenizers import Tokenizer
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from mtp.data.packing import PackedData, TokenizerConfig, prepare
 from mtp.data.sources import SourceConfig
 from mtp.errors import UserError
+
+# Lightning warns on every mid-epoch resume unless the DataLoader object is stateful; ResumableShuffle below
+# restarts the order where the checkpoint left it, so the warning does not apply to this datamodule.
+warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
 
 
 class TokenWindows(Dataset):
@@ -36,14 +41,16 @@ class TokenWindows(Dataset):
 
 
 class ResumableShuffle(Sampler[int]):
-    """A random order fixed by (seed, epoch) that can start part-way into the epoch.
+    """A random order fixed by (seed, epoch), split across processes, that can start part-way into the epoch.
 
-    A run resumed from a mid-epoch checkpoint starts after the samples the first run already consumed,
-    in the same order, instead of replaying the start of the epoch.
+    Process ``rank`` of ``world_size`` takes every world_size-th sample of the shared order. A run resumed
+    from a mid-epoch checkpoint skips the ``start`` samples (all processes together) the first run
+    consumed and continues in the same order, instead of replaying the start of the epoch.
     """
 
-    def __init__(self, length: int, seed: int, start: int = 0) -> None:
+    def __init__(self, length: int, seed: int, start: int = 0, rank: int = 0, world_size: int = 1) -> None:
         self.length, self.seed, self.start, self.epoch = length, seed, start, 0
+        self.rank, self.world_size = rank, world_size
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -51,10 +58,11 @@ class ResumableShuffle(Sampler[int]):
     def __iter__(self):
         order = torch.randperm(self.length, generator=torch.Generator().manual_seed(self.seed + self.epoch))
         start, self.start = self.start, 0  # only the first pass after a resume is shortened
-        return iter(order[start:].tolist())
+        usable = start + (self.length - start) // self.world_size * self.world_size  # equal shares for every rank
+        return iter(order[start + self.rank : usable : self.world_size].tolist())
 
     def __len__(self) -> int:
-        return self.length
+        return self.length // self.world_size
 
 
 class MTPDataModule(L.LightningDataModule):
@@ -120,19 +128,35 @@ class MTPDataModule(L.LightningDataModule):
                 f"the training split has {len(windows)} windows of {windows.window} tokens, fewer than "
                 f"data.batch_size={self.batch_size}; lower data.batch_size or data.seq_len, or add data."
             )
-        sampler = ResumableShuffle(len(windows), self.seed, start=self._samples_already_seen())
+        rank, world_size = self._process_share()
+        start = self._samples_already_seen() * world_size
+        sampler = ResumableShuffle(len(windows), self.seed, start=start, rank=rank, world_size=world_size)
         return self._loader(windows, sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.windows("validation"), sampler=None, drop_last=False)
+        windows = self.windows("validation")
+        rank, world_size = self._process_share()
+        sampler = DistributedSampler(windows, world_size, rank, shuffle=False) if world_size > 1 else None
+        return self._loader(windows, sampler=sampler, drop_last=False)
+
+    def _process_share(self) -> tuple[int, int]:
+        """(rank, world size) of this process; the datamodule splits data across processes itself."""
+        trainer = self.trainer
+        if trainer is None or trainer.world_size == 1:
+            return 0, 1
+        if trainer._accelerator_connector.use_distributed_sampler:
+            raise UserError(
+                "trainer.use_distributed_sampler=true would split the data a second time; "
+                "keep it false (the default), MTPDataModule gives each process its share."
+            )
+        return trainer.global_rank, trainer.world_size
 
     def _samples_already_seen(self) -> int:
-        """Training samples (all processes together) consumed in the current epoch, as restored from a checkpoint."""
+        """Training samples this process consumed in the current epoch, as restored from a checkpoint (else 0)."""
         trainer = self.trainer
         if trainer is None:
             return 0
-        batches = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-        return batches * self.batch_size * trainer.world_size
+        return trainer.fit_loop.epoch_loop.batch_progress.current.ready * self.batch_size
 
     def _loader(self, dataset: TokenWindows, sampler: Sampler | None, drop_last: bool) -> DataLoader:
         return DataLoader(
