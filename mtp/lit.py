@@ -140,8 +140,8 @@ class MTPLitModule(L.LightningModule):
         if batch_size is None or seq_len is None:
             return None
         c = self.config
-        blocks = sum(
-            p.numel() for name, p in self.model.named_parameters() if name.startswith(("layers.", "extra_heads."))
+        blocks = (c.n_layer_blocks + len(self.model.extra_heads)) * sum(
+            p.numel() for p in self.model.layers[0].parameters()
         )
         unembeddings = c.n_future * c.d_model * c.vocab_size
         attention = 6 * (c.n_layer_blocks + len(self.model.extra_heads)) * c.d_model * seq_len  # QK^T and AV, causal
@@ -149,18 +149,18 @@ class MTPLitModule(L.LightningModule):
 
 
 class TokenThroughputMonitor(ThroughputMonitor):
-    """Lightning's throughput monitor counting every token of each (B, seq_len + n_future) window as an item.
+    """Lightning's throughput monitor counting trained tokens as items: B x seq_len per (B, seq_len + n_future) batch.
 
     Logs ``train/device/items_per_sec`` (tokens/s per device) and, with several devices, ``train/items_per_sec``.
     """
 
-    def __init__(self, window_size: int = 20) -> None:
-        super().__init__(batch_size_fn=_batch_size, length_fn=_batch_tokens, window_size=window_size)
+    def __init__(self, n_future: int, window_size: int = 20) -> None:
+        self.n_future = n_future
+        super().__init__(batch_size_fn=self.batch_size, length_fn=self.trained_tokens, window_size=window_size)
 
+    @staticmethod
+    def batch_size(batch: Tensor) -> int:
+        return batch.size(0)
 
-def _batch_size(batch: Tensor) -> int:
-    return batch.size(0)
-
-
-def _batch_tokens(batch: Tensor) -> int:
-    return batch.numel()
+    def trained_tokens(self, batch: Tensor) -> int:
+        return batch.size(0) * (batch.size(1) - self.n_future)

@@ -70,31 +70,29 @@ def head_loss_and_grads(
         grads = torch.autograd.grad(weight * loss, [z, *params], allow_unused=True)
         return loss.detach(), grads[0], list(grads[1:])
 
+    # The head's block runs once over the whole sequence (attention needs it); only the norm, the
+    # unembedding and the loss are chunked, into a gradient for the block's output.
     hidden = model.head_hidden(k, z)
     detached_hidden = hidden.detach().requires_grad_()
-    T = z.size(1)
     out_params = list(model.norm.parameters()) + list(model.unembedding(k).parameters())
     grad_hidden = torch.zeros_like(detached_hidden)
     grad_out: list[Tensor | None] = [None] * len(out_params)
-    piece_losses = []
-    for start in range(0, T, chunk):
-        piece = detached_hidden[:, start : start + chunk]
-        piece_loss = (
-            cross_entropy(model.head_logits(k, piece), targets[:, start : start + chunk]) * piece[..., 0].numel()
+    loss_sum = 0.0
+    for start in range(0, z.size(1), chunk):
+        piece = detached_hidden[:, start : start + chunk]  # (B, chunk, d)
+        piece_targets = targets[:, start : start + chunk]
+        piece_loss = cross_entropy(model.head_logits(k, piece), piece_targets) * piece_targets.numel()  # summed
+        g_piece, *g_params = torch.autograd.grad(
+            piece_loss * (weight / targets.numel()), [piece, *out_params], allow_unused=True
         )
-        scale = weight / targets.numel()
-        g_piece, *g_params = torch.autograd.grad(scale * piece_loss, [piece, *out_params], allow_unused=True)
         grad_hidden[:, start : start + chunk] += g_piece
         grad_out = [_add(a, b) for a, b in zip(grad_out, g_params, strict=True)]
-        piece_losses.append(piece_loss.detach())
+        loss_sum = loss_sum + piece_loss.detach()
     block_params = [p for p in params if not any(p is q for q in out_params)]
-    through_block = torch.autograd.grad(hidden, [z, *block_params], grad_hidden, allow_unused=True)
-    grad_z = through_block[0]
-    by_id = {id(p): g for p, g in zip(block_params, through_block[1:], strict=True)}
+    grad_z, *grad_block = torch.autograd.grad(hidden, [z, *block_params], grad_hidden, allow_unused=True)
+    by_id = {id(p): g for p, g in zip(block_params, grad_block, strict=True)}
     by_id.update({id(p): g for p, g in zip(out_params, grad_out, strict=True)})
-    if grad_z is None:  # linear heads: the hidden state is z itself
-        grad_z = grad_hidden
-    return torch.stack(piece_losses).sum() / targets.numel(), grad_z, [by_id.get(id(p)) for p in params]
+    return loss_sum / targets.numel(), grad_z, [by_id.get(id(p)) for p in params]
 
 
 def _add(acc: Tensor | None, g: Tensor | None) -> Tensor | None:

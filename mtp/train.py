@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,6 @@ from omegaconf import DictConfig, OmegaConf
 from mtp.checkpoint import read_checkpoint
 from mtp.checkpointing import AtomicCheckpointIO
 from mtp.lit import MTPLitModule
-
-log = logging.getLogger(__name__)
 
 
 def instantiate_group(group: DictConfig | None) -> list[Any]:
