@@ -52,6 +52,8 @@ class LoadedCheckpoint:
     tokenizer: Tokenizer
     config: ModelConfig
     global_step: int
+    data: dict[str, Any]
+    """The training data's source and validation fraction (empty for checkpoints that predate it)."""
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedCheckpoint:
@@ -64,4 +66,5 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     state = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
     model.load_state_dict(state)
     model.eval()
-    return LoadedCheckpoint(model, Tokenizer.from_str(meta["tokenizer"]), config, checkpoint.get("global_step", 0))
+    tokenizer = Tokenizer.from_str(meta["tokenizer"])
+    return LoadedCheckpoint(model, tokenizer, config, checkpoint.get("global_step", 0), meta.get("data", {}))

@@ -46,5 +46,5 @@ class ModelCheckpointAtEnd(ModelCheckpoint):
         final_step = 0 < trainer.max_steps <= trainer.global_step
         if self.save_last and final_step and not trainer.fast_dev_run and self.dirpath is not None:
             path = os.path.join(self.dirpath, f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)  # a full checkpoint: it must resume
             self.last_model_path = path

@@ -130,6 +130,7 @@ class MTPLitModule(L.LightningModule):
             "format": CHECKPOINT_FORMAT,
             "model_config": self.config.to_dict(),
             "tokenizer": datamodule.tokenizer.to_str(),
+            "data": datamodule.description(),  # where held-out prompts come from (bench_decode)
         }
 
     @property

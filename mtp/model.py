@@ -13,12 +13,16 @@ unembedding ``outputs[k-1]`` ("replicated unembeddings").
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtp.config import ModelConfig
+
+if TYPE_CHECKING:
+    from mtp.decode.cache import KVCache, LayerCache
 
 
 class RMSNorm(nn.Module):
@@ -57,13 +61,19 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.d_model, config.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(config.n_heads * self.head_dim, config.d_model, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None) -> Tensor:
+        """Causal self-attention; with ``cache``, x holds new positions after each row's cached ones."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv_heads, T, head_dim)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        gqa = self.n_kv_heads != self.n_heads
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            k, v = cache.append(k, v)  # (B, n_kv_heads, L, head_dim): cached and new positions
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, enable_gqa=gqa)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, d_model)
 
 
@@ -88,8 +98,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -175,3 +185,31 @@ class MTPModel(nn.Module):
         """Logits of every head, (n_future, B, T, vocab_size); head k at position t predicts token t+k."""
         z = self.trunk(idx)
         return torch.stack([self.head_logits(k, self.head_hidden(k, z)) for k in range(1, self.n_future + 1)])
+
+    def blocks(self) -> list[Block]:
+        """Every block, in the order KV caches are laid out: ``layers`` then ``extra_heads``."""
+        return [*self.layers, *self.extra_heads]
+
+    def forward_cached(self, idx: Tensor, cache: KVCache, n_heads: int) -> Tensor:
+        """Logits of heads 1..n_heads, (n_heads, B, S, V), for tokens idx (B, S) that follow each row's cached ones.
+
+        Writes their keys and values into ``cache`` (every block, trunk and heads) and advances its lengths by S.
+        Rows may sit at different lengths; the result equals the full forward at the same positions.
+        """
+        positions = cache.lengths[:, None] + torch.arange(idx.size(1), device=idx.device)  # (B, S)
+        if int(cache.max_length) + idx.size(1) > self.config.max_seq_len:
+            raise ValueError(f"decoding past max_seq_len={self.config.max_seq_len}")
+        cos = self.rope_cos[positions].unsqueeze(1)  # (B, 1, S, head_dim / 2)
+        sin = self.rope_sin[positions].unsqueeze(1)
+        cache.begin(positions)
+        block_index = {id(block): i for i, block in enumerate(self.blocks())}
+        x = self.tok_embeddings(idx)
+        for block in self.trunk_blocks:
+            x = block(x, cos, sin, cache.layer(block_index[id(block)]))
+        logits = []
+        for k in range(1, n_heads + 1):
+            block = self.head_block(k)
+            hidden = x if block is None else block(x, cos, sin, cache.layer(block_index[id(block)]))
+            logits.append(self.head_logits(k, hidden))
+        cache.commit(idx.size(1))
+        return torch.stack(logits)

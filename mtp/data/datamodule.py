@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,10 @@ class MTPDataModule(L.LightningDataModule):
                 f"data.seq_len={self.seq_len} (+{self.n_future} future tokens) is longer than the whole validation "
                 f"split ({val_tokens} tokens); lower data.seq_len or raise data.val_fraction."
             )
+
+    def description(self) -> dict[str, Any]:
+        """Plain settings that recover this data's splits: the source and the validation fraction."""
+        return {"source": asdict(self.source), "val_fraction": self.val_fraction, "seq_len": self.seq_len}
 
     @property
     def tokenizer(self) -> Tokenizer:

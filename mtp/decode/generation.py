@@ -1,0 +1,239 @@
+"""Autoregressive and self-speculative generation with one code path.
+
+Each step is ONE forward over [last accepted token, pending drafts] per row. Head 1's outputs verify
+the drafts; every head's outputs at the last accepted position become the next drafts (verify and
+predict merged, as in blockwise parallel decoding, Stern et al. 2018). The cache is rolled back to the
+accepted length. With ``heads=1`` there are no drafts: plain autoregressive decoding on the same cache
+and kernels, the baseline speed-ups are measured against.
+
+- greedy (temperature 0): a draft is accepted while it equals head 1's argmax, so the output is token
+  for token that of greedy autoregressive decoding from head 1.
+- sampling: head j's processed distribution p is the proposal for its draft, head 1's processed
+  distribution q the target. Accept with probability min(1, q/p); on rejection sample from
+  normalize(max(0, q - p)); when every draft passes, sample the bonus token from q. The output is
+  distributed as autoregressive sampling from head 1 (Leviathan et al. 2023; Chen et al. 2023).
+
+The first step is the prompt itself (right-padded to the longest), so prefill also drafts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from mtp.decode.cache import KVCache
+from mtp.decode.sampling import RowGenerators, processed_probs, sample_from
+from mtp.model import MTPModel
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    """0 is greedy."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0: all)."""
+    top_p: float = 1.0
+    """Keep the smallest set of most likely tokens whose probability reaches top_p (1: all)."""
+    heads: int = 1
+    """Heads used: 1 decodes autoregressively, k > 1 drafts k - 1 tokens per step with heads 2..k."""
+    eos_id: int | None = None
+    """Stop a row after this token (it is not included in the output)."""
+    seed: int = 0
+    """Row b samples from a generator seeded seed + b."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be at least 1")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be 0 (greedy) or positive")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be 0 (off) or positive")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} must lie in (0, 1]")
+        if self.heads < 1:
+            raise ValueError(f"heads={self.heads} must be at least 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class DecodeStats:
+    rows: int
+    forwards: int = 0
+    """Model forwards (steps), prefill included."""
+    row_forwards: int = 0
+    """Forwards summed over the rows that took part in each: the denominator of tokens/forward."""
+    tokens: int = 0
+    """Generated tokens, over all rows."""
+    drafted: list[int] = field(default_factory=list)
+    """Drafts verified at draft position j (token j + 1 of a step), over all rows and steps."""
+    accepted: list[int] = field(default_factory=list)
+    wall_time_s: float = 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / max(1, self.row_forwards)
+
+    @property
+    def acceptance(self) -> list[float]:
+        """Acceptance rate of the draft at each position (heads 2..k)."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted, self.drafted, strict=True)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    def line(self) -> str:
+        """One line of key=value pairs for scripts to parse."""
+        accept = ",".join(f"{a:.3f}" for a in self.acceptance) or "-"
+        return (
+            f"tokens={self.tokens} forwards={self.forwards} tokens/forward={self.tokens_per_forward:.3f} "
+            f"accept={accept} wall_s={self.wall_time_s:.3f} tokens/s={self.tokens_per_s:.1f}"
+        )
+
+
+@torch.inference_mode()
+def generate(
+    model: MTPModel, prompts: list[list[int]], config: GenerationConfig
+) -> tuple[list[list[int]], DecodeStats]:
+    """Continue every prompt (a list of token ids each) by up to ``max_new_tokens`` tokens; rows are independent."""
+    if config.heads > model.n_future:
+        raise ValueError(f"heads={config.heads} but the model has {model.n_future}")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    device = next(model.parameters()).device
+    drafts_per_step = config.heads - 1
+    max_len = max(map(len, prompts)) + config.max_new_tokens + config.heads
+    if max_len > model.config.max_seq_len:
+        raise ValueError(
+            f"prompt ({max(map(len, prompts))} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the "
+            f"model's context of {model.config.max_seq_len} tokens"
+        )
+    stats = DecodeStats(rows=len(prompts), drafted=[0] * drafts_per_step, accepted=[0] * drafts_per_step)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    rows = list(range(len(prompts)))  # original index of each live row
+    cache = KVCache.for_model(model, len(prompts), max_len)
+    generators = RowGenerators(config.seed, len(prompts), device)
+    start = time.perf_counter()
+
+    # Step 0: the prompts. Every prompt token counts as accepted; the last one is each row's base position.
+    width = max(map(len, prompts))
+    inputs = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=device)
+    first_base = [len(p) - 1 for p in prompts]
+    base = torch.tensor(first_base, device=device)
+    n_drafts = 0
+    draft_probs: Tensor | None = None  # (B, drafts, V) proposals of the pending drafts, when sampling
+
+    while rows:
+        held = cache.host_lengths
+        logits = model.forward_cached(inputs, cache, config.heads)  # (heads, B, S, V)
+        stats.forwards += 1
+        stats.row_forwards += len(rows)
+        accepted, next_token, drafts, draft_probs = _verify_and_draft(
+            logits, inputs, base, n_drafts, draft_probs, config, generators
+        )
+        # the one device-to-host transfer of the step: what each row accepted and emitted
+        host = torch.cat([accepted[:, None], next_token[:, None], inputs[:, 1:] if n_drafts else base[:, None]], 1)
+        host = host.tolist()
+        # keep the last accepted input and everything before it: base + accepted + 1 new positions
+        cache.rollback([held[i] + h[0] + 1 + first_base[i] for i, h in enumerate(host)])
+
+        keep = []
+        for i, (n_accepted, token, *pending) in enumerate(host):
+            emitted = (pending[:n_accepted] if n_drafts else []) + [token]
+            for j in range(n_drafts):
+                stats.drafted[j] += 1
+                stats.accepted[j] += int(j < n_accepted)
+            if _extend(outputs[rows[i]], emitted, config):
+                keep.append(i)
+        if len(keep) < len(rows):
+            rows = [rows[i] for i in keep]
+            if not rows:
+                break
+            index = torch.tensor(keep, device=device)
+            cache.keep_rows(keep)
+            generators.keep_rows(keep)
+            next_token, drafts = next_token[index], drafts[index]
+            draft_probs = None if draft_probs is None else draft_probs[index]
+        inputs = torch.cat([next_token[:, None], drafts], dim=1)
+        first_base = [0] * len(rows)
+        base = torch.zeros(len(rows), dtype=torch.long, device=device)
+        n_drafts = drafts_per_step
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    stats.wall_time_s = time.perf_counter() - start
+    stats.tokens = sum(map(len, outputs))
+    return outputs, stats
+
+
+def _extend(output: list[int], emitted: list[int], config: GenerationConfig) -> bool:
+    """Append emitted tokens up to EOS or the length budget; True while the row goes on."""
+    for token in emitted:
+        if token == config.eos_id:
+            return False
+        output.append(token)
+        if len(output) >= config.max_new_tokens:
+            return False
+    return True
+
+
+def accept_drafts(uniforms: Tensor, proposal: Tensor, target: Tensor) -> Tensor:
+    """Which drafts pass: each with probability min(1, target / proposal) of its token."""
+    return uniforms * proposal < target
+
+
+def _verify_and_draft(
+    logits: Tensor,
+    inputs: Tensor,
+    base: Tensor,
+    n_drafts: int,
+    draft_probs: Tensor | None,
+    config: GenerationConfig,
+    generators: RowGenerators,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Accepted draft counts (B,), the token after them (B,), next drafts (B, heads - 1) and their proposals."""
+    B = inputs.size(0)
+    rows = torch.arange(B, device=inputs.device)
+    head1 = logits[0]  # (B, S, V)
+    if config.greedy:
+        choice = head1.argmax(dim=-1)  # (B, S): head 1's token after each input
+        if n_drafts:
+            match = inputs[:, 1:] == choice[:, :n_drafts]
+            accepted = match.long().cumprod(dim=1).sum(dim=1)
+        else:
+            accepted = torch.zeros(B, dtype=torch.long, device=inputs.device)
+        last = base + accepted
+        next_token = choice[rows, last]
+        drafts = logits[1:, rows, last].argmax(dim=-1).T  # (B, heads - 1)
+        return accepted, next_token, drafts, None
+
+    draws = generators.uniforms(n_drafts + 1 + (logits.size(0) - 1))  # acceptance, next token, drafts
+    target = processed_probs(head1, config.temperature, config.top_k, config.top_p)  # (B, S, V)
+    if n_drafts:
+        pending = inputs[:, 1:, None]
+        q = target[:, :n_drafts].gather(-1, pending).squeeze(-1)  # (B, D) target probability of each draft
+        p = draft_probs.gather(-1, pending).squeeze(-1)  # its proposal probability
+        accepted = accept_drafts(draws[:, :n_drafts], p, q).long().cumprod(dim=1).sum(dim=1)
+    else:
+        accepted = torch.zeros(B, dtype=torch.long, device=inputs.device)
+    last = base + accepted
+    q_last = target[rows, last]  # (B, V)
+    if n_drafts:
+        rejected = accepted < n_drafts
+        p_rejected = draft_probs[rows, accepted.clamp(max=n_drafts - 1)] * rejected[:, None]
+        residual = (q_last - p_rejected).clamp_(min=0)
+        # q == p leaves nothing to resample from; then rejection had probability 0 and q is the law
+        empty = residual.sum(dim=-1, keepdim=True) <= 0
+        q_last = torch.where(empty, q_last, residual)
+    next_token = sample_from(q_last, draws[:, n_drafts])
+    proposals = processed_probs(logits[1:, rows, last], config.temperature, config.top_k, config.top_p)
+    proposals = proposals.transpose(0, 1)  # (B, heads - 1, V)
+    drafts = sample_from(proposals, draws[:, n_drafts + 1 :])
+    return accepted, next_token, drafts, proposals

@@ -1,0 +1,147 @@
+"""Decode from a checkpoint written by scripts/pretrain.py, autoregressively or self-speculatively.
+
+    python scripts/decode.py CKPT --self-speculative --prompt "def parse("
+    python scripts/decode.py CKPT --self-speculative --compare --prompt-file prompt.py
+    echo "import os" | python scripts/decode.py CKPT --temperature 0.8 --top-p 0.95
+
+Prints the completion on stdout, then one line of key=value statistics
+(tokens, forwards, tokens/forward, accept per draft position, wall_s, tokens/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mtp.checkpoint import load_checkpoint  # noqa: E402
+from mtp.data.tokenizer import eot_id  # noqa: E402
+from mtp.decode import GenerationConfig, generate  # noqa: E402
+from mtp.errors import UserError  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path, help="a .ckpt written by scripts/pretrain.py")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--prompt", help="the prompt text (default: read --prompt-file or standard input)")
+    source.add_argument("--prompt-file", type=Path, help="a file whose text is the prompt")
+    parser.add_argument(
+        "--self-speculative", action="store_true", help="draft with the extra heads, verify with head 1"
+    )
+    parser.add_argument("--heads", type=int, default=None, help="heads to use (default: all with --self-speculative)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1: off)")
+    parser.add_argument("--batch-size", type=int, default=1, help="decode the prompt in this many rows at once")
+    parser.add_argument("--seed", type=int, default=0, help="row b samples with seed + b")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="auto: bf16 on cuda")
+    parser.add_argument("--compare", action="store_true", help="also decode autoregressively and report the speed-up")
+    return parser.parse_args(argv)
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    if args.prompt_file is not None:
+        if not args.prompt_file.is_file():
+            raise UserError(f"prompt file {args.prompt_file} does not exist; pass an existing file to --prompt-file.")
+        return args.prompt_file.read_text(encoding="utf-8", errors="replace")
+    if sys.stdin.isatty():
+        raise UserError("no prompt: pass --prompt TEXT, --prompt-file FILE, or pipe the prompt into standard input.")
+    return sys.stdin.read()
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but PyTorch sees no CUDA device; use --device cpu or auto.")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def check_ranges(args: argparse.Namespace) -> None:
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {args.max_new_tokens} must be at least 1.")
+    if args.temperature < 0:
+        raise UserError(f"--temperature {args.temperature} must be 0 (greedy) or positive.")
+    if not 0 < args.top_p <= 1:
+        raise UserError(f"--top-p {args.top_p} must lie in (0, 1]; 1 turns nucleus sampling off.")
+    if args.top_k < 0:
+        raise UserError(f"--top-k {args.top_k} must be 0 (off) or positive.")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size {args.batch_size} must be at least 1.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    check_ranges(args)
+    device = pick_device(args.device)
+    loaded = load_checkpoint(args.checkpoint, device)
+    model, tokenizer, n_future = loaded.model, loaded.tokenizer, loaded.config.n_future
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(args.dtype)
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model.to(dtype)
+    model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()  # positions stay exact
+
+    heads = args.heads if args.heads is not None else (n_future if args.self_speculative else 1)
+    if not 1 <= heads <= n_future:
+        raise UserError(f"--heads {heads} is outside 1..{n_future}: this checkpoint has {n_future} head(s).")
+    if heads > 1 and not args.self_speculative:
+        raise UserError(f"--heads {heads} drafts with extra heads; add --self-speculative (or use --heads 1).")
+
+    text = read_prompt(args)
+    if not text:
+        raise UserError("the prompt is empty; give at least one character.")
+    eot = eot_id(tokenizer)
+    prompt = [eot] + tokenizer.encode(text, add_special_tokens=False).ids  # documents start after end-of-text
+    context = loaded.config.max_seq_len
+    if len(prompt) + args.max_new_tokens + heads > context:
+        raise UserError(
+            f"the prompt ({len(prompt)} tokens) plus --max-new-tokens {args.max_new_tokens} does not fit the model's "
+            f"context of {context} tokens; shorten the prompt or lower --max-new-tokens."
+        )
+    config = GenerationConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        heads=heads,
+        eos_id=eot,
+        seed=args.seed,
+    )
+    outputs, stats = generate(model, [prompt] * args.batch_size, config)
+    for row, output in enumerate(outputs):
+        if args.batch_size > 1:
+            print(f"--- row {row} ---")
+        print(text + tokenizer.decode(output))
+    print(stats.line() + f" heads={heads} batch={args.batch_size} device={device.type}")
+    if args.compare:
+        baseline_config = GenerationConfig(**{**config.__dict__, "heads": 1})
+        baseline, baseline_stats = generate(model, [prompt] * args.batch_size, baseline_config)
+        same = baseline == outputs
+        speedup = baseline_stats.wall_time_s / stats.wall_time_s if stats.wall_time_s else float("nan")
+        print(
+            f"compare: autoregressive {baseline_stats.line()} speedup={speedup:.2f}x "
+            f"outputs_match={'yes' if same else 'no'}"
+        )
+        if config.greedy and not same:
+            print("error: greedy self-speculative output differs from autoregressive output", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
