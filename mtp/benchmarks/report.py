@@ -87,3 +87,45 @@ def write_results(out: Path, rows: list[dict[str, Any]], setup: dict[str, Any], 
     (out / "results.json").write_text(json.dumps({"setup": setup, "results": rows}, indent=2))
     (out / "results.md").write_text(f"{title}\n\n{table}\n")
     plot_memory(rows, out / "memory.png", title)
+
+
+def decode_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| mode | batch | k | tokens/forward | acceptance by draft position | tokens/s | speed-up |",
+        "|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in rows:
+        accept = ", ".join(f"{a:.2f}" for a in r["acceptance"]) or "-"
+        lines.append(
+            f"| {r['mode']} | {r['batch_size']} | {r['heads']} | {r['tokens_per_forward']:.2f} | {accept} | "
+            f"{r['tokens_per_s']:,.1f} | {r['speedup']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (speed_ax, tpf_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode, batch_size in sorted({(r["mode"], r["batch_size"]) for r in rows}):
+        series = sorted(
+            (r for r in rows if (r["mode"], r["batch_size"]) == (mode, batch_size)), key=lambda r: r["heads"]
+        )
+        ks = [r["heads"] for r in series]
+        style = dict(marker="o", linestyle="-" if mode == "greedy" else "--", label=f"{mode}, batch {batch_size}")
+        speed_ax.plot(ks, [r["speedup"] for r in series], **style)
+        tpf_ax.plot(ks, [r["tokens_per_forward"] for r in series], **style)
+    for ax, ylabel in ((speed_ax, "speed-up over autoregressive (tokens/s)"), (tpf_ax, "tokens per forward")):
+        ax.set_xlabel("heads used k")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(sorted({r["heads"] for r in rows}))
+        ax.grid(True, alpha=0.3)
+    speed_ax.axhline(1.0, color="grey", linewidth=0.8)
+    speed_ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
