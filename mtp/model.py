@@ -190,11 +190,14 @@ class MTPModel(nn.Module):
         """Every block, in the order KV caches are laid out: ``layers`` then ``extra_heads``."""
         return [*self.layers, *self.extra_heads]
 
-    def forward_cached(self, idx: Tensor, cache: KVCache, n_heads: int) -> Tensor:
-        """Logits of heads 1..n_heads, (n_heads, B, S, V), for tokens idx (B, S) that follow each row's cached ones.
+    def forward_cached(self, idx: Tensor, cache: KVCache, n_heads: int) -> tuple[Tensor, Tensor]:
+        """Head 1's logits (B, S, V) and the hidden states of heads 2..n_heads (n_heads - 1, B, S, d) for tokens
+        idx (B, S) that follow each row's cached ones.
 
-        Writes their keys and values into ``cache`` (every block, trunk and heads) and advances its lengths by S.
-        Rows may sit at different lengths; the result equals the full forward at the same positions.
+        Writes their keys and values into ``cache`` (every block used, trunk and heads) and advances its lengths
+        by S. Rows may sit at different lengths; the result equals the full forward at the same positions.
+        Drafting needs the other heads' logits at one position per row only: ``head_logits`` on a gather of
+        their hidden states costs a fraction of unembedding them everywhere.
         """
         positions = cache.lengths[:, None] + torch.arange(idx.size(1), device=idx.device)  # (B, S)
         if int(cache.max_length) + idx.size(1) > self.config.max_seq_len:
@@ -206,10 +209,10 @@ class MTPModel(nn.Module):
         x = self.tok_embeddings(idx)
         for block in self.trunk_blocks:
             x = block(x, cos, sin, cache.layer(block_index[id(block)]))
-        logits = []
+        hidden = []
         for k in range(1, n_heads + 1):
             block = self.head_block(k)
-            hidden = x if block is None else block(x, cos, sin, cache.layer(block_index[id(block)]))
-            logits.append(self.head_logits(k, hidden))
+            hidden.append(x if block is None else block(x, cos, sin, cache.layer(block_index[id(block)])))
         cache.commit(idx.size(1))
-        return torch.stack(logits)
+        others = torch.stack(hidden[1:]) if n_heads > 1 else x.new_empty(0, *x.shape)
+        return self.head_logits(1, hidden[0]), others

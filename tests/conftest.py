@@ -36,34 +36,57 @@ def compose_train(overrides: list[str]) -> DictConfig:
         return compose(config_name="train", overrides=overrides)
 
 
+def tiny_overrides(model: str, corpus_dir: Path, cache: Path) -> list[str]:
+    """The real config tree with tiny sizes, the test corpus and a shared data cache."""
+    overrides = [
+        f"model={model}",
+        "size=tiny",
+        "data=files",
+        f"data.source.paths=[{corpus_dir}/*.txt]",
+        f"data.cache_dir={cache}",
+        "data.seq_len=32",
+        "data.batch_size=4",
+        "data.val_fraction=0.1",
+        "trainer.accelerator=cpu",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "trainer.limit_val_batches=2",
+        "trainer.log_every_n_steps=1",
+        "trainer.enable_progress_bar=false",
+        "optim.warmup_steps=1",
+    ]
+    if model.startswith("mtp"):
+        overrides.append("model.vocab_size=512")
+    return overrides
+
+
+def compose_in(overrides: list[str], output_dir: Path) -> DictConfig:
+    cfg = compose_train(overrides)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(output_dir / "run")
+        cfg.paths.log_dir = str(output_dir / "logs")
+    return cfg
+
+
 @pytest.fixture
 def make_cfg(corpus_dir, shared_cache, tmp_path):
     """Compose the real config tree with tiny sizes, the test corpus and tmp output folders."""
 
     def make(model: str = "mtp4", extra: list[str] = ()) -> DictConfig:
-        overrides = [
-            f"model={model}",
-            "size=tiny",
-            "data=files",
-            f"data.source.paths=[{corpus_dir}/*.txt]",
-            f"data.cache_dir={shared_cache}",
-            "data.seq_len=32",
-            "data.batch_size=4",
-            "data.val_fraction=0.1",
-            "trainer.accelerator=cpu",
-            "trainer.max_steps=4",
-            "trainer.val_check_interval=2",
-            "trainer.limit_val_batches=2",
-            "trainer.log_every_n_steps=1",
-            "trainer.enable_progress_bar=false",
-            "optim.warmup_steps=1",
-        ]
-        if model.startswith("mtp"):
-            overrides.append("model.vocab_size=512")
-        cfg = compose_train(overrides + list(extra))
-        with open_dict(cfg):
-            cfg.paths.output_dir = str(tmp_path / "run")
-            cfg.paths.log_dir = str(tmp_path / "logs")
-        return cfg
+        return compose_in(tiny_overrides(model, corpus_dir, shared_cache) + list(extra), tmp_path)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(corpus_dir, shared_cache, tmp_path_factory) -> dict[str, Path]:
+    """last.ckpt of a tiny BPE mtp4 and a tiny byte8 model, trained for 40 steps on the test corpus."""
+    from mtp.train import train
+
+    checkpoints = {}
+    for preset in ("mtp4", "byte8"):
+        out = tmp_path_factory.mktemp(preset)
+        steps = ["trainer.max_steps=40", "trainer.val_check_interval=20", "optim.lr=1e-2"]
+        train(compose_in(tiny_overrides(preset, corpus_dir, shared_cache) + steps, out))
+        checkpoints[preset] = out / "run" / "checkpoints" / "last.ckpt"
+    return checkpoints

@@ -132,11 +132,11 @@ def generate(
 
     while rows:
         held = cache.host_lengths
-        logits = model.forward_cached(inputs, cache, config.heads)  # (heads, B, S, V)
+        head1, hidden = model.forward_cached(inputs, cache, config.heads)  # (B, S, V), (heads - 1, B, S, d)
         stats.forwards += 1
         stats.row_forwards += len(rows)
         accepted, next_token, drafts, draft_probs = _verify_and_draft(
-            logits, inputs, base, n_drafts, draft_probs, config, generators
+            model, head1, hidden, inputs, base, n_drafts, draft_probs, config, generators
         )
         # the one device-to-host transfer of the step: what each row accepted and emitted
         host = torch.cat([accepted[:, None], next_token[:, None], inputs[:, 1:] if n_drafts else base[:, None]], 1)
@@ -190,7 +190,9 @@ def accept_drafts(uniforms: Tensor, proposal: Tensor, target: Tensor) -> Tensor:
 
 
 def _verify_and_draft(
-    logits: Tensor,
+    model: MTPModel,
+    head1: Tensor,
+    hidden: Tensor,
     inputs: Tensor,
     base: Tensor,
     n_drafts: int,
@@ -201,7 +203,11 @@ def _verify_and_draft(
     """Accepted draft counts (B,), the token after them (B,), next drafts (B, heads - 1) and their proposals."""
     B = inputs.size(0)
     rows = torch.arange(B, device=inputs.device)
-    head1 = logits[0]  # (B, S, V)
+
+    def draft_logits(last: Tensor) -> Tensor:  # (heads - 1, B, V): heads 2..k at each row's last accepted input
+        gathered = hidden[:, rows, last]  # (heads - 1, B, d)
+        return torch.stack([model.head_logits(j + 2, h) for j, h in enumerate(gathered)]) if len(hidden) else gathered
+
     if config.greedy:
         choice = head1.argmax(dim=-1)  # (B, S): head 1's token after each input
         if n_drafts:
@@ -211,10 +217,10 @@ def _verify_and_draft(
             accepted = torch.zeros(B, dtype=torch.long, device=inputs.device)
         last = base + accepted
         next_token = choice[rows, last]
-        drafts = logits[1:, rows, last].argmax(dim=-1).T  # (B, heads - 1)
+        drafts = draft_logits(last).argmax(dim=-1).T  # (B, heads - 1)
         return accepted, next_token, drafts, None
 
-    draws = generators.uniforms(n_drafts + 1 + (logits.size(0) - 1))  # acceptance, next token, drafts
+    draws = generators.uniforms(n_drafts + 1 + len(hidden))  # acceptance, next token, drafts
     target = processed_probs(head1, config.temperature, config.top_k, config.top_p)  # (B, S, V)
     if n_drafts:
         pending = inputs[:, 1:, None]
@@ -233,7 +239,7 @@ def _verify_and_draft(
         empty = residual.sum(dim=-1, keepdim=True) <= 0
         q_last = torch.where(empty, q_last, residual)
     next_token = sample_from(q_last, draws[:, n_drafts])
-    proposals = processed_probs(logits[1:, rows, last], config.temperature, config.top_k, config.top_p)
+    proposals = processed_probs(draft_logits(last), config.temperature, config.top_k, config.top_p)
     proposals = proposals.transpose(0, 1)  # (B, heads - 1, V)
     drafts = sample_from(proposals, draws[:, n_drafts + 1 :])
     return accepted, next_token, drafts, proposals

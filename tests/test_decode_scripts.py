@@ -1,0 +1,133 @@
+"""scripts/decode.py and scripts/bench_decode.py as a user runs them, on tiny checkpoints made by the framework."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtp.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+decode = load_script("decode")
+
+
+def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "decode.py"), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def stats_of(stdout: str) -> dict[str, str]:
+    line = next(line for line in stdout.splitlines() if line.startswith("tokens="))
+    return dict(item.split("=", 1) for item in line.split())
+
+
+@pytest.mark.parametrize("preset", ["mtp4", "byte8"])
+def test_greedy_compare_matches_and_prints_parseable_stats(tiny_checkpoints, preset, capsys):
+    code = decode.main(
+        [
+            str(tiny_checkpoints[preset]),
+            "--self-speculative",
+            "--compare",
+            "--prompt",
+            "def parse(",
+            "--max-new-tokens",
+            "24",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("def parse(")
+    stats = stats_of(out)
+    n = 4 if preset == "mtp4" else 8
+    assert stats["heads"] == str(n) and len(stats["accept"].split(",")) == n - 1
+    assert float(stats["tokens/forward"]) >= 1.0 and int(stats["forwards"]) >= 1 and float(stats["tokens/s"]) > 0
+    assert "outputs_match=yes" in out and "speedup=" in out
+
+
+def test_sampling_batch_and_byte_output_never_crash(tiny_checkpoints, capsys):
+    args = ["--self-speculative", "--temperature", "1.5", "--top-k", "50", "--top-p", "0.95", "--batch-size", "3"]
+    assert decode.main([str(tiny_checkpoints["byte8"]), *args, "--prompt", "é", "--max-new-tokens", "40"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("--- row ") == 3 and stats_of(out)["batch"] == "3"
+
+
+def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
+    result = cli(str(tiny_checkpoints["mtp4"]), "--max-new-tokens", "5", stdin="import os\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("import os\n") and stats_of(result.stdout)["heads"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--self-speculative", "--heads", "5"], "--heads 5 is outside 1..4"),
+        (["--self-speculative", "--heads", "0"], "--heads 0 is outside 1..4"),
+        (["--heads", "2"], "add --self-speculative"),
+        (["--max-new-tokens", "0"], "--max-new-tokens 0 must be at least 1"),
+        (["--temperature", "-1"], "--temperature -1.0 must be 0"),
+        (["--top-p", "0"], "--top-p 0.0 must lie in (0, 1]"),
+        (["--top-p", "1.5"], "--top-p 1.5 must lie in (0, 1]"),
+        (["--top-k", "-2"], "--top-k -2 must be 0"),
+        (["--device", "cuda"], "no CUDA device"),
+        (["--prompt-file", "/nonexistent/prompt.txt"], "does not exist"),
+        (["--max-new-tokens", "5000"], "does not fit the model's context"),
+    ],
+)
+def test_bad_flags_are_one_sentence(tiny_checkpoints, args, message):
+    if "--device" in args and __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    argv = [str(tiny_checkpoints["mtp4"]), *args]
+    if "--prompt-file" not in args:
+        argv += ["--prompt", "x = 1"]
+    with pytest.raises(UserError, match=__import__("re").escape(message)):
+        decode.main(argv)
+
+
+def test_empty_prompt(tiny_checkpoints):
+    with pytest.raises(UserError, match="the prompt is empty"):
+        decode.main([str(tiny_checkpoints["mtp4"]), "--prompt", ""])
+
+
+def test_bad_checkpoints_exit_2_without_traceback(tmp_path):
+    truncated = tmp_path / "cut.ckpt"
+    truncated.write_bytes(b"PK\x03\x04 not really a zip")
+    for path, message in ((tmp_path / "none.ckpt", "does not exist"), (truncated, "truncated or not a PyTorch")):
+        result = cli(str(path), "--prompt", "x")
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
+    out = tmp_path / "bench"
+    command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"])]
+    command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1,2"]
+    result = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert {(r["mode"], r["batch_size"], r["heads"]) for r in rows} == {
+        (mode, b, k) for mode in ("greedy", "sampling") for b in (1, 2) for k in range(1, 5)
+    }
+    for r in rows:
+        assert r["speedup"] > 0 and r["tokens_per_forward"] >= 1 and len(r["acceptance"]) == r["heads"] - 1
+        if r["heads"] == 1:
+            assert r["speedup"] == 1.0
+    assert "| mode | batch | k | tokens/forward |" in (out / "results.md").read_text()
+    assert (out / "decode.png").read_bytes()[:4] == b"\x89PNG"
