@@ -69,15 +69,17 @@ class KVCache:
 
     def commit(self, new: int) -> None:
         """Count the S new positions of the last forward as held."""
-        self.lengths += new
+        self.lengths = self.lengths + new  # a new tensor: callers may hold the old lengths
         self.host_lengths = [n + new for n in self.host_lengths]
         self.positions = self.mask = None
 
-    def rollback(self, lengths: list[int]) -> None:
-        """Keep only each row's first ``lengths[b]`` positions."""
+    def rollback(self, lengths: list[int], device_lengths: Tensor | None = None) -> None:
+        """Keep only each row's first ``lengths[b]`` positions (``device_lengths``: the same, already on the device)."""
         assert all(0 <= n <= held for n, held in zip(lengths, self.host_lengths, strict=True))
         self.host_lengths = list(lengths)
-        self.lengths = torch.tensor(lengths, dtype=torch.long).to(self.keys.device, non_blocking=True)
+        if device_lengths is None:
+            device_lengths = torch.tensor(lengths, dtype=torch.long, device=self.keys.device)
+        self.lengths = device_lengths
 
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every row not in ``rows`` (finished ones), so that they stop costing compute."""

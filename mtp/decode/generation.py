@@ -131,7 +131,7 @@ def generate(
     draft_probs: Tensor | None = None  # (B, drafts, V) proposals of the pending drafts, when sampling
 
     while rows:
-        held = cache.host_lengths
+        held, held_on_device = cache.host_lengths, cache.lengths
         head1, hidden = model.forward_cached(inputs, cache, config.heads)  # (B, S, V), (heads - 1, B, S, d)
         stats.forwards += 1
         stats.row_forwards += len(rows)
@@ -142,7 +142,8 @@ def generate(
         host = torch.cat([accepted[:, None], next_token[:, None], inputs[:, 1:] if n_drafts else base[:, None]], 1)
         host = host.tolist()
         # keep the last accepted input and everything before it: base + accepted + 1 new positions
-        cache.rollback([held[i] + h[0] + 1 + first_base[i] for i, h in enumerate(host)])
+        kept = [held[i] + h[0] + 1 + first_base[i] for i, h in enumerate(host)]
+        cache.rollback(kept, held_on_device + base + accepted + 1)  # the same, computed where it is used
 
         keep = []
         for i, (n_accepted, token, *pending) in enumerate(host):
