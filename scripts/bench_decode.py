@@ -21,22 +21,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mtp.benchmarks.cli import int_list  # noqa: E402
 from mtp.benchmarks.report import decode_table, plot_decode  # noqa: E402
 from mtp.checkpoint import load_checkpoint  # noqa: E402
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents  # noqa: E402
 from mtp.data.tokenizer import eot_id  # noqa: E402
 from mtp.decode import DecodeStats, GenerationConfig, generate  # noqa: E402
 from mtp.errors import UserError  # noqa: E402
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r} has a value below 1")
-    return values
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -24,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mtp.benchmarks.cli import int_list  # noqa: E402
 from mtp.benchmarks.report import add_ratios_to_n1, markdown_table, write_results  # noqa: E402
 from mtp.benchmarks.train_step import StepSpec  # noqa: E402
 
@@ -33,16 +34,6 @@ DEFAULTS = {
     "cuda": dict(d_model=2048, n_layers=16, n_heads=16, n_kv_heads=8, seq_len=2048, batch_size=4, steps=5, warmup=2),
 }
 QUICK = dict(d_model=64, n_layers=9, n_heads=4, n_kv_heads=2, seq_len=64, batch_size=2, steps=2, warmup=1)
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4,8") from None
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r} has a value below 1; every entry must be a positive integer")
-    return values
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
