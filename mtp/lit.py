@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -21,27 +20,7 @@ from mtp.errors import UserError
 from mtp.loss import cross_entropy, mtp_loss, split_window
 from mtp.metrics import ExpectedTokensPerForward
 from mtp.model import MTPModel
-from mtp.optim import parameter_groups, warmup_cosine
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 3e-3
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.1
-    eps: float = 1e-8
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
-    """Cosine decays the learning rate to lr * min_lr_ratio at the last step."""
-
-    def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)
-        if self.lr <= 0:
-            raise UserError(f"optim.lr={self.lr} must be positive.")
-        if self.warmup_steps < 0:
-            raise UserError(f"optim.warmup_steps={self.warmup_steps} must be 0 or more.")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise UserError(f"optim.min_lr_ratio={self.min_lr_ratio} must lie in [0, 1].")
+from mtp.optim import OptimConfig, parameter_groups, warmup_cosine
 
 
 class MTPLitModule(L.LightningModule):

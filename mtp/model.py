@@ -205,14 +205,15 @@ class MTPModel(nn.Module):
         cos = self.rope_cos[positions].unsqueeze(1)  # (B, 1, S, head_dim / 2)
         sin = self.rope_sin[positions].unsqueeze(1)
         cache.begin(positions)
-        block_index = {id(block): i for i, block in enumerate(self.blocks())}
         x = self.tok_embeddings(idx)
-        for block in self.trunk_blocks:
-            x = block(x, cos, sin, cache.layer(block_index[id(block)]))
+        for i, block in enumerate(self.trunk_blocks):  # the trunk is a prefix of blocks()
+            x = block(x, cos, sin, cache.layer(i))
         hidden = []
         for k in range(1, n_heads + 1):
             block = self.head_block(k)
-            hidden.append(x if block is None else block(x, cos, sin, cache.layer(block_index[id(block)])))
+            # in blocks() order head 1 is the last of `layers`, head k > 1 is extra_heads[k - 2]
+            index = len(self.layers) + k - 2
+            hidden.append(x if block is None else block(x, cos, sin, cache.layer(index)))
         cache.commit(idx.size(1))
         others = torch.stack(hidden[1:]) if n_heads > 1 else x.new_empty(0, *x.shape)
         return self.head_logits(1, hidden[0]), others

@@ -1,11 +1,14 @@
-"""Optimizer pieces in plain PyTorch: AdamW parameter groups and the warmup + cosine schedule."""
+"""Optimizer pieces in plain PyTorch: settings, AdamW parameter groups and the warmup + cosine schedule."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
+
+from mtp.errors import UserError
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
@@ -23,3 +26,23 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, An
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    eps: float = 1e-8
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    """Cosine decays the learning rate to lr * min_lr_ratio at the last step."""
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)
+        if self.lr <= 0:
+            raise UserError(f"optim.lr={self.lr} must be positive.")
+        if self.warmup_steps < 0:
+            raise UserError(f"optim.warmup_steps={self.warmup_steps} must be 0 or more.")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise UserError(f"optim.min_lr_ratio={self.min_lr_ratio} must lie in [0, 1].")

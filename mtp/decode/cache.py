@@ -29,6 +29,7 @@ class KVCache:
         self.host_lengths = [0] * batch_size  # mirrors `lengths`, so that shapes never need a device sync
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.positions: Tensor | None = None
+        self.rows: Tensor | None = None
         self.mask: Tensor | None = None
         self.span = 0
 
@@ -60,6 +61,7 @@ class KVCache:
         if self.max_length + new > self.max_len:
             raise ValueError(f"the KV cache holds {self.max_len} positions; {self.max_length + new} were asked for")
         self.positions = positions
+        self.rows = torch.arange(positions.size(0), device=positions.device)[:, None]  # (B, 1)
         self.span = self.max_length + new
         keys = torch.arange(self.span, device=positions.device)
         self.mask = keys[None, None, None, :] <= positions[:, None, :, None]  # (B, 1, S, span)
@@ -71,7 +73,7 @@ class KVCache:
         """Count the S new positions of the last forward as held."""
         self.lengths = self.lengths + new  # a new tensor: callers may hold the old lengths
         self.host_lengths = [n + new for n in self.host_lengths]
-        self.positions = self.mask = None
+        self.positions = self.rows = self.mask = None
 
     def rollback(self, lengths: list[int], device_lengths: Tensor | None = None) -> None:
         """Keep only each row's first ``lengths[b]`` positions (``device_lengths``: the same, already on the device)."""
@@ -103,8 +105,7 @@ class LayerCache:
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write new keys/values (B, n_kv_heads, S, head_dim); return all held ones (B, n_kv_heads, span, head_dim)."""
         cache = self.cache
-        rows = torch.arange(k.size(0), device=k.device)[:, None]
         keys, values = cache.keys[self.index], cache.values[self.index]
-        keys[rows, :, cache.positions] = k.transpose(1, 2).to(keys.dtype)  # (B, S, n_kv_heads, head_dim)
-        values[rows, :, cache.positions] = v.transpose(1, 2).to(values.dtype)
+        keys[cache.rows, :, cache.positions] = k.transpose(1, 2).to(keys.dtype)  # (B, S, n_kv_heads, head_dim)
+        values[cache.rows, :, cache.positions] = v.transpose(1, 2).to(values.dtype)
         return keys[:, :, : cache.span], values[:, :, : cache.span]
