@@ -185,9 +185,32 @@ def _extend(output: list[int], emitted: list[int], config: GenerationConfig) -> 
     return True
 
 
+def target_probs(head1_logits: Tensor, config: GenerationConfig) -> Tensor:
+    """The law autoregressive sampling draws from: head 1's distribution after temperature, top-k and top-p."""
+    return processed_probs(head1_logits, config.temperature, config.top_k, config.top_p)
+
+
+def proposal_probs(draft_logits: Tensor, config: GenerationConfig) -> Tensor:
+    """The law a head's draft is sampled from: its distribution, processed exactly as the target is."""
+    return processed_probs(draft_logits, config.temperature, config.top_k, config.top_p)
+
+
 def accept_drafts(uniforms: Tensor, proposal: Tensor, target: Tensor) -> Tensor:
     """Which drafts pass: each with probability min(1, target / proposal) of its token."""
     return uniforms * proposal < target
+
+
+def correction_probs(target: Tensor, proposal: Tensor, rejected: Tensor) -> Tensor:
+    """Law of the token that follows the accepted drafts, (B, V).
+
+    Where a draft was rejected (``rejected`` (B,)): normalize(max(0, target - proposal)) of the rejected
+    position, so that accepted and resampled tokens together are distributed as the target. Where every
+    draft passed: the target itself (the bonus token).
+    """
+    residual = (target - proposal * rejected[:, None]).clamp_(min=0)
+    # target == proposal leaves nothing to resample from; then rejection had probability 0 and the target is the law
+    empty = residual.sum(dim=-1, keepdim=True) <= 0
+    return torch.where(empty, target, residual)
 
 
 def _verify_and_draft(
@@ -222,7 +245,7 @@ def _verify_and_draft(
         return accepted, next_token, drafts, None
 
     draws = generators.uniforms(n_drafts + 1 + len(hidden))  # acceptance, next token, drafts
-    target = processed_probs(head1, config.temperature, config.top_k, config.top_p)  # (B, S, V)
+    target = target_probs(head1, config)  # (B, S, V)
     if n_drafts:
         pending = inputs[:, 1:, None]
         q = target[:, :n_drafts].gather(-1, pending).squeeze(-1)  # (B, D) target probability of each draft
@@ -233,14 +256,9 @@ def _verify_and_draft(
     last = base + accepted
     q_last = target[rows, last]  # (B, V)
     if n_drafts:
-        rejected = accepted < n_drafts
-        p_rejected = draft_probs[rows, accepted.clamp(max=n_drafts - 1)] * rejected[:, None]
-        residual = (q_last - p_rejected).clamp_(min=0)
-        # q == p leaves nothing to resample from; then rejection had probability 0 and q is the law
-        empty = residual.sum(dim=-1, keepdim=True) <= 0
-        q_last = torch.where(empty, q_last, residual)
+        p_first_rejected = draft_probs[rows, accepted.clamp(max=n_drafts - 1)]  # (B, V)
+        q_last = correction_probs(q_last, p_first_rejected, accepted < n_drafts)
     next_token = sample_from(q_last, draws[:, n_drafts])
-    proposals = processed_probs(draft_logits(last), config.temperature, config.top_k, config.top_p)
-    proposals = proposals.transpose(0, 1)  # (B, heads - 1, V)
+    proposals = proposal_probs(draft_logits(last), config).transpose(0, 1)  # (B, heads - 1, V)
     drafts = sample_from(proposals, draws[:, n_drafts + 1 :])
     return accepted, next_token, drafts, proposals

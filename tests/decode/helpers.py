@@ -18,3 +18,29 @@ def cyclic_windows(batch: int, length: int, vocab: int, generator: torch.Generat
     """Token t+1 = token t + 1 (mod vocab), from random starts: every head can learn its offset exactly."""
     starts = torch.randint(0, vocab, (batch, 1), generator=generator)
     return (starts + torch.arange(length)) % vocab
+
+
+NEVER = -1e4
+"""A logit that softmax turns into exactly 0 in float32: a token outside a distribution's support."""
+
+
+def fixed_logits_model(tables: torch.Tensor) -> MTPModel:
+    """A real MTPModel whose head k gives the logits ``tables[k - 1, a]`` after token a, whatever came before.
+
+    tables: (n_future, V, V). Linear heads on an identity trunk (attention and feed-forward outputs zeroed),
+    one-hot embeddings: the shared norm turns token a's embedding into sqrt(d) * e_a, and column a of
+    unembedding k holds ``tables[k - 1, a] / sqrt(d)``. Decoding runs through the real cache and heads.
+    """
+    n_future, vocab, _ = tables.shape
+    d_model = vocab + vocab % 2  # one head of even width for rotary
+    config = ModelConfig(
+        vocab_size=vocab, d_model=d_model, n_layers=1, n_heads=1, n_kv_heads=1, n_future=n_future, head_type="linear"
+    )
+    model = MTPModel(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.fill_(1.0) if name.endswith("norm.weight") else p.zero_()
+        model.tok_embeddings.weight[:, :vocab] = torch.eye(vocab)
+        for k in range(n_future):
+            model.outputs[k].weight[:, :vocab] = tables[k].T / d_model**0.5
+    return model.eval()

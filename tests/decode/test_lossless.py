@@ -1,0 +1,206 @@
+"""Self-speculative sampling is lossless: its output is distributed exactly as autoregressive sampling from head 1.
+
+The check: the empirical joint distribution of the first tokens of many independent rows, against the exact
+joint computed by enumeration from an independent implementation of temperature / top-k / top-p, must lie
+within a total-variation threshold derived from the sample size alone. Its power is shown by negative
+controls: each plausible wrong rule, swapped in, fails the same check on the same model.
+"""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from mtp.decode import GenerationConfig, generate
+from mtp.decode import generation as generation_module
+from mtp.decode.sampling import processed_probs
+from tests.decode.helpers import NEVER, fixed_logits_model, tiny_model
+
+VOCAB = 5
+N_SAMPLES = 40_000
+FALSE_ALARM = 1e-6
+PROMPT = [1]
+
+
+def counting_tables(n_future: int) -> torch.Tensor:
+    """Logit tables (n_future, V, V) where drafts are often accepted but proposals differ sharply from the target.
+
+    Head 1 (the target) after token a: a+1 (0.55), a+2 (0.30), a+3 (0.15), never a or a+4. Head j proposes
+    the token j steps ahead from a+j (0.35), a+j+1 (0.40) and a+j+3 (0.25): after the most likely path its
+    third choice lies outside the target's support, and it never proposes a+j+2, which the target allows.
+    """
+    tables = torch.full((n_future, VOCAB, VOCAB), NEVER)
+    for a in range(VOCAB):
+        for step, prob in ((1, 0.55), (2, 0.30), (3, 0.15)):
+            tables[0, a, (a + step) % VOCAB] = math.log(prob)
+        for j in range(2, n_future + 1):
+            for step, prob in ((j, 0.35), (j + 1, 0.40), (j + 3, 0.25)):
+                tables[j - 1, a, (a + step) % VOCAB] = math.log(prob)
+    return tables
+
+
+def reference_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> list[float]:
+    """Temperature, then top-k, then top-p over the renormalized rest, written out token by token in float64."""
+    scaled = [x / temperature for x in logits.double().tolist()]
+    order = sorted(range(len(scaled)), key=lambda i: -scaled[i])
+    kept = order[:top_k] if top_k else order
+    peak = scaled[kept[0]]
+    weights = {i: math.exp(scaled[i] - peak) for i in kept}
+    total = sum(weights.values())
+    nucleus, mass = [], 0.0
+    for i in kept:  # most likely first: keep the smallest prefix whose mass reaches top_p
+        if mass >= top_p:
+            break
+        nucleus.append(i)
+        mass += weights[i] / total
+    norm = sum(weights[i] for i in nucleus)
+    return [weights[i] / norm if i in nucleus else 0.0 for i in range(len(scaled))]
+
+
+def exact_joint(tables: torch.Tensor, config: GenerationConfig, length: int) -> dict[tuple[int, ...], float]:
+    """Probability of every continuation of ``length`` tokens of PROMPT under autoregressive sampling from head 1."""
+    step = [reference_probs(tables[0, a], config.temperature, config.top_k, config.top_p) for a in range(VOCAB)]
+    joint = {}
+    for continuation in itertools.product(range(VOCAB), repeat=length):
+        p, previous = 1.0, PROMPT[-1]
+        for token in continuation:
+            p, previous = p * step[previous][token], token
+        if p > 0:
+            joint[continuation] = p
+    return joint
+
+
+def tv_threshold(joint: dict, n: int, false_alarm: float = FALSE_ALARM) -> float:
+    """A total variation that n samples drawn from ``joint`` itself exceed with probability below ``false_alarm``.
+
+    E[TV] <= 1/2 sum_x sqrt(p(1 - p) / n) (Jensen, outcome by outcome); one sample moves the empirical TV by at
+    most 1/n, so McDiarmid's inequality gives P(TV >= E[TV] + t) <= exp(-2 n t^2).
+    """
+    expected = 0.5 * sum(math.sqrt(p * (1 - p) / n) for p in joint.values())
+    return expected + math.sqrt(math.log(1 / false_alarm) / (2 * n))
+
+
+def sample_continuations(model, config: GenerationConfig, n: int) -> list[tuple[int, ...]]:
+    out, stats = generate(model, [PROMPT] * n, config)
+    assert all(len(row) == config.max_new_tokens for row in out)  # no EOS here: every row runs to the budget
+    return [tuple(row) for row in out]
+
+
+def total_variation(samples: list[tuple[int, ...]], joint: dict) -> float:
+    counts: dict[tuple[int, ...], int] = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    outcomes = set(counts) | set(joint)
+    return 0.5 * sum(abs(counts.get(x, 0) / len(samples) - joint.get(x, 0.0)) for x in outcomes)
+
+
+def check(heads: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 11):
+    """(total variation, threshold, samples outside the target's support) of self-speculative sampling."""
+    # heads + 1 tokens: the prefill's token, the first verified drafts, and the token after them (bonus or resampled)
+    config = GenerationConfig(heads + 1, temperature, top_k, top_p, heads=heads, seed=seed)
+    tables = counting_tables(heads)
+    joint = exact_joint(tables, config, heads + 1)
+    samples = sample_continuations(fixed_logits_model(tables), config, N_SAMPLES)
+    outside = sum(s not in joint for s in samples)
+    return total_variation(samples, joint), tv_threshold(joint, N_SAMPLES), outside
+
+
+CASES = {
+    "2heads": dict(heads=2),
+    "3heads_T0.7_topp0.9": dict(heads=3, temperature=0.7, top_p=0.9),
+    "3heads_T1.5_topk2": dict(heads=3, temperature=1.5, top_k=2),
+    "4heads": dict(heads=4),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_self_speculative_sampling_has_the_autoregressive_distribution(case):
+    tv, threshold, outside = check(**case)
+    assert outside == 0, "sampled a continuation the target gives probability 0"
+    assert tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
+
+
+def test_the_fixed_logits_model_gives_its_tables():
+    tables = counting_tables(3)
+    model = fixed_logits_model(tables)
+    with torch.no_grad():
+        logits = model(torch.arange(VOCAB)[None])[:, 0]  # (3, V, V): every head after every token
+    finite = tables > NEVER
+    torch.testing.assert_close(logits[finite], tables[finite], rtol=0, atol=1e-4)
+    assert (processed_probs(logits, 1.0)[~finite] == 0).all()
+
+
+def test_autoregressive_sampling_passes_the_same_check():
+    config = GenerationConfig(4, temperature=0.7, top_p=0.9, heads=1, seed=3)
+    joint = exact_joint(counting_tables(1), config, 4)
+    samples = sample_continuations(fixed_logits_model(counting_tables(1)), config, N_SAMPLES)
+    assert total_variation(samples, joint) < tv_threshold(joint, N_SAMPLES)
+
+
+def _wrong_rules():
+    right_correction = generation_module.correction_probs
+    return {
+        # accept with probability min(1, q): ignores how likely the proposal made the draft
+        "accept_with_target_probability": ("accept_drafts", lambda u, p, q: u < q),
+        # after a rejection, sample from q itself instead of normalize(max(0, q - p))
+        "resample_from_target": ("correction_probs", lambda q, p, rejected: q),
+        # the bonus token (every draft passed) taken from the residual of the last draft's proposal
+        "bonus_from_residual": (
+            "correction_probs",
+            lambda q, p, rejected: right_correction(q, p, torch.ones_like(rejected)),
+        ),
+        # the bonus token taken from the last head's proposal instead of the target
+        "bonus_from_proposal": (
+            "correction_probs",
+            lambda q, p, rejected: torch.where(rejected[:, None], right_correction(q, p, rejected), p),
+        ),
+        # temperature and top-p shape the proposal but not the target
+        "unprocessed_target": ("target_probs", lambda logits, config: torch.softmax(logits.float(), dim=-1)),
+    }
+
+
+@pytest.mark.parametrize("rule", _wrong_rules().keys())
+def test_each_wrong_rule_fails_the_check(rule, monkeypatch):
+    name, wrong = _wrong_rules()[rule]
+    monkeypatch.setattr(generation_module, name, wrong)
+    tv, threshold, outside = check(**CASES["3heads_T0.7_topp0.9"])
+    assert outside > 0 or tv >= threshold, f"{rule}: total variation {tv:.4f} < {threshold:.4f}"
+
+
+def test_threshold_shrinks_with_the_sample_size():
+    joint = {(0,): 0.5, (1,): 0.25, (2,): 0.25}
+    assert tv_threshold(joint, 40_000) == pytest.approx(tv_threshold(joint, 10_000) / 2)
+
+
+@pytest.mark.parametrize("filters", [{}, {"top_k": 3}, {"top_p": 0.9}], ids=["plain", "top_k", "top_p"])
+def test_lossless_with_transformer_heads(filters):
+    """The same check on a random model with transformer head blocks, where every context changes the logits."""
+    model = tiny_model(n_future=3, vocab_size=4, seed=3)
+    with torch.no_grad():
+        model.outputs[0].weight.mul_(60)  # peaked distributions, so that heads disagree with head 1
+    config = GenerationConfig(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **filters)
+    joint = {}
+    with torch.no_grad():
+        for continuation in itertools.product(range(4), repeat=3):
+            logits = model(torch.tensor([[1, 2, *continuation]]))[0, 0]  # head 1, (5, V)
+            p = 1.0
+            for i, token in enumerate(continuation):
+                p *= reference_probs(logits[1 + i], 1.0, config.top_k, config.top_p)[token]
+            if p > 0:
+                joint[continuation] = p
+    out, _ = generate(model, [[1, 2]] * 12_000, config)
+    samples = [tuple(row) for row in out]
+    assert all(s in joint for s in samples)
+    assert total_variation(samples, joint) < tv_threshold(joint, 12_000)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_processed_probs_equal_the_reference(seed):
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(9, generator=generator) * 2
+    temperature = [0.5, 1.0, 1.7][seed % 3]
+    top_k = [0, 1, 3, 9][seed % 4]
+    top_p = [1.0, 0.5, 0.9, 0.99, 0.2][seed % 5]
+    expected = torch.tensor(reference_probs(logits, temperature, top_k, top_p), dtype=torch.float64)
+    torch.testing.assert_close(processed_probs(logits, temperature, top_k, top_p).double(), expected, atol=1e-6, rtol=0)
