@@ -1,0 +1,1 @@
+"""Conversions between mtp models and other formats (no foreign package is imported at module level)."""
