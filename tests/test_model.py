@@ -24,7 +24,7 @@ def test_layout_follows_released_checkpoints():
     model = MTPModel(tiny(n_future=4))
     assert len(model.layers) == 6 and len(model.extra_heads) == 3
     assert model.head_block(1) is model.layers[-1]
-    assert model.head_block(3) is model.extra_heads[1]
+    assert [model.head_block(k) for k in (2, 3, 4)] == list(model.extra_heads)  # heads 2..n in order
     assert len(model.outputs) == 1 and model.tok_embeddings.weight is not model.outputs[0].weight
 
 

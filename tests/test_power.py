@@ -1,0 +1,323 @@
+"""Tests with power: plausible one-line bugs, each applied to a copy of the project, must make the suite fail.
+
+A test proves a promise only if a plausible bug makes it fail. Every entry of MUTATIONS names one such bug
+(the exact text it replaces, which must occur exactly once, so that a refactor that moves the code fails here
+and gets the entry updated) and the tests that guard that behaviour. The slow test applies each mutation to
+a fresh copy of the project and runs those tests in a subprocess against the copy: they must fail. Add an
+entry with every exactness promise you add (a new drafter, verifier, cache operation or loss mode).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COPIED = ("mtp", "tests", "conf", "scripts", "pyproject.toml")
+
+LOSSLESS = "tests/decode/test_lossless.py::test_self_speculative_sampling_has_the_autoregressive_distribution"
+PROCESSING = "tests/decode/test_lossless.py::test_processed_probs_equal_the_reference"
+GREEDY = "tests/decode/test_generate.py"
+CACHE = "tests/decode/test_cache.py"
+REFERENCE = "tests/interop/test_llama_reference.py"
+MODEL = "tests/test_model.py"
+LOSS = "tests/test_loss.py"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    original: str
+    mutated: str
+    guards: tuple[str, ...]
+    """Tests (pytest node ids or files) of which at least one must fail."""
+
+
+GENERATION = "mtp/decode/generation.py"
+MUTATIONS = [
+    # -- lossless sampling
+    Mutation(
+        "accept with probability min(1, q) instead of min(1, q/p)",
+        GENERATION,
+        "return uniforms * proposal < target",
+        "return uniforms < target",
+        (LOSSLESS,),
+    ),
+    Mutation(
+        "after a rejection, sample from q instead of the residual",
+        GENERATION,
+        "residual = (target - proposal * rejected[:, None]).clamp_(min=0)",
+        "residual = target.clone()",
+        (LOSSLESS,),
+    ),
+    Mutation(
+        "bonus token from the residual although every draft passed",
+        GENERATION,
+        "residual = (target - proposal * rejected[:, None]).clamp_(min=0)",
+        "residual = (target - proposal).clamp_(min=0)",
+        (LOSSLESS,),
+    ),
+    Mutation(
+        "temperature / top-k / top-p on the proposal but not on the target",
+        GENERATION,
+        "return processed_probs(head1_logits, config.temperature, config.top_k, config.top_p)",
+        "return processed_probs(head1_logits, 1.0)",
+        (LOSSLESS,),
+    ),
+    Mutation(
+        "residual built from the first draft's proposal instead of the rejected one's",
+        GENERATION,
+        "p_first_rejected = draft_probs[rows, accepted.clamp(max=n_drafts - 1)]  # (B, V)",
+        "p_first_rejected = draft_probs[rows, 0]",
+        (LOSSLESS,),
+    ),
+    Mutation(
+        "the token after the drafts reuses the first acceptance uniform",
+        GENERATION,
+        "next_token = sample_from(q_last, draws[:, n_drafts])",
+        "next_token = sample_from(q_last, draws[:, 0])",
+        (LOSSLESS,),
+    ),
+    Mutation(
+        "one seed for every row",
+        "mtp/decode/sampling.py",
+        "torch.Generator(device=device).manual_seed(seed + row)",
+        "torch.Generator(device=device).manual_seed(seed)",
+        (LOSSLESS, f"{GREEDY}::test_each_row_equals_decoding_it_alone"),
+    ),
+    Mutation(
+        "top-p drops the token that crosses the threshold",
+        "mtp/decode/sampling.py",
+        "drop_sorted = before >= top_p",
+        "drop_sorted = before + sorted_probs > top_p",
+        (PROCESSING,),
+    ),
+    Mutation(
+        "top-k drops the k-th token",
+        "mtp/decode/sampling.py",
+        'logits = logits.masked_fill(logits < kth, float("-inf"))',
+        'logits = logits.masked_fill(logits <= kth, float("-inf"))',
+        (PROCESSING,),
+    ),
+    # -- greedy exactness
+    Mutation(
+        "greedy accepts one draft more than match",
+        GENERATION,
+        "accepted = match.long().cumprod(dim=1).sum(dim=1)",
+        "accepted = (match.long().cumprod(dim=1).sum(dim=1) + 1).clamp(max=n_drafts)",
+        (GREEDY,),
+    ),
+    Mutation(
+        "greedy counts every matching draft, not the matching prefix",
+        GENERATION,
+        "accepted = match.long().cumprod(dim=1).sum(dim=1)",
+        "accepted = match.long().sum(dim=1)",
+        (GREEDY,),
+    ),
+    # -- KV cache
+    Mutation(
+        "the cache keeps one position too few after verification",
+        GENERATION,
+        "cache.rollback(kept, held_on_device + base + accepted + 1)",
+        "cache.rollback(kept, held_on_device + base + accepted)",
+        (GREEDY,),
+    ),
+    Mutation(
+        "the cache's host-side lengths keep one position too few",
+        GENERATION,
+        "kept = [held[i] + h[0] + 1 + first_base[i] for i, h in enumerate(host)]",
+        "kept = [held[i] + h[0] + first_base[i] for i, h in enumerate(host)]",
+        (GREEDY,),
+    ),
+    Mutation(
+        "a new position does not attend to itself",
+        "mtp/decode/cache.py",
+        "self.mask = keys[None, None, None, :] <= positions[:, None, :, None]",
+        "self.mask = keys[None, None, None, :] < positions[:, None, :, None]",
+        (CACHE,),
+    ),
+    Mutation(
+        "cached positions are off by one for rotary",
+        "mtp/model.py",
+        "positions = cache.lengths[:, None] + torch.arange(idx.size(1), device=idx.device)",
+        "positions = cache.lengths[:, None] + 1 + torch.arange(idx.size(1), device=idx.device)",
+        (CACHE,),
+    ),
+    # -- the model against an independent reference
+    Mutation(
+        "sign of one rotary term flipped",
+        "mtp/model.py",
+        "x1 * sin + x2 * cos",
+        "x1 * sin - x2 * cos",
+        (REFERENCE,),
+    ),
+    Mutation(
+        "SwiGLU gate and up projections swapped",
+        "mtp/model.py",
+        "return self.w2(F.silu(self.w1(x)) * self.w3(x))",
+        "return self.w2(F.silu(self.w3(x)) * self.w1(x))",
+        (REFERENCE,),
+    ),
+    Mutation(
+        "RMSNorm forgets its weight",
+        "mtp/model.py",
+        "return normed.type_as(x) * self.weight",
+        "return normed.type_as(x)",
+        (REFERENCE,),
+    ),
+    Mutation(
+        "attention output without the residual",
+        "mtp/model.py",
+        "x = x + self.attention(self.attention_norm(x), cos, sin, cache)",
+        "x = self.attention(self.attention_norm(x), cos, sin, cache)",
+        (REFERENCE,),
+    ),
+    Mutation(
+        "attention is not causal",
+        "mtp/model.py",
+        "y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)",
+        "y = F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=gqa)",
+        (MODEL,),
+    ),
+    Mutation(
+        "extra heads in reverse order",
+        "mtp/model.py",
+        "return self.layers[-1] if k == 1 else self.extra_heads[k - 2]",
+        "return self.layers[-1] if k == 1 else self.extra_heads[-(k - 1)]",
+        (MODEL,),
+    ),
+    # -- the loss
+    Mutation(
+        "head targets shifted by one",
+        "mtp/loss.py",
+        "targets = torch.stack([window[:, k : k + seq_len] for k in range(1, n_future + 1)])",
+        "targets = torch.stack([window[:, k : k + seq_len] for k in range(0, n_future)])",
+        (LOSS,),
+    ),
+    Mutation(
+        "the sequential backward ignores the loss scale",
+        "mtp/loss.py",
+        "g.mul_(grad_total.to(g.dtype))",
+        "g.mul_(1.0)",
+        (LOSS,),
+    ),
+    Mutation(
+        "the sequential gradients ignore the head weights",
+        "mtp/loss.py",
+        "grads = torch.autograd.grad(weight * loss, [z, *params], allow_unused=True)",
+        "grads = torch.autograd.grad(loss, [z, *params], allow_unused=True)",
+        (LOSS,),
+    ),
+    Mutation(
+        "the sequential trunk gradient keeps only the last head's",
+        "mtp/loss.py",
+        "grad_z += g_z",
+        "grad_z = g_z",
+        (LOSS,),
+    ),
+    Mutation(
+        "the chunked loss skips the last partial chunk",
+        "mtp/loss.py",
+        "for start in range(0, z.size(1), chunk):",
+        "for start in range(0, z.size(1) - chunk + 1, chunk):",
+        (LOSS,),
+    ),
+    # -- metrics and data order
+    Mutation(
+        "teacher-forced acceptance compares against the wrong head-1 position",
+        "mtp/metrics.py",
+        "[predictions[k - 1, :, :span] == predictions[0, :, k - 1 : k - 1 + span] for k in range(2, n + 1)]",
+        "[predictions[k - 1, :, :span] == predictions[0, :, k - 2 : k - 2 + span] for k in range(2, n + 1)]",
+        ("tests/test_metrics.py",),
+    ),
+    Mutation(
+        "a resumed run replays the epoch from its start",
+        "mtp/data/datamodule.py",
+        "start, self.start = self.start, 0",
+        "start, self.start = 0, 0",
+        ("tests/test_train.py::test_resume_mid_epoch_continues_the_data_order",),
+    ),
+]
+
+
+def test_each_mutation_applies_to_exactly_one_place():
+    names = [m.name for m in MUTATIONS]
+    assert len(set(names)) == len(names)
+    for mutation in MUTATIONS:
+        count = (ROOT / mutation.path).read_text().count(mutation.original)
+        assert count == 1, f"{mutation.name!r}: its text occurs {count} times in {mutation.path}; update the entry"
+        for guard in mutation.guards:
+            assert (ROOT / guard.split("::")[0]).is_file(), f"{mutation.name!r}: no test file {guard}"
+
+
+def copy_project(destination: Path) -> Path:
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, destination / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, destination / name)
+    return destination
+
+
+def run_tests(project: Path, tests: list[str]) -> subprocess.CompletedProcess:
+    """pytest over ``tests`` inside ``project``, importing ``mtp`` from that copy."""
+    env = {k: v for k, v in os.environ.items() if k != "PROJECT_ROOT"}
+    env.update(PYTHONPATH=str(project), OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", *tests]
+    return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+
+
+def guards_of_every_mutation() -> list[str]:
+    return sorted({guard for m in MUTATIONS for guard in m.guards})
+
+
+def check_unmutated(project: Path) -> str | None:
+    """None when the copy imports itself and every guard passes on it (else what went wrong)."""
+    imported = subprocess.run(
+        [sys.executable, "-c", "import mtp; print(mtp.__file__)"],
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(project)},
+        capture_output=True,
+        text=True,
+    )
+    if not Path(imported.stdout.strip()).is_relative_to(project):
+        return f"the copy's tests would import mtp from {imported.stdout.strip() or imported.stderr[-500:]}"
+    result = run_tests(project, guards_of_every_mutation())
+    if result.returncode != 0:
+        return "the guards fail without any mutation:\n" + result.stdout[-3000:] + result.stderr[-2000:]
+    return None
+
+
+def check_mutation(project: Path, mutation: Mutation) -> str | None:
+    """None when applying ``mutation`` to ``project`` makes one of its guards fail (else why it did not)."""
+    target = project / mutation.path
+    target.write_text(target.read_text().replace(mutation.original, mutation.mutated))
+    result = run_tests(project, list(mutation.guards))
+    if result.returncode == 1:  # the tests ran and at least one failed: caught
+        return None
+    if result.returncode == 0:
+        return f"survived: {mutation.name} ({mutation.path}); its guards {', '.join(mutation.guards)} all pass"
+    tail = " / ".join((result.stdout + result.stderr).strip().splitlines()[-3:])
+    return f"did not run (pytest exit {result.returncode}): {mutation.name}: {tail}"
+
+
+@pytest.mark.slow
+def test_every_mutation_makes_its_guards_fail_and_the_guards_pass_without_it(tmp_path):
+    pytest.importorskip("transformers", reason="the model's guards need the hf extra: pip install -e '.[dev,hf]'")
+
+    def job(index: int) -> str | None:
+        project = copy_project(tmp_path / f"copy{index}")
+        return check_unmutated(project) if index == 0 else check_mutation(project, MUTATIONS[index - 1])
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # the unmutated run first: it is the longest
+        problems = [p for p in pool.map(job, range(len(MUTATIONS) + 1)) if p]
+    assert not problems, "\n".join(problems)
