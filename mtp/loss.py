@@ -3,23 +3,31 @@
 Head k at position t predicts token t+k. A window of ``seq_len + n_future`` tokens gives every head
 ``seq_len`` targets. The total loss is the weighted sum of the heads' mean cross-entropies.
 
-- ``naive``: every head's logits stay alive until one backward: peak memory O(n*V + d) per token.
-- ``sequential``: the trunk runs once; on its detached output each head in turn runs forward and
-  backward alone, so only one head's logits exist at a time: peak O(V + d). A custom autograd Function
-  does that work in its forward and returns the stored gradients in its backward, so a training step
-  is still one ``loss.backward()`` (what Lightning's automatic optimization, gradient accumulation,
-  clipping, mixed precision and DDP expect).
+- ``naive``: every head's logits stay alive until the backward: peak memory O(n*V + d) per token.
+- ``sequential``: the heads' unembeddings and cross-entropies run one head (and, with ``loss_chunk``,
+  one chunk of positions) at a time inside a custom autograd Function, which computes each piece's
+  loss together with its gradients and frees the logits before the next: peak O(V + d) per token.
+  Its backward only scales the stored gradients by the incoming one (the loss scale: 1, 1/accumulation
+  or AMP's). Everything before the unembedding (trunk, head blocks, shared norm) is the ordinary autograd
+  graph, so FSDP2, DDP, torch.compile and activation checkpointing see plain modules, a training step is
+  one ``loss.backward()``, and every parameter receives its gradient once, into ``.grad``.
+
+Head blocks keep their activations until the backward, as every block of a next-token model does; since
+mtpN has as many blocks as mtp1, that costs no more than mtp1. What n heads add is n hidden states of
+width d per token, never n vocabulary-sized logits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtp.model import MTPModel
+if TYPE_CHECKING:
+    from mtp.model import MTPModel
 
 
 @dataclass
@@ -46,84 +54,71 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def naive_loss(model: MTPModel, z: Tensor, targets: Tensor, weights: list[float]) -> LossOutput:
+def naive_loss(model: MTPModel, states: list[Tensor], targets: Tensor, weights: list[float]) -> LossOutput:
+    """Every head's logits at once, through plain autograd."""
     losses = torch.stack(
-        [
-            cross_entropy(model.head_logits(k, model.head_hidden(k, z)), targets[k - 1])
-            for k in range(1, len(weights) + 1)
-        ]
+        [cross_entropy(model.unembedding(k)(state), targets[k - 1]) for k, state in enumerate(states, start=1)]
     )
     total = (losses * losses.new_tensor(weights)).sum()
     return LossOutput(total, losses.detach())
 
 
-def head_loss_and_grads(
-    model: MTPModel, k: int, z: Tensor, targets: Tensor, weight: float, params: list[Tensor], chunk: int
-) -> tuple[Tensor, Tensor, list[Tensor | None]]:
-    """Head k's mean loss, and d(weight * loss)/dz and /dparams, computed without keeping its logits.
+def sequential_loss(
+    model: MTPModel, states: list[Tensor], targets: Tensor, weights: list[float], chunk: int = 0
+) -> LossOutput:
+    """The same loss as :func:`naive_loss`, with at most one head's (or one chunk's) logits alive at a time."""
+    position = {id(module): i for i, module in enumerate(model.outputs)}  # modules, not parameters: FSDP swaps those
+    which = [position[id(model.unembedding(k))] for k in range(1, len(states) + 1)]
+    unembeddings = [module.weight for module in model.outputs]
+    total, per_head = _HeadsCrossEntropy.apply(targets, weights, which, chunk, len(states), *states, *unembeddings)
+    return LossOutput(total, per_head)
 
-    z is the detached trunk output (B, T, d) with requires_grad. With chunk > 0 the unembedding and
-    loss run over ``chunk`` positions at a time, so at most (B, chunk, V) logits exist at once.
+
+class _HeadsCrossEntropy(torch.autograd.Function):
+    """sum_k weight_k * CE(state_k @ W_k^T, targets_k), computing its gradients piece by piece in the forward.
+
+    Inputs after the settings: the n head states (B, T, d) and the distinct unembedding weights (V, d);
+    ``which[k]`` picks head k+1's weight. Ops run under the caller's autocast, like the autograd graph they
+    replace: the matmuls in the autocast dtype, the softmax in fp32; the weight gradients accumulate in the
+    weights' dtype over heads and chunks.
     """
-    if chunk <= 0:
-        loss = cross_entropy(model.head_logits(k, model.head_hidden(k, z)), targets)
-        grads = torch.autograd.grad(weight * loss, [z, *params], allow_unused=True)
-        return loss.detach(), grads[0], list(grads[1:])
-
-    # The head's block runs once over the whole sequence (attention needs it); only the norm, the
-    # unembedding and the loss are chunked, into a gradient for the block's output.
-    hidden = model.head_hidden(k, z)
-    detached_hidden = hidden.detach().requires_grad_()
-    out_params = list(model.norm.parameters()) + list(model.unembedding(k).parameters())
-    grad_hidden = torch.zeros_like(detached_hidden)
-    grad_out: list[Tensor | None] = [None] * len(out_params)
-    loss_sum = 0.0
-    for start in range(0, z.size(1), chunk):
-        piece = detached_hidden[:, start : start + chunk]  # (B, chunk, d)
-        piece_targets = targets[:, start : start + chunk]
-        piece_loss = cross_entropy(model.head_logits(k, piece), piece_targets) * piece_targets.numel()  # summed
-        g_piece, *g_params = torch.autograd.grad(
-            piece_loss * (weight / targets.numel()), [piece, *out_params], allow_unused=True
-        )
-        grad_hidden[:, start : start + chunk] += g_piece
-        grad_out = [_add(a, b) for a, b in zip(grad_out, g_params, strict=True)]
-        loss_sum = loss_sum + piece_loss.detach()
-    block_params = [p for p in params if not any(p is q for q in out_params)]
-    grad_z, *grad_block = torch.autograd.grad(hidden, [z, *block_params], grad_hidden, allow_unused=True)
-    by_id = {id(p): g for p, g in zip(block_params, grad_block, strict=True)}
-    by_id.update({id(p): g for p, g in zip(out_params, grad_out, strict=True)})
-    return loss_sum / targets.numel(), grad_z, [by_id.get(id(p)) for p in params]
-
-
-def _add(acc: Tensor | None, g: Tensor | None) -> Tensor | None:
-    if g is None:
-        return acc
-    return g if acc is None else acc.add_(g)  # autograd.grad's results are fresh tensors we own
-
-
-class _SequentialHeads(torch.autograd.Function):
-    """Forward: every head's loss and gradients, one head at a time. Backward: hand back the stored gradients."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, targets: Tensor, model: MTPModel, weights: list[float], chunk: int, *params: Tensor):
-        index = {id(p): i for i, p in enumerate(params)}
-        grad_params: list[Tensor | None] = [None] * len(params)
-        grad_z = torch.zeros_like(z)
+    def forward(ctx, targets, weights, which, chunk, n_heads, *tensors):
+        states, unembeddings = tensors[:n_heads], tensors[n_heads:]
+        needs_grad = ctx.needs_input_grad[5:]
+        grad_states = [torch.empty_like(s) if needs_grad[k] else None for k, s in enumerate(states)]
+        grad_weights = [torch.zeros_like(w) if needs_grad[n_heads + i] else None for i, w in enumerate(unembeddings)]
         losses = []
-        with torch.enable_grad():
-            z_leaf = z.detach().requires_grad_()
-            for k, weight in enumerate(weights, start=1):
-                head_params = model.head_parameters(k)
-                loss, g_z, g_head = head_loss_and_grads(model, k, z_leaf, targets[k - 1], weight, head_params, chunk)
-                grad_z += g_z
-                for p, g in zip(head_params, g_head, strict=True):
-                    grad_params[index[id(p)]] = _add(grad_params[index[id(p)]], g)
-                losses.append(loss)
+        for k, state in enumerate(states):
+            weight, index = unembeddings[which[k]], which[k]
+            T = state.size(1)
+            step = chunk if chunk > 0 else T
+            loss_sum = state.new_zeros((), dtype=torch.float32)
+            scale = weights[k] / targets[k].numel()
+            for start in range(0, T, step):
+                piece = state[:, start : start + step]  # (B, c, d)
+                piece_targets = targets[k][:, start : start + step, None]  # (B, c, 1)
+                logits = F.linear(piece, weight)  # (B, c, V), in the autocast dtype if one is active
+                compute_dtype = logits.dtype
+                logits = logits.float()
+                log_norm = logits.logsumexp(dim=-1, keepdim=True)  # (B, c, 1)
+                loss_sum += (log_norm - logits.gather(-1, piece_targets)).sum()
+                # d(scale * CE)/d logits = scale * (softmax - one_hot(target)), built in place of the logits
+                grad_logits = logits.sub_(log_norm).exp_()
+                grad_logits.scatter_add_(-1, piece_targets, torch.full_like(log_norm, -1.0)).mul_(scale)
+                grad_logits = grad_logits.to(compute_dtype)
+                if grad_states[k] is not None:
+                    grad_states[k][:, start : start + step] = grad_logits @ weight
+                if grad_weights[index] is not None:
+                    grad_weights[index] += torch.einsum("bcv,bcd->vd", grad_logits, piece)
+                del logits, grad_logits
+            losses.append(loss_sum / targets[k].numel())
         per_head = torch.stack(losses)
         total = (per_head * per_head.new_tensor(weights)).sum()
-        # Gradients are plain attributes, not saved tensors: backward hands them to autograd and drops its own
-        # reference, so AccumulateGrad can adopt them without a copy (a training step runs backward once).
-        ctx.stored_grads = [grad_z, *grad_params]
+        # Plain attributes, not saved tensors: backward hands them to autograd and drops its own reference, so
+        # AccumulateGrad can adopt them without a copy (a training step runs backward once).
+        ctx.stored_grads = [*grad_states, *grad_weights]
         ctx.mark_non_differentiable(per_head)
         return total, per_head
 
@@ -135,26 +130,15 @@ class _SequentialHeads(torch.autograd.Function):
         for g in grads:
             if g is not None:
                 g.mul_(grad_total.to(g.dtype))  # the loss scale: 1, 1/accumulation, or AMP's scale
-        return (grads[0], None, None, None, None, *grads[1:])
-
-
-def sequential_loss(model: MTPModel, z: Tensor, targets: Tensor, weights: list[float], chunk: int = 0) -> LossOutput:
-    params = _unique([p for k in range(1, len(weights) + 1) for p in model.head_parameters(k) if p.requires_grad])
-    total, per_head = _SequentialHeads.apply(z, targets, model, weights, chunk, *params)
-    return LossOutput(total, per_head)
-
-
-def _unique(params: list[Tensor]) -> list[Tensor]:
-    seen: set[int] = set()
-    return [p for p in params if not (id(p) in seen or seen.add(id(p)))]
+        return (None, None, None, None, None, *grads)
 
 
 def mtp_loss(model: MTPModel, window: Tensor, mode: str | None = None) -> LossOutput:
     """Training loss of a token window (B, seq_len + n_future) in the given mode (default: the model config's)."""
     config = model.config
     inputs, targets = split_window(window, config.n_future)
-    z = model.trunk(inputs)
+    states = model.head_states(inputs)
     mode = mode or config.loss
     if mode == "naive" or not torch.is_grad_enabled():
-        return naive_loss(model, z, targets, config.weights)
-    return sequential_loss(model, z, targets, config.weights, config.loss_chunk)
+        return naive_loss(model, states, targets, config.weights)
+    return sequential_loss(model, states, targets, config.weights, config.loss_chunk)

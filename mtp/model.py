@@ -175,16 +175,22 @@ class MTPModel(nn.Module):
         """Logits (..., vocab_size) of head k from its hidden state, through the shared norm."""
         return self.unembedding(k)(self.norm(hidden))
 
-    def head_parameters(self, k: int) -> list[nn.Parameter]:
-        """Every parameter on head k's path from the trunk output to its logits."""
-        block = self.head_block(k)
-        params = [] if block is None else list(block.parameters())
-        return params + list(self.norm.parameters()) + list(self.unembedding(k).parameters())
+    def head_states(self, idx: Tensor) -> list[Tensor]:
+        """What each head's unembedding reads: its hidden state after the shared norm, n_future x (B, T, d_model).
+
+        Training and evaluation call the model through this one method (the unembedding comes after, one head
+        at a time), so a wrapper that hooks a forward method (FSDP2's ``register_fsdp_forward_method``) needs
+        only this and ``forward``.
+        """
+        z = self.trunk(idx)
+        if self.config.head_type == "linear":  # every head reads the trunk output: normalize it once
+            return [self.norm(z)] * self.n_future
+        return [self.norm(self.head_hidden(k, z)) for k in range(1, self.n_future + 1)]
 
     def forward(self, idx: Tensor) -> Tensor:
         """Logits of every head, (n_future, B, T, vocab_size); head k at position t predicts token t+k."""
-        z = self.trunk(idx)
-        return torch.stack([self.head_logits(k, self.head_hidden(k, z)) for k in range(1, self.n_future + 1)])
+        states = self.head_states(idx)
+        return torch.stack([self.unembedding(k)(state) for k, state in enumerate(states, start=1)])
 
     def blocks(self) -> list[Block]:
         """Every block, in the order KV caches are laid out: ``layers`` then ``extra_heads``."""
