@@ -1,12 +1,18 @@
 """Checkpoints, read with ``torch.load(weights_only=True)`` and usable without Lightning (writing: mtp.checkpointing).
 
-Lightning's checkpoint dict carries, under :data:`CHECKPOINT_KEY`, the model config and the
-tokenizer JSON, so a checkpoint alone is enough to decode.
+Lightning's checkpoint dict carries, under :data:`CHECKPOINT_KEY`, the model config and the tokenizer JSON,
+so a checkpoint alone is enough to decode. Two layouts are read:
+
+- a single file (every strategy but FSDP's sharded save): the whole dict, weights under ``state_dict``;
+- a directory (``trainer=fsdp``, Lightning's ModelParallelStrategy with ``save_distributed_checkpoint``):
+  the weights and optimizer state as a torch.distributed.checkpoint (DCP) folder, every other entry in
+  ``meta.pt``. Its weights load into a plain model on one process; no process group is needed.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,21 +26,37 @@ from mtp.model import MTPModel
 
 CHECKPOINT_KEY = "mtp"
 CHECKPOINT_FORMAT = 1
+SHARDED_META = "meta.pt"  # Lightning's name for the non-tensor part of a distributed checkpoint
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """The raw checkpoint dict, after checking that the file exists, is complete and is an mtp checkpoint."""
+def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint dict, after checking that it exists, is complete and is an mtp checkpoint.
+
+    For a sharded checkpoint (a directory) this is the dict without its tensors (no ``state_dict``).
+    ``mmap=True`` maps tensors instead of reading them: a cheap check of a large file.
+    """
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        file, sharded = path / SHARDED_META, True
+        if not file.is_file():
+            raise UserError(
+                f"checkpoint folder {path} has no {SHARDED_META}; pass a .ckpt file or folder written by "
+                "scripts/pretrain.py."
+            )
+    elif path.is_file():
+        file, sharded = path, False
+    else:
         raise UserError(f"checkpoint {path} does not exist; pass the path of a .ckpt written by scripts/pretrain.py.")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(file, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # torch.load raises many types for damaged files (EOFError, KeyError, BadZipFile, ...)
         raise UserError(
             f"checkpoint {path} is truncated or not a PyTorch checkpoint ({str(err).splitlines()[0]}); "
             "use a complete .ckpt written by scripts/pretrain.py."
         ) from err
-    if not isinstance(checkpoint, dict) or CHECKPOINT_KEY not in checkpoint or "state_dict" not in checkpoint:
+    complete = isinstance(checkpoint, dict) and CHECKPOINT_KEY in checkpoint and (sharded or "state_dict" in checkpoint)
+    if not complete:
         raise UserError(
             f"{path} is not an mtp checkpoint (no '{CHECKPOINT_KEY}' entry); use one written by scripts/pretrain.py."
         )
@@ -44,6 +66,11 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
             f"but this version of mtp reads format {CHECKPOINT_FORMAT}; load it with a matching mtp."
         )
     return checkpoint
+
+
+def check_checkpoint(path: str | os.PathLike) -> None:
+    """Fail with one sentence if ``path`` is not a complete mtp checkpoint, without reading its tensors."""
+    read_checkpoint(path, mmap=not Path(path).is_dir())
 
 
 @dataclass
@@ -56,15 +83,51 @@ class LoadedCheckpoint:
     """The training data's source and validation fraction (empty for checkpoints that predate it)."""
 
 
-def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> LoadedCheckpoint:
-    """Model (eval mode, on ``device``) and tokenizer from a checkpoint written by scripts/pretrain.py."""
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The decoding dtype policy: ``auto`` is bf16 on CUDA and fp32 elsewhere."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise UserError(f"dtype {name!r} is not one of auto, {', '.join(DTYPES)}.")
+    return DTYPES[name]
+
+
+def load_checkpoint(
+    path: str | os.PathLike, device: str | torch.device = "cpu", dtype: str = "auto"
+) -> LoadedCheckpoint:
+    """Model (eval mode, on ``device``, weights in ``dtype``: auto, float32 or bfloat16) and tokenizer.
+
+    Rotary tables stay fp32 in every dtype, so that positions are exact.
+    """
+    device = torch.device(device)
     checkpoint = read_checkpoint(path, map_location=device)
     meta = checkpoint[CHECKPOINT_KEY]
     config = ModelConfig.from_dict(meta["model_config"])
     model = MTPModel(config).to(device)
-    prefix = "model."
-    state = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
-    model.load_state_dict(state)
+    if Path(path).is_dir():
+        _load_sharded_weights(Path(path), model)
+    else:
+        prefix = "model."
+        weights = checkpoint["state_dict"]
+        model.load_state_dict({k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)})
     model.eval()
+    model.to(resolve_dtype(dtype, device))
+    model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
     tokenizer = Tokenizer.from_str(meta["tokenizer"])
     return LoadedCheckpoint(model, tokenizer, config, checkpoint.get("global_step", 0), meta.get("data", {}))
+
+
+def _load_sharded_weights(path: Path, model: MTPModel) -> None:
+    """Fill ``model`` from the ``state_dict`` entries of a DCP folder (the LightningModule's ``model.*`` keys)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
+    try:
+        with warnings.catch_warnings():  # DCP warns that it loads in one process even when told so (no_dist)
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+            dcp.load({"state_dict": state}, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+    except Exception as err:  # DCP wraps missing keys and damaged shards alike
+        raise UserError(
+            f"checkpoint folder {path} could not be read ({str(err).splitlines()[0]}); "
+            "use a complete checkpoint written by scripts/pretrain.py."
+        ) from err

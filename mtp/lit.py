@@ -9,6 +9,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -21,15 +22,31 @@ from mtp.loss import cross_entropy, mtp_loss, split_window
 from mtp.metrics import ExpectedTokensPerForward
 from mtp.model import MTPModel
 from mtp.optim import OptimConfig, parameter_groups, warmup_cosine
+from mtp.parallel import parallelize
 
 
 class MTPLitModule(L.LightningModule):
-    def __init__(self, model: dict[str, Any], optim: dict[str, Any] | None = None) -> None:
+    """Training of an MTP model from plain settings.
+
+    ``compile`` and ``activation_checkpointing`` are applied per block in ``configure_model`` (see
+    mtp.parallel), together with FSDP2 sharding over every process when the strategy is Lightning's
+    ModelParallelStrategy (``trainer=fsdp``).
+    """
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        optim: dict[str, Any] | None = None,
+        compile: bool = False,
+        activation_checkpointing: bool = False,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.config = ModelConfig.from_dict(dict(model))
         self.optim = OptimConfig(**(optim or {}))
+        self.compile_blocks, self.activation_checkpointing = compile, activation_checkpointing
         self.model = MTPModel(self.config)
+        self._parallelized = False
         n, vocab = self.config.n_future, self.config.vocab_size
         self.val_loss = nn.ModuleList(MeanMetric() for _ in range(n))
         self.val_acc = nn.ModuleList(MulticlassAccuracy(vocab, average="micro") for _ in range(n))
@@ -44,6 +61,32 @@ class MTPLitModule(L.LightningModule):
         vocab_size = getattr(self.trainer.datamodule, "vocab_size", None)
         if vocab_size is not None:
             self.check_vocab_size(vocab_size)
+
+    def configure_model(self) -> None:
+        if self._parallelized:  # Lightning calls this again for every later fit/validate on the same module
+            return
+        self._parallelized = True
+        mesh, mp_policy = self._sharding()
+        parallelize(
+            self.model,
+            activation_checkpointing=self.activation_checkpointing,
+            compile=self.compile_blocks,
+            mesh=mesh,
+            mp_policy=mp_policy,
+        )
+
+    def _sharding(self) -> tuple[Any, Any]:
+        """(mesh, mixed-precision policy) for FSDP2 under ModelParallelStrategy, else (None, None)."""
+        if not isinstance(self.trainer.strategy, ModelParallelStrategy):
+            return None, None
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        # Shard over every process (Lightning's own mesh splits them into data x tensor parallel; mtp uses no TP)
+        mesh = init_device_mesh(self.trainer.strategy.root_device.type, (self.trainer.world_size,))
+        if str(self.trainer.precision).startswith("bf16"):
+            return mesh, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return mesh, None
 
     def check_vocab_size(self, vocab_size: int) -> None:
         """The tokenizer's ids must all fit the model's embedding."""
@@ -63,10 +106,10 @@ class MTPLitModule(L.LightningModule):
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
         inputs, targets = split_window(batch, self.n_future)
-        z = self.model.trunk(inputs)
+        states = self.model.head_states(inputs)
         predictions = []
         for k in range(1, self.n_future + 1):  # one head's logits at a time
-            logits = self.model.head_logits(k, self.model.head_hidden(k, z))  # (B, T, V)
+            logits = self.model.unembedding(k)(states[k - 1])  # (B, T, V)
             target = targets[k - 1]
             self.val_loss[k - 1].update(cross_entropy(logits, target), weight=target.numel())
             prediction = logits.argmax(dim=-1)

@@ -10,7 +10,7 @@ import hydra
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
-from mtp.checkpoint import read_checkpoint
+from mtp.checkpoint import check_checkpoint
 from mtp.checkpointing import AtomicCheckpointIO
 from mtp.lit import MTPLitModule
 
@@ -27,17 +27,20 @@ def instantiate_group(group: DictConfig | None) -> list[Any]:
 def build(
     cfg: DictConfig, callbacks: Sequence[L.Callback] = ()
 ) -> tuple[L.LightningDataModule, MTPLitModule, L.Trainer]:
-    """The datamodule (data prepared), the module and the trainer described by ``cfg``, plus extra ``callbacks``."""
+    """The datamodule, the module and the trainer described by ``cfg``, plus extra ``callbacks``.
+
+    Nothing is prepared here: the Trainer calls the datamodule's ``prepare_data`` and ``setup`` (on every
+    process of a distributed run) and the module's ``setup`` and ``configure_model``.
+    """
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
     module = MTPLitModule(  # validates the model config before any data work
         model=OmegaConf.to_container(cfg.model, resolve=True),
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        compile=bool(cfg.get("compile", False)),
+        activation_checkpointing=bool(cfg.get("activation_checkpointing", False)),
     )
     datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    module.check_vocab_size(datamodule.vocab_size)
     trainer = hydra.utils.instantiate(
         cfg.trainer,
         callbacks=instantiate_group(cfg.get("callbacks")) + list(callbacks),
@@ -51,7 +54,7 @@ def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, fl
     """Fit as configured (with extra ``callbacks``, if given); returns the final logged metrics."""
     ckpt_path = cfg.get("ckpt_path")
     if ckpt_path:
-        read_checkpoint(ckpt_path)  # a missing, truncated or foreign file fails here, before any work
+        check_checkpoint(ckpt_path)  # a missing, truncated or foreign checkpoint fails here, before any work
     datamodule, module, trainer = build(cfg, callbacks)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -66,7 +69,7 @@ def report(trainer: L.Trainer, metrics: dict[str, float]) -> None:
     if shown:
         print(f"final validation: {shown}")
     checkpoint = trainer.checkpoint_callback and trainer.checkpoint_callback.last_model_path
-    if checkpoint and Path(checkpoint).is_file():
+    if checkpoint and Path(checkpoint).exists():  # a file, or a folder for a sharded checkpoint
         print(f"checkpoint: {checkpoint}")
     for logger in trainer.loggers:
         if logger.log_dir is None:

@@ -42,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="auto: bf16 on cuda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_decode")
     args = parser.parse_args(argv)
@@ -96,7 +97,7 @@ def run(model, prompts: list[list[int]], config: GenerationConfig, batch_size: i
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     device = torch.device(args.device)
-    loaded = load_checkpoint(args.checkpoint, device)
+    loaded = load_checkpoint(args.checkpoint, device, args.dtype)  # the dtype policy of scripts/decode.py
     model, n = loaded.model, loaded.config.n_future
     heads = args.heads or list(range(1, n + 1))
     if max(heads) > n:
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     setup = {
         "checkpoint": str(args.checkpoint),
         "device": device_name,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "n_future": n,
         "parameters": sum(p.numel() for p in model.parameters()),
         "prompts": len(prompts),
@@ -142,8 +144,8 @@ def main(argv: list[str] | None = None) -> None:
         "sampling": {"temperature": args.temperature, "top_p": args.top_p},
     }
     title = (
-        f"Decoding {args.checkpoint.name} (n={n}) on {device_name}: {len(prompts)} held-out prompts of "
-        f"{args.prompt_tokens} tokens, {args.max_new_tokens} new tokens each"
+        f"Decoding {args.checkpoint.name} (n={n}, {setup['dtype']}) on {device_name}: {len(prompts)} held-out "
+        f"prompts of {args.prompt_tokens} tokens, {args.max_new_tokens} new tokens each"
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"setup": setup, "results": rows}, indent=2))

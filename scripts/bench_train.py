@@ -46,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("d-model", "n-layers", "n-heads", "n-kv-heads", "seq-len", "batch-size", "steps", "warmup"):
         parser.add_argument(f"--{name}", type=int, default=None)
     parser.add_argument("--loss-chunk", type=int, default=0, help="sequential: positions per unembedding chunk")
+    parser.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in backward")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block (warm-up steps compile)")
     parser.add_argument("--quick", action="store_true", help="tiny grid (n 1,2; vocab 256,2048) for a smoke test")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_train")
     args = parser.parse_args(argv)
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
                     loss_chunk=args.loss_chunk if mode == "sequential" else 0,
                     device=args.device,
                     bf16=args.bf16,
+                    activation_checkpointing=args.activation_checkpointing,
+                    compile=args.compile,
                     **args.sizes,
                 )
                 row = run_one(spec)
@@ -120,12 +124,16 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "dtype": "bf16 autocast" if args.bf16 else "fp32",
         "loss_chunk": args.loss_chunk,
+        "activation_checkpointing": args.activation_checkpointing,
+        "compile": args.compile,
         **s,
     }
     title = (
         f"Training step, {setup['device']}, {setup['dtype']}: d_model={s['d_model']}, n_layers={s['n_layers']} "
         f"(all heads included), batch {s['batch_size']} x {s['seq_len']} tokens"
         + (f", loss_chunk={args.loss_chunk}" if args.loss_chunk else "")
+        + (", activation checkpointing" if args.activation_checkpointing else "")
+        + (", compiled blocks" if args.compile else "")
     )
     write_results(args.out, rows, setup, title)
     print(f"\n{title}\n\n{markdown_table(rows)}\n\nwrote {args.out}/results.json, results.md, memory.png")

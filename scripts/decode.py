@@ -27,7 +27,7 @@ from mtp.errors import UserError  # noqa: E402
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", type=Path, help="a .ckpt written by scripts/pretrain.py")
+    parser.add_argument("checkpoint", type=Path, help="a .ckpt (file or sharded folder) written by scripts/pretrain.py")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--prompt", help="the prompt text (default: read --prompt-file or standard input)")
     source.add_argument("--prompt-file", type=Path, help="a file whose text is the prompt")
@@ -84,13 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check_ranges(args)
     device = pick_device(args.device)
-    loaded = load_checkpoint(args.checkpoint, device)
+    loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, tokenizer, n_future = loaded.model, loaded.tokenizer, loaded.config.n_future
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(args.dtype)
-    if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model.to(dtype)
-    model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()  # positions stay exact
 
     heads = args.heads if args.heads is not None else (n_future if args.self_speculative else 1)
     if not 1 <= heads <= n_future:

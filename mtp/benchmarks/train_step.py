@@ -23,6 +23,7 @@ from mtp.config import ModelConfig
 from mtp.loss import mtp_loss
 from mtp.model import MTPModel
 from mtp.optim import parameter_groups
+from mtp.parallel import parallelize
 
 
 @dataclass
@@ -41,6 +42,8 @@ class StepSpec:
     warmup: int = 1
     device: str = "cpu"
     bf16: bool = False
+    activation_checkpointing: bool = False
+    compile: bool = False
     seed: int = 0
 
 
@@ -69,6 +72,7 @@ def measure(spec: StepSpec) -> dict:
         loss_chunk=spec.loss_chunk,
     )
     model = MTPModel(config).to(device)
+    parallelize(model, activation_checkpointing=spec.activation_checkpointing, compile=spec.compile)
     optimizer = torch.optim.AdamW(parameter_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.95), fused=cuda)
     window = torch.randint(0, spec.vocab_size, (spec.batch_size, spec.seq_len + spec.n_future), device=device)
 
