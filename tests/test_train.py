@@ -27,6 +27,12 @@ def test_fast_dev_run_every_model_preset(make_cfg, preset):
     assert 1.0 <= metrics["val/expected_tokens_per_forward"] <= n
 
 
+def test_overfit_debug_preset_rebuilds_the_training_loader(make_cfg):
+    """debug=overfit makes Lightning rebuild the training DataLoader with its own sampler: it must still run."""
+    metrics = train(make_cfg("mtp2", ["debug=overfit", "trainer.max_steps=3", "trainer.val_check_interval=3"]))
+    assert "train/loss" in metrics
+
+
 def test_every_config_group_instantiates(make_cfg):
     cfg = make_cfg("mtp2")
     for group in ("callbacks", "logger"):
@@ -119,17 +125,19 @@ class RecordBatches(L.Callback):
         self.batches.append(batch.clone())
 
 
-def test_resume_mid_epoch_continues_the_data_order(make_cfg, tmp_path):
+@pytest.mark.parametrize("validation", [["trainer.val_check_interval=2"], ["trainer.limit_val_batches=0"]])
+def test_resume_mid_epoch_continues_the_data_order(make_cfg, tmp_path, validation):
     """A resumed run trains on the batches the uninterrupted run would have seen next, not the epoch's first ones.
 
-    The first run stops at step 3, between validations, so its last.ckpt is the one written at the final step.
+    The first run stops at step 3, between validations (or with none at all: then nothing but the final-step
+    save may write last.ckpt), so its last.ckpt is the one written at the final step.
     """
     straight, first, resumed = RecordBatches(), RecordBatches(), RecordBatches()
-    train(make_cfg("mtp1", ["trainer.max_steps=6", "trainer.val_check_interval=2"]), callbacks=[straight])
-    cfg = make_cfg("mtp1", ["trainer.max_steps=3", "trainer.val_check_interval=2"])
+    train(make_cfg("mtp1", ["trainer.max_steps=6", *validation]), callbacks=[straight])
+    cfg = make_cfg("mtp1", ["trainer.max_steps=3", *validation])
     train(cfg, callbacks=[first])
     last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
-    cfg = make_cfg("mtp1", ["trainer.max_steps=6", "trainer.val_check_interval=2", f"ckpt_path={last}"])
+    cfg = make_cfg("mtp1", ["trainer.max_steps=6", *validation, f"ckpt_path={last}"])
     with open_dict(cfg):
         cfg.paths.output_dir = str(tmp_path / "resumed")
     train(cfg, callbacks=[resumed])
@@ -186,8 +194,8 @@ def test_atomic_save_leaves_no_partial_file(tmp_path, monkeypatch):
     io.save_checkpoint({"x": torch.ones(2)}, target)
     assert target.is_file()
 
-    def dies(obj, f, *args, **kwargs):
-        Path(f).write_bytes(b"partial")
+    def dies(obj, f, *args, **kwargs):  # interrupted half-way through writing
+        f.write(b"partial")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(torch, "save", dies)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -11,15 +10,11 @@ import lightning as L
 import numpy as np
 import torch
 from tokenizers import Tokenizer
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from mtp.data.packing import PackedData, TokenizerConfig, prepare
 from mtp.data.sources import SourceConfig
 from mtp.errors import UserError
-
-# Lightning warns on every mid-epoch resume unless the DataLoader object is stateful; ResumableShuffle below
-# restarts the order where the checkpoint left it, so the warning does not apply to this datamodule.
-warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
 
 
 class TokenWindows(Dataset):
@@ -41,29 +36,65 @@ class TokenWindows(Dataset):
         return torch.from_numpy(self._tokens[start : start + self.window].astype(np.int64))
 
 
-class ResumableShuffle(Sampler[int]):
-    """A random order fixed by (seed, epoch), split across processes, that can start part-way into the epoch.
+class ResumableShuffle(DistributedSampler):
+    """A random order fixed by (seed, epoch), split across processes, that can start part-way into an epoch.
 
-    Process ``rank`` of ``world_size`` takes every world_size-th sample of the shared order. A run resumed
-    from a mid-epoch checkpoint skips the ``start`` samples (all processes together) the first run
-    consumed and continues in the same order, instead of replaying the start of the epoch.
+    Process ``rank`` of ``world_size`` takes every world_size-th sample of the shared order. ``skip(epoch, n)``
+    makes the pass over that epoch start after its first n samples (all processes together), as a resumed
+    run must. A DistributedSampler, so that Lightning uses it as it is and never splits the data again.
     """
 
-    def __init__(self, length: int, seed: int, start: int = 0, rank: int = 0, world_size: int = 1) -> None:
-        self.length, self.seed, self.start, self.epoch = length, seed, start, 0
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, dataset: Dataset, seed: int, rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.length = len(dataset)
+        self.skipped: tuple[int, int] | None = None  # (epoch, samples) to skip once
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def skip(self, epoch: int, samples: int) -> None:
+        self.skipped = (epoch, samples)
 
     def __iter__(self):
         order = torch.randperm(self.length, generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        start, self.start = self.start, 0  # only the first pass after a resume is shortened
-        usable = start + (self.length - start) // self.world_size * self.world_size  # equal shares for every rank
-        return iter(order[start + self.rank : usable : self.world_size].tolist())
+        start = 0
+        if self.skipped is not None and self.skipped[0] == self.epoch:
+            start, self.skipped = self.skipped[1], None
+        shared = (self.length - start) // self.num_replicas * self.num_replicas  # equal shares for every rank
+        return iter(order[start + self.rank : start + shared : self.num_replicas].tolist())
 
     def __len__(self) -> int:
-        return self.length // self.world_size
+        return self.length // self.num_replicas
+
+
+class ResumableLoader(DataLoader):
+    """The training DataLoader, stateful in Lightning's sense (``state_dict`` / ``load_state_dict``).
+
+    Its state is the epoch and the batches of it already handed out, the same on every process; Lightning
+    stores rank 0's in the checkpoint and hands it back on resume, and the next pass over a ResumableShuffle
+    skips those batches. DataLoader's own signature, so that Lightning can rebuild it with another sampler
+    (``overfit_batches`` does); with another sampler there is nothing to skip.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int = 1, sampler=None, **kwargs) -> None:
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
+        self.batches_done = 0
+
+    def __iter__(self):
+        self.batches_done = self._batches_skipped()
+        for batch in super().__iter__():
+            self.batches_done += 1
+            yield batch
+
+    def _batches_skipped(self) -> int:
+        sampler = self.sampler
+        if not isinstance(sampler, ResumableShuffle) or not sampler.skipped or sampler.skipped[0] != sampler.epoch:
+            return 0
+        return sampler.skipped[1] // (self.batch_size * sampler.num_replicas)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": getattr(self.sampler, "epoch", 0), "batches": self.batches_done}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if isinstance(self.sampler, ResumableShuffle):
+            self.sampler.skip(state["epoch"], state["batches"] * self.batch_size * self.sampler.num_replicas)
 
 
 class MTPDataModule(L.LightningDataModule):
@@ -94,12 +125,12 @@ class MTPDataModule(L.LightningDataModule):
         self.packed: PackedData | None = None
 
     def prepare_data(self) -> None:
-        prepare(self.source, self.tokenizer_config, self.val_fraction, self.cache_dir)
+        """Build the packed corpus if absent (Lightning calls this on one process per node, before setup)."""
+        self.packed = prepare(self.source, self.tokenizer_config, self.val_fraction, self.cache_dir)
 
     def setup(self, stage: str | None = None) -> None:
-        if self.packed is not None:
-            return
-        self.packed = prepare(self.source, self.tokenizer_config, self.val_fraction, self.cache_dir)
+        if self.packed is None:  # the processes that did not prepare open the entry prepare_data built
+            self.packed = prepare(self.source, self.tokenizer_config, self.val_fraction, self.cache_dir)
         window = self.seq_len + self.n_future
         val_tokens = self.packed.meta["tokens"]["validation"]
         if val_tokens < window:
@@ -134,42 +165,26 @@ class MTPDataModule(L.LightningDataModule):
                 f"data.batch_size={self.batch_size}; lower data.batch_size or data.seq_len, or add data."
             )
         rank, world_size = self._process_share()
-        start = self._samples_already_seen() * world_size
-        sampler = ResumableShuffle(len(windows), self.seed, start=start, rank=rank, world_size=world_size)
-        return self._loader(windows, sampler=sampler, drop_last=True)
+        sampler = ResumableShuffle(windows, self.seed, rank=rank, world_size=world_size)
+        return ResumableLoader(
+            windows, batch_size=self.batch_size, sampler=sampler, drop_last=True, **self._loader_settings()
+        )
 
     def val_dataloader(self) -> DataLoader:
         windows = self.windows("validation")
         rank, world_size = self._process_share()
         sampler = DistributedSampler(windows, world_size, rank, shuffle=False) if world_size > 1 else None
-        return self._loader(windows, sampler=sampler, drop_last=False)
+        return DataLoader(windows, batch_size=self.batch_size, sampler=sampler, **self._loader_settings())
 
     def _process_share(self) -> tuple[int, int]:
-        """(rank, world size) of this process; the datamodule splits data across processes itself."""
-        trainer = self.trainer
-        if trainer is None or trainer.world_size == 1:
+        """(rank, world size) of this process; every loader gives each process its own share."""
+        if self.trainer is None:
             return 0, 1
-        if trainer._accelerator_connector.use_distributed_sampler:
-            raise UserError(
-                "trainer.use_distributed_sampler=true would split the data a second time; "
-                "keep it false (the default), MTPDataModule gives each process its share."
-            )
-        return trainer.global_rank, trainer.world_size
+        return self.trainer.global_rank, self.trainer.world_size
 
-    def _samples_already_seen(self) -> int:
-        """Training samples this process consumed in the current epoch, as restored from a checkpoint (else 0)."""
-        trainer = self.trainer
-        if trainer is None:
-            return 0
-        return trainer.fit_loop.epoch_loop.batch_progress.current.ready * self.batch_size
-
-    def _loader(self, dataset: TokenWindows, sampler: Sampler | None, drop_last: bool) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            drop_last=drop_last,
-            num_workers=self.num_workers,
-            pin_memory=torch.cuda.is_available(),
-            persistent_workers=self.num_workers > 0,
-        )
+    def _loader_settings(self) -> dict[str, Any]:
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": torch.cuda.is_available(),
+            "persistent_workers": self.num_workers > 0,
+        }

@@ -1,12 +1,18 @@
 import pytest
 import torch
 
-from mtp.data.datamodule import MTPDataModule, ResumableShuffle
+from mtp.data.datamodule import MTPDataModule, ResumableLoader, ResumableShuffle
 from mtp.errors import UserError
 
 
+def loader(length: int, batch_size: int, rank: int = 0, world_size: int = 1) -> ResumableLoader:
+    data = list(range(length))
+    sampler = ResumableShuffle(data, seed=7, rank=rank, world_size=world_size)
+    return ResumableLoader(data, batch_size, sampler, drop_last=True)
+
+
 def test_shuffle_is_fixed_by_seed_and_epoch():
-    sampler = ResumableShuffle(50, seed=3)
+    sampler = ResumableShuffle(list(range(50)), seed=3)
     first = list(sampler)
     assert sorted(first) == list(range(50)) and list(sampler) == first
     sampler.set_epoch(1)
@@ -14,22 +20,32 @@ def test_shuffle_is_fixed_by_seed_and_epoch():
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_resumed_shares_continue_where_the_run_stopped(world_size):
-    """Every rank, restarted `start` samples (all ranks together) in, yields what it would have yielded next."""
-    length, batch_size, batches_done = 41, 2, 3
-    start = batches_done * batch_size * world_size
+def test_a_loaded_state_continues_every_rank_where_the_run_stopped(world_size):
+    """Rank 0's state after 3 batches, loaded by fresh loaders on every rank: each yields what it would have next."""
+    length, batch_size, done = 41, 2, 3
     for rank in range(world_size):
-        straight = list(ResumableShuffle(length, 7, rank=rank, world_size=world_size))
-        resumed = list(ResumableShuffle(length, 7, start=start, rank=rank, world_size=world_size))
-        assert resumed == straight[batches_done * batch_size : batches_done * batch_size + len(resumed)]
-    shares = [set(ResumableShuffle(length, 7, rank=r, world_size=world_size)) for r in range(world_size)]
-    assert sum(len(s) for s in shares) == length // world_size * world_size
-    assert len(set().union(*shares)) == length // world_size * world_size  # disjoint
+        straight = [b.tolist() for b in loader(length, batch_size, rank, world_size)]
+        interrupted = loader(length, batch_size, rank, world_size)
+        batches = iter(interrupted)
+        seen = [next(batches).tolist() for _ in range(done)]
+        state = interrupted.state_dict()
+        assert state == {"epoch": 0, "batches": done} and seen == straight[:done]
+        resumed = loader(length, batch_size, rank, world_size)
+        resumed.load_state_dict(state)
+        assert [b.tolist() for b in resumed] == straight[done:]
+        assert resumed.state_dict()["batches"] == len(straight)
+    shares = [{x for b in loader(length, batch_size, r, world_size) for x in b.tolist()} for r in range(world_size)]
+    assert len(set().union(*shares)) == sum(map(len, shares))  # disjoint
 
 
-def test_only_the_first_pass_after_a_resume_is_shortened():
-    sampler = ResumableShuffle(10, 0, start=4)
-    assert len(list(sampler)) == 6 and len(list(sampler)) == 10
+def test_only_the_resumed_epoch_is_shortened():
+    resumed = loader(10, 2)
+    resumed.load_state_dict({"epoch": 0, "batches": 2})
+    assert len(list(resumed)) == 3 and len(list(resumed)) == 5
+    later = loader(10, 2)
+    later.load_state_dict({"epoch": 0, "batches": 2})
+    later.sampler.set_epoch(1)  # the checkpoint ended its epoch: the next one starts at its beginning
+    assert len(list(later)) == 5
 
 
 def test_windows_cover_seq_len_plus_future_tokens(corpus_dir, shared_cache):
