@@ -90,3 +90,30 @@ def tiny_checkpoints(corpus_dir, shared_cache, tmp_path_factory) -> dict[str, Pa
         train(compose_in(tiny_overrides(preset, corpus_dir, shared_cache) + steps, out))
         checkpoints[preset] = out / "run" / "checkpoints" / "last.ckpt"
     return checkpoints
+
+
+@pytest.fixture(scope="session")
+def trained_model():
+    """A 4-head model trained for a few seconds on a counting pattern, so that most drafts are accepted."""
+    from mtp.loss import mtp_loss
+    from tests.decode.helpers import cyclic_windows, tiny_model
+
+    model = tiny_model(n_future=4, vocab_size=24, seed=1).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(150):
+        loss = mtp_loss(model, cyclic_windows(16, 24, 24, generator)).total
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.eval()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu need CUDA: without it they are skipped, with the reason shown."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run scripts/gpu_check.py on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -131,3 +131,22 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
             assert r["speedup"] == 1.0
     assert "| mode | batch | k | tokens/forward |" in (out / "results.md").read_text()
     assert (out / "decode.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_gpu_check_kit_runs_every_step_in_smoke_mode(tiny_checkpoints, tmp_path):
+    """scripts/gpu_check.py --smoke: the kit's plumbing on CPU (the gpu tests skip, the benchmarks run at toy sizes)."""
+    out = tmp_path / "kit"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--smoke", "--out", str(out)]
+        + ["--checkpoint", str(tiny_checkpoints["mtp4"])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = (out / "summary.md").read_text()
+    assert "gpu tests: skipped (no CUDA device)" in summary or "gpu tests: passed" in summary
+    assert summary.count("x (met") + summary.count("x (missed") == 2  # P1 and P2 measured
+    for table in ("bench_train_memory/results.md", "bench_train_time/results.md", "bench_decode/results.md"):
+        assert (out / table).is_file()
