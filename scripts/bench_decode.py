@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 from mtp.benchmarks.cli import int_list  # noqa: E402
 from mtp.benchmarks.report import decode_table, plot_decode  # noqa: E402
 from mtp.checkpoint import load_checkpoint  # noqa: E402
+from mtp.cli import run_script  # noqa: E402
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents  # noqa: E402
 from mtp.data.tokenizer import eot_id  # noqa: E402
 from mtp.decode import DecodeStats, GenerationConfig, generate  # noqa: E402
@@ -156,8 +157,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mtp.checkpoint import load_checkpoint  # noqa: E402
+from mtp.cli import run_script  # noqa: E402
 from mtp.data.tokenizer import eot_id  # noqa: E402
 from mtp.decode import GenerationConfig, generate  # noqa: E402
 from mtp.errors import UserError  # noqa: E402
@@ -135,8 +136,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -146,6 +146,30 @@ def test_resume_mid_epoch_continues_the_data_order(make_cfg, tmp_path, validatio
         assert torch.equal(a, b)
 
 
+def test_the_corpus_is_prepared_once_and_a_resume_checkpoint_read_once(make_cfg, tmp_path, monkeypatch):
+    """The Trainer drives the datamodule (prepare_data, then setup reuses it); the resume file is checked
+    without reading its tensors (mmap) and read in full only by Lightning's restore."""
+    import mtp.checkpoint
+    import mtp.data.datamodule
+
+    first = make_cfg("mtp2", ["trainer.max_steps=2"])
+    train(first)
+    last = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+
+    prepared, loads = [], []
+    real_prepare, real_load = mtp.data.datamodule.prepare, torch.load
+    monkeypatch.setattr(mtp.data.datamodule, "prepare", lambda *a, **k: prepared.append(1) or real_prepare(*a, **k))
+    monkeypatch.setattr(
+        mtp.checkpoint.torch, "load", lambda f, *a, **k: loads.append(k.get("mmap", False)) or real_load(f, *a, **k)
+    )
+    resumed = make_cfg("mtp2", ["trainer.max_steps=4", f"ckpt_path={last}"])
+    with open_dict(resumed):
+        resumed.paths.output_dir = str(tmp_path / "resumed")
+    train(resumed)
+    assert len(prepared) == 1
+    assert loads == [True, False]  # the check (mapped), then the one full read
+
+
 def test_tokenizer_larger_than_model_vocabulary(make_cfg):
     cfg = make_cfg("mtp2", ["data.tokenizer.vocab_size=600"])
     with pytest.raises(UserError, match="tokenizer has 600 tokens but model.vocab_size=512"):
