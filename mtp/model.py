@@ -13,16 +13,12 @@ unembedding ``outputs[k-1]`` ("replicated unembeddings").
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtp.config import ModelConfig
-
-if TYPE_CHECKING:
-    from mtp.decode.cache import KVCache, LayerCache
 
 
 class RMSNorm(nn.Module):
@@ -61,19 +57,14 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.d_model, config.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(config.n_heads * self.head_dim, config.d_model, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None) -> Tensor:
-        """Causal self-attention; with ``cache``, x holds new positions after each row's cached ones."""
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Causal self-attention over x (B, T, d_model)."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv_heads, T, head_dim)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        gqa = self.n_kv_heads != self.n_heads
-        if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:
-            k, v = cache.append(k, v)  # (B, n_kv_heads, L, head_dim): cached and new positions
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, enable_gqa=gqa)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, d_model)
 
 
@@ -98,8 +89,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache | None = None) -> Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -193,33 +184,5 @@ class MTPModel(nn.Module):
         return torch.stack([self.unembedding(k)(state) for k, state in enumerate(states, start=1)])
 
     def blocks(self) -> list[Block]:
-        """Every block, in the order KV caches are laid out: ``layers`` then ``extra_heads``."""
+        """Every block: ``layers`` (the trunk and head 1), then ``extra_heads`` (heads 2..n)."""
         return [*self.layers, *self.extra_heads]
-
-    def forward_cached(self, idx: Tensor, cache: KVCache, n_heads: int) -> tuple[Tensor, Tensor]:
-        """Head 1's logits (B, S, V) and the hidden states of heads 2..n_heads (n_heads - 1, B, S, d) for tokens
-        idx (B, S) that follow each row's cached ones.
-
-        Writes their keys and values into ``cache`` (every block used, trunk and heads) and advances its lengths
-        by S. Rows may sit at different lengths; the result equals the full forward at the same positions.
-        Drafting needs the other heads' logits at one position per row only: ``head_logits`` on a gather of
-        their hidden states costs a fraction of unembedding them everywhere.
-        """
-        positions = cache.lengths[:, None] + torch.arange(idx.size(1), device=idx.device)  # (B, S)
-        if int(cache.max_length) + idx.size(1) > self.config.max_seq_len:
-            raise ValueError(f"decoding past max_seq_len={self.config.max_seq_len}")
-        cos = self.rope_cos[positions].unsqueeze(1)  # (B, 1, S, head_dim / 2)
-        sin = self.rope_sin[positions].unsqueeze(1)
-        cache.begin(positions)
-        x = self.tok_embeddings(idx)
-        for i, block in enumerate(self.trunk_blocks):  # the trunk is a prefix of blocks()
-            x = block(x, cos, sin, cache.layer(i))
-        hidden = []
-        for k in range(1, n_heads + 1):
-            block = self.head_block(k)
-            # in blocks() order head 1 is the last of `layers`, head k > 1 is extra_heads[k - 2]
-            index = len(self.layers) + k - 2
-            hidden.append(x if block is None else block(x, cos, sin, cache.layer(index)))
-        cache.commit(idx.size(1))
-        others = torch.stack(hidden[1:]) if n_heads > 1 else x.new_empty(0, *x.shape)
-        return self.head_logits(1, hidden[0]), others

@@ -60,7 +60,18 @@ def test_greedy_compare_matches_and_prints_parseable_stats(tiny_checkpoints, pre
     n = 4 if preset == "mtp4" else 8
     assert stats["heads"] == str(n) and len(stats["accept"].split(",")) == n - 1
     assert float(stats["tokens/forward"]) >= 1.0 and int(stats["forwards"]) >= 1 and float(stats["tokens/s"]) > 0
+    assert float(stats["ms/forward"]) > 0 and float(stats["prefill_ms"]) > 0
     assert "outputs_match=yes" in out and "speedup=" in out
+
+
+@pytest.mark.slow
+def test_compiled_decoding_prints_what_eager_decoding_prints(tiny_checkpoints, capsys):
+    argv = [str(tiny_checkpoints["mtp4"]), "--self-speculative", "--prompt", "def parse(", "--max-new-tokens", "16"]
+    assert decode.main(argv) == 0
+    eager = capsys.readouterr().out
+    assert decode.main([*argv, "--compile", "--compare"]) == 0
+    compiled = capsys.readouterr().out
+    assert compiled.splitlines()[0] == eager.splitlines()[0] and "outputs_match=yes" in compiled
 
 
 def test_sampling_batch_and_byte_output_never_crash(tiny_checkpoints, capsys):
@@ -127,10 +138,31 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
     }
     for r in rows:
         assert r["speedup"] > 0 and r["tokens_per_forward"] >= 1 and len(r["acceptance"]) == r["heads"] - 1
+        assert r["ms_per_forward"] > 0 and r["forward_cost"] > 0
         if r["heads"] == 1:
-            assert r["speedup"] == 1.0
+            assert r["speedup"] == 1.0 and r["forward_cost"] == 1.0
     assert "| mode | batch | k | tokens/forward |" in (out / "results.md").read_text()
     assert (out / "decode.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_decode_hf_peer_decodes_the_same_tokens(tiny_checkpoints, tmp_path):
+    pytest.importorskip("transformers", reason="--hf needs the hf extra: pip install -e '.[hf]'")
+    out = tmp_path / "bench"
+    command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"]), "--hf"]
+    command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
+    command += ["--modes", "greedy", "--repeats", "1", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    peer = json.loads((out / "results.json").read_text())["hf"]
+    assert peer["hf_generate_tokens_per_s"] > 0 and peer["hf_prompt_lookup_tokens_per_s"] > 0
+    assert peer["greedy_outputs_differ"] == [] and peer["prompt_lookup_equals_hf_greedy"]  # the same function
+    assert "| HF generate |" in (out / "results.md").read_text()
+    without_greedy = subprocess.run(
+        [*command[:-4], "--modes", "sampling", "--out", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert without_greedy.returncode == 2 and "--hf compares with greedy decoding at batch size 1" in (
+        without_greedy.stderr
+    )
 
 
 @pytest.mark.slow
@@ -147,6 +179,6 @@ def test_gpu_check_kit_runs_every_step_in_smoke_mode(tiny_checkpoints, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = (out / "summary.md").read_text()
     assert "gpu tests: skipped (no CUDA device)" in summary or "gpu tests: passed" in summary
-    assert summary.count("x (met") + summary.count("x (missed") == 2  # P1 and P2 measured
+    assert summary.count("x (met") + summary.count("x (missed") == 3  # P1, P2, decoding (compiled: not in smoke)
     for table in ("bench_train_memory/results.md", "bench_train_time/results.md", "bench_decode/results.md"):
         assert (out / table).is_file()

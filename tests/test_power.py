@@ -26,6 +26,11 @@ LOSSLESS = "tests/decode/test_lossless.py::test_self_speculative_sampling_has_th
 PROCESSING = "tests/decode/test_lossless.py::test_processed_probs_equal_the_reference"
 GREEDY = "tests/decode/test_generate.py"
 GREEDY_BY_CHANCE = f"{GREEDY}::test_greedy_self_speculative_equals_autoregressive_when_drafts_pass_and_fail_at_random"
+GREEDY_EXACT = (  # greedy decoding against the cache-free reference (not the file: it also compiles)
+    f"{GREEDY}::test_greedy_decoding_equals_the_cache_free_reference_on_a_random_model",
+    f"{GREEDY}::test_greedy_decoding_equals_the_cache_free_reference_when_drafts_pass",
+    GREEDY_BY_CHANCE,
+)
 CACHE = "tests/decode/test_cache.py"
 REFERENCE = "tests/interop/test_llama_reference.py"
 MODEL = "tests/test_model.py"
@@ -44,6 +49,7 @@ class Mutation:
 
 
 GENERATION = "mtp/decode/generation.py"
+INFERENCE = "mtp/decode/inference.py"
 MUTATIONS = [
     # -- lossless sampling
     Mutation(
@@ -91,8 +97,8 @@ MUTATIONS = [
     Mutation(
         "one seed for every row",
         "mtp/decode/sampling.py",
-        "torch.Generator(device=device).manual_seed(seed + row)",
-        "torch.Generator(device=device).manual_seed(seed)",
+        "torch.Generator().manual_seed(seed + row)",
+        "torch.Generator().manual_seed(seed)",
         (LOSSLESS, f"{GREEDY}::test_each_row_equals_decoding_it_alone"),
     ),
     Mutation(
@@ -115,7 +121,7 @@ MUTATIONS = [
         GENERATION,
         "accepted = match.long().cumprod(dim=1).sum(dim=1)",
         "accepted = (match.long().cumprod(dim=1).sum(dim=1) + 1).clamp(max=n_drafts)",
-        (GREEDY,),
+        GREEDY_EXACT,
     ),
     Mutation(
         "greedy counts every matching draft, not the matching prefix",
@@ -130,14 +136,14 @@ MUTATIONS = [
         GENERATION,
         "cache.rollback(kept, held_on_device + base + accepted + 1)",
         "cache.rollback(kept, held_on_device + base + accepted)",
-        (GREEDY,),
+        GREEDY_EXACT,
     ),
     Mutation(
         "the cache's host-side lengths keep one position too few",
         GENERATION,
         "kept = [held[i] + h[0] + 1 + first_base[i] for i, h in enumerate(host)]",
         "kept = [held[i] + h[0] + first_base[i] for i, h in enumerate(host)]",
-        (GREEDY,),
+        GREEDY_EXACT,
     ),
     Mutation(
         "a new position does not attend to itself",
@@ -148,10 +154,74 @@ MUTATIONS = [
     ),
     Mutation(
         "cached positions are off by one for rotary",
-        "mtp/model.py",
-        "positions = cache.lengths[:, None] + torch.arange(idx.size(1), device=idx.device)",
-        "positions = cache.lengths[:, None] + 1 + torch.arange(idx.size(1), device=idx.device)",
+        "mtp/decode/cache.py",
+        "positions = self.lengths[:, None] + torch.arange(new, device=device)",
+        "positions = self.lengths[:, None] + 1 + torch.arange(new, device=device)",
         (CACHE,),
+    ),
+    # -- the packed inference form
+    Mutation(
+        "rotary pairs packed as (2i, 2i + 1) of the original layout",
+        INFERENCE,
+        "return torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()",
+        "return torch.arange(head_dim)",
+        (CACHE,),
+    ),
+    Mutation(
+        "the attention norm's weight is not folded into q/k/v",
+        INFERENCE,
+        "return block.attention_norm.weight[:, None] * w",
+        "return w",
+        (CACHE,),
+    ),
+    Mutation(
+        "the final norm's weight is not folded into head 1's unembedding",
+        INFERENCE,
+        "self.head1_output = Unembedding(model.unembedding(1).weight * final_norm)",
+        "self.head1_output = Unembedding(model.unembedding(1).weight)",
+        (CACHE,),
+    ),
+    Mutation(
+        "draft heads stacked in reverse order",
+        INFERENCE,
+        "PackedBlocks(list(model.extra_heads[: heads - 1]), config.n_heads, config.n_kv_heads)",
+        "PackedBlocks(list(model.extra_heads[: heads - 1])[::-1], config.n_heads, config.n_kv_heads)",
+        (CACHE,),
+    ),
+    Mutation(
+        "the draft heads' attention output is read at the step's first position",
+        INFERENCE,
+        "x, y, S = x[:, rows, last, None], y[:, rows, last, None], 1",
+        "x, y, S = x[:, rows, last, None], y[:, rows, 0, None], 1",
+        (CACHE,),
+    ),
+    Mutation(
+        "the compiled step's rotary turns the wrong way",
+        INFERENCE,
+        "a * sin + b * cos",
+        "a * sin - b * cos",
+        (f"{CACHE}::test_cached_steps_equal_the_full_forward_for_ragged_rows[transformer-compiled]",),
+    ),
+    Mutation(
+        "drafts made after the step's first input instead of the last accepted one",
+        GENERATION,
+        "drafts = draft_logits(base + accepted).argmax(dim=-1).T if drafting else inputs.new_empty(B, 0)",
+        "drafts = draft_logits(base).argmax(dim=-1).T if drafting else inputs.new_empty(B, 0)",
+        (f"{GREEDY}::test_greedy_decoding_equals_the_cache_free_reference_when_drafts_pass",),
+    ),
+    Mutation(
+        "the prompt's step reads head 1 at every position",
+        GENERATION,
+        "read = None if n_drafts else base[:, None]",
+        "read = None",
+        GREEDY_EXACT,
+    ),
+    Mutation(
+        "every step reuses the first step's uniforms",
+        "mtp/decode/sampling.py",
+        "self.step += 1",
+        "self.step += 0",
+        (LOSSLESS,),
     ),
     # -- the model against an independent reference
     Mutation(
@@ -178,15 +248,15 @@ MUTATIONS = [
     Mutation(
         "attention output without the residual",
         "mtp/model.py",
-        "x = x + self.attention(self.attention_norm(x), cos, sin, cache)",
-        "x = self.attention(self.attention_norm(x), cos, sin, cache)",
+        "x = x + self.attention(self.attention_norm(x), cos, sin)",
+        "x = self.attention(self.attention_norm(x), cos, sin)",
         (REFERENCE,),
     ),
     Mutation(
         "attention is not causal",
         "mtp/model.py",
-        "y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)",
-        "y = F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=gqa)",
+        "y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)",
+        "y = F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=self.n_kv_heads != self.n_heads)",
         (MODEL,),
     ),
     Mutation(

@@ -91,14 +91,15 @@ def write_results(out: Path, rows: list[dict[str, Any]], setup: dict[str, Any], 
 
 def decode_table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| mode | batch | k | tokens/forward | acceptance by draft position | tokens/s | speed-up |",
-        "|---|---:|---:|---:|---|---:|---:|",
+        "| mode | batch | k | tokens/forward | acceptance by draft position | ms/forward | forward cost / k=1 "
+        "| tokens/s | speed-up |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         accept = ", ".join(f"{a:.2f}" for a in r["acceptance"]) or "-"
         lines.append(
             f"| {r['mode']} | {r['batch_size']} | {r['heads']} | {r['tokens_per_forward']:.2f} | {accept} | "
-            f"{r['tokens_per_s']:,.1f} | {r['speedup']:.2f}x |"
+            f"{r['ms_per_forward']:.2f} | {r['forward_cost']:.2f}x | {r['tokens_per_s']:,.1f} | {r['speedup']:.2f}x |"
         )
     return "\n".join(lines)
 

@@ -21,8 +21,12 @@ class KVCache:
         max_len: int,
         device: torch.device | str,
         dtype: torch.dtype,
+        full_span: bool = False,
     ) -> None:
         shape = (n_blocks, batch_size, n_kv_heads, max_len, head_dim)
+        # full_span (for compiled steps): attention spans every preallocated position (masked), so that shapes stay
+        # the same from step to step
+        self.full_span = full_span
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
@@ -33,20 +37,6 @@ class KVCache:
         self.mask: Tensor | None = None
         self.span = 0
 
-    @classmethod
-    def for_model(cls, model, batch_size: int, max_len: int) -> KVCache:
-        config = model.config
-        parameter = next(model.parameters())
-        return cls(
-            len(model.blocks()),
-            batch_size,
-            config.n_kv_heads,
-            config.d_model // config.n_heads,
-            max_len,
-            parameter.device,
-            parameter.dtype,
-        )
-
     @property
     def batch_size(self) -> int:
         return len(self.host_lengths)
@@ -55,19 +45,18 @@ class KVCache:
     def max_length(self) -> int:
         return max(self.host_lengths, default=0)
 
-    def begin(self, positions: Tensor) -> None:
-        """Prepare a forward over new tokens at ``positions`` (B, S): where they are written, what each attends to."""
-        new = positions.size(1)
+    def begin(self, new: int) -> None:
+        """Prepare a forward over ``new`` tokens per row after each row's held ones: where they are written and what
+        each attends to (``positions`` (B, S), ``mask`` (B, 1, S, span))."""
         if self.max_length + new > self.max_len:
             raise ValueError(f"the KV cache holds {self.max_len} positions; {self.max_length + new} were asked for")
+        device = self.lengths.device
+        positions = self.lengths[:, None] + torch.arange(new, device=device)
         self.positions = positions
-        self.rows = torch.arange(positions.size(0), device=positions.device)[:, None]  # (B, 1)
-        self.span = self.max_length + new
+        self.rows = torch.arange(positions.size(0), device=device)[:, None]  # (B, 1)
+        self.span = self.max_len if self.full_span else self.max_length + new
         keys = torch.arange(self.span, device=positions.device)
         self.mask = keys[None, None, None, :] <= positions[:, None, :, None]  # (B, 1, S, span)
-
-    def layer(self, index: int) -> LayerCache:
-        return LayerCache(self, index)
 
     def commit(self, new: int) -> None:
         """Count the S new positions of the last forward as held."""
@@ -90,22 +79,3 @@ class KVCache:
         self.values = self.values.index_select(1, index)
         self.lengths = self.lengths.index_select(0, index)
         self.host_lengths = [self.host_lengths[r] for r in rows]
-
-
-class LayerCache:
-    """One block's view of the cache during a forward."""
-
-    def __init__(self, cache: KVCache, index: int) -> None:
-        self.cache, self.index = cache, index
-
-    @property
-    def mask(self) -> Tensor:
-        return self.cache.mask
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write new keys/values (B, n_kv_heads, S, head_dim); return all held ones (B, n_kv_heads, span, head_dim)."""
-        cache = self.cache
-        keys, values = cache.keys[self.index], cache.values[self.index]
-        keys[cache.rows, :, cache.positions] = k.transpose(1, 2).to(keys.dtype)  # (B, S, n_kv_heads, head_dim)
-        values[cache.rows, :, cache.positions] = v.transpose(1, 2).to(values.dtype)
-        return keys[:, :, : cache.span], values[:, :, : cache.span]

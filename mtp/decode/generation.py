@@ -19,13 +19,15 @@ The first step is the prompt itself (right-padded to the longest), so prefill al
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from mtp.decode.cache import KVCache
-from mtp.decode.sampling import RowGenerators, processed_probs, sample_from
+from mtp.decode.inference import InferenceModel
+from mtp.decode.sampling import RowUniforms, processed_probs, sample_from
 from mtp.model import MTPModel
 
 
@@ -44,6 +46,8 @@ class GenerationConfig:
     """Stop a row after this token (it is not included in the output)."""
     seed: int = 0
     """Row b samples from a generator seeded seed + b."""
+    compile: bool = False
+    """torch.compile the step (the first call compiles; outputs equal eager ones)."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -75,6 +79,16 @@ class DecodeStats:
     """Drafts verified at draft position j (token j + 1 of a step), over all rows and steps."""
     accepted: list[int] = field(default_factory=list)
     wall_time_s: float = 0.0
+    prefill_s: float = 0.0
+    """Wall time of the first forward (the prompts, plus the first drafts), up to its host transfer."""
+    prefills: int = 1
+    """Forwards that read prompts (1 per generate call; more when statistics of several calls are summed)."""
+
+    @property
+    def ms_per_forward(self) -> float:
+        """Mean wall time of a decoding step (every forward after the prompts'), in milliseconds."""
+        steps = self.forwards - self.prefills
+        return 1000 * (self.wall_time_s - self.prefill_s) / steps if steps > 0 else 0.0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -94,7 +108,8 @@ class DecodeStats:
         accept = ",".join(f"{a:.3f}" for a in self.acceptance) or "-"
         return (
             f"tokens={self.tokens} forwards={self.forwards} tokens/forward={self.tokens_per_forward:.3f} "
-            f"accept={accept} wall_s={self.wall_time_s:.3f} tokens/s={self.tokens_per_s:.1f}"
+            f"accept={accept} wall_s={self.wall_time_s:.3f} tokens/s={self.tokens_per_s:.1f} "
+            f"ms/forward={self.ms_per_forward:.3f} prefill_ms={1000 * self.prefill_s:.1f}"
         )
 
 
@@ -118,8 +133,11 @@ def generate(
     stats = DecodeStats(rows=len(prompts), drafted=[0] * drafts_per_step, accepted=[0] * drafts_per_step)
     outputs: list[list[int]] = [[] for _ in prompts]
     rows = list(range(len(prompts)))  # original index of each live row
-    cache = KVCache.for_model(model, len(prompts), max_len)
-    generators = RowGenerators(config.seed, len(prompts), device)
+    inference = InferenceModel.of(model, config.heads, config.compile)
+    cache = inference.new_cache(len(prompts), max_len)
+    # a step draws at most: an acceptance test per draft, the next token, the new drafts
+    steps = config.max_new_tokens + 1  # every step emits a token; the prompt's step too
+    uniforms = None if config.greedy else RowUniforms(config.seed, len(prompts), steps, 2 * config.heads - 1, device)
     start = time.perf_counter()
 
     # Step 0: the prompts. Every prompt token counts as accepted; the last one is each row's base position.
@@ -132,15 +150,22 @@ def generate(
 
     while rows:
         held, held_on_device = cache.host_lengths, cache.lengths
-        head1, hidden = model.forward_cached(inputs, cache, config.heads)  # (B, S, V), (heads - 1, B, S, d)
+        cache.begin(inputs.size(1))
+        # head 1's logits where drafts are verified: after the last accepted input (base) and each pending draft
+        read = None if n_drafts else base[:, None]
+        head1, trunk_out = inference.verify(inputs, cache, read)  # (B, n_drafts + 1, V), (B, S, d)
+        draft_logits = partial(inference.draft, trunk_out, cache)  # heads 2..k at each row's last accepted input
+        accepted, next_token, drafts, draft_probs = _verify_and_draft(
+            head1, draft_logits, inputs, base, n_drafts, draft_probs, config, uniforms
+        )
+        cache.commit(inputs.size(1))
         stats.forwards += 1
         stats.row_forwards += len(rows)
-        accepted, next_token, drafts, draft_probs = _verify_and_draft(
-            model, head1, hidden, inputs, base, n_drafts, draft_probs, config, generators
-        )
         # the one device-to-host transfer of the step: what each row accepted and emitted
         host = torch.cat([accepted[:, None], next_token[:, None], inputs[:, 1:] if n_drafts else base[:, None]], 1)
-        host = host.tolist()
+        host = host.tolist()  # waits for the device: the step's time ends here
+        if stats.forwards == 1:
+            stats.prefill_s = time.perf_counter() - start
         # keep the last accepted input and everything before it: base + accepted + 1 new positions
         kept = [held[i] + h[0] + 1 + first_base[i] for i, h in enumerate(host)]
         cache.rollback(kept, held_on_device + base + accepted + 1)  # the same, computed where it is used
@@ -159,7 +184,8 @@ def generate(
                 break
             index = torch.tensor(keep, device=device)
             cache.keep_rows(keep)
-            generators.keep_rows(keep)
+            if uniforms is not None:
+                uniforms.keep_rows(index)
             next_token, drafts = next_token[index], drafts[index]
             draft_probs = None if draft_probs is None else draft_probs[index]
         inputs = torch.cat([next_token[:, None], drafts], dim=1)
@@ -214,38 +240,37 @@ def correction_probs(target: Tensor, proposal: Tensor, rejected: Tensor) -> Tens
 
 
 def _verify_and_draft(
-    model: MTPModel,
     head1: Tensor,
-    hidden: Tensor,
+    draft_logits: Callable[[Tensor], Tensor],
     inputs: Tensor,
     base: Tensor,
     n_drafts: int,
     draft_probs: Tensor | None,
     config: GenerationConfig,
-    generators: RowGenerators,
+    uniforms: RowUniforms | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """Accepted draft counts (B,), the token after them (B,), next drafts (B, heads - 1) and their proposals."""
+    """Accepted draft counts (B,), the token after them (B,), next drafts (B, heads - 1) and their proposals.
+
+    head1: (B, n_drafts + 1, V), head 1's logits after input ``base`` (B,) and after each pending draft (which
+    follow it). ``draft_logits(last)`` gives heads 2..k's logits (heads - 1, B, V) after each row's input ``last``.
+    """
     B = inputs.size(0)
     rows = torch.arange(B, device=inputs.device)
-
-    def draft_logits(last: Tensor) -> Tensor:  # (heads - 1, B, V): heads 2..k at each row's last accepted input
-        gathered = hidden[:, rows, last]  # (heads - 1, B, d)
-        return torch.stack([model.head_logits(j + 2, h) for j, h in enumerate(gathered)]) if len(hidden) else gathered
+    drafting = config.heads > 1
 
     if config.greedy:
-        choice = head1.argmax(dim=-1)  # (B, S): head 1's token after each input
+        choice = head1.argmax(dim=-1)  # (B, n_drafts + 1): head 1's token after the base and each draft
         if n_drafts:
             match = inputs[:, 1:] == choice[:, :n_drafts]
             accepted = match.long().cumprod(dim=1).sum(dim=1)
         else:
             accepted = torch.zeros(B, dtype=torch.long, device=inputs.device)
-        last = base + accepted
-        next_token = choice[rows, last]
-        drafts = draft_logits(last).argmax(dim=-1).T  # (B, heads - 1)
+        next_token = choice[rows, accepted]
+        drafts = draft_logits(base + accepted).argmax(dim=-1).T if drafting else inputs.new_empty(B, 0)
         return accepted, next_token, drafts, None
 
-    draws = generators.uniforms(n_drafts + 1 + len(hidden))  # acceptance, next token, drafts
-    target = target_probs(head1, config)  # (B, S, V)
+    draws = uniforms.next(n_drafts + config.heads)  # acceptance, next token, drafts
+    target = target_probs(head1, config)  # (B, n_drafts + 1, V)
     if n_drafts:
         pending = inputs[:, 1:, None]
         q = target[:, :n_drafts].gather(-1, pending).squeeze(-1)  # (B, D) target probability of each draft
@@ -253,12 +278,13 @@ def _verify_and_draft(
         accepted = accept_drafts(draws[:, :n_drafts], p, q).long().cumprod(dim=1).sum(dim=1)
     else:
         accepted = torch.zeros(B, dtype=torch.long, device=inputs.device)
-    last = base + accepted
-    q_last = target[rows, last]  # (B, V)
+    q_last = target[rows, accepted]  # (B, V): after the last accepted input
     if n_drafts:
         p_first_rejected = draft_probs[rows, accepted.clamp(max=n_drafts - 1)]  # (B, V)
         q_last = correction_probs(q_last, p_first_rejected, accepted < n_drafts)
     next_token = sample_from(q_last, draws[:, n_drafts])
-    proposals = proposal_probs(draft_logits(last), config).transpose(0, 1)  # (B, heads - 1, V)
+    if not drafting:
+        return accepted, next_token, inputs.new_empty(B, 0), None
+    proposals = proposal_probs(draft_logits(base + accepted), config).transpose(0, 1)  # (B, heads - 1, V)
     drafts = sample_from(proposals, draws[:, n_drafts + 1 :])
     return accepted, next_token, drafts, proposals

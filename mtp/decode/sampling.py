@@ -35,16 +35,24 @@ def sample_from(probs: Tensor, uniforms: Tensor) -> Tensor:
     return index.clamp_(max=probs.size(-1) - 1)
 
 
-class RowGenerators:
-    """One random generator per batch row, seeded ``seed + row``; rows can be dropped as they finish."""
+class RowUniforms:
+    """Uniform numbers for sampling: row b's come from its own generator, seeded ``seed + row``, drawn up front.
 
-    def __init__(self, seed: int, batch_size: int, device: torch.device) -> None:
-        self.generators = [torch.Generator(device=device).manual_seed(seed + row) for row in range(batch_size)]
-        self.device = device
+    A step of every row takes the next ``per_step`` numbers of that row's stream, as one indexing operation
+    (no loop over rows); rows can be dropped as they finish. A row's numbers depend only on its seed and the
+    sizes, never on what else is in the batch.
+    """
 
-    def uniforms(self, count: int) -> Tensor:
-        """(B, count) uniforms, row b from its own generator."""
-        return torch.stack([torch.rand(count, generator=g, device=self.device) for g in self.generators])
+    def __init__(self, seed: int, batch_size: int, steps: int, per_step: int, device: torch.device) -> None:
+        generators = [torch.Generator().manual_seed(seed + row) for row in range(batch_size)]
+        self.table = torch.stack([torch.rand(steps, per_step, generator=g) for g in generators]).to(device)
+        self.step = 0
 
-    def keep_rows(self, rows: list[int]) -> None:
-        self.generators = [self.generators[r] for r in rows]
+    def next(self, count: int) -> Tensor:
+        """(B, count) uniforms for this step, count <= per_step; advances every row by one step."""
+        draws = self.table[:, self.step, :count]
+        self.step += 1
+        return draws
+
+    def keep_rows(self, rows: Tensor) -> None:
+        self.table = self.table.index_select(0, rows)

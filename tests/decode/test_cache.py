@@ -1,40 +1,75 @@
+"""The inference form with its KV cache computes what the full forward computes, at every position it is asked for."""
+
+import pytest
 import torch
 
-from mtp.decode import KVCache
-from tests.decode.helpers import tiny_model
+from mtp.decode.inference import InferenceModel
+from tests.decode import helpers
 
 
-def cached_logits(model, tokens, cache, n_heads):
-    """All n_heads heads' logits (n_heads, B, S, V) from one cached forward."""
-    head1, hidden = model.forward_cached(tokens, cache, n_heads)
-    return torch.stack([head1] + [model.head_logits(k, h) for k, h in enumerate(hidden, start=2)])
+def tiny_model(**kwargs):
+    """helpers.tiny_model with every norm weight away from 1, so that a norm weight lost in packing shows."""
+    model = helpers.tiny_model(**kwargs)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.copy_(1 + 0.3 * torch.randn(parameter.shape, generator=generator))
+    return model
 
 
-def test_cached_forward_equals_full_forward_for_ragged_rows():
-    model = tiny_model()
-    tokens = torch.randint(0, 40, (3, 14))
+def cached_step(inference: InferenceModel, tokens, cache, last):
+    """Head 1's logits at every new position (B, S, V) and heads 2..k's at ``last`` (heads - 1, B, V), one step."""
+    cache.begin(tokens.size(1))
+    head1, trunk_out = inference.verify(tokens, cache)
+    drafts = inference.draft(trunk_out, cache, torch.tensor(last)) if inference.heads > 1 else None
+    cache.commit(tokens.size(1))
+    return head1, drafts
+
+
+def check_step(full, head1, drafts, rows_from: list[int], last: list[int]) -> None:
+    """full: (n, B, T, V); row b of the step covers full positions rows_from[b] onwards."""
+    for b, start in enumerate(rows_from):
+        S = head1.size(1)
+        torch.testing.assert_close(head1[b], full[0, b, start : start + S], rtol=1e-5, atol=1e-5)
+        if drafts is not None:
+            torch.testing.assert_close(
+                drafts[:, b], full[1 : 1 + len(drafts), b, start + last[b]], rtol=1e-5, atol=1e-5
+            )
+
+
+@pytest.mark.parametrize(
+    ("head_type", "compile"),
+    [("transformer", False), ("linear", False), pytest.param("transformer", True, marks=pytest.mark.slow)],
+    ids=["transformer", "linear", "transformer-compiled"],
+)
+def test_cached_steps_equal_the_full_forward_for_ragged_rows(head_type, compile):
+    model = tiny_model(head_type=head_type)
+    tokens = torch.randint(0, 40, (3, 14), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         full = model(tokens)  # (4, 3, 14, 40)
-        cache = KVCache.for_model(model, 3, 32)
-        cache.rollback([0, 0, 0])
-        pieces = [cached_logits(model, tokens[:, :6], cache, 4)]
+        inference = InferenceModel(model, heads=4, compile=compile)
+        cache = inference.new_cache(3, 32)
+        head1, drafts = cached_step(inference, tokens[:, :6], cache, last=[5, 3, 0])
+        check_step(full, head1, drafts, [0, 0, 0], [5, 3, 0])
         # rows advance by different amounts: roll two rows back and re-feed what they dropped
         cache.rollback([6, 4, 2])
         refeed = torch.stack([tokens[0, 6:10], tokens[1, 4:8], tokens[2, 2:6]])
-        again = cached_logits(model, refeed, cache, 4)
-    torch.testing.assert_close(pieces[0], full[:, :, :6], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(again[:, 0], full[:, 0, 6:10], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(again[:, 1], full[:, 1, 4:8], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(again[:, 2], full[:, 2, 2:6], rtol=1e-5, atol=1e-5)
+        head1, drafts = cached_step(inference, refeed, cache, last=[0, 3, 2])
+        check_step(full, head1, drafts, [6, 4, 2], [0, 3, 2])
     assert cache.host_lengths == [10, 8, 6] and cache.lengths.tolist() == [10, 8, 6]
 
 
-def test_fewer_heads_skip_the_other_head_blocks():
+def test_fewer_heads_use_only_their_head_blocks():
     model = tiny_model()
     tokens = torch.randint(0, 40, (1, 5))
     with torch.no_grad():
-        two = cached_logits(model, tokens, KVCache.for_model(model, 1, 8), 2)
-        torch.testing.assert_close(two, model(tokens)[:2], rtol=1e-5, atol=1e-5)
+        full = model(tokens)
+        for heads in (1, 2, 3):
+            inference = InferenceModel(model, heads)
+            head1, drafts = cached_step(inference, tokens, inference.new_cache(1, 8), last=[4])
+            check_step(full, head1, drafts, [0], [4])
+            assert drafts is None or len(drafts) == heads - 1
 
 
 def test_keep_rows_drops_finished_rows():
@@ -42,8 +77,9 @@ def test_keep_rows_drops_finished_rows():
     tokens = torch.randint(0, 40, (3, 9))
     with torch.no_grad():
         full = model(tokens)
-        cache = KVCache.for_model(model, 3, 16)
-        cached_logits(model, tokens[:, :5], cache, 4)
+        inference = InferenceModel(model, heads=4)
+        cache = inference.new_cache(3, 16)
+        cached_step(inference, tokens[:, :5], cache, last=[4, 4, 4])
         cache.keep_rows([0, 2])
-        rest = cached_logits(model, tokens[[0, 2], 5:], cache, 4)
-    torch.testing.assert_close(rest, full[:, [0, 2], 5:], rtol=1e-5, atol=1e-5)
+        head1, drafts = cached_step(inference, tokens[[0, 2], 5:], cache, last=[3, 1])
+    check_step(full[:, [0, 2]], head1, drafts, [5, 5], [3, 1])

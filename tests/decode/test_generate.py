@@ -94,3 +94,34 @@ def test_stats_add_up(trained_model):
     assert plain.tokens_per_forward == 1.0 and plain.forwards == 10 and plain.acceptance == []
     line = stats.line()
     assert "tokens/forward=" in line and "accept=" in line and "tokens/s=" in line and "forwards=" in line
+    assert "ms/forward=" in line and "prefill_ms=" in line
+    # ms/forward is the decoding steps' mean, the prompt's step apart
+    decode_ms = stats.ms_per_forward * (stats.forwards - stats.prefills)
+    assert decode_ms + 1000 * stats.prefill_s == pytest.approx(1000 * stats.wall_time_s)
+    assert 0 < stats.prefill_s < stats.wall_time_s
+
+
+def test_decoding_follows_weights_changed_in_place():
+    """The packed inference form is reused across calls; an optimizer step in between must not leave it stale."""
+    model = tiny_model()
+    greedy(model, [[5, 6, 7]], heads=3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    out, _ = greedy(model, [[5, 6, 7]], heads=3)
+    assert out == [greedy_without_cache(model, [5, 6, 7], 24)]
+
+
+@pytest.mark.slow
+def test_compiled_decoding_equals_eager():
+    """Two rows of different lengths that finish together: one compiled graph for the path's blocks, one for the
+    draft heads (every further batch size or step width compiles another, so the test keeps to these)."""
+    model = tiny_model()
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]
+    for config in (
+        GenerationConfig(max_new_tokens=12, heads=3),
+        GenerationConfig(12, temperature=1.0, top_p=0.9, heads=3, seed=5),
+    ):
+        eager, _ = generate(model, prompts, config)
+        compiled, _ = generate(model, prompts, GenerationConfig(**{**config.__dict__, "compile": True}))
+        assert compiled == eager, config

@@ -1,0 +1,262 @@
+"""The model's inference form: the same math as MTPModel, packed for cached decoding with few, large operations.
+
+A decoding step runs on a handful of positions per row, where a forward's cost is the number of operations it
+launches far more than its arithmetic. So, built once per ``generate`` call from an :class:`MTPModel`:
+
+- each block's q/k/v projections are one matrix and its SwiGLU gate/up projections another;
+- q and k columns are permuted within each attention head so that rotary pairs are adjacent: rotary is one
+  complex multiplication, and q.k is unchanged (the same permutation on both sides; v is not permuted);
+- the draft heads' blocks (heads 2..k, applied in parallel to the trunk output) are stacked along a leading
+  head dimension and run as one batched computation;
+- norms are ``F.rms_norm``.
+
+One step is split where verification sits: :meth:`InferenceModel.verify` runs the trunk and head 1 over the
+step's positions and returns head 1's logits there (and the trunk output); the caller picks each row's last
+accepted position on the device; :meth:`InferenceModel.draft` then writes the draft heads' keys and values at
+every position of the step (a head block's cache needs them) but runs the rest of those blocks, the norm and the
+unembedding at that one position per row. Head 1's and the trunk's results equal the full forward's at the same
+positions; so do the draft heads' at the positions asked for (``tests/decode/test_cache.py``).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mtp.decode.cache import KVCache
+from mtp.model import Block, MTPModel
+
+_built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(heads, compile): (weights, form)}
+
+
+def rotary_permutation(head_dim: int) -> Tensor:
+    """Indices that put rotary pair (i, i + head_dim/2) at (2i, 2i + 1)."""
+    half = head_dim // 2
+    return torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
+
+
+class Unembedding:
+    """Logits (..., V) of x (..., d) through a weight (V, d), in the layout that reads the weight fastest.
+
+    A decoding step reads the whole matrix for a few rows of x, so its cost is how fast the weight streams from
+    memory, and CPU BLAS libraries stream the two layouts at very different speeds: measured on this project's
+    2-core CPU with the weight out of cache (V=8192, d=192), one row runs 3.6x faster as x @ W^T with W^T stored
+    contiguously (256 vs 931 us), while 4 rows run 2.8x faster as W @ x^T (312 vs 859 us). So on CPU both layouts
+    are kept (one more copy of the matrix) and the number of rows picks one; other devices use ``F.linear``.
+    """
+
+    def __init__(self, weight: Tensor) -> None:
+        self.weight = weight
+        self.transposed = weight.T.contiguous() if weight.device.type == "cpu" else None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.transposed is None:
+            return F.linear(x, self.weight)
+        flat = x.reshape(-1, x.size(-1))
+        if flat.size(0) == 1:
+            logits = torch.mm(flat, self.transposed)
+        else:
+            logits = torch.mm(self.weight, flat.T).T
+        return logits.reshape(*x.shape[:-1], self.weight.size(0))
+
+
+class PackedBlocks:
+    """Weights of one or more blocks (a leading block dimension), packed for inference.
+
+    Each norm's weight is folded into the matrix that reads the norm's output (x * w) @ W = x @ (w[:, None] * W),
+    so a norm is one ``F.rms_norm`` without weight.
+    """
+
+    def __init__(self, blocks: list[Block], n_heads: int, n_kv_heads: int) -> None:
+        attention = [b.attention for b in blocks]
+        head_dim = attention[0].head_dim
+        perm = rotary_permutation(head_dim).to(attention[0].wq.weight.device)
+
+        def permuted(weight: Tensor, heads: int) -> Tensor:  # rows grouped by attention head, pairs made adjacent
+            return weight.view(heads, head_dim, -1)[:, perm].reshape(heads * head_dim, -1)
+
+        def qkv(block: Block) -> Tensor:  # (d, (n_heads + 2 n_kv_heads) head_dim)
+            a = block.attention
+            w = torch.cat([permuted(a.wq.weight, n_heads), permuted(a.wk.weight, n_kv_heads), a.wv.weight]).T
+            return block.attention_norm.weight[:, None] * w
+
+        def gate_up(block: Block) -> Tensor:  # (d, 2 ffn)
+            w = torch.cat([block.feed_forward.w1.weight, block.feed_forward.w3.weight]).T
+            return block.ffn_norm.weight[:, None] * w
+
+        self.qkv = torch.stack([qkv(b) for b in blocks])
+        self.wo = torch.stack([a.wo.weight.T for a in attention]).contiguous()  # (blocks, n_heads head_dim, d)
+        self.gate_up = torch.stack([gate_up(b) for b in blocks])
+        self.down = torch.stack([b.feed_forward.w2.weight.T for b in blocks]).contiguous()  # (blocks, ffn, d)
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.grouped = n_heads != n_kv_heads  # grouped-query attention
+        self.q_width, self.kv_width = n_heads * head_dim, n_kv_heads * head_dim
+
+
+class InferenceModel:
+    """Cached decoding with an MTPModel's weights (shared, not copied, where no packing is needed)."""
+
+    def __init__(self, model: MTPModel, heads: int, compile: bool = False) -> None:
+        config = model.config
+        self.config, self.heads = config, heads
+        self.eps = config.norm_eps
+        self.embeddings = model.tok_embeddings.weight
+        final_norm = model.norm.weight  # folded into the unembeddings, like every norm weight here
+        self.linear_heads = config.head_type == "linear"
+        # verification path: the trunk and head 1 (all of `layers`, or the whole trunk for linear heads)
+        self.path = [PackedBlocks([block], config.n_heads, config.n_kv_heads) for block in model.layers]
+        self.head1_output = Unembedding(model.unembedding(1).weight * final_norm)
+        self.draft_blocks = None
+        if heads > 1 and not self.linear_heads:
+            self.draft_blocks = PackedBlocks(list(model.extra_heads[: heads - 1]), config.n_heads, config.n_kv_heads)
+        # heads 2..k's unembeddings: the shared one (V, d), or one per head stacked (heads - 1, d, V)
+        if self.linear_heads and heads > 1:
+            self.draft_outputs = torch.stack(
+                [(model.unembedding(k).weight * final_norm).T for k in range(2, heads + 1)]
+            )
+        else:
+            self.draft_outputs = None
+        # rotary angles per position (max_seq_len, head_dim / 2): e^{i theta t} eager (fewest operations), as
+        # (cos, sin) pairs (..., 2) compiled (inductor generates no code for complex numbers)
+        if compile:
+            self.rotations = torch.stack([model.rope_cos, model.rope_sin], dim=-1)
+        else:
+            self.rotations = torch.complex(model.rope_cos, model.rope_sin)
+        self.trunk_depth = len(model.layers) - (0 if self.linear_heads else 1)
+        # cache slots: `layers`, then the draft heads used, as in model.blocks()
+        self.path_slots = [slice(i, i + 1) for i in range(len(self.path))]
+        self.draft_slots = slice(len(model.layers), len(model.layers) + heads - 1)
+        device = self.embeddings.device
+        self.block_index = {h: torch.arange(h, device=device)[:, None, None] for h in {1, max(heads - 1, 1)}}
+        self.compiled = compile
+        self.block_step = compiled_block_step() if compile else block_step
+
+    @classmethod
+    def of(cls, model: MTPModel, heads: int, compile: bool = False) -> InferenceModel:
+        """The inference form of ``model`` for ``heads`` heads: built once, reused while the weights stay the same
+        (in place, same version), so repeated ``generate`` calls pay neither the packing nor a recompile."""
+        weights = tuple((p.data_ptr(), p._version, p.dtype) for p in model.parameters())
+        built = _built.setdefault(model, {})
+        key = (heads, compile)
+        if key not in built or built[key][0] != weights:
+            built[key] = (weights, cls(model, heads, compile))
+        return built[key][1]
+
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty cache for these blocks; compiled, attention spans every preallocated position (fixed shapes)."""
+        slots = len(self.path) + (0 if self.draft_blocks is None else self.heads - 1)
+        config = self.config
+        return KVCache(
+            slots, batch_size, config.n_kv_heads, config.d_model // config.n_heads, max_len,
+            self.embeddings.device, self.embeddings.dtype, full_span=self.compiled,
+        )  # fmt: skip
+
+    # -- one step
+    def verify(self, tokens: Tensor, cache: KVCache, read: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Head 1's logits (B, R, V) at the step's positions ``read`` (B, R) (default: all S), and the trunk output
+        (B, S, d), for tokens (B, S) after each row's cached ones.
+
+        The caller starts the step in ``cache`` (``cache.begin(S)``) before, and commits it after :meth:`draft`;
+        this writes the keys and values of every block of the path. A prompt's step reads one position per row.
+        """
+        rotation = self.rotations[cache.positions]  # (B, S, head_dim / 2)
+        x = F.embedding(tokens, self.embeddings)
+        trunk_out = x
+        for i, blocks in enumerate(self.path):
+            x = self._blocks(blocks, x[None], rotation, cache, self.path_slots[i])[0]
+            if i == self.trunk_depth - 1:
+                trunk_out = x
+        if read is not None:
+            x = x[torch.arange(x.size(0), device=x.device)[:, None], read]  # (B, R, d)
+        logits = self.head1_output(F.rms_norm(x, (x.size(-1),), eps=self.eps))
+        return logits, trunk_out
+
+    def draft(self, trunk_out: Tensor, cache: KVCache, last: Tensor) -> Tensor:
+        """Logits (heads - 1, B, V) of heads 2..k at position ``last`` (B,) of the step, for each row."""
+        rows = torch.arange(trunk_out.size(0), device=trunk_out.device)
+        if self.draft_blocks is None:  # linear heads read the trunk output itself
+            hidden = trunk_out[rows, last].expand(self.heads - 1, -1, -1)
+        else:
+            rotation = self.rotations[cache.positions]
+            x = trunk_out.expand(self.heads - 1, -1, -1, -1)  # (h, B, S, d)
+            hidden = self._blocks(self.draft_blocks, x, rotation, cache, self.draft_slots, last)  # (h, B, d)
+        normed = F.rms_norm(hidden, (hidden.size(-1),), eps=self.eps)
+        if self.draft_outputs is None:
+            return self.head1_output(normed)  # the shared unembedding, (h, B, V)
+        return torch.matmul(normed, self.draft_outputs)  # (h, B, V)
+
+    def _blocks(
+        self, w: PackedBlocks, x: Tensor, rotation: Tensor, cache: KVCache, slots: slice, last: Tensor | None = None
+    ) -> Tensor:
+        """:func:`block_step` on these blocks' slice of ``cache`` (compiled, when this form is)."""
+        if self.compiled:  # not a view: a view's base would enter dynamo's guards and cause needless recompiles
+            x = x.detach()
+        where = (self.block_index[slots.stop - slots.start], cache.rows[None], cache.positions[None])
+        keys, values = cache.keys[slots], cache.values[slots]
+        return self.block_step(x, w, rotation, keys, values, where, cache.span, cache.mask, self.eps, last)
+
+
+def compiled_block_step():
+    """:func:`block_step` compiled: one graph for every block of the path, one for the stacked draft heads, with
+    dynamic shapes, so that prefill, decoding steps and batch sizes share them (sizes 1 and above compile apart:
+    up to about eight graphs when k and the batch size both vary, hence a higher recompile limit than dynamo's 8).
+    Default mode on every device: CUDA graphs (``mode="reduce-overhead"``) are not used yet."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+    return torch.compile(block_step, dynamic=True, fullgraph=True)
+
+
+def block_step(
+    x: Tensor,
+    w: PackedBlocks,
+    rotation: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    where: tuple[Tensor, Tensor, Tensor],
+    span: int,
+    mask: Tensor,
+    eps: float,
+    last: Tensor | None = None,
+) -> Tensor:
+    """Blocks applied to x (h, B, S, d), one per leading index; a pure function of tensors, so that it compiles
+    to one graph for every block of the same shape.
+
+    keys/values (h, B, n_kv_heads, L, head_dim): these blocks' cache, written in place at ``where`` (block
+    index (h, 1, 1), rows (1, B, 1), positions (1, B, S)); attention reads its first ``span`` positions under
+    ``mask`` (B, 1, S, span). With ``last`` (B,), only each row's position ``last`` continues past the
+    attention: returns (h, B, d).
+    """
+    h, B, S, d = x.shape
+    qkv = torch.bmm(F.rms_norm(x, (d,), eps=eps).view(h, B * S, d), w.qkv).view(h, B, S, -1)
+    qk = rotate(qkv[..., : w.q_width + w.kv_width].unflatten(-1, (-1, w.head_dim)), rotation)
+    q, k = qk.split([w.n_heads, w.n_kv_heads], dim=3)  # (h, B, S, heads, head_dim)
+    block, rows, positions = where
+    keys[block, rows, :, positions] = k.to(keys.dtype)  # (h, B, S, n_kv_heads, head_dim) written in place
+    v = qkv[..., w.q_width + w.kv_width :].unflatten(-1, (w.n_kv_heads, w.head_dim))
+    values[block, rows, :, positions] = v.to(values.dtype)
+    q = q.transpose(2, 3).reshape(h * B, w.n_heads, S, w.head_dim)
+    mask = mask if h == 1 else mask.repeat(h, 1, 1, 1)
+    y = F.scaled_dot_product_attention(
+        q, keys[..., :span, :].flatten(0, 1), values[..., :span, :].flatten(0, 1), attn_mask=mask, enable_gqa=w.grouped
+    )
+    y = y.view(h, B, w.n_heads, S, w.head_dim).transpose(2, 3)  # (h, B, S, n_heads, head_dim)
+    if last is not None:  # continue at one position per row
+        rows = torch.arange(B, device=x.device)
+        x, y, S = x[:, rows, last, None], y[:, rows, last, None], 1  # (h, B, 1, ...)
+    x = torch.baddbmm(x.reshape(h, B * S, d), y.reshape(h, B * S, w.q_width), w.wo)  # x + attention
+    gate, up = torch.bmm(F.rms_norm(x, (d,), eps=eps), w.gate_up).chunk(2, dim=-1)
+    x = torch.baddbmm(x, F.silu(gate) * up, w.down)  # x + feed-forward, (h, B S, d)
+    return x.view(h, B, S, d) if last is None else x
+
+
+def rotate(x: Tensor, rotation: Tensor) -> Tensor:
+    """Rotary on x (h, B, S, heads, head_dim) in the packed (adjacent pairs) layout; rotation (B, S, hd/2), complex,
+    or (B, S, hd/2, 2) real (cos, sin)."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    if rotation.is_complex():
+        return torch.view_as_real(torch.view_as_complex(pairs) * rotation[:, :, None]).flatten(-2).type_as(x)
+    a, b = pairs.unbind(-1)
+    cos, sin = rotation[:, :, None].unbind(-1)
+    return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2).type_as(x)
