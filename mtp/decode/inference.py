@@ -91,6 +91,10 @@ class PackedBlocks:
         self.wo = torch.stack([a.wo.weight.T for a in attention]).contiguous()  # (blocks, n_heads head_dim, d)
         self.gate_up = torch.stack([gate_up(b) for b in blocks])
         self.down = torch.stack([b.feed_forward.w2.weight.T for b in blocks]).contiguous()  # (blocks, ffn, d)
+        # the feed-forward matrices, the largest, also as (blocks, out, in) on CPU: see `project`
+        cpu = self.gate_up.device.type == "cpu"
+        self.gate_up_rows = self.gate_up.transpose(1, 2).contiguous() if cpu else None
+        self.down_rows = self.down.transpose(1, 2).contiguous() if cpu else None
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.grouped = n_heads != n_kv_heads  # grouped-query attention
         self.q_width, self.kv_width = n_heads * head_dim, n_kv_heads * head_dim
@@ -246,9 +250,19 @@ def block_step(
         rows = torch.arange(B, device=x.device)
         x, y, S = x[:, rows, last, None], y[:, rows, last, None], 1  # (h, B, 1, ...)
     x = torch.baddbmm(x.reshape(h, B * S, d), y.reshape(h, B * S, w.q_width), w.wo)  # x + attention
-    gate, up = torch.bmm(F.rms_norm(x, (d,), eps=eps), w.gate_up).chunk(2, dim=-1)
-    x = torch.baddbmm(x, F.silu(gate) * up, w.down)  # x + feed-forward, (h, B S, d)
+    gate, up = project(F.rms_norm(x, (d,), eps=eps), w.gate_up, w.gate_up_rows).chunk(2, dim=-1)
+    x = x + project(F.silu(gate) * up, w.down, w.down_rows)  # x + feed-forward, (h, B S, d)
     return x.view(h, B, S, d) if last is None else x
+
+
+def project(x: Tensor, weight: Tensor, weight_rows: Tensor | None) -> Tensor:
+    """x (h, M, in) @ weight (h, in, out). On CPU, with ``weight_rows`` (the same as (h, out, in)) and several rows,
+    computed as (weight_rows @ x^T)^T: BLAS then packs the few rows of x rather than the whole weight, which
+    measured 1.6x faster for the 192 -> 1024 feed-forward input at 4 rows with the weight out of cache; for one
+    row x @ weight is the faster one (2.3x)."""
+    if weight_rows is None or x.size(1) == 1:
+        return torch.bmm(x, weight)
+    return torch.bmm(weight_rows, x.transpose(1, 2)).transpose(1, 2)
 
 
 def rotate(x: Tensor, rotation: Tensor) -> Tensor:
