@@ -69,9 +69,10 @@ def test_compiled_decoding_prints_what_eager_decoding_prints(tiny_checkpoints, c
     argv = [str(tiny_checkpoints["mtp4"]), "--self-speculative", "--prompt", "def parse(", "--max-new-tokens", "16"]
     assert decode.main(argv) == 0
     eager = capsys.readouterr().out
-    assert decode.main([*argv, "--compile", "--compare"]) == 0
+    assert decode.main([*argv, "--compile"]) == 0
     compiled = capsys.readouterr().out
-    assert compiled.splitlines()[0] == eager.splitlines()[0] and "outputs_match=yes" in compiled
+    assert compiled.splitlines()[0] == eager.splitlines()[0]  # the completion
+    assert float(stats_of(compiled)["ms/forward"]) > 0
 
 
 def test_sampling_batch_and_byte_output_never_crash(tiny_checkpoints, capsys):

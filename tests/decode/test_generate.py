@@ -110,18 +110,3 @@ def test_decoding_follows_weights_changed_in_place():
             parameter.add_(0.05 * torch.randn_like(parameter))
     out, _ = greedy(model, [[5, 6, 7]], heads=3)
     assert out == [greedy_without_cache(model, [5, 6, 7], 24)]
-
-
-@pytest.mark.slow
-def test_compiled_decoding_equals_eager():
-    """Two rows of different lengths that finish together: one compiled graph for the path's blocks, one for the
-    draft heads (every further batch size or step width compiles another, so the test keeps to these)."""
-    model = tiny_model()
-    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]
-    for config in (
-        GenerationConfig(max_new_tokens=12, heads=3),
-        GenerationConfig(12, temperature=1.0, top_p=0.9, heads=3, seed=5),
-    ):
-        eager, _ = generate(model, prompts, config)
-        compiled, _ = generate(model, prompts, GenerationConfig(**{**config.__dict__, "compile": True}))
-        assert compiled == eager, config
