@@ -1,14 +1,17 @@
 """The model's inference form: the same math as MTPModel, packed for cached decoding with few, large operations.
 
-A decoding step runs on a handful of positions per row, where a forward's cost is the number of operations it
-launches far more than its arithmetic. So, built once per ``generate`` call from an :class:`MTPModel`:
+A decoding step runs on a handful of positions per row, where a forward's cost is the operations it launches
+(on a GPU) and the weights it reads from memory (on a CPU) far more than its arithmetic. So, built once per
+model, head count and compile setting (:meth:`InferenceModel.of`) from an :class:`MTPModel`:
 
 - each block's q/k/v projections are one matrix and its SwiGLU gate/up projections another;
 - q and k columns are permuted within each attention head so that rotary pairs are adjacent: rotary is one
   complex multiplication, and q.k is unchanged (the same permutation on both sides; v is not permuted);
 - the draft heads' blocks (heads 2..k, applied in parallel to the trunk output) are stacked along a leading
   head dimension and run as one batched computation;
-- norms are ``F.rms_norm``.
+- norms are ``F.rms_norm``;
+- on CPU, the unembedding and the feed-forward matrices are also kept transposed, and each product picks the
+  layout that reads its weight fastest for its number of rows (:class:`Unembedding`, :func:`project`).
 
 One step is split where verification sits: :meth:`InferenceModel.verify` runs the trunk and head 1 over the
 step's positions and returns head 1's logits there (and the trunk output); the caller picks each row's last
