@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.hf and importlib.util.find_spec("transformers") is None:
         parser.error("--hf needs transformers: pip install -e '.[hf]'")
+    if args.hf and ("greedy" not in args.modes or 1 not in args.batch_sizes):
+        parser.error("--hf compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes")
     for name in ("prompts", "prompt_tokens", "max_new_tokens", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -129,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     for _, batch_size, config in settings:  # warm-up (and, with --compile, compilation) of every step shape
         generate(model, prompts[:batch_size], GenerationConfig(**{**config.__dict__, "max_new_tokens": 4}))
 
+    peer = HFPeer(model, prompts, args.max_new_tokens) if args.hf else None
     best: dict[int, DecodeStats] = {}
     for round_ in range(args.repeats):  # rounds interleave the settings, so that a slow spell hits all of them
         for i, (mode, batch_size, config) in enumerate(settings):
@@ -136,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
             if i not in best or stats.wall_time_s < best[i].wall_time_s:
                 best[i] = stats
             print(f"round {round_ + 1} {mode:>8} batch={batch_size} k={config.heads}: {stats.line()}", flush=True)
+        if peer is not None:  # the HF peer in the same rounds
+            peer.run_round()
     rows = [result_row(mode, batch_size, config, best[i]) for i, (mode, batch_size, config) in enumerate(settings)]
     for row in rows:  # speed-up and forward cost against k = 1 of the same mode and batch size
         baseline = next(
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
         row["forward_cost"] = row["ms_per_forward"] / baseline["ms_per_forward"]
 
-    peer = compare_with_hf(model, prompts, rows, args) if args.hf else None
+    peer = peer.compare(rows) if peer is not None else None
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     setup = {
         "checkpoint": str(args.checkpoint),
@@ -187,37 +192,47 @@ def result_row(mode: str, batch_size: int, config: GenerationConfig, stats: Deco
     }
 
 
-def compare_with_hf(model, prompts: list[list[int]], rows: list[dict], args: argparse.Namespace) -> dict:
+class HFPeer:
     """HF greedy generate and prompt lookup on the same weights and prompts (batch 1), best of the same rounds."""
-    from mtp.benchmarks.hf_peer import first_divergence, hf_generate, hf_llama, top2_margin
 
-    llama = hf_llama(model)
-    hf_generate(llama, prompts[:1], 4)  # warm-up
-    plain = lookup = None
-    for _ in range(args.repeats):
-        run_plain = hf_generate(llama, prompts, args.max_new_tokens)
-        run_lookup = hf_generate(llama, prompts, args.max_new_tokens, prompt_lookup=10)
-        plain = run_plain if plain is None or run_plain.wall_time_s < plain.wall_time_s else plain
-        lookup = run_lookup if lookup is None or run_lookup.wall_time_s < lookup.wall_time_s else lookup
-    ours, _ = generate(model, prompts, GenerationConfig(args.max_new_tokens, heads=1))
-    differences = [
-        {"prompt": i, "token": j, "top2_margin": top2_margin(model, prompts[i], ours[i][:j])}
-        for i, j in first_divergence(ours, plain.outputs)
-    ]
-    greedy1 = {r["heads"]: r for r in rows if r["mode"] == "greedy" and r["batch_size"] == 1}
-    if not greedy1:
-        raise UserError("--hf compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes.")
-    k = max(greedy1)
-    return {
-        "hf_generate_tokens_per_s": plain.tokens_per_s,
-        "hf_prompt_lookup_tokens_per_s": lookup.tokens_per_s,
-        "mtp_autoregressive_tokens_per_s": greedy1[1]["tokens_per_s"],
-        "mtp_self_speculative_heads": k,
-        "mtp_self_speculative_tokens_per_s": greedy1[k]["tokens_per_s"],
-        "prompt_lookup_equals_hf_greedy": lookup.outputs == plain.outputs,
-        "prompts": len(prompts),
-        "greedy_outputs_differ": differences,
-    }
+    def __init__(self, model, prompts: list[list[int]], max_new_tokens: int) -> None:
+        from mtp.benchmarks.hf_peer import hf_generate, hf_llama
+
+        self.model, self.prompts, self.max_new_tokens = model, prompts, max_new_tokens
+        self.llama = hf_llama(model)
+        hf_generate(self.llama, prompts[:1], 4)  # warm-up
+        self.plain = self.lookup = None
+
+    def run_round(self) -> None:
+        from mtp.benchmarks.hf_peer import hf_generate
+
+        plain = hf_generate(self.llama, self.prompts, self.max_new_tokens)
+        lookup = hf_generate(self.llama, self.prompts, self.max_new_tokens, prompt_lookup=10)
+        self.plain = plain if self.plain is None or plain.wall_time_s < self.plain.wall_time_s else self.plain
+        self.lookup = lookup if self.lookup is None or lookup.wall_time_s < self.lookup.wall_time_s else self.lookup
+        print(f"   HF generate {plain.tokens_per_s:.1f} tokens/s, prompt lookup {lookup.tokens_per_s:.1f}", flush=True)
+
+    def compare(self, rows: list[dict]) -> dict:
+        from mtp.benchmarks.hf_peer import first_divergence, top2_margin
+
+        model, prompts = self.model, self.prompts
+        ours, _ = generate(model, prompts, GenerationConfig(self.max_new_tokens, heads=1))
+        differences = [
+            {"prompt": i, "token": j, "top2_margin": top2_margin(model, prompts[i], ours[i][:j])}
+            for i, j in first_divergence(ours, self.plain.outputs)
+        ]
+        greedy1 = {r["heads"]: r for r in rows if r["mode"] == "greedy" and r["batch_size"] == 1}
+        k = max(greedy1)
+        return {
+            "hf_generate_tokens_per_s": self.plain.tokens_per_s,
+            "hf_prompt_lookup_tokens_per_s": self.lookup.tokens_per_s,
+            "mtp_autoregressive_tokens_per_s": greedy1[1]["tokens_per_s"],
+            "mtp_self_speculative_heads": k,
+            "mtp_self_speculative_tokens_per_s": greedy1[k]["tokens_per_s"],
+            "prompt_lookup_equals_hf_greedy": self.lookup.outputs == self.plain.outputs,
+            "prompts": len(prompts),
+            "greedy_outputs_differ": differences,
+        }
 
 
 def peer_table(peer: dict) -> str:
