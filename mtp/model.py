@@ -162,10 +162,6 @@ class MTPModel(nn.Module):
         cos, sin = self.rotary(z.size(1))
         return block(z, cos, sin)
 
-    def head_logits(self, k: int, hidden: Tensor) -> Tensor:
-        """Logits (..., vocab_size) of head k from its hidden state, through the shared norm."""
-        return self.unembedding(k)(self.norm(hidden))
-
     def head_states(self, idx: Tensor) -> list[Tensor]:
         """What each head's unembedding reads: its hidden state after the shared norm, n_future x (B, T, d_model).
 

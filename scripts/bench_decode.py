@@ -92,7 +92,7 @@ def held_out_prompts(data: dict, tokenizer, count: int, length: int) -> list[lis
 
 def run(model, prompts: list[list[int]], config: GenerationConfig, batch_size: int) -> DecodeStats:
     """Decode all prompts in batches of ``batch_size``; statistics summed over the batches."""
-    total = DecodeStats(rows=0, drafted=[0] * (config.heads - 1), accepted=[0] * (config.heads - 1))
+    total = DecodeStats(rows=0, drafted=[0] * (config.heads - 1), accepted=[0] * (config.heads - 1), prefills=0)
     for start in range(0, len(prompts), batch_size):
         _, stats = generate(model, prompts[start : start + batch_size], config)
         total.rows += stats.rows
@@ -101,7 +101,7 @@ def run(model, prompts: list[list[int]], config: GenerationConfig, batch_size: i
         total.tokens += stats.tokens
         total.wall_time_s += stats.wall_time_s
         total.prefill_s += stats.prefill_s
-        total.prefills += stats.prefills if start else 0
+        total.prefills += stats.prefills
         total.drafted = [a + b for a, b in zip(total.drafted, stats.drafted, strict=True)]
         total.accepted = [a + b for a, b in zip(total.accepted, stats.accepted, strict=True)]
     return total

@@ -38,10 +38,6 @@ class KVCache:
         self.span = 0
 
     @property
-    def batch_size(self) -> int:
-        return len(self.host_lengths)
-
-    @property
     def max_length(self) -> int:
         return max(self.host_lengths, default=0)
 

@@ -134,7 +134,6 @@ class InferenceModel:
             self.rotations = torch.complex(model.rope_cos, model.rope_sin)
         self.trunk_depth = len(model.layers) - (0 if self.linear_heads else 1)
         # cache slots: `layers`, then the draft heads used, as in model.blocks()
-        self.path_slots = [slice(i, i + 1) for i in range(len(self.path))]
         self.draft_slots = slice(len(model.layers), len(model.layers) + heads - 1)
         device = self.embeddings.device
         self.block_index = {h: torch.arange(h, device=device)[:, None, None] for h in {1, max(heads - 1, 1)}}
@@ -173,7 +172,7 @@ class InferenceModel:
         x = F.embedding(tokens, self.embeddings)
         trunk_out = x
         for i, blocks in enumerate(self.path):
-            x = self._blocks(blocks, x[None], rotation, cache, self.path_slots[i])[0]
+            x = self._blocks(blocks, x[None], rotation, cache, slice(i, i + 1))[0]
             if i == self.trunk_depth - 1:
                 trunk_out = x
         if read is not None:
