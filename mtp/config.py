@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from mtp.errors import UserError
+from mtp.heads import HEAD_TYPES
 
-HEAD_TYPES = ("transformer", "linear")
 LOSS_MODES = ("sequential", "naive")
 
 
@@ -28,7 +28,12 @@ class ModelConfig:
     n_future: int = 4
     """Output heads; head k predicts the token k steps ahead (k = 1..n_future)."""
     head_type: str = "transformer"
-    """'transformer': each head is one block on the shared trunk; 'linear': each head is its own unembedding."""
+    """What heads 2..n are (mtp.heads): 'transformer' (a block each, in parallel on the trunk), 'linear' (an
+    unembedding each), 'causal' (DeepSeek-V3 modules, each on the previous depth), 'medusa' (residual MLPs)."""
+    share_depth: bool = False
+    """Causal heads only: one module applied at every depth (decoding may then draft beyond n_future)."""
+    medusa_layers: int = 1
+    """Medusa heads only: residual blocks per head."""
     max_seq_len: int = 4096
     """Longest position the rotary tables cover."""
     rope_theta: float = 10000.0
@@ -67,9 +72,7 @@ class ModelConfig:
     @property
     def n_layer_blocks(self) -> int:
         """Blocks in `layers` (shared trunk + head 1)."""
-        if self.head_type == "linear":
-            return self.n_layers
-        return self.n_layers - self.n_future + 1
+        return HEAD_TYPES[self.head_type].n_layer_blocks(self)
 
     @property
     def weights(self) -> list[float]:
@@ -86,12 +89,21 @@ class ModelConfig:
             raise UserError(f"model.n_future={self.n_future} must be at least 1 (1 is plain next-token prediction).")
         if self.head_type not in HEAD_TYPES:
             raise UserError(f"model.head_type={self.head_type!r} is not one of {', '.join(HEAD_TYPES)}.")
+        if self.share_depth and self.head_type != "causal":
+            raise UserError(
+                f"model.share_depth=true applies to causal heads only, not head_type={self.head_type!r}; "
+                "set model.head_type=causal or drop model.share_depth."
+            )
+        if self.medusa_layers < 1:
+            raise UserError(f"model.medusa_layers={self.medusa_layers} must be at least 1.")
         if self.loss not in LOSS_MODES:
             raise UserError(f"model.loss={self.loss!r} is not one of {', '.join(LOSS_MODES)}.")
-        if self.head_type == "transformer" and self.n_layers - self.n_future < 1:
+        heads = HEAD_TYPES[self.head_type]
+        if heads.head1_block and heads.n_layer_blocks(self) < 2:
+            needed = self.n_layers - heads.n_layer_blocks(self) + 2
             raise UserError(
                 f"model.n_future={self.n_future} leaves no trunk layer out of model.n_layers={self.n_layers}; "
-                f"use n_layers >= {self.n_future + 1} or fewer heads."
+                f"use n_layers >= {needed} or fewer heads."
             )
         if self.d_model % self.n_heads:
             raise UserError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}.")

@@ -19,7 +19,7 @@ from mtp.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_KEY
 from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.loss import cross_entropy, mtp_loss, split_window
-from mtp.metrics import ExpectedTokensPerForward
+from mtp.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.model import MTPModel
 from mtp.optim import OptimConfig, parameter_groups, warmup_cosine
 from mtp.parallel import parallelize
@@ -52,6 +52,7 @@ class MTPLitModule(L.LightningModule):
         self.val_acc = nn.ModuleList(MulticlassAccuracy(vocab, average="micro") for _ in range(n))
         self.val_ppl = Perplexity()
         self.val_tokens_per_forward = ExpectedTokensPerForward()
+        self.val_acceptance = AcceptanceByPosition(n - 1)
 
     @property
     def n_future(self) -> int:
@@ -106,7 +107,7 @@ class MTPLitModule(L.LightningModule):
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
         inputs, targets = split_window(batch, self.n_future)
-        states = self.model.head_states(inputs)
+        states = self.model.head_states(inputs, following=targets[:-1])
         predictions = []
         for k in range(1, self.n_future + 1):  # one head's logits at a time
             logits = self.model.unembedding(k)(states[k - 1])  # (B, T, V)
@@ -117,12 +118,31 @@ class MTPLitModule(L.LightningModule):
             predictions.append(prediction)
             if k == 1:
                 self.val_ppl.update(logits.float(), target)
+        if self.model.heads.conditions_on_tokens and self.n_future > 1:
+            predictions = self.greedy_chain_predictions(inputs, targets, predictions[0])
         self.val_tokens_per_forward.update(torch.stack(predictions))
+        self.val_acceptance.update(torch.stack(predictions))
         for k in range(1, self.n_future + 1):
             self.log(f"val/loss_head{k}", self.val_loss[k - 1], prog_bar=k == 1)
             self.log(f"val/acc_head{k}", self.val_acc[k - 1])
         self.log("val/ppl", self.val_ppl)
         self.log("val/expected_tokens_per_forward", self.val_tokens_per_forward)
+
+    def greedy_chain_predictions(self, inputs: Tensor, targets: Tensor, head1: Tensor) -> list[Tensor]:
+        """Every head's argmax when heads condition on the tokens greedy decoding will have accepted: head 1's
+        argmaxes (what an accepted draft equals), not the reference text. head1: (B, T) head 1's argmax."""
+        T = inputs.size(1)
+        following = targets[:-1].clone()  # the reference only where head 1's argmax runs out (beyond the measured span)
+        for j in range(1, self.n_future):
+            following[j - 1, :, : T - j + 1] = head1[:, j - 1 :]
+        states = self.model.head_states(inputs, following=following)
+        return [head1] + [self.model.unembedding(k)(states[k - 1]).argmax(dim=-1) for k in range(2, self.n_future + 1)]
+
+    def on_validation_epoch_end(self) -> None:
+        if self.n_future > 1:
+            for j, rate in enumerate(self.val_acceptance.compute().reshape(-1).tolist(), start=1):
+                self.log(f"val/acceptance_pos{j}", rate)
+        self.val_acceptance.reset()
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = torch.optim.AdamW(
@@ -163,11 +183,16 @@ class MTPLitModule(L.LightningModule):
         if batch_size is None or seq_len is None:
             return None
         c = self.config
-        blocks = (c.n_layer_blocks + len(self.model.extra_heads)) * sum(
-            p.numel() for p in self.model.layers[0].parameters()
-        )
+        block = sum(p.numel() for p in self.model.layers[0].parameters())
+        head_blocks = c.n_future - 1 if self.model.heads.blocks_per_head else 0  # a shared depth runs at every depth
+        n_blocks = c.n_layer_blocks + head_blocks
+        extras = ("extra_inputs", "medusa_heads")  # causal input projections, medusa residual blocks
+        others = sum(p.numel() for name, p in self.model.named_parameters() if name.startswith(extras))
+        if c.share_depth:
+            others *= c.n_future - 1
         unembeddings = c.n_future * c.d_model * c.vocab_size
-        attention = 6 * (c.n_layer_blocks + len(self.model.extra_heads)) * c.d_model * seq_len  # QK^T and AV, causal
+        blocks = n_blocks * block + others
+        attention = 6 * n_blocks * c.d_model * seq_len  # QK^T and AV, causal
         return int(batch_size * seq_len * (6 * (blocks + unembeddings) + attention))
 
 

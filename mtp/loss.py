@@ -12,6 +12,11 @@ Head k at position t predicts token t+k. A window of ``seq_len + n_future`` toke
   graph, so FSDP2, DDP, torch.compile and activation checkpointing see plain modules, a training step is
   one ``loss.backward()``, and every parameter receives its gradient once, into ``.grad``.
 
+Every head type fits this form, causal heads too: depth k's state depends on depth k-1's through ordinary autograd,
+so the backward from the deepest depth carries the gradient of h_{k-1} down to the trunk, and what stays alive
+between forward and backward is n hidden states of width d and the blocks' activations, never more than one
+head's logits: peak O(V + n d) per token.
+
 Head blocks keep their activations until the backward, as every block of a next-token model does; since
 mtpN has as many blocks as mtp1, that costs no more than mtp1. What n heads add is n hidden states of
 width d per token, never n vocabulary-sized logits.
@@ -137,7 +142,7 @@ def mtp_loss(model: MTPModel, window: Tensor, mode: str | None = None) -> LossOu
     """Training loss of a token window (B, seq_len + n_future) in the given mode (default: the model config's)."""
     config = model.config
     inputs, targets = split_window(window, config.n_future)
-    states = model.head_states(inputs)
+    states = model.head_states(inputs, following=targets[:-1])
     mode = mode or config.loss
     if mode == "naive" or not torch.is_grad_enabled():
         return naive_loss(model, states, targets, config.weights)

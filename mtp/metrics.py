@@ -46,3 +46,27 @@ class ExpectedTokensPerForward(Metric):
 
     def compute(self) -> Tensor:
         return (self.tokens / self.positions).float()
+
+
+class AcceptanceByPosition(Metric):
+    """Chained acceptance of each draft position, estimated like :class:`ExpectedTokensPerForward`: the rate at
+    which draft j (head j + 1's) is accepted among the positions where drafts 1..j-1 all were. A vector (n_drafts,)."""
+
+    full_state_update = False
+
+    def __init__(self, n_drafts: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.n_drafts = n_drafts
+        self.add_state("reached", default=torch.zeros(n_drafts, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("accepted", default=torch.zeros(n_drafts, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, predictions: Tensor) -> None:
+        if self.n_drafts == 0:
+            return
+        lengths = accepted_prefix_lengths(predictions).flatten() - 1  # accepted drafts per position
+        drafts = torch.arange(self.n_drafts, device=lengths.device)
+        self.reached += (lengths[:, None] >= drafts).sum(dim=0)  # drafts before j all accepted
+        self.accepted += (lengths[:, None] > drafts).sum(dim=0)
+
+    def compute(self) -> Tensor:
+        return (self.accepted / self.reached.clamp(min=1)).float()

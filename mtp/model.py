@@ -6,8 +6,7 @@ Layout follows the released multi-token checkpoints of Gloeckle et al. (2024):
 - ``extra_heads``: ``n_future - 1`` blocks, heads 2..n, each applied in parallel to the trunk output.
 - ``norm`` and ``output``: one final RMSNorm and one unembedding shared by every head.
 
-With ``head_type='linear'`` every block is trunk, there are no extra blocks, and head k is its own
-unembedding ``outputs[k-1]`` ("replicated unembeddings").
+Other head types (linear, causal, medusa) change what heads 2..n are; :mod:`mtp.heads` says how, in one table.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtp.config import ModelConfig
+from mtp.heads import HeadType, head_type
 
 
 class RMSNorm(nn.Module):
@@ -100,17 +100,17 @@ class MTPModel(nn.Module):
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layer_blocks))
-        n_extra_blocks = config.n_future - 1 if config.head_type == "transformer" else 0
-        self.extra_heads = nn.ModuleList(Block(config) for _ in range(n_extra_blocks))
+        self.heads.build(self)  # extra_heads, outputs, and whatever else the head type adds
         self.norm = RMSNorm(config.d_model, config.norm_eps)
-        n_unembeddings = config.n_future if config.head_type == "linear" else 1
-        self.outputs = nn.ModuleList(
-            nn.Linear(config.d_model, config.vocab_size, bias=False) for _ in range(n_unembeddings)
-        )
         cos, sin = rotary_tables(config.d_model // config.n_heads, config.max_seq_len, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
+
+    @property
+    def heads(self) -> HeadType:
+        """This model's entry of the head table."""
+        return head_type(self.config)
 
     def reset_parameters(self) -> None:
         std = self.config.init_std
@@ -123,6 +123,7 @@ class MTPModel(nn.Module):
                 nn.init.normal_(p, 0.0, residual_std)
             else:
                 nn.init.normal_(p, 0.0, std)
+        self.heads.reset_parameters(self)
 
     @property
     def n_future(self) -> int:
@@ -143,40 +144,33 @@ class MTPModel(nn.Module):
 
     @property
     def trunk_blocks(self) -> nn.ModuleList:
-        return self.layers if self.config.head_type == "linear" else self.layers[:-1]
+        return self.layers[:-1] if self.heads.head1_block else self.layers
 
     def head_block(self, k: int) -> Block | None:
-        """The block of head k (1-based), or None for linear heads."""
-        if self.config.head_type == "linear":
-            return None
-        return self.layers[-1] if k == 1 else self.extra_heads[k - 2]
+        """The block of head k (1-based) for head types whose heads are blocks on the trunk; None for k=1 of
+        linear and medusa heads (head 1 is the unembedding of the trunk output)."""
+        if k == 1:
+            return self.layers[-1] if self.heads.head1_block else None
+        return self.heads.extra_block(self, k) if self.heads.blocks_per_head else None
 
     def unembedding(self, k: int) -> nn.Linear:
-        return self.outputs[k - 1] if self.config.head_type == "linear" else self.outputs[0]
+        return self.heads.unembedding(self, k)
 
-    def head_hidden(self, k: int, z: Tensor) -> Tensor:
-        """Head k's hidden state (B, T, d_model) from the trunk output z (B, T, d_model)."""
-        block = self.head_block(k)
-        if block is None:
-            return z
-        cos, sin = self.rotary(z.size(1))
-        return block(z, cos, sin)
-
-    def head_states(self, idx: Tensor) -> list[Tensor]:
+    def head_states(self, idx: Tensor, following: Tensor | None = None) -> list[Tensor]:
         """What each head's unembedding reads: its hidden state after the shared norm, n_future x (B, T, d_model).
+
+        ``following`` (n_future - 1, B, T), following[j-1][b, t] = token t + j: the tokens causal heads condition
+        on (the window's targets in training); other head types ignore it.
 
         Training and evaluation call the model through this one method (the unembedding comes after, one head
         at a time), so a wrapper that hooks a forward method (FSDP2's ``register_fsdp_forward_method``) needs
         only this and ``forward``.
         """
-        z = self.trunk(idx)
-        if self.config.head_type == "linear":  # every head reads the trunk output: normalize it once
-            return [self.norm(z)] * self.n_future
-        return [self.norm(self.head_hidden(k, z)) for k in range(1, self.n_future + 1)]
+        return self.heads.states(self, self.trunk(idx), following)
 
-    def forward(self, idx: Tensor) -> Tensor:
+    def forward(self, idx: Tensor, following: Tensor | None = None) -> Tensor:
         """Logits of every head, (n_future, B, T, vocab_size); head k at position t predicts token t+k."""
-        states = self.head_states(idx)
+        states = self.head_states(idx, following)
         return torch.stack([self.unembedding(k)(state) for k, state in enumerate(states, start=1)])
 
     def blocks(self) -> list[Block]:

@@ -7,11 +7,9 @@ from mtp.loss import mtp_loss, split_window
 from mtp.model import MTPModel
 
 
-def make_model(n_future=4, head_type="transformer", seed=0, **kwargs) -> MTPModel:
+def make_model(n_future=4, seed=0, **kwargs) -> MTPModel:
     torch.manual_seed(seed)
-    config = ModelConfig(
-        vocab_size=97, d_model=32, n_layers=9, n_heads=4, n_kv_heads=2, n_future=n_future, head_type=head_type, **kwargs
-    )
+    config = ModelConfig(vocab_size=97, d_model=32, n_layers=9, n_heads=4, n_kv_heads=2, n_future=n_future, **kwargs)
     return MTPModel(config)
 
 
@@ -30,12 +28,31 @@ def test_split_window_shifts_each_head_by_k():
     assert targets[2].tolist() == [[3, 4, 5, 6, 7, 8, 9]]
 
 
-@pytest.mark.parametrize("head_type", ["transformer", "linear"])
+HEAD_TYPES = {
+    "transformer": {},
+    "linear": {},
+    "causal": {},
+    "causal-shared": {"head_type": "causal", "share_depth": True},
+    "medusa": {"medusa_layers": 2},
+}
+
+
+def perturbed(model: MTPModel) -> MTPModel:
+    """Zero-initialised weights (medusa's) moved off zero, so that every gradient path carries something."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("medusa_heads"):
+                p.normal_(0, 0.02)
+    return model
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
 @pytest.mark.parametrize("n_future", [1, 2, 4, 8])
 @pytest.mark.parametrize("loss_chunk", [0, 5])
 def test_sequential_gradients_equal_naive(head_type, n_future, loss_chunk):
     weights = [1.0 / k for k in range(1, n_future + 1)]
-    model = make_model(n_future, head_type, loss_weights=weights, loss_chunk=loss_chunk)
+    settings = {"head_type": head_type, **HEAD_TYPES[head_type]}
+    model = perturbed(make_model(n_future, loss_weights=weights, loss_chunk=loss_chunk, **settings))
     window = torch.randint(0, 97, (3, 16 + n_future))
     naive, naive_grads = gradients(model, window, "naive", scale=0.5)
     sequential, sequential_grads = gradients(model, window, "sequential", scale=0.5)
@@ -51,7 +68,7 @@ def test_per_head_loss_is_cross_entropy_of_the_shifted_target():
     model = make_model(n_future=3)
     window = torch.randint(0, 97, (2, 11))
     with torch.no_grad():
-        logits = model(window[:, :8])  # (3, 2, 8, 97)
+        logits = model(window[:, :8], following=split_window(window, 3)[1][:-1])  # (3, 2, 8, 97)
         out = mtp_loss(model, window)
     for k in range(1, 4):
         log_probs = F.log_softmax(logits[k - 1].double(), dim=-1)
