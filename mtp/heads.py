@@ -75,10 +75,14 @@ class HeadType:
     """Head k's state depends on the tokens before the one it predicts (causal): training feeds the true ones,
     decoding its own drafts."""
 
-    def n_extra_blocks(self, config: ModelConfig) -> int:
-        if not self.blocks_per_head or config.n_future == 1:
+    def extra_blocks(self, n_future: int, share_depth: bool) -> int:
+        """Blocks of heads 2..n (``extra_heads``)."""
+        if not self.blocks_per_head or n_future == 1:
             return 0
-        return 1 if config.share_depth else config.n_future - 1
+        return 1 if share_depth else n_future - 1
+
+    def n_extra_blocks(self, config: ModelConfig) -> int:
+        return self.extra_blocks(config.n_future, config.share_depth)
 
     def n_layer_blocks(self, config: ModelConfig) -> int:
         """Blocks in ``layers``: every block but the heads' own (``n_layers`` counts them all)."""

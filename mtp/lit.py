@@ -18,6 +18,8 @@ from torchmetrics.text import Perplexity
 from mtp.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_KEY
 from mtp.config import ModelConfig
 from mtp.errors import UserError
+from mtp.init_from import Start, check_freeze
+from mtp.init_from import freeze as apply_freeze
 from mtp.loss import cross_entropy, mtp_loss, split_window
 from mtp.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.model import MTPModel
@@ -28,6 +30,7 @@ from mtp.parallel import parallelize
 class MTPLitModule(L.LightningModule):
     """Training of an MTP model from plain settings.
 
+    ``init_from`` (a checkpoint) and ``freeze`` start from a trained model: see mtp.init_from.
     ``compile`` and ``activation_checkpointing`` are applied per block in ``configure_model`` (see
     mtp.parallel), together with FSDP2 sharding over every process when the strategy is Lightning's
     ModelParallelStrategy (``trainer=fsdp``).
@@ -39,13 +42,22 @@ class MTPLitModule(L.LightningModule):
         optim: dict[str, Any] | None = None,
         compile: bool = False,
         activation_checkpointing: bool = False,
+        init_from: str | None = None,
+        freeze: str = "none",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.config = ModelConfig.from_dict(dict(model))
+        check_freeze(freeze, init_from)
+        start = Start.read(init_from) if init_from else None
+        self.config = ModelConfig.from_dict(start.grown(dict(model)) if start else dict(model))
         self.optim = OptimConfig(**(optim or {}))
         self.compile_blocks, self.activation_checkpointing = compile, activation_checkpointing
         self.model = MTPModel(self.config)
+        self.start_tokenizer = None
+        """The tokenizer JSON of the ``init_from`` checkpoint: the data must be tokenized with it."""
+        if start is not None:
+            apply_freeze(self.model, freeze, start.load_into(self.model))
+            self.start_tokenizer = start.tokenizer
         self._parallelized = False
         n, vocab = self.config.n_future, self.config.vocab_size
         self.val_loss = nn.ModuleList(MeanMetric() for _ in range(n))

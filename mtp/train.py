@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning as L
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mtp.checkpoint import check_checkpoint
 from mtp.checkpointing import AtomicCheckpointIO
@@ -39,7 +41,15 @@ def build(
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         compile=bool(cfg.get("compile", False)),
         activation_checkpointing=bool(cfg.get("activation_checkpointing", False)),
+        init_from=cfg.get("init_from"),
+        freeze=cfg.get("freeze", "none"),
     )
+    if module.start_tokenizer is not None:  # data tokenized as the model it starts from was
+        with open_dict(cfg):
+            cfg.data.tokenizer = {
+                "kind": "pretrained",
+                "path": save_tokenizer(module.start_tokenizer, cfg.data.cache_dir),
+            }
     datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
     trainer = hydra.utils.instantiate(
         cfg.trainer,
@@ -48,6 +58,18 @@ def build(
         plugins=[AtomicCheckpointIO()],
     )
     return datamodule, module, trainer
+
+
+def save_tokenizer(tokenizer_json: str, cache_dir: str) -> str:
+    """Write a tokenizer JSON under the data cache, named by its content (atomically: no half-written file)."""
+    digest = hashlib.sha256(tokenizer_json.encode()).hexdigest()[:16]
+    path = Path(cache_dir) / f"tokenizer-{digest}.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(tokenizer_json)
+        os.replace(partial, path)
+    return str(path)
 
 
 def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, float]:

@@ -113,8 +113,11 @@ def main(argv: list[str] | None = None) -> None:
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)  # the dtype policy of scripts/decode.py
     model, n = loaded.model, loaded.config.n_future
     heads = args.heads or list(range(1, n + 1))
-    if max(heads) > n:
-        raise UserError(f"--heads {max(heads)} exceeds the checkpoint's {n} heads.")
+    if max(heads) > n and not loaded.config.share_depth:
+        raise UserError(
+            f"--heads {max(heads)} exceeds the checkpoint's {n} heads; only causal heads trained with "
+            "model.share_depth=true draft beyond them."
+        )
     if 1 not in heads:
         heads = [1, *heads]  # the baseline speed-ups are measured against
     prompts = held_out_prompts(loaded.data, loaded.tokenizer, args.prompts, args.prompt_tokens)

@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from mtp.checkpoint import load_checkpoint  # noqa: E402
 from mtp.cli import run_script  # noqa: E402
+from mtp.config import ModelConfig  # noqa: E402
 from mtp.data.tokenizer import eot_id  # noqa: E402
 from mtp.decode import GenerationConfig, generate  # noqa: E402
 from mtp.errors import UserError  # noqa: E402
@@ -87,6 +88,17 @@ def check_ranges(args: argparse.Namespace) -> None:
         raise UserError(f"--batch-size {args.batch_size} must be at least 1.")
 
 
+def check_heads(heads: int, config: ModelConfig) -> None:
+    """--heads must lie in 1..n, or above n for causal heads with one shared depth (applied again and again)."""
+    if heads < 1:
+        raise UserError(f"--heads {heads} must be at least 1.")
+    if heads > config.n_future and not config.share_depth:
+        raise UserError(
+            f"--heads {heads} exceeds this checkpoint's {config.n_future} head(s); only causal heads trained with "
+            f"model.share_depth=true draft beyond them; use --heads 1..{config.n_future}."
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check_ranges(args)
@@ -95,8 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer, n_future = loaded.model, loaded.tokenizer, loaded.config.n_future
 
     heads = args.heads if args.heads is not None else (n_future if args.self_speculative else 1)
-    if not 1 <= heads <= n_future:
-        raise UserError(f"--heads {heads} is outside 1..{n_future}: this checkpoint has {n_future} head(s).")
+    check_heads(heads, loaded.config)
     if heads > 1 and not args.self_speculative:
         raise UserError(f"--heads {heads} drafts with extra heads; add --self-speculative (or use --heads 1).")
 
@@ -129,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.batch_size > 1:
             print(f"--- row {row} ---")
         print(text + tokenizer.decode(output))
-    print(stats.line() + f" heads={heads} batch={args.batch_size} device={device.type}")
+    settings = f"head_type={loaded.config.head_type} heads={heads} batch={args.batch_size} device={device.type}"
+    print(f"{stats.line()} {settings}")
     if args.compare:
         baseline_config = GenerationConfig(**{**config.__dict__, "heads": 1})
         if args.compile:

@@ -95,18 +95,24 @@ def tiny_checkpoints(corpus_dir, shared_cache, tmp_path_factory) -> dict[str, Pa
 @pytest.fixture(scope="session")
 def trained_model():
     """A 4-head model trained for a few seconds on a counting pattern, so that most drafts are accepted."""
-    from mtp.loss import mtp_loss
-    from tests.decode.helpers import cyclic_windows, tiny_model
+    from tests.decode.helpers import tiny_model, train_on_cycles
 
-    model = tiny_model(n_future=4, vocab_size=24, seed=1).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(150):
-        loss = mtp_loss(model, cyclic_windows(16, 24, 24, generator)).total
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return model.eval()
+    return train_on_cycles(tiny_model(n_future=4, vocab_size=24, seed=1))
+
+
+@pytest.fixture(scope="session")
+def trained_models(trained_model):
+    """trained_model's counterpart for every head type (trained on first use), by the names of helpers.HEAD_TYPES."""
+    from tests.decode.helpers import HEAD_TYPES, tiny_model, train_on_cycles
+
+    models = {"transformer": trained_model}
+
+    def get(name: str):
+        if name not in models:
+            models[name] = train_on_cycles(tiny_model(n_future=4, vocab_size=24, seed=1, **HEAD_TYPES[name]))
+        return models[name]
+
+    return get
 
 
 def pytest_collection_modifyitems(config, items):

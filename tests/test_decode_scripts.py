@@ -91,8 +91,8 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--self-speculative", "--heads", "5"], "--heads 5 is outside 1..4"),
-        (["--self-speculative", "--heads", "0"], "--heads 0 is outside 1..4"),
+        (["--self-speculative", "--heads", "5"], "--heads 5 exceeds this checkpoint's 4 head(s)"),
+        (["--self-speculative", "--heads", "0"], "--heads 0 must be at least 1"),
         (["--heads", "2"], "add --self-speculative"),
         (["--max-new-tokens", "0"], "--max-new-tokens 0 must be at least 1"),
         (["--temperature", "-1"], "--temperature -1.0 must be 0"),

@@ -36,6 +36,7 @@ class KVCache:
         self.rows: Tensor | None = None
         self.mask: Tensor | None = None
         self.span = 0
+        self.chain = None  # causal heads' caches (mtp.decode.inference.ChainCache), rolled back and trimmed with this
 
     @property
     def max_length(self) -> int:
@@ -67,6 +68,8 @@ class KVCache:
         if device_lengths is None:
             device_lengths = torch.tensor(lengths, dtype=torch.long, device=self.keys.device)
         self.lengths = device_lengths
+        if self.chain is not None:
+            self.chain.rollback(lengths, device_lengths)
 
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every row not in ``rows`` (finished ones), so that they stop costing compute."""
@@ -75,3 +78,5 @@ class KVCache:
         self.values = self.values.index_select(1, index)
         self.lengths = self.lengths.index_select(0, index)
         self.host_lengths = [self.host_lengths[r] for r in rows]
+        if self.chain is not None:
+            self.chain.keep_rows(rows, index)

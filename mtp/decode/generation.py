@@ -118,13 +118,16 @@ def generate(
     model: MTPModel, prompts: list[list[int]], config: GenerationConfig
 ) -> tuple[list[list[int]], DecodeStats]:
     """Continue every prompt (a list of token ids each) by up to ``max_new_tokens`` tokens; rows are independent."""
-    if config.heads > model.n_future:
-        raise ValueError(f"heads={config.heads} but the model has {model.n_future}")
+    if config.heads > model.n_future and not model.config.share_depth:
+        raise ValueError(
+            f"heads={config.heads} but the model has {model.n_future}; only causal heads trained with "
+            "model.share_depth=true can draft beyond the heads they were trained with"
+        )
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     device = next(model.parameters()).device
     drafts_per_step = config.heads - 1
-    max_len = max(map(len, prompts)) + config.max_new_tokens + config.heads
+    max_len = max(map(len, prompts)) + config.max_new_tokens + 2 * config.heads
     if max_len > model.config.max_seq_len:
         raise ValueError(
             f"prompt ({max(map(len, prompts))} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the "
@@ -153,10 +156,10 @@ def generate(
         cache.begin(inputs.size(1))
         # head 1's logits where drafts are verified: after the last accepted input (base) and each pending draft
         read = None if n_drafts else base[:, None]
-        head1, trunk_out = inference.verify(inputs, cache, read)  # (B, n_drafts + 1, V), (B, S, d)
-        draft_logits = partial(inference.draft, trunk_out, cache)  # heads 2..k at each row's last accepted input
+        head1, hidden = inference.verify(inputs, cache, read)  # (B, n_drafts + 1, V), (B, S, d)
+        draft = partial(inference.draft, hidden, cache)  # heads 2..k after each row's last accepted input
         accepted, next_token, drafts, draft_probs = _verify_and_draft(
-            head1, draft_logits, inputs, base, n_drafts, draft_probs, config, uniforms
+            head1, draft, inputs, base, n_drafts, draft_probs, config, uniforms
         )
         cache.commit(inputs.size(1))
         stats.forwards += 1
@@ -241,7 +244,7 @@ def correction_probs(target: Tensor, proposal: Tensor, rejected: Tensor) -> Tens
 
 def _verify_and_draft(
     head1: Tensor,
-    draft_logits: Callable[[Tensor], Tensor],
+    draft: Callable[..., Tensor],
     inputs: Tensor,
     base: Tensor,
     n_drafts: int,
@@ -252,7 +255,8 @@ def _verify_and_draft(
     """Accepted draft counts (B,), the token after them (B,), next drafts (B, heads - 1) and their proposals.
 
     head1: (B, n_drafts + 1, V), head 1's logits after input ``base`` (B,) and after each pending draft (which
-    follow it). ``draft_logits(last)`` gives heads 2..k's logits (heads - 1, B, V) after each row's input ``last``.
+    follow it). ``draft(last, inputs, next_token, choose)``: the drafts after each row's input ``last`` and
+    ``next_token`` (:meth:`InferenceModel.draft`).
     """
     B = inputs.size(0)
     rows = torch.arange(B, device=inputs.device)
@@ -266,7 +270,9 @@ def _verify_and_draft(
         else:
             accepted = torch.zeros(B, dtype=torch.long, device=inputs.device)
         next_token = choice[rows, accepted]
-        drafts = draft_logits(base + accepted).argmax(dim=-1).T if drafting else inputs.new_empty(B, 0)
+        if not drafting:
+            return accepted, next_token, inputs.new_empty(B, 0), None
+        drafts = draft(base + accepted, inputs, next_token, lambda logits, first: logits.argmax(dim=-1))
         return accepted, next_token, drafts, None
 
     draws = uniforms.next(n_drafts + config.heads)  # acceptance, next token, drafts
@@ -285,6 +291,13 @@ def _verify_and_draft(
     next_token = sample_from(q_last, draws[:, n_drafts])
     if not drafting:
         return accepted, next_token, inputs.new_empty(B, 0), None
-    proposals = proposal_probs(draft_logits(base + accepted), config).transpose(0, 1)  # (B, heads - 1, V)
-    drafts = sample_from(proposals, draws[:, n_drafts + 1 :])
-    return accepted, next_token, drafts, proposals
+    proposals = []
+
+    def sample_drafts(logits: Tensor, first: int) -> Tensor:  # (h, B, V) -> (h, B), keeping the proposals
+        probs = proposal_probs(logits, config).transpose(0, 1)  # (B, h, V)
+        proposals.append(probs)
+        start = n_drafts + 1 + first
+        return sample_from(probs, draws[:, start : start + probs.size(1)]).T
+
+    drafts = draft(base + accepted, inputs, next_token, sample_drafts)
+    return accepted, next_token, drafts, torch.cat(proposals, dim=1)

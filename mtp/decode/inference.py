@@ -24,6 +24,7 @@ positions; so do the draft heads' at the positions asked for (``tests/decode/tes
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -103,6 +104,11 @@ class PackedBlocks:
         self.q_width, self.kv_width = n_heads * head_dim, n_kv_heads * head_dim
 
 
+Chooser = Callable[[Tensor, int], Tensor]
+"""``choose(logits, first)``: draft tokens (h, B) from heads first+2..first+h+1's logits (h, B, V): greedy argmax, or
+samples whose proposals the caller keeps. A causal chain calls it once per depth, since depth k needs draft k-1."""
+
+
 class InferenceModel:
     """Cached decoding with an MTPModel's weights (shared, not copied, where no packing is needed)."""
 
@@ -112,33 +118,30 @@ class InferenceModel:
         self.eps = config.norm_eps
         self.embeddings = model.tok_embeddings.weight
         final_norm = model.norm.weight  # folded into the unembeddings, like every norm weight here
-        self.linear_heads = config.head_type == "linear"
-        # verification path: the trunk and head 1 (all of `layers`, or the whole trunk for linear heads)
+        # verification path: the trunk and head 1 (all of `layers`)
         self.path = [PackedBlocks([block], config.n_heads, config.n_kv_heads) for block in model.layers]
         self.head1_output = Unembedding(model.unembedding(1).weight * final_norm)
-        self.draft_blocks = None
-        if heads > 1 and not self.linear_heads:
-            self.draft_blocks = PackedBlocks(list(model.extra_heads[: heads - 1]), config.n_heads, config.n_kv_heads)
-        # heads 2..k's unembeddings: the shared one (V, d), or one per head stacked (heads - 1, d, V)
-        if self.linear_heads and heads > 1:
-            self.draft_outputs = torch.stack(
-                [(model.unembedding(k).weight * final_norm).T for k in range(2, heads + 1)]
-            )
-        else:
-            self.draft_outputs = None
         # rotary angles per position (max_seq_len, head_dim / 2): e^{i theta t} eager (fewest operations), as
         # (cos, sin) pairs (..., 2) compiled (inductor generates no code for complex numbers)
         if compile:
             self.rotations = torch.stack([model.rope_cos, model.rope_sin], dim=-1)
         else:
             self.rotations = torch.complex(model.rope_cos, model.rope_sin)
-        self.trunk_depth = len(model.layers) - (0 if self.linear_heads else 1)
-        # cache slots: `layers`, then the draft heads used, as in model.blocks()
-        self.draft_slots = slice(len(model.layers), len(model.layers) + heads - 1)
-        device = self.embeddings.device
-        self.block_index = {h: torch.arange(h, device=device)[:, None, None] for h in {1, max(heads - 1, 1)}}
+        # what the draft heads read: the trunk output (parallel head blocks) or the path's output (head 1's hidden
+        # state for causal heads, the trunk output of linear and medusa heads, whose every block is trunk)
+        parallel_blocks = model.heads.blocks_per_head and not model.heads.conditions_on_tokens
+        self.draft_input_depth = len(model.layers) - (1 if parallel_blocks else 0)
         self.compiled = compile
+        self.block_indices: dict[int, Tensor] = {}  # blocks -> (blocks, 1, 1) index of a block_step's cache slots
         self.block_step = compiled_block_step() if compile else block_step
+        self.drafter = None
+        if heads > 1:
+            if parallel_blocks:
+                self.drafter = ParallelBlocks(model, self)
+            elif model.heads.conditions_on_tokens:
+                self.drafter = CausalChain(model, self)
+            else:
+                self.drafter = Unembeddings(model, self)
 
     @classmethod
     def of(cls, model: MTPModel, heads: int, compile: bool = False) -> InferenceModel:
@@ -153,7 +156,13 @@ class InferenceModel:
 
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
         """An empty cache for these blocks; compiled, attention spans every preallocated position (fixed shapes)."""
-        slots = len(self.path) + (0 if self.draft_blocks is None else self.heads - 1)
+        extra_slots = self.drafter.cache_slots if self.drafter is not None else 0
+        cache = self._kv_cache(len(self.path) + extra_slots, batch_size, max_len)
+        if isinstance(self.drafter, CausalChain):
+            cache.chain = self.drafter.new_chain(batch_size, max_len)
+        return cache
+
+    def _kv_cache(self, slots: int, batch_size: int, max_len: int) -> KVCache:
         config = self.config
         return KVCache(
             slots, batch_size, config.n_kv_heads, config.d_model // config.n_heads, max_len,
@@ -162,37 +171,32 @@ class InferenceModel:
 
     # -- one step
     def verify(self, tokens: Tensor, cache: KVCache, read: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Head 1's logits (B, R, V) at the step's positions ``read`` (B, R) (default: all S), and the trunk output
-        (B, S, d), for tokens (B, S) after each row's cached ones.
+        """Head 1's logits (B, R, V) at the step's positions ``read`` (B, R) (default: all S), and what the draft heads
+        read (B, S, d), for tokens (B, S) after each row's cached ones.
 
         The caller starts the step in ``cache`` (``cache.begin(S)``) before, and commits it after :meth:`draft`;
         this writes the keys and values of every block of the path. A prompt's step reads one position per row.
         """
         rotation = self.rotations[cache.positions]  # (B, S, head_dim / 2)
         x = F.embedding(tokens, self.embeddings)
-        trunk_out = x
+        draft_input = x
         for i, blocks in enumerate(self.path):
             x = self._blocks(blocks, x[None], rotation, cache, slice(i, i + 1))[0]
-            if i == self.trunk_depth - 1:
-                trunk_out = x
+            if i == self.draft_input_depth - 1:
+                draft_input = x
         if read is not None:
             x = x[torch.arange(x.size(0), device=x.device)[:, None], read]  # (B, R, d)
         logits = self.head1_output(F.rms_norm(x, (x.size(-1),), eps=self.eps))
-        return logits, trunk_out
+        return logits, draft_input
 
-    def draft(self, trunk_out: Tensor, cache: KVCache, last: Tensor) -> Tensor:
-        """Logits (heads - 1, B, V) of heads 2..k at position ``last`` (B,) of the step, for each row."""
-        rows = torch.arange(trunk_out.size(0), device=trunk_out.device)
-        if self.draft_blocks is None:  # linear heads read the trunk output itself
-            hidden = trunk_out[rows, last].expand(self.heads - 1, -1, -1)
-        else:
-            rotation = self.rotations[cache.positions]
-            x = trunk_out.expand(self.heads - 1, -1, -1, -1)  # (h, B, S, d)
-            hidden = self._blocks(self.draft_blocks, x, rotation, cache, self.draft_slots, last)  # (h, B, d)
-        normed = F.rms_norm(hidden, (hidden.size(-1),), eps=self.eps)
-        if self.draft_outputs is None:
-            return self.head1_output(normed)  # the shared unembedding, (h, B, V)
-        return torch.matmul(normed, self.draft_outputs)  # (h, B, V)
+    def draft(
+        self, hidden: Tensor, cache: KVCache, last: Tensor, inputs: Tensor, next_token: Tensor, choose: Chooser
+    ) -> Tensor:
+        """Draft tokens (B, heads - 1) after each row's input ``last`` (B,) of the step and the token that follows it,
+        ``next_token`` (B,): heads 2..k's logits there, turned into tokens by ``choose``. hidden: :meth:`verify`'s
+        second output; inputs: the step's tokens (B, S). Called before the step is committed; the step ends with
+        ``cache.rollback`` to the accepted lengths (held + last + 1), which causal depths' caches follow."""
+        return self.drafter.draft(hidden, cache, last, inputs, next_token, choose)
 
     def _blocks(
         self, w: PackedBlocks, x: Tensor, rotation: Tensor, cache: KVCache, slots: slice, last: Tensor | None = None
@@ -200,9 +204,139 @@ class InferenceModel:
         """:func:`block_step` on these blocks' slice of ``cache`` (compiled, when this form is)."""
         if self.compiled:  # not a view: a view's base would enter dynamo's guards and cause needless recompiles
             x = x.detach()
-        where = (self.block_index[slots.stop - slots.start], cache.rows[None], cache.positions[None])
+        blocks = slots.stop - slots.start
+        if blocks not in self.block_indices:
+            self.block_indices[blocks] = torch.arange(blocks, device=x.device)[:, None, None]
+        where = (self.block_indices[blocks], cache.rows[None], cache.positions[None])
         keys, values = cache.keys[slots], cache.values[slots]
         return self.block_step(x, w, rotation, keys, values, where, cache.span, cache.mask, self.eps, last)
+
+
+class ParallelBlocks:
+    """Heads 2..k as blocks on the trunk output, stacked along a leading head dimension and run as one batched
+    computation; their keys and values follow the path's in the cache."""
+
+    def __init__(self, model: MTPModel, form: InferenceModel) -> None:
+        config = model.config
+        self.form = form
+        self.blocks = PackedBlocks(
+            [model.head_block(k) for k in range(2, form.heads + 1)], config.n_heads, config.n_kv_heads
+        )
+        self.cache_slots = form.heads - 1
+        self.slots = slice(len(model.layers), len(model.layers) + form.heads - 1)
+
+    def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
+        form = self.form
+        x = hidden.expand(form.heads - 1, -1, -1, -1)  # (h, B, S, d)
+        rotation = form.rotations[cache.positions]
+        out = form._blocks(self.blocks, x, rotation, cache, self.slots, last)  # (h, B, d)
+        return choose(form.head1_output(F.rms_norm(out, (out.size(-1),), eps=form.eps)), 0).T
+
+
+class Unembeddings:
+    """Heads 2..k as unembeddings of the trunk output (linear), after residual blocks of their own (medusa)."""
+
+    def __init__(self, model: MTPModel, form: InferenceModel) -> None:
+        self.form, self.cache_slots = form, 0
+        heads = range(2, form.heads + 1)
+        final_norm = model.norm.weight
+        medusa = getattr(model, "medusa_heads", None)
+        self.residual = None
+        if medusa is not None:  # (layers, h, d, d) transposed, so that x @ W^T is one bmm over heads
+            depth = len(medusa[0].layers)
+            self.residual = [torch.stack([medusa[k - 2].layers[i].weight.T for k in heads]) for i in range(depth)]
+            self.norm_weight = final_norm  # the residual blocks read the normed state: the weight cannot be folded
+            self.outputs = torch.stack([model.unembedding(k).weight.T for k in heads])  # (h, d, V)
+        else:
+            self.outputs = torch.stack([(model.unembedding(k).weight * final_norm).T for k in heads])
+
+    def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
+        x = hidden[torch.arange(hidden.size(0), device=hidden.device), last]  # (B, d)
+        normed = F.rms_norm(x, (x.size(-1),), eps=self.form.eps).expand(self.form.heads - 1, -1, -1)  # (h, B, d)
+        if self.residual is not None:
+            normed = normed * self.norm_weight
+            for weight in self.residual:
+                normed = normed + F.silu(torch.bmm(normed, weight))
+        return choose(torch.bmm(normed, self.outputs), 0).T
+
+
+class CausalChain:
+    """Heads 2..k as DeepSeek-V3 MTP depths, drafted one after another: depth k reads depth k-1's hidden state and
+    the embedding of draft k-1 (of the token after the accepted ones, for depth 2).
+
+    Each depth is a causal block over its own sequence: at position i it reads token t_{i+k-1} and h_{k-1}(i), as in
+    training. So depth k's keys and values at i are final once t_{i+k-1} is known (accepted), which lags the trunk
+    by k - 2 positions; each step recomputes a depth from where its final entries end up to the last accepted
+    position, with drafts standing in for the tokens not known yet (those entries are rolled back after the step).
+    Every depth keeps its own cache and a buffer of its hidden states (:class:`ChainCache`).
+    """
+
+    def __init__(self, model: MTPModel, form: InferenceModel) -> None:
+        config = model.config
+        self.form, self.cache_slots = form, 0
+        depths = range(2, form.heads + 1)
+        self.blocks = [
+            PackedBlocks([model.heads.extra_block(model, k)], config.n_heads, config.n_kv_heads) for k in depths
+        ]
+        self.inputs = []  # (2d, d): [RMSNorm(e); RMSNorm(h)] @ W^T with both norm weights folded in
+        for k in depths:
+            module = model.heads.extra_input(model, k)
+            norms = torch.cat([module.enorm.weight, module.hnorm.weight])
+            self.inputs.append((module.eh_proj.weight * norms).T.contiguous())
+
+    def new_chain(self, batch_size: int, max_len: int) -> ChainCache:
+        form = self.form
+        caches = [form._kv_cache(1, batch_size, max_len) for _ in self.blocks]
+        shape = (form.heads, batch_size, max_len, form.config.d_model)
+        return ChainCache(caches, form.embeddings.new_zeros(shape))
+
+    def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
+        form, chain, eps = self.form, cache.chain, self.form.eps
+        B, S = inputs.shape
+        rows = torch.arange(B, device=inputs.device)[:, None]
+        held = cache.positions[:, 0]  # (B,) trunk positions held before this step
+        chain.hidden[0][rows, cache.positions] = hidden  # head 1's hidden state at the step's positions
+        # the tokens from position `held` on: the step's accepted inputs, the token after them, then the drafts
+        stream = torch.cat([inputs, inputs.new_zeros(B, form.heads)], dim=1)
+        stream[rows[:, 0], last + 1] = next_token
+        drafts = []
+        for k in range(2, form.heads + 1):
+            depth_cache, width = chain.caches[k - 2], S + k - 2
+            depth_cache.begin(width)  # from the first position not final yet, over the step's and k - 2 more
+            positions = depth_cache.positions  # (B, width)
+            tokens = stream.gather(1, (positions + k - 1 - held[:, None]).clamp(max=stream.size(1) - 1))
+            previous = chain.hidden[k - 2][rows, positions]  # h_{k-1}, (B, width, d)
+            embedded = F.embedding(tokens, form.embeddings)
+            d = (embedded.size(-1),)
+            x = torch.cat([F.rms_norm(embedded, d, eps=eps), F.rms_norm(previous, d, eps=eps)], dim=-1)
+            x = torch.matmul(x, self.inputs[k - 2])  # (B, width, d)
+            rotation = form.rotations[positions]
+            out = form._blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1))[0]  # (B, width, d)
+            chain.hidden[k - 1][rows, positions] = out
+            at_last = out[rows[:, 0], held + last - positions[:, 0]]  # (B, d)
+            token = choose(form.head1_output(F.rms_norm(at_last, (at_last.size(-1),), eps=eps))[None], k - 2)[0]
+            stream[rows[:, 0], last + k] = token
+            drafts.append(token)
+            depth_cache.commit(width)
+        return torch.stack(drafts, dim=1)
+
+
+class ChainCache:
+    """Causal depths' caches (one each, depth k's final entries lagging the trunk's by k - 2 positions) and their
+    hidden states (heads, B, max_len, d), index 0 being head 1's."""
+
+    def __init__(self, caches: list[KVCache], hidden: Tensor) -> None:
+        self.caches, self.hidden = caches, hidden
+
+    def rollback(self, lengths: list[int], device_lengths: Tensor) -> None:
+        """The trunk keeps ``lengths``: depth k keeps the positions whose tokens are all known, lengths - k + 2."""
+        for k, cache in enumerate(self.caches, start=2):
+            cache.rollback([max(0, n - k + 2) for n in lengths], (device_lengths - k + 2).clamp(min=0))
+
+    def keep_rows(self, rows: list[int], index: Tensor) -> None:
+        for cache in self.caches:
+            cache.keep_rows(rows)
+        self.hidden = self.hidden.index_select(1, index)
 
 
 def compiled_block_step():

@@ -14,6 +14,38 @@ def tiny_model(n_future: int = 4, vocab_size: int = 40, seed: int = 0, **kwargs)
     return MTPModel(config).eval()
 
 
+HEAD_TYPES = {
+    "transformer": {},
+    "linear": {"head_type": "linear"},
+    "causal": {"head_type": "causal"},
+    "causal-shared": {"head_type": "causal", "share_depth": True},
+    "medusa": {"head_type": "medusa", "medusa_layers": 2},
+}
+"""Settings of every head type (and variant) that decoding tests run on."""
+
+
+def head1_logits(model: MTPModel, tokens: torch.Tensor) -> torch.Tensor:
+    """Head 1's logits (B, T, V) from a full forward, no cache (causal heads' conditioning never reaches head 1)."""
+    following = tokens.new_zeros(model.n_future - 1, *tokens.shape)
+    with torch.no_grad():
+        return model.unembedding(1)(model.head_states(tokens, following)[0])
+
+
+def train_on_cycles(model: MTPModel, steps: int = 150) -> MTPModel:
+    """Train on counting windows (token t+1 = token t + 1), so that most drafts are accepted."""
+    from mtp.loss import mtp_loss
+
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        loss = mtp_loss(model, cyclic_windows(16, 24, model.config.vocab_size, generator)).total
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.eval()
+
+
 def cyclic_windows(batch: int, length: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
     """Token t+1 = token t + 1 (mod vocab), from random starts: every head can learn its offset exactly."""
     starts = torch.randint(0, vocab, (batch, 1), generator=generator)

@@ -5,6 +5,7 @@ import torch
 
 from mtp.decode.inference import InferenceModel
 from tests.decode import helpers
+from tests.decode.helpers import HEAD_TYPES
 
 
 def tiny_model(**kwargs):
@@ -18,11 +19,28 @@ def tiny_model(**kwargs):
     return model
 
 
-def cached_step(inference: InferenceModel, tokens, cache, last):
-    """Head 1's logits at every new position (B, S, V) and heads 2..k's at ``last`` (heads - 1, B, V), one step."""
+def cached_step(inference: InferenceModel, tokens, cache, last, truth=None):
+    """Head 1's logits at every new position (B, S, V) and heads 2..k's at ``last`` (heads - 1, B, V), one step.
+
+    truth (B, L): the whole sequence of each row, which its step continues; the drafter is handed the true tokens
+    after ``last`` (the next token, and what causal depths condition on) instead of its own choices."""
     cache.begin(tokens.size(1))
-    head1, trunk_out = inference.verify(tokens, cache)
-    drafts = inference.draft(trunk_out, cache, torch.tensor(last)) if inference.heads > 1 else None
+    held = cache.positions[:, 0]
+    head1, hidden = inference.verify(tokens, cache)
+    drafts = None
+    if inference.heads > 1:
+        last = torch.tensor(last)
+        rows = torch.arange(tokens.size(0))
+        after = held + last  # each row's last accepted position in the whole sequence
+        following = torch.stack([truth[rows, after + j] for j in range(1, inference.heads + 1)], dim=1)  # (B, heads)
+        logits = []
+
+        def choose(step_logits, first):  # record the logits, hand back the true tokens
+            logits.append(step_logits)
+            return following[:, 1 + first : 1 + first + step_logits.size(0)].T
+
+        inference.draft(hidden, cache, last, tokens, following[:, 0], choose)
+        drafts = torch.cat(logits)
     cache.commit(tokens.size(1))
     return head1, drafts
 
@@ -38,26 +56,36 @@ def check_step(full, head1, drafts, rows_from: list[int], last: list[int]) -> No
             )
 
 
+def full_forward(model, tokens, length):
+    """Every head's logits over the first ``length`` tokens, causal heads conditioned on the true ones after."""
+    following = torch.stack([tokens[:, j : j + length] for j in range(1, model.n_future)])
+    return model(tokens[:, :length], following=following)
+
+
 @pytest.mark.parametrize(
     ("head_type", "compile"),
-    [("transformer", False), ("linear", False), pytest.param("transformer", True, marks=pytest.mark.slow)],
-    ids=["transformer", "linear", "transformer-compiled"],
+    [*((name, False) for name in HEAD_TYPES), pytest.param("transformer", True, marks=pytest.mark.slow)],
+    ids=[*HEAD_TYPES, "transformer-compiled"],
 )
 def test_cached_steps_equal_the_full_forward_for_ragged_rows(head_type, compile):
-    model = tiny_model(head_type=head_type)
-    tokens = torch.randint(0, 40, (3, 14), generator=torch.Generator().manual_seed(0))
+    model = tiny_model(**HEAD_TYPES[head_type])
+    tokens = torch.randint(0, 40, (3, 18), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        full = model(tokens)  # (4, 3, 14, 40)
+        full = full_forward(model, tokens, 14)  # (4, 3, 14, 40)
         inference = InferenceModel(model, heads=4, compile=compile)
         cache = inference.new_cache(3, 32)
-        head1, drafts = cached_step(inference, tokens[:, :6], cache, last=[5, 3, 0])
+        head1, drafts = cached_step(inference, tokens[:, :6], cache, [5, 3, 0], tokens)
         check_step(full, head1, drafts, [0, 0, 0], [5, 3, 0])
         # rows advance by different amounts: roll two rows back and re-feed what they dropped
-        cache.rollback([6, 4, 2])
-        refeed = torch.stack([tokens[0, 6:10], tokens[1, 4:8], tokens[2, 2:6]])
-        head1, drafts = cached_step(inference, refeed, cache, last=[0, 3, 2])
-        check_step(full, head1, drafts, [6, 4, 2], [0, 3, 2])
-    assert cache.host_lengths == [10, 8, 6] and cache.lengths.tolist() == [10, 8, 6]
+        cache.rollback([6, 4, 1])
+        refeed = torch.stack([tokens[0, 6:10], tokens[1, 4:8], tokens[2, 1:5]])
+        head1, drafts = cached_step(inference, refeed, cache, [0, 3, 2], tokens)
+        check_step(full, head1, drafts, [6, 4, 1], [0, 3, 2])
+        cache.rollback([7, 8, 4])
+        refeed = torch.stack([tokens[0, 7:10], tokens[1, 8:11], tokens[2, 4:7]])
+        head1, drafts = cached_step(inference, refeed, cache, [2, 0, 1], tokens)
+        check_step(full, head1, drafts, [7, 8, 4], [2, 0, 1])
+    assert cache.host_lengths == [10, 11, 7] and cache.lengths.tolist() == [10, 11, 7]
 
 
 def test_fewer_heads_use_only_their_head_blocks():
@@ -67,19 +95,21 @@ def test_fewer_heads_use_only_their_head_blocks():
         full = model(tokens)
         for heads in (1, 2, 3):
             inference = InferenceModel(model, heads)
-            head1, drafts = cached_step(inference, tokens, inference.new_cache(1, 8), last=[4])
+            head1, drafts = cached_step(inference, tokens, inference.new_cache(1, 8), [4], torch.randint(0, 40, (1, 9)))
             check_step(full, head1, drafts, [0], [4])
             assert drafts is None or len(drafts) == heads - 1
 
 
-def test_keep_rows_drops_finished_rows():
-    model = tiny_model()
-    tokens = torch.randint(0, 40, (3, 9))
+@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+def test_keep_rows_drops_finished_rows(head_type):
+    model = tiny_model(**HEAD_TYPES[head_type])
+    tokens = torch.randint(0, 40, (3, 13))
     with torch.no_grad():
-        full = model(tokens)
+        full = full_forward(model, tokens, 9)
         inference = InferenceModel(model, heads=4)
         cache = inference.new_cache(3, 16)
-        cached_step(inference, tokens[:, :5], cache, last=[4, 4, 4])
+        cached_step(inference, tokens[:, :5], cache, [4, 4, 4], tokens)
+        cache.rollback([5, 5, 5])  # a step ends at the accepted lengths (causal depths drop their drafted entries)
         cache.keep_rows([0, 2])
-        head1, drafts = cached_step(inference, tokens[[0, 2], 5:], cache, last=[3, 1])
+        head1, drafts = cached_step(inference, tokens[[0, 2], 5:9], cache, [3, 1], tokens[[0, 2]])
     check_step(full[:, [0, 2]], head1, drafts, [5, 5], [3, 1])

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from mtp.decode import GenerationConfig, generate
-from tests.decode.helpers import fixed_logits_model, tiny_model
+from tests.decode.helpers import HEAD_TYPES, fixed_logits_model, head1_logits, tiny_model
 
 RAGGED = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [3, 3]]
 
@@ -16,13 +16,14 @@ def greedy_without_cache(model, prompt: list[int], max_new_tokens: int) -> list[
     tokens = list(prompt)
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            tokens.append(int(model(torch.tensor([tokens]))[0, 0, -1].argmax()))
+            tokens.append(int(head1_logits(model, torch.tensor([tokens]))[0, -1].argmax()))
     return tokens[len(prompt) :]
 
 
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
 @pytest.mark.parametrize("prompts", [[[5, 6, 7]], RAGGED], ids=["batch1", "ragged"])
-def test_greedy_decoding_equals_the_cache_free_reference_on_a_random_model(prompts):
-    model = tiny_model()
+def test_greedy_decoding_equals_the_cache_free_reference_on_a_random_model(prompts, head_type):
+    model = tiny_model(**HEAD_TYPES[head_type])
     reference = [greedy_without_cache(model, prompt, 24) for prompt in prompts]
     for heads in range(1, 5):
         out, stats = greedy(model, prompts, heads)
@@ -30,8 +31,10 @@ def test_greedy_decoding_equals_the_cache_free_reference_on_a_random_model(promp
         assert heads == 1 or stats.drafted[0] > 0
 
 
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
 @pytest.mark.parametrize("prompts", [[[5, 6, 7]], [[1, 2], [7, 8, 9, 10, 11], [20]]], ids=["batch1", "ragged"])
-def test_greedy_decoding_equals_the_cache_free_reference_when_drafts_pass(trained_model, prompts):
+def test_greedy_decoding_equals_the_cache_free_reference_when_drafts_pass(trained_models, prompts, head_type):
+    trained_model = trained_models(head_type)
     reference = [greedy_without_cache(trained_model, prompt, 30) for prompt in prompts]
     for heads in range(1, 5):
         out, stats = greedy(trained_model, prompts, heads, max_new_tokens=30)
@@ -52,8 +55,9 @@ def test_greedy_self_speculative_equals_autoregressive_when_drafts_pass_and_fail
         assert out == reference, f"heads={heads}"
 
 
-def test_each_row_equals_decoding_it_alone():
-    model = tiny_model()
+@pytest.mark.parametrize("head_type", ["transformer", "causal", "medusa"])
+def test_each_row_equals_decoding_it_alone(head_type):
+    model = tiny_model(**HEAD_TYPES[head_type])
     for config in (
         GenerationConfig(max_new_tokens=15, heads=3),
         GenerationConfig(15, temperature=1.0, heads=3, seed=7),
@@ -110,3 +114,17 @@ def test_decoding_follows_weights_changed_in_place():
             parameter.add_(0.05 * torch.randn_like(parameter))
     out, _ = greedy(model, [[5, 6, 7]], heads=3)
     assert out == [greedy_without_cache(model, [5, 6, 7], 24)]
+
+
+def test_a_shared_causal_depth_drafts_beyond_the_trained_heads(trained_models):
+    model = trained_models("causal-shared")
+    prompts = [[1, 2], [7, 8, 9, 10, 11], [20]]
+    reference = [greedy_without_cache(model, prompt, 30) for prompt in prompts]
+    out, stats = greedy(model, prompts, heads=7, max_new_tokens=30)
+    assert out == reference
+    assert len(stats.acceptance) == 6 and stats.accepted[5] > 0  # depths 5..7, never trained, draft and pass
+
+
+def test_drafting_beyond_the_trained_heads_needs_a_shared_depth():
+    with pytest.raises(ValueError, match="share_depth"):
+        greedy(tiny_model(head_type="causal"), [[1, 2]], heads=5)

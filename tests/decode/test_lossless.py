@@ -15,7 +15,7 @@ import torch
 from mtp.decode import GenerationConfig, generate
 from mtp.decode import generation as generation_module
 from mtp.decode.sampling import processed_probs
-from tests.decode.helpers import NEVER, fixed_logits_model, tiny_model
+from tests.decode.helpers import HEAD_TYPES, NEVER, fixed_logits_model, head1_logits, tiny_model
 
 VOCAB = 5
 N_SAMPLES = 40_000
@@ -173,17 +173,28 @@ def test_threshold_shrinks_with_the_sample_size():
     assert tv_threshold(joint, 40_000) == pytest.approx(tv_threshold(joint, 10_000) / 2)
 
 
-@pytest.mark.parametrize("filters", [{}, {"top_k": 3}, {"top_p": 0.9}], ids=["plain", "top_k", "top_p"])
-def test_lossless_with_transformer_heads(filters):
-    """The same check on a random model with transformer head blocks, where every context changes the logits."""
-    model = tiny_model(n_future=3, vocab_size=4, seed=3)
+@pytest.mark.parametrize(
+    ("head_type", "filters"),
+    [
+        ("transformer", {}),
+        ("transformer", {"top_k": 3}),
+        ("transformer", {"top_p": 0.9}),
+        ("causal", {}),
+        ("causal-shared", {"top_p": 0.9}),
+        ("medusa", {}),
+    ],
+    ids=["plain", "top_k", "top_p", "causal", "causal-shared-top_p", "medusa"],
+)
+def test_lossless_with_head_blocks(head_type, filters):
+    """The same check on a random model with head blocks, where every context changes the logits."""
+    model = tiny_model(n_future=3, vocab_size=4, seed=3, **HEAD_TYPES[head_type])
     with torch.no_grad():
         model.outputs[0].weight.mul_(60)  # peaked distributions, so that heads disagree with head 1
     config = GenerationConfig(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **filters)
     joint = {}
     with torch.no_grad():
         for continuation in itertools.product(range(4), repeat=3):
-            logits = model(torch.tensor([[1, 2, *continuation]]))[0, 0]  # head 1, (5, V)
+            logits = head1_logits(model, torch.tensor([[1, 2, *continuation]]))[0]  # head 1, (5, V)
             p = 1.0
             for i, token in enumerate(continuation):
                 p *= reference_probs(logits[1 + i], 1.0, config.top_k, config.top_p)[token]

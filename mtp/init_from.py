@@ -1,0 +1,121 @@
+"""Start training from a trained mtp model: take its trunk and head 1 (and heads of the same type), add heads, freeze.
+
+``init_from=PATH`` keeps the checkpoint's model as it is (vocabulary, tokenizer, width, blocks) and grows it to
+``model.n_future`` heads of ``model.head_type``: ``model.n_layers`` becomes the checkpoint's blocks plus the new
+heads' blocks, so no trunk block is given up. Every head type computes head 1 the same way (all of ``layers``,
+the shared norm, the first unembedding), so the trunk and head 1 carry over between types; heads 2..n carry over
+too when the checkpoint has them and they are of the same type. ``freeze`` then picks what trains:
+
+- ``none``: everything (the paper's fine-tuning of a next-token model into an MTP model);
+- ``trunk``: all but the embedding and the trunk blocks (head 1 and the heads train);
+- ``loaded``: only what was added (Medusa-1).
+
+Frozen parameters get no gradient and no optimizer state, and stay bit-identical through training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtp.checkpoint import CHECKPOINT_KEY, read_checkpoint
+from mtp.config import ModelConfig
+from mtp.errors import UserError
+from mtp.heads import HEAD_TYPES
+from mtp.model import MTPModel
+
+FREEZE_MODES = ("none", "trunk", "loaded")
+# settings the trunk's weights fix; the checkpoint's value must be the config's
+SHAPE_SETTINGS = ("vocab_size", "d_model", "n_heads", "n_kv_heads", "ffn_multiple_of", "rope_theta", "norm_eps")
+# settings that change what head 2..n's weights mean: the checkpoint's heads carry over only when all are equal
+HEAD_SETTINGS = ("head_type", "share_depth", "medusa_layers")
+
+
+@dataclass
+class Start:
+    """A checkpoint to start from: its model config, weights (the model's own names) and tokenizer JSON."""
+
+    path: str
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: str
+
+    @classmethod
+    def read(cls, path: str | Path) -> Start:
+        checkpoint = read_checkpoint(path)
+        if Path(path).is_dir():
+            raise UserError(
+                f"init_from={path} is a sharded (FSDP) checkpoint folder; start from a single-file .ckpt (train the "
+                "first model with another strategy, or convert it with torch.distributed.checkpoint.format_utils)."
+            )
+        meta = checkpoint[CHECKPOINT_KEY]
+        prefix = "model."
+        weights = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+        return cls(str(path), ModelConfig.from_dict(meta["model_config"]), weights, meta["tokenizer"])
+
+    def grown(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """The model settings to train: ``settings`` with ``n_layers`` grown from the checkpoint's blocks.
+
+        A shape setting that contradicts the checkpoint is a user error naming it.
+        """
+        for name in SHAPE_SETTINGS:
+            asked, trained = settings.get(name, getattr(ModelConfig, name)), getattr(self.config, name)
+            if asked != trained:
+                raise UserError(
+                    f"init_from={self.path} has model.{name}={trained} but the config asks for {asked}; set "
+                    f"model.{name}={trained} (or choose the size and model presets it was trained with)."
+                )
+        heads = HEAD_TYPES.get(settings.get("head_type", ModelConfig.head_type))
+        if heads is None:  # ModelConfig says which types there are
+            return settings
+        n_future, share_depth = settings.get("n_future", ModelConfig.n_future), settings.get("share_depth", False)
+        return {**settings, "n_layers": self.config.n_layer_blocks + heads.extra_blocks(n_future, share_depth)}
+
+    def load_into(self, model: MTPModel) -> set[str]:
+        """Copy the checkpoint's trunk, head 1 and same-type heads into ``model``; returns the parameter names loaded.
+
+        Unembeddings of new heads of types that have their own start as copies of head 1's.
+        """
+        same_heads = all(getattr(self.config, s) == getattr(model.config, s) for s in HEAD_SETTINGS)
+        own = model.state_dict()
+        taken = {}
+        for name, tensor in self.weights.items():
+            shared = name.startswith(("tok_embeddings.", "layers.", "norm.", "outputs.0."))
+            if (shared or same_heads) and name in own and own[name].shape == tensor.shape:
+                taken[name] = tensor
+        model.load_state_dict(taken, strict=False)
+        if model.heads.own_unembeddings:
+            with torch.no_grad():
+                for i, output in enumerate(model.outputs):
+                    if f"outputs.{i}.weight" not in taken:
+                        output.weight.copy_(model.outputs[0].weight)
+        return set(taken)
+
+
+def freeze(model: MTPModel, mode: str, loaded: set[str]) -> None:
+    """Stop gradients of what ``mode`` freezes (see the module docstring)."""
+    if mode == "none":
+        return
+    if mode == "loaded":
+        frozen = loaded
+        if all(name in loaded for name, _ in model.named_parameters()):
+            raise UserError(
+                "freeze=loaded leaves nothing to train: the checkpoint already holds every head; ask for more "
+                "heads (model.n_future) or another model.head_type, or use freeze=trunk or freeze=none."
+            )
+    else:  # trunk
+        trunk = {id(p) for p in [model.tok_embeddings.weight, *model.trunk_blocks.parameters()]}
+        frozen = {name for name, p in model.named_parameters() if id(p) in trunk}
+    for name, parameter in model.named_parameters():
+        if name in frozen:
+            parameter.requires_grad_(False)
+
+
+def check_freeze(mode: str, init_from: str | None) -> None:
+    if mode not in FREEZE_MODES:
+        raise UserError(f"freeze={mode!r} is not one of {', '.join(FREEZE_MODES)}.")
+    if mode != "none" and not init_from:
+        raise UserError(f"freeze={mode} needs a trained model to start from; set init_from=PATH/last.ckpt.")

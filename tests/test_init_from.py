@@ -1,0 +1,95 @@
+"""init_from + freeze: a trained model grows heads; frozen weights stay bit-identical and hold no optimizer state."""
+
+import pytest
+import torch
+
+from mtp.checkpoint import CHECKPOINT_KEY
+from mtp.errors import UserError
+from mtp.train import train
+from tests.test_scripts import assert_one_clear_error, pretrain, tiny_data
+
+
+def weights(path) -> dict[str, torch.Tensor]:
+    state = torch.load(path, weights_only=True)["state_dict"]
+    return {k.removeprefix("model."): v for k, v in state.items()}
+
+
+def grow(make_cfg, start, preset: str, *extra: str):
+    cfg = make_cfg(preset, [f"init_from={start}", "model.vocab_size=512", "trainer.max_steps=3", *extra])
+    train(cfg)
+    return cfg.paths.output_dir + "/checkpoints/last.ckpt"
+
+
+def test_freeze_loaded_trains_only_the_added_causal_heads(make_cfg, tiny_checkpoints):
+    start = tiny_checkpoints["mtp4"]
+    before = weights(start)
+    path = grow(make_cfg, start, "causal4", "freeze=loaded")
+    after = weights(path)
+    checkpoint = torch.load(path, weights_only=True)
+    start_meta, meta = torch.load(start, weights_only=True)[CHECKPOINT_KEY], checkpoint[CHECKPOINT_KEY]
+    assert meta["tokenizer"] == start_meta["tokenizer"]  # the data was tokenized as the start model's
+    assert meta["model_config"]["n_layers"] == start_meta["model_config"]["n_layers"]  # trunk + head 1 + 3 new blocks
+    loaded = [k for k in after if k.startswith(("tok_embeddings", "layers.", "norm.", "outputs.0"))]
+    added = [k for k in after if k.startswith(("extra_heads", "extra_inputs"))]
+    assert loaded and added and len(loaded) + len(added) == len(after)
+    for name in loaded:
+        assert torch.equal(after[name], before[name]), name  # bit-identical
+    assert all(not torch.equal(after[k], before[k]) for k in added if k in before and after[k].shape == before[k].shape)
+    trainable = sum(after[k].numel() > 0 for k in added)
+    optimizer = checkpoint["optimizer_states"][0]
+    assert len(optimizer["state"]) == trainable == sum(len(g["params"]) for g in optimizer["param_groups"])
+
+
+def test_freeze_trunk_trains_head1_and_medusa_heads(make_cfg, tiny_checkpoints):
+    start = tiny_checkpoints["mtp4"]
+    before = weights(start)
+    after = weights(grow(make_cfg, start, "medusa4", "freeze=trunk"))
+    assert len([k for k in after if k.startswith("layers.")]) == len([k for k in before if k.startswith("layers.")])
+    for name in after:
+        if name.startswith(("tok_embeddings", "layers.")):
+            assert torch.equal(after[name], before[name]), name
+    assert not torch.equal(after["outputs.0.weight"], before["outputs.0.weight"])  # head 1 trains
+    assert not torch.equal(
+        after["medusa_heads.0.layers.0.weight"], torch.zeros_like(after["medusa_heads.0.layers.0.weight"])
+    )
+
+
+def test_freeze_none_takes_the_start_weights_and_trains_them(make_cfg, tiny_checkpoints):
+    start = tiny_checkpoints["mtp4"]
+    path = grow(make_cfg, start, "mtp4", "model.n_future=2", "trainer.max_steps=1", "optim.lr=1e-9")
+    before, after = weights(start), weights(path)
+    assert set(after) == {k for k in before if not k.startswith(("extra_heads.1", "extra_heads.2"))}
+    for name, tensor in after.items():  # started from the checkpoint (a near-zero step moved them a hair)
+        torch.testing.assert_close(tensor, before[name], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("preset", "extra", "message"),
+    [
+        ("mtp4", ["init_from={tmp}/missing.ckpt"], "does not exist"),
+        ("mtp4", ["init_from={tmp}/bad.ckpt"], "truncated or not a PyTorch checkpoint"),
+        ("mtp4", ["init_from={start}", "model.d_model=48"], "has model.d_model=64 but the config asks for 48"),
+        ("mtp4", ["init_from={start}", "model.vocab_size=1024"], "has model.vocab_size=512"),
+        ("mtp4", ["init_from={start}", "freeze=loaded"], "freeze=loaded leaves nothing to train"),
+        ("mtp4", ["freeze=trunk"], "freeze=trunk needs a trained model to start from"),
+        ("mtp4", ["init_from={start}", "freeze=heads"], "freeze='heads' is not one of"),
+        ("mtp4", ["model.share_depth=true"], "applies to causal heads only"),
+    ],
+)
+def test_bad_start_settings_are_one_sentence(make_cfg, tiny_checkpoints, tmp_path, preset, extra, message):
+    (tmp_path / "bad.ckpt").write_bytes(b"not a checkpoint")
+    extra = [e.format(tmp=tmp_path, start=tiny_checkpoints["mtp4"]) for e in extra]
+    with pytest.raises(UserError, match=message):
+        train(make_cfg(preset, extra))
+
+
+def test_a_bad_start_exits_2_and_leaves_nothing(corpus_dir, shared_cache, tmp_path, tiny_checkpoints):
+    result = pretrain(
+        *tiny_data(corpus_dir, shared_cache),
+        f"init_from={tiny_checkpoints['mtp4']}",
+        "freeze=loaded",
+        tmp_path=tmp_path,
+    )
+    assert_one_clear_error(result, "freeze=loaded leaves nothing to train")
+    assert result.returncode == 2
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("runs/*"))
