@@ -20,7 +20,7 @@ from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.init_from import Start, check_freeze
 from mtp.init_from import freeze as apply_freeze
-from mtp.loss import cross_entropy, mtp_loss, split_window
+from mtp.loss import cross_entropy, mtp_loss, split_window, window_states
 from mtp.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.model import MTPModel
 from mtp.optim import OptimConfig, parameter_groups, warmup_cosine
@@ -118,8 +118,7 @@ class MTPLitModule(L.LightningModule):
         return out.total
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
-        inputs, targets = split_window(batch, self.n_future)
-        states = self.model.head_states(inputs, following=targets[:-1])
+        states, targets = window_states(self.model, batch)
         predictions = []
         for k in range(1, self.n_future + 1):  # one head's logits at a time
             logits = self.model.unembedding(k)(states[k - 1])  # (B, T, V)
@@ -131,7 +130,7 @@ class MTPLitModule(L.LightningModule):
             if k == 1:
                 self.val_ppl.update(logits.float(), target)
         if self.model.heads.conditions_on_tokens and self.n_future > 1:
-            predictions = self.greedy_chain_predictions(inputs, targets, predictions[0])
+            predictions = self.greedy_chain_predictions(batch, predictions[0])
         self.val_tokens_per_forward.update(torch.stack(predictions))
         self.val_acceptance.update(torch.stack(predictions))
         for k in range(1, self.n_future + 1):
@@ -140,9 +139,10 @@ class MTPLitModule(L.LightningModule):
         self.log("val/ppl", self.val_ppl)
         self.log("val/expected_tokens_per_forward", self.val_tokens_per_forward)
 
-    def greedy_chain_predictions(self, inputs: Tensor, targets: Tensor, head1: Tensor) -> list[Tensor]:
+    def greedy_chain_predictions(self, batch: Tensor, head1: Tensor) -> list[Tensor]:
         """Every head's argmax when heads condition on the tokens greedy decoding will have accepted: head 1's
         argmaxes (what an accepted draft equals), not the reference text. head1: (B, T) head 1's argmax."""
+        inputs, targets = split_window(batch, self.n_future)
         T = inputs.size(1)
         following = targets[:-1].clone()  # the reference only where head 1's argmax runs out (beyond the measured span)
         for j in range(1, self.n_future):

@@ -138,11 +138,19 @@ class _HeadsCrossEntropy(torch.autograd.Function):
         return (None, None, None, None, None, *grads)
 
 
+def window_states(model: MTPModel, window: Tensor) -> tuple[list[Tensor], Tensor]:
+    """Every head's normed state (n x (B, T, d)) over a window's inputs, and the targets (n, B, T).
+
+    Causal heads condition on the true tokens before the one they predict: head k at t on token t + k - 1.
+    """
+    inputs, targets = split_window(window, model.config.n_future)
+    return model.head_states(inputs, following=targets[:-1]), targets
+
+
 def mtp_loss(model: MTPModel, window: Tensor, mode: str | None = None) -> LossOutput:
     """Training loss of a token window (B, seq_len + n_future) in the given mode (default: the model config's)."""
     config = model.config
-    inputs, targets = split_window(window, config.n_future)
-    states = model.head_states(inputs, following=targets[:-1])
+    states, targets = window_states(model, window)
     mode = mode or config.loss
     if mode == "naive" or not torch.is_grad_enabled():
         return naive_loss(model, states, targets, config.weights)

@@ -23,11 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mtp.benchmarks.cli import int_list  # noqa: E402
+from mtp.benchmarks.decode_runs import held_out_prompts, run  # noqa: E402
 from mtp.benchmarks.report import decode_table, plot_decode  # noqa: E402
 from mtp.checkpoint import load_checkpoint  # noqa: E402
 from mtp.cli import run_script  # noqa: E402
-from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents  # noqa: E402
-from mtp.data.tokenizer import eot_id  # noqa: E402
 from mtp.decode import DecodeStats, GenerationConfig, generate  # noqa: E402
 from mtp.errors import UserError  # noqa: E402
 
@@ -68,43 +67,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
-
-
-def held_out_prompts(data: dict, tokenizer, count: int, length: int) -> list[list[int]]:
-    """The first ``length`` tokens of ``count`` validation documents (after end-of-text, as in training)."""
-    if not data:
-        data = {"source": {"kind": "stdlib"}, "val_fraction": 0.05}
-        print("note: the checkpoint does not record its training data; using the default corpus's validation split")
-    validation = split_documents(load_documents(SourceConfig(**data["source"])), data["val_fraction"])["validation"]
-    eot = eot_id(tokenizer)
-    prompts = []
-    for texts in iter_texts(validation):
-        for text in texts:
-            ids = tokenizer.encode(text, add_special_tokens=False).ids
-            if len(ids) >= length:
-                prompts.append([eot] + ids[:length])
-            if len(prompts) == count:
-                return prompts
-    if not prompts:
-        raise UserError(f"no validation document has {length} tokens; lower --prompt-tokens.")
-    return prompts
-
-
-def run(model, prompts: list[list[int]], config: GenerationConfig, batch_size: int) -> DecodeStats:
-    """Decode all prompts in batches of ``batch_size``; statistics summed over the batches."""
-    total = DecodeStats(rows=0, drafted=[0] * (config.heads - 1), accepted=[0] * (config.heads - 1), prefills=0)
-    for start in range(0, len(prompts), batch_size):
-        _, stats = generate(model, prompts[start : start + batch_size], config)
-        total.rows += stats.rows
-        total.forwards += stats.forwards
-        total.row_forwards += stats.row_forwards
-        total.tokens += stats.tokens
-        total.wall_time_s += stats.wall_time_s
-        total.prefill_s += stats.prefill_s
-        total.prefills += stats.prefills
-        total.drafted = [a + b for a, b in zip(total.drafted, stats.drafted, strict=True)]
-        total.accepted = [a + b for a, b in zip(total.accepted, stats.accepted, strict=True)]
-    return total
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from mtp.benchmarks.cli import int_list  # noqa: E402
 from mtp.benchmarks.report import add_ratios_to_n1, markdown_table, write_results  # noqa: E402
 from mtp.benchmarks.train_step import StepSpec  # noqa: E402
+from mtp.heads import HEAD_TYPES  # noqa: E402
 
 # Defaults per device: the CPU grid finishes in minutes on 2 cores; the GPU one keeps an H100 busy.
 DEFAULTS = {
@@ -41,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n", type=int_list, default=None, help="heads to compare (default 1,2,4,8)")
     parser.add_argument("--vocab", type=int_list, default=None, help="vocabulary sizes (default 256,32768,131072)")
     parser.add_argument("--modes", default="sequential,naive", help="loss modes, comma-separated")
+    parser.add_argument("--head-type", choices=list(HEAD_TYPES), default="transformer", help="what heads 2..n are")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="default: on for cuda")
     for name in ("d-model", "n-layers", "n-heads", "n-kv-heads", "seq-len", "batch-size", "steps", "warmup"):
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                     n_future=n,
                     vocab_size=vocab,
                     loss=mode,
+                    head_type=args.head_type,
                     loss_chunk=args.loss_chunk if mode == "sequential" else 0,
                     device=args.device,
                     bf16=args.bf16,
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": device_name(args.device),
         "torch": torch.__version__,
         "dtype": "bf16 autocast" if args.bf16 else "fp32",
+        "head_type": args.head_type,
         "loss_chunk": args.loss_chunk,
         "activation_checkpointing": args.activation_checkpointing,
         "compile": args.compile,
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     title = (
         f"Training step, {setup['device']}, {setup['dtype']}: d_model={s['d_model']}, n_layers={s['n_layers']} "
-        f"(all heads included), batch {s['batch_size']} x {s['seq_len']} tokens"
+        f"(all heads included), {args.head_type} heads, batch {s['batch_size']} x {s['seq_len']} tokens"
         + (f", loss_chunk={args.loss_chunk}" if args.loss_chunk else "")
         + (", activation checkpointing" if args.activation_checkpointing else "")
         + (", compiled blocks" if args.compile else "")

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from mtp.config import ModelConfig
-from mtp.loss import mtp_loss, split_window
+from mtp.loss import mtp_loss, split_window, window_states
 from mtp.model import MTPModel
 
 
@@ -109,3 +109,18 @@ def test_eval_mode_keeps_no_graph():
     with torch.no_grad():
         out = mtp_loss(model, torch.randint(0, 97, (1, 9)))
     assert not out.total.requires_grad
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_no_head_sees_its_target(head_type):
+    """Head k's state at t, as the loss computes it, depends on tokens up to t + k - 1 only, never on its target."""
+    model = perturbed(make_model(4, **{"head_type": head_type, **HEAD_TYPES[head_type]}))
+    window = torch.randint(0, 97, (1, 14))
+    t = 3
+    for k in range(1, 5):
+        changed = window.clone()
+        changed[0, t + k] = (changed[0, t + k] + 1) % 97
+        with torch.no_grad():  # the states the loss reads
+            before = window_states(model, window)[0][k - 1][0, t]
+            after = window_states(model, changed)[0][k - 1][0, t]
+        torch.testing.assert_close(after, before, rtol=0, atol=0)

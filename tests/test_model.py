@@ -70,3 +70,43 @@ def test_grouped_query_attention_matches_repeated_heads():
     k = apply_rotary(expected_k.transpose(1, 2), cos, sin)
     y = torch.nn.functional.scaled_dot_product_attention(q, k, expected_v.transpose(1, 2), is_causal=True)
     torch.testing.assert_close(attention(x, cos, sin), attention.wo(y.transpose(1, 2).reshape(2, 5, 32)))
+
+
+def test_causal_heads_follow_deepseek_v3():
+    """h_k = Block_k(W_k [RMSNorm(Emb(t_{i+k-1})); RMSNorm(h_{k-1})]), written out by hand; logits through the shared
+    norm and unembedding."""
+    model = MTPModel(tiny(n_future=3, head_type="causal")).double()
+    with torch.no_grad():
+        for module in model.extra_inputs:  # norm weights away from 1, so that swapped norms show
+            module.enorm.weight.uniform_(0.5, 1.5)
+            module.hnorm.weight.uniform_(0.5, 1.5)
+    window = torch.randint(0, 61, (2, 9))
+    inputs, following = window[:, :7], torch.stack([window[:, 1:8], window[:, 2:9]])
+    d = model.config.d_model
+
+    def rms(x, weight):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + model.config.norm_eps) * weight
+
+    with torch.no_grad():
+        logits = model(inputs, following=following)
+        cos, sin = model.rotary(7)
+        hidden = model.layers[-1](model.trunk(inputs), cos, sin)
+        for k in (2, 3):
+            module, block = model.extra_inputs[k - 2], model.extra_heads[k - 2]
+            embedded = model.tok_embeddings(following[k - 2])
+            w = module.eh_proj.weight
+            mixed = rms(embedded, module.enorm.weight) @ w[:, :d].T + rms(hidden, module.hnorm.weight) @ w[:, d:].T
+            hidden = block(mixed, cos, sin)
+            expected = rms(hidden, model.norm.weight) @ model.outputs[0].weight.T
+            torch.testing.assert_close(logits[k - 1], expected)
+
+
+def test_every_head_type_keeps_the_parameter_budget_where_it_counts_blocks():
+    """causal heads count their blocks in n_layers like parallel ones; a shared depth is one block."""
+    assert len(MTPModel(tiny(head_type="causal")).extra_heads) == 3
+    shared = MTPModel(tiny(head_type="causal", share_depth=True))
+    assert len(shared.extra_heads) == 1 and len(shared.layers) == 8 and len(shared.extra_inputs) == 1
+    medusa = MTPModel(tiny(head_type="medusa"))
+    assert len(medusa.layers) == 9 and len(medusa.outputs) == 4 and len(medusa.medusa_heads) == 3
+    assert all(torch.equal(o.weight, medusa.outputs[0].weight) for o in medusa.outputs)  # copies of head 1's
+    assert all(layer.weight.abs().sum() == 0 for head in medusa.medusa_heads for layer in head.layers)

@@ -49,6 +49,7 @@ class Mutation:
 
 
 GENERATION = "mtp/decode/generation.py"
+HEADS = "mtp/heads.py"
 INFERENCE = "mtp/decode/inference.py"
 MUTATIONS = [
     # -- lossless sampling
@@ -184,8 +185,8 @@ MUTATIONS = [
     Mutation(
         "draft heads stacked in reverse order",
         INFERENCE,
-        "PackedBlocks(list(model.extra_heads[: heads - 1]), config.n_heads, config.n_kv_heads)",
-        "PackedBlocks(list(model.extra_heads[: heads - 1])[::-1], config.n_heads, config.n_kv_heads)",
+        "[model.head_block(k) for k in range(2, form.heads + 1)]",
+        "[model.head_block(k) for k in range(form.heads, 1, -1)]",
         (CACHE,),
     ),
     Mutation(
@@ -205,8 +206,8 @@ MUTATIONS = [
     Mutation(
         "drafts made after the step's first input instead of the last accepted one",
         GENERATION,
-        "drafts = draft_logits(base + accepted).argmax(dim=-1).T if drafting else inputs.new_empty(B, 0)",
-        "drafts = draft_logits(base).argmax(dim=-1).T if drafting else inputs.new_empty(B, 0)",
+        "drafts = draft(base + accepted, inputs, next_token, lambda logits, first: logits.argmax(dim=-1))",
+        "drafts = draft(base, inputs, next_token, lambda logits, first: logits.argmax(dim=-1))",
         (f"{GREEDY}::test_greedy_decoding_equals_the_cache_free_reference_when_drafts_pass",),
     ),
     Mutation(
@@ -261,10 +262,59 @@ MUTATIONS = [
     ),
     Mutation(
         "extra heads in reverse order",
-        "mtp/model.py",
-        "return self.layers[-1] if k == 1 else self.extra_heads[k - 2]",
-        "return self.layers[-1] if k == 1 else self.extra_heads[-(k - 1)]",
+        HEADS,
+        "return model.extra_heads[0 if model.config.share_depth else k - 2]",
+        "return model.extra_heads[0 if model.config.share_depth else -(k - 1)]",
         (MODEL,),
+    ),
+    Mutation(
+        "causal depths read the hidden state first and the embedding second",
+        HEADS,
+        "return self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))",
+        "return self.eh_proj(torch.cat([self.hnorm(hidden), self.enorm(embedded)], dim=-1))",
+        (f"{MODEL}::test_causal_heads_follow_deepseek_v3",),
+    ),
+    Mutation(
+        "causal heads condition on their own target",
+        "mtp/loss.py",
+        "return model.head_states(inputs, following=targets[:-1]), targets",
+        "return model.head_states(inputs, following=targets[1:]), targets",
+        (f"{LOSS}::test_no_head_sees_its_target",),
+    ),
+    Mutation(
+        "medusa heads lose their residual connection",
+        HEADS,
+        "x = x + F.silu(layer(x))",
+        "x = F.silu(layer(x))",
+        (CACHE,),
+    ),
+    Mutation(
+        "a causal draft conditions on the token one position early",
+        INFERENCE,
+        "(positions + k - 1 - held[:, None])",
+        "(positions + k - 2 - held[:, None])",
+        (CACHE,),
+    ),
+    Mutation(
+        "causal depths keep one drafted entry as if it were final",
+        INFERENCE,
+        "cache.rollback([max(0, n - k + 2) for n in lengths], (device_lengths - k + 2).clamp(min=0))",
+        "cache.rollback([max(0, n - k + 3) for n in lengths], (device_lengths - k + 3).clamp(min=0))",
+        (CACHE,),
+    ),
+    Mutation(
+        "the next causal depth does not see the previous depth's draft",
+        INFERENCE,
+        "stream[rows[:, 0], last + k] = token",
+        "stream[rows[:, 0], last + k - 1] = token",
+        (CACHE,),
+    ),
+    Mutation(
+        "freezing does nothing",
+        "mtp/init_from.py",
+        "parameter.requires_grad_(False)",
+        "parameter.requires_grad_(True)",
+        ("tests/test_init_from.py::test_freeze_loaded_trains_only_the_added_causal_heads",),
     ),
     # -- the loss
     Mutation(

@@ -31,6 +31,7 @@ class StepSpec:
     n_future: int
     vocab_size: int
     loss: str
+    head_type: str = "transformer"
     d_model: int = 256
     n_layers: int = 9
     n_heads: int = 4
@@ -67,6 +68,7 @@ def measure(spec: StepSpec) -> dict:
         n_heads=spec.n_heads,
         n_kv_heads=spec.n_kv_heads,
         n_future=spec.n_future,
+        head_type=spec.head_type,
         max_seq_len=spec.seq_len,
         loss=spec.loss,
         loss_chunk=spec.loss_chunk,

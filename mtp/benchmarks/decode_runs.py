@@ -1,0 +1,45 @@
+"""Pieces of the decoding benchmarks: held-out prompts of a checkpoint's own data, and timed runs over them."""
+
+from __future__ import annotations
+
+from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
+from mtp.data.tokenizer import eot_id
+from mtp.decode import DecodeStats, GenerationConfig, generate
+from mtp.errors import UserError
+
+
+def held_out_prompts(data: dict, tokenizer, count: int, length: int) -> list[list[int]]:
+    """The first ``length`` tokens of ``count`` validation documents (after end-of-text, as in training)."""
+    if not data:
+        data = {"source": {"kind": "stdlib"}, "val_fraction": 0.05}
+        print("note: the checkpoint does not record its training data; using the default corpus's validation split")
+    validation = split_documents(load_documents(SourceConfig(**data["source"])), data["val_fraction"])["validation"]
+    eot = eot_id(tokenizer)
+    prompts = []
+    for texts in iter_texts(validation):
+        for text in texts:
+            ids = tokenizer.encode(text, add_special_tokens=False).ids
+            if len(ids) >= length:
+                prompts.append([eot] + ids[:length])
+            if len(prompts) == count:
+                return prompts
+    if not prompts:
+        raise UserError(f"no validation document has {length} tokens; lower --prompt-tokens.")
+    return prompts
+
+
+def run(model, prompts: list[list[int]], config: GenerationConfig, batch_size: int) -> DecodeStats:
+    """Decode all prompts in batches of ``batch_size``; statistics summed over the batches."""
+    total = DecodeStats(rows=0, drafted=[0] * (config.heads - 1), accepted=[0] * (config.heads - 1), prefills=0)
+    for start in range(0, len(prompts), batch_size):
+        _, stats = generate(model, prompts[start : start + batch_size], config)
+        total.rows += stats.rows
+        total.forwards += stats.forwards
+        total.row_forwards += stats.row_forwards
+        total.tokens += stats.tokens
+        total.wall_time_s += stats.wall_time_s
+        total.prefill_s += stats.prefill_s
+        total.prefills += stats.prefills
+        total.drafted = [a + b for a, b in zip(total.drafted, stats.drafted, strict=True)]
+        total.accepted = [a + b for a, b in zip(total.accepted, stats.accepted, strict=True)]
+    return total

@@ -1,0 +1,204 @@
+"""Compare head types side by side: checkpoints of one sweep (same trunk size, data and steps), one table and plot.
+
+    python scripts/pretrain.py -m model=mtp4,causal4,medusa4
+    python scripts/compare_heads.py logs/pretrain/multiruns/<date>/*/checkpoints/last.ckpt
+
+Per checkpoint: parameters, the final validation metrics its run logged (val/loss_head1, the teacher-forced
+val/expected_tokens_per_forward and val/acceptance_pos{j}, read from its TensorBoard log), decoding on held-out
+prompts with all heads, greedy and sampled (tokens/forward, chained acceptance by draft position, speed-up over
+autoregressive decoding in the same rounds, batch 1), and a training step of the same shapes measured in a fresh
+process (tokens/s, peak memory). Writes results.json, results.md and heads.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mtp.benchmarks.decode_runs import held_out_prompts, run  # noqa: E402
+from mtp.benchmarks.train_step import StepSpec  # noqa: E402
+from mtp.checkpoint import load_checkpoint, read_checkpoint  # noqa: E402
+from mtp.cli import run_script  # noqa: E402
+from mtp.decode import GenerationConfig  # noqa: E402
+from mtp.errors import UserError  # noqa: E402
+
+MIB = 2**20
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoints", type=Path, nargs="+")
+    parser.add_argument("--prompts", type=int, default=8, help="held-out prompts")
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.8, help="for the sampled runs")
+    parser.add_argument("--top-p", type=float, default=0.95, help="for the sampled runs")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds; the fastest round counts")
+    parser.add_argument("--train-steps", type=int, default=3, help="timed training steps per checkpoint (0: skip)")
+    parser.add_argument("--seq-len", type=int, default=256, help="training step shape (the default data config's)")
+    parser.add_argument("--batch-size", type=int, default=8, help="training step shape (the default data config's)")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "compare_heads")
+    args = parser.parse_args(argv)
+    for name in ("prompts", "prompt_tokens", "max_new_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def logged_validation(checkpoint: Path) -> dict[str, float]:
+    """The last value of every val/ scalar in the TensorBoard log of the run that wrote ``checkpoint``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = checkpoint.resolve().parent.parent
+    values: dict[str, tuple[int, float]] = {}
+    for events in sorted(run_dir.glob("tensorboard/**/events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            if tag.startswith("val/"):
+                last = accumulator.Scalars(tag)[-1]
+                if tag not in values or last.step >= values[tag][0]:
+                    values[tag] = (last.step, last.value)
+    return {tag: value for tag, (_, value) in values.items()}
+
+
+def train_step(checkpoint: Path, args: argparse.Namespace) -> dict:
+    """Tokens/s and peak memory of training steps with this checkpoint's shapes, in a fresh process."""
+    config = read_checkpoint(checkpoint)["mtp"]["model_config"]
+    spec = StepSpec(
+        n_future=config["n_future"],
+        vocab_size=config["vocab_size"],
+        loss=config["loss"],
+        head_type=config["head_type"],
+        d_model=config["d_model"],
+        n_layers=config["n_layers"],
+        n_heads=config["n_heads"],
+        n_kv_heads=config["n_kv_heads"],
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        steps=args.train_steps,
+    )
+    command = [sys.executable, "-m", "mtp.benchmarks.train_step", json.dumps(asdict(spec))]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if result.returncode != 0:
+        return {"status": "failed: " + (result.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def compare(path: Path, args: argparse.Namespace) -> dict:
+    loaded = load_checkpoint(path, "cpu", "float32")
+    model, config = loaded.model, loaded.config
+    prompts = held_out_prompts(loaded.data, loaded.tokenizer, args.prompts, args.prompt_tokens)
+    sampled = {"temperature": args.temperature, "top_p": args.top_p}
+    settings = {
+        (mode, k): GenerationConfig(args.max_new_tokens, heads=k, **(sampled if mode == "sampling" else {}))
+        for mode in ("greedy", "sampling")
+        for k in (1, config.n_future)
+    }
+    best = {}
+    for _ in range(args.repeats):
+        for key, generation in settings.items():
+            stats = run(model, prompts, generation, batch_size=1)
+            if key not in best or stats.wall_time_s < best[key].wall_time_s:
+                best[key] = stats
+    row = {
+        "checkpoint": str(path),
+        "head_type": config.head_type + (" (shared depth)" if config.share_depth else ""),
+        "n_future": config.n_future,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "global_step": loaded.global_step,
+        "validation": logged_validation(path),
+    }
+    for mode in ("greedy", "sampling"):
+        spec, plain = best[(mode, config.n_future)], best[(mode, 1)]
+        row[mode] = {
+            "tokens_per_forward": spec.tokens_per_forward,
+            "acceptance": spec.acceptance,
+            "speedup": spec.tokens_per_s / plain.tokens_per_s,
+            "tokens_per_s": spec.tokens_per_s,
+        }
+    if args.train_steps:
+        row["train"] = train_step(path, args)
+    print(f"{path}: {json.dumps({k: v for k, v in row.items() if k != 'validation'})}", flush=True)
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| head type | params | step | val loss head 1 | val exp. tokens/fwd | val acceptance by position "
+        "| greedy tokens/fwd | greedy acceptance by position | greedy speed-up | T=0.8 tokens/fwd | T=0.8 speed-up "
+        "| train tokens/s | train peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        v, g, s, t = r["validation"], r["greedy"], r["sampling"], r.get("train", {})
+        nan = float("nan")
+        val_accept = ", ".join(f"{v[k]:.2f}" for k in sorted(v) if k.startswith("val/acceptance_pos"))
+        train = f"{t['tokens_per_s']:,.0f} | {t['peak_memory_bytes'] / MIB:,.0f}" if t.get("status") == "ok" else " | "
+        lines.append(
+            f"| {r['head_type']} | {r['parameters'] / 1e6:.2f}M | {r['global_step']} "
+            f"| {v.get('val/loss_head1', nan):.3f} | {v.get('val/expected_tokens_per_forward', nan):.2f} "
+            f"| {val_accept} | {g['tokens_per_forward']:.2f} | {', '.join(f'{a:.2f}' for a in g['acceptance'])} "
+            f"| {g['speedup']:.2f}x | {s['tokens_per_forward']:.2f} | {s['speedup']:.2f}x | {train} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in rows:
+        positions = range(1, len(r["greedy"]["acceptance"]) + 1)
+        left.plot(positions, r["greedy"]["acceptance"], marker="o", label=f"{r['head_type']} (decoded)")
+        val = [r["validation"].get(f"val/acceptance_pos{j}") for j in positions]
+        if all(a is not None for a in val):
+            left.plot(positions, val, linestyle="--", marker="x", label=f"{r['head_type']} (val, teacher-forced)")
+    left.set_xlabel("draft position")
+    left.set_ylabel("chained acceptance (greedy)")
+    left.legend(fontsize=7)
+    names = [r["head_type"] for r in rows]
+    x = range(len(rows))
+    right.bar([i - 0.2 for i in x], [r["greedy"]["tokens_per_forward"] for r in rows], 0.4, label="greedy")
+    right.bar([i + 0.2 for i in x], [r["sampling"]["tokens_per_forward"] for r in rows], 0.4, label="T=0.8")
+    right.set_xticks(list(x), names, fontsize=8)
+    right.set_ylabel("tokens per forward (held-out prompts)")
+    right.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    for path in args.checkpoints:
+        read_checkpoint(path)  # every checkpoint checked before any work
+    if len({read_checkpoint(p)["mtp"]["model_config"]["d_model"] for p in args.checkpoints}) > 1:
+        raise UserError("the checkpoints have different widths (model.d_model); compare runs of one size.")
+    rows = [compare(path, args) for path in args.checkpoints]
+    title = (
+        f"Head types on CPU ({torch.get_num_threads()} threads), fp32: {args.prompts} held-out prompts of "
+        f"{args.prompt_tokens} tokens, {args.max_new_tokens} new tokens, batch 1, best of {args.repeats} rounds"
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps({"title": title, "results": rows}, indent=2))
+    table = markdown(rows)
+    (args.out / "results.md").write_text(f"{title}\n\n{table}\n")
+    plot(rows, args.out / "heads.png", title)
+    print(f"\n{title}\n\n{table}\n\nwrote {args.out}/results.json, results.md, heads.png")
+
+
+if __name__ == "__main__":
+    run_script(main)
