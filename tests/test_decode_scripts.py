@@ -183,3 +183,19 @@ def test_gpu_check_kit_runs_every_step_in_smoke_mode(tiny_checkpoints, tmp_path)
     assert summary.count("x (met") + summary.count("x (missed") == 3  # P1, P2, decoding (compiled: not in smoke)
     for table in ("bench_train_memory/results.md", "bench_train_time/results.md", "bench_decode/results.md"):
         assert (out / table).is_file()
+
+
+def test_compare_heads_writes_one_row_per_checkpoint(tiny_checkpoints, tmp_path):
+    compare_heads = load_script("compare_heads")
+    paths = [tiny_checkpoints["mtp4"], tiny_checkpoints["byte8"]]
+    small = ["--prompts", "1", "--prompt-tokens", "8", "--max-new-tokens", "6", "--repeats", "1"]
+    compare_heads.main([*map(str, paths), *small, "--train-steps", "1", "--seq-len", "16", "--batch-size", "2",
+                        "--out", str(tmp_path)])  # fmt: skip
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert [r["n_future"] for r in results] == [4, 8]
+    for row in results:
+        assert row["validation"]["val/loss_head1"] > 0  # read back from the run's TensorBoard log
+        assert len(row["greedy"]["acceptance"]) == row["n_future"] - 1
+        assert row["train"]["status"] == "ok" and row["train"]["head_type"] == "transformer"
+    assert (tmp_path / "heads.png").stat().st_size > 0
+    assert (tmp_path / "results.md").read_text().count("| transformer |") == 2

@@ -14,15 +14,24 @@ from mtp.model import MTPModel
 from mtp.parallel import parallelize
 
 WORLD = 2
-FSDP_CASES = list(itertools.product([1, 2, 4], ["transformer", "linear"], [False, True]))
+FSDP_CASES = list(itertools.product([1, 2, 4], ["transformer", "linear"], [False, True])) + list(
+    itertools.product([4], ["causal", "causal-shared", "medusa"], [False, True])
+)
+VARIANTS = {"causal-shared": {"head_type": "causal", "share_depth": True}}
 
 
 def build(n_future: int = 4, head_type: str = "transformer", **kwargs) -> MTPModel:
     torch.manual_seed(0)
+    settings = VARIANTS.get(head_type, {"head_type": head_type})
     config = ModelConfig(
-        vocab_size=97, d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, n_future=n_future, head_type=head_type, **kwargs
+        vocab_size=97, d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, n_future=n_future, **settings, **kwargs
     )
-    return MTPModel(config)
+    model = MTPModel(config)
+    with torch.no_grad():  # medusa's zero-initialised residual weights off zero, so that their gradients carry
+        for name, p in model.named_parameters():
+            if name.startswith("medusa_heads"):
+                p.normal_(0, 0.02)
+    return model
 
 
 def window(n_future: int, batch: int = 4) -> torch.Tensor:
@@ -60,7 +69,8 @@ def fsdp_worker(rank: int, init_file: str, results: str) -> None:
 
 @pytest.mark.slow
 def test_fsdp2_sequential_gradients_equal_single_process_naive(tmp_path):
-    """n in {1, 2, 4}, transformer and linear heads, with and without activation checkpointing."""
+    """n in {1, 2, 4}, transformer and linear heads (causal, shared causal and medusa at n=4), with and without
+    activation checkpointing."""
     results = str(tmp_path / "worst.pt")
     mp.spawn(fsdp_worker, args=(tempfile.mktemp(dir=tmp_path), results), nprocs=WORLD)
     worst = torch.load(results, weights_only=False)
@@ -84,7 +94,7 @@ def saved_tensor_count(model: MTPModel, tokens: torch.Tensor) -> int:
     return count
 
 
-@pytest.mark.parametrize("head_type", ["transformer", "linear"])
+@pytest.mark.parametrize("head_type", ["transformer", "linear", "causal"])
 @pytest.mark.parametrize("mode", ["sequential", "naive"])
 def test_activation_checkpointing_keeps_gradients_and_drops_saved_activations(head_type, mode):
     tokens = window(4)
