@@ -89,7 +89,7 @@ class ModelConfig:
             raise UserError(f"model.n_future={self.n_future} must be at least 1 (1 is plain next-token prediction).")
         if self.head_type not in HEAD_TYPES:
             raise UserError(f"model.head_type={self.head_type!r} is not one of {', '.join(HEAD_TYPES)}.")
-        if self.share_depth and self.head_type != "causal":
+        if self.share_depth and not HEAD_TYPES[self.head_type].conditions_on_tokens:  # a depth chain to share
             raise UserError(
                 f"model.share_depth=true applies to causal heads only, not head_type={self.head_type!r}; "
                 "set model.head_type=causal or drop model.share_depth."

@@ -112,13 +112,14 @@ def test_activation_checkpointing_keeps_gradients_and_drops_saved_activations(he
 
 
 @pytest.mark.slow
-def test_compiled_blocks_train_like_eager():
+@pytest.mark.parametrize("head_type", ["transformer", "causal-shared"])
+def test_compiled_blocks_train_like_eager(head_type):
     """Three AdamW steps, both loss modes: losses within 1e-4 of eager with every block compiled (and checkpointed)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
     def losses(mode: str, **techniques) -> list[float]:
-        model = parallelize(build(), **techniques)
+        model = parallelize(build(head_type=head_type), **techniques)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         values = []
         for step in range(3):
@@ -146,7 +147,7 @@ def test_compile_and_checkpointing_keep_parameter_names():
     assert list(model.state_dict()) == list(build().state_dict())
 
 
-@pytest.mark.parametrize("head_type", ["transformer", "linear"])
+@pytest.mark.parametrize("head_type", ["transformer", "linear", "causal", "medusa"])
 def test_a_frozen_weight_on_a_head_path_gets_no_gradient(head_type):
     tokens = window(4)
     results = {}

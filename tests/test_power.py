@@ -408,7 +408,7 @@ MUTATIONS = [
         "mtp/parallel.py",
         "block.compile(fullgraph=True)",
         "block.train()",
-        ("tests/test_parallel.py::test_compiled_blocks_train_like_eager",),
+        ("tests/test_parallel.py::test_compiled_blocks_train_like_eager[transformer]",),
     ),
 ]
 

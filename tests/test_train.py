@@ -97,6 +97,16 @@ def test_tensorboard_holds_the_documented_curves(make_cfg):
         "val/ppl",
     }
     assert expected | {"val/expected_tokens_per_forward", "train/device/items_per_sec"} <= tags
+    assert {"val/acceptance_pos1", "val/decoded_tokens_per_forward", "val/decoded_acceptance_pos1"} <= tags
+
+
+def test_validation_decodes_with_every_head(make_cfg):
+    """Measured tokens/forward and chained acceptance by position, causal heads included."""
+    metrics = train(make_cfg("causal4", ["model.vocab_size=512", "trainer.max_steps=2"]))
+    assert 1 <= metrics["val/decoded_tokens_per_forward"] <= 4
+    for j in (1, 2, 3):
+        assert 0 <= metrics[f"val/decoded_acceptance_pos{j}"] <= 1
+        assert 0 <= metrics[f"val/acceptance_pos{j}"] <= 1
 
 
 def test_resume_continues_the_run(make_cfg, tmp_path):
