@@ -18,7 +18,7 @@ def test_derived_values():
         ({"n_future": 0}, "n_future=0 must be at least 1"),
         ({"n_future": 10, "n_layers": 10}, "leaves no trunk layer"),
         ({"n_kv_heads": 3}, "must divide"),
-        ({"head_type": "medusa"}, "head_type='medusa' is not one of"),
+        ({"head_type": "eagle"}, "head_type='eagle' is not one of"),
         ({"loss": "fast"}, "loss='fast' is not one of"),
         ({"loss_weights": [1.0, 1.0]}, "one weight per head"),
         ({"loss_weights": [1.0, -1.0, 1.0, 1.0]}, "non-negative"),

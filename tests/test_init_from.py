@@ -4,7 +4,11 @@ import pytest
 import torch
 
 from mtp.checkpoint import CHECKPOINT_KEY
+from mtp.config import ModelConfig
 from mtp.errors import UserError
+from mtp.init_from import freeze
+from mtp.loss import mtp_loss
+from mtp.model import MTPModel
 from mtp.train import train
 from tests.test_scripts import assert_one_clear_error, pretrain, tiny_data
 
@@ -61,6 +65,26 @@ def test_freeze_none_takes_the_start_weights_and_trains_them(make_cfg, tiny_chec
     assert set(after) == {k for k in before if not k.startswith(("extra_heads.1", "extra_heads.2"))}
     for name, tensor in after.items():  # started from the checkpoint (a near-zero step moved them a hair)
         torch.testing.assert_close(tensor, before[name], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["loaded", "trunk"])
+def test_freeze_stops_exactly_the_gradients_of_its_part(mode):
+    model = MTPModel(ModelConfig(vocab_size=61, d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, head_type="causal"))
+    loaded = {name for name, _ in model.named_parameters() if name.startswith(("tok_embeddings", "layers.", "norm."))}
+    loaded.add("outputs.0.weight")
+    freeze(model, mode, loaded)
+    if mode == "loaded":
+        expected_frozen = loaded
+    else:  # the embedding and the trunk blocks: every block of `layers` but head 1's
+        trunk_blocks = {f"layers.{i}." for i in range(len(model.layers) - 1)}
+        expected_frozen = {
+            n for n, _ in model.named_parameters() if n == "tok_embeddings.weight" or n.startswith(tuple(trunk_blocks))
+        }
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == expected_frozen
+    model.zero_grad()
+    mtp_loss(model, torch.randint(0, 61, (2, 12))).total.backward()
+    assert all((p.grad is None) == (name in frozen) for name, p in model.named_parameters())
 
 
 @pytest.mark.parametrize(

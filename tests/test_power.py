@@ -314,7 +314,7 @@ MUTATIONS = [
         "mtp/init_from.py",
         "parameter.requires_grad_(False)",
         "parameter.requires_grad_(True)",
-        ("tests/test_init_from.py::test_freeze_loaded_trains_only_the_added_causal_heads",),
+        ("tests/test_init_from.py::test_freeze_stops_exactly_the_gradients_of_its_part",),
     ),
     # -- the loss
     Mutation(
