@@ -449,7 +449,10 @@ def guards_of_every_mutation() -> list[str]:
 
 
 def check_unmutated(project: Path) -> str | None:
-    """None when the copy imports itself and every guard passes on it (else what went wrong)."""
+    """None when the copy imports itself and collects every guard (else what went wrong).
+
+    That the guards pass without a mutation is the rest of this suite's job: they run on the same code there.
+    """
     imported = subprocess.run(
         [sys.executable, "-c", "import mtp; print(mtp.__file__)"],
         cwd=project,
@@ -459,9 +462,9 @@ def check_unmutated(project: Path) -> str | None:
     )
     if not Path(imported.stdout.strip()).is_relative_to(project):
         return f"the copy's tests would import mtp from {imported.stdout.strip() or imported.stderr[-500:]}"
-    result = run_tests(project, guards_of_every_mutation())
+    result = run_tests(project, ["--collect-only", *guards_of_every_mutation()])
     if result.returncode != 0:
-        return "the guards fail without any mutation:\n" + result.stdout[-3000:] + result.stderr[-2000:]
+        return "the guards do not collect in the copy:\n" + result.stdout[-3000:] + result.stderr[-2000:]
     return None
 
 
@@ -479,13 +482,13 @@ def check_mutation(project: Path, mutation: Mutation) -> str | None:
 
 
 @pytest.mark.slow
-def test_every_mutation_makes_its_guards_fail_and_the_guards_pass_without_it(tmp_path):
+def test_every_mutation_makes_its_guards_fail(tmp_path):
     pytest.importorskip("transformers", reason="the model's guards need the hf extra: pip install -e '.[dev,hf]'")
 
     def job(index: int) -> str | None:
         project = copy_project(tmp_path / f"copy{index}")
         return check_unmutated(project) if index == 0 else check_mutation(project, MUTATIONS[index - 1])
 
-    with ThreadPoolExecutor(max_workers=2) as pool:  # the unmutated run first: it is the longest
+    with ThreadPoolExecutor(max_workers=2) as pool:
         problems = [p for p in pool.map(job, range(len(MUTATIONS) + 1)) if p]
     assert not problems, "\n".join(problems)

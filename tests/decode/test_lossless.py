@@ -181,9 +181,8 @@ def test_threshold_shrinks_with_the_sample_size():
         ("transformer", {"top_p": 0.9}),
         ("causal", {}),
         ("causal-shared", {"top_p": 0.9}),
-        ("medusa", {}),
     ],
-    ids=["plain", "top_k", "top_p", "causal", "causal-shared-top_p", "medusa"],
+    ids=["plain", "top_k", "top_p", "causal", "causal-shared-top_p"],
 )
 def test_lossless_with_head_blocks(head_type, filters):
     """The same check on a random model with head blocks, where every context changes the logits."""
