@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     eot = eot_id(tokenizer)
     prompt = [eot] + tokenizer.encode(text, add_special_tokens=False).ids  # documents start after end-of-text
     context = loaded.config.max_seq_len
-    if len(prompt) + args.max_new_tokens + heads > context:
+    if len(prompt) + args.max_new_tokens + 2 * heads > context:  # the room generate() keeps for drafts
         raise UserError(
             f"the prompt ({len(prompt)} tokens) plus --max-new-tokens {args.max_new_tokens} does not fit the model's "
             f"context of {context} tokens; shorten the prompt or lower --max-new-tokens."

@@ -2,7 +2,8 @@
 
 Each step is ONE forward over [last accepted token, pending drafts] per row. Head 1's outputs verify
 the drafts; every head's outputs at the last accepted position become the next drafts (verify and
-predict merged, as in blockwise parallel decoding, Stern et al. 2018). The cache is rolled back to the
+predict merged, as in blockwise parallel decoding, Stern et al. 2018); causal heads draft there as a
+chain, each depth fed the draft before it (mtp.decode.inference.CausalChain). The cache is rolled back to the
 accepted length. With ``heads=1`` there are no drafts: plain autoregressive decoding on the same cache
 and kernels, the baseline speed-ups are measured against.
 
@@ -127,6 +128,7 @@ def generate(
         raise ValueError("every prompt needs at least one token")
     device = next(model.parameters()).device
     drafts_per_step = config.heads - 1
+    # room for a step's drafts past the budget, and for causal depths' windows (the step's width + k - 2)
     max_len = max(map(len, prompts)) + config.max_new_tokens + 2 * config.heads
     if max_len > model.config.max_seq_len:
         raise ValueError(
