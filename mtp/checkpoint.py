@@ -107,14 +107,19 @@ def load_checkpoint(
     if Path(path).is_dir():
         _load_sharded_weights(Path(path), model)
     else:
-        prefix = "model."
-        weights = checkpoint["state_dict"]
-        model.load_state_dict({k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)})
+        model.load_state_dict(model_weights(checkpoint))
     model.eval()
     model.to(resolve_dtype(dtype, device))
     model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
     tokenizer = Tokenizer.from_str(meta["tokenizer"])
     return LoadedCheckpoint(model, tokenizer, config, checkpoint.get("global_step", 0), meta.get("data", {}))
+
+
+def model_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The model's weights in a single-file checkpoint, under the model's own names (the LightningModule's
+    ``model.`` prefix removed)."""
+    prefix = "model."
+    return {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
 
 
 def _load_sharded_weights(path: Path, model: MTPModel) -> None:

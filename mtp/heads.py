@@ -145,16 +145,6 @@ class HeadType:
             states.append(norm(hidden))
         return states
 
-    def head_modules(self, model: MTPModel, k: int) -> list[nn.Module]:
-        """The modules that belong to head k alone (k >= 2; shared ones included where shared by extra heads)."""
-        if self.name == "transformer":
-            return [self.extra_block(model, k)]
-        if self.name == "causal":
-            return [self.extra_input(model, k), self.extra_block(model, k)]
-        if self.name == "medusa":
-            return [model.medusa_heads[k - 2], model.outputs[k - 1]]
-        return [model.outputs[k - 1]]
-
 
 HEAD_TYPES = {
     "transformer": HeadType("transformer", head1_block=True, blocks_per_head=True, own_unembeddings=False),

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from mtp.checkpoint import CHECKPOINT_KEY, read_checkpoint
+from mtp.checkpoint import CHECKPOINT_KEY, model_weights, read_checkpoint
 from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.heads import HEAD_TYPES
@@ -52,9 +52,7 @@ class Start:
                 "first model with another strategy, or convert it with torch.distributed.checkpoint.format_utils)."
             )
         meta = checkpoint[CHECKPOINT_KEY]
-        prefix = "model."
-        weights = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
-        return cls(str(path), ModelConfig.from_dict(meta["model_config"]), weights, meta["tokenizer"])
+        return cls(str(path), ModelConfig.from_dict(meta["model_config"]), model_weights(checkpoint), meta["tokenizer"])
 
     def grown(self, settings: dict[str, Any]) -> dict[str, Any]:
         """The model settings to train: ``settings`` with ``n_layers`` grown from the checkpoint's blocks.

@@ -274,20 +274,28 @@ class CausalChain:
     def __init__(self, model: MTPModel, form: InferenceModel) -> None:
         config = model.config
         self.form, self.cache_slots = form, 0
-        depths = range(2, form.heads + 1)
-        self.blocks = [
-            PackedBlocks([model.heads.extra_block(model, k)], config.n_heads, config.n_kv_heads) for k in depths
-        ]
-        self.inputs = []  # (2d, d): [RMSNorm(e); RMSNorm(h)] @ W^T with both norm weights folded in
-        for k in depths:
-            module = model.heads.extra_input(model, k)
+        packed = {}  # module -> its packed form: a shared depth is packed once, whatever the number of depths
+
+        def pack(module, packing):
+            if id(module) not in packed:
+                packed[id(module)] = packing(module)
+            return packed[id(module)]
+
+        def pack_block(block):
+            return PackedBlocks([block], config.n_heads, config.n_kv_heads)
+
+        def pack_input(module):  # (2d, d): [RMSNorm(e); RMSNorm(h)] @ W^T with both norm weights folded in
             norms = torch.cat([module.enorm.weight, module.hnorm.weight])
-            self.inputs.append((module.eh_proj.weight * norms).T.contiguous())
+            return (module.eh_proj.weight * norms).T.contiguous()
+
+        depths = range(2, form.heads + 1)
+        self.blocks = [pack(model.heads.extra_block(model, k), pack_block) for k in depths]
+        self.inputs = [pack(model.heads.extra_input(model, k), pack_input) for k in depths]
 
     def new_chain(self, batch_size: int, max_len: int) -> ChainCache:
         form = self.form
         caches = [form._kv_cache(1, batch_size, max_len) for _ in self.blocks]
-        shape = (form.heads, batch_size, max_len, form.config.d_model)
+        shape = (form.heads - 1, batch_size, max_len, form.config.d_model)  # the last depth's are never read
         return ChainCache(caches, form.embeddings.new_zeros(shape))
 
     def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
@@ -312,7 +320,8 @@ class CausalChain:
             x = torch.matmul(x, self.inputs[k - 2])  # (B, width, d)
             rotation = form.rotations[positions]
             out = form._blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1))[0]  # (B, width, d)
-            chain.hidden[k - 1][rows, positions] = out
+            if k < form.heads:  # what the next depth reads
+                chain.hidden[k - 1][rows, positions] = out
             at_last = out[rows[:, 0], held + last - positions[:, 0]]  # (B, d)
             token = choose(form.head1_output(F.rms_norm(at_last, (at_last.size(-1),), eps=eps))[None], k - 2)[0]
             stream[rows[:, 0], last + k] = token
@@ -322,8 +331,8 @@ class CausalChain:
 
 
 class ChainCache:
-    """Causal depths' caches (one each, depth k's final entries lagging the trunk's by k - 2 positions) and their
-    hidden states (heads, B, max_len, d), index 0 being head 1's."""
+    """Causal depths' caches (one each, depth k's final entries lagging the trunk's by k - 2 positions) and the hidden
+    states the next depth reads (heads - 1, B, max_len, d): head 1's, then depths 2..heads-1's."""
 
     def __init__(self, caches: list[KVCache], hidden: Tensor) -> None:
         self.caches, self.hidden = caches, hidden
