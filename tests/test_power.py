@@ -35,6 +35,11 @@ CACHE = "tests/decode/test_cache.py"
 REFERENCE = "tests/interop/test_llama_reference.py"
 MODEL = "tests/test_model.py"
 LOSS = "tests/test_loss.py"
+TREE_GREEDY = ("tests/decode/test_tree.py::test_greedy_tree_decoding_equals_autoregressive",)
+TREE_LOSSLESS = (
+    "tests/decode/test_lossless.py::test_tree_and_adaptive_sampling_have_the_autoregressive_distribution",
+    "tests/decode/test_lossless.py::test_tree_and_cut_sampling_lossless_with_head_blocks",
+)
 RESUME = "tests/test_train.py::test_resume_mid_epoch_continues_the_data_order[validation1]"  # no validation save
 
 
@@ -91,8 +96,8 @@ MUTATIONS = [
     Mutation(
         "the token after the drafts reuses the first acceptance uniform",
         GENERATION,
-        "next_token = sample_from(q_last, draws[:, n_drafts])",
-        "next_token = sample_from(q_last, draws[:, 0])",
+        "return accepted, sample_from(q_last, draws[:, config.drafts])",
+        "return accepted, sample_from(q_last, draws[:, 0])",
         (LOSSLESS,),
     ),
     Mutation(
@@ -160,6 +165,56 @@ MUTATIONS = [
         "positions = self.lengths[:, None] + 1 + torch.arange(new, device=device)",
         (CACHE,),
     ),
+    # -- draft trees
+    Mutation(
+        "tree nodes at their slot's position instead of the root's plus their depth",
+        "mtp/decode/cache.py",
+        'self.rotary = self.lengths[:, None] + tree["depth"][:new]',
+        "self.rotary = positions",
+        TREE_GREEDY,
+    ),
+    Mutation(
+        "tree nodes attend to every earlier node, not only their ancestors",
+        "mtp/decode/cache.py",
+        'attends = tree["attends"][:new, :new]  # (S, S)',
+        "attends = torch.ones(new, new, dtype=torch.bool, device=device).tril()",
+        TREE_GREEDY,
+    ),
+    Mutation(
+        "the accepted path's keys and values are left where the tree put them",
+        "mtp/decode/cache.py",
+        "source = self.lengths[:, None] + path",
+        "source = self.lengths[:, None] + torch.arange(path.size(1), device=path.device)",
+        TREE_GREEDY,
+    ),
+    Mutation(
+        "a tree node is accepted without its parent",
+        GENERATION,
+        "ok[:, nodes] &= ok[:, parent[nodes]]",
+        "ok[:, nodes] &= True",
+        TREE_GREEDY,
+    ),
+    Mutation(
+        "siblings are tested against the unnormalized rest of the target",
+        GENERATION,
+        "return uniform * remaining.sum(dim=-1) < token_probability",
+        "return uniform < token_probability",
+        TREE_LOSSLESS,
+    ),
+    Mutation(
+        "a rejected sibling stays in the target",
+        GENERATION,
+        "torch.where(rejected, 0.0, q)",
+        "q",
+        TREE_LOSSLESS,
+    ),
+    Mutation(
+        "the residual after a rejection applies to a draft that was cut",
+        GENERATION,
+        "q_last = correction_probs(q_last, p_first_rejected, accepted < live)",
+        "q_last = correction_probs(q_last, p_first_rejected, accepted < n_drafts)",
+        TREE_LOSSLESS,
+    ),
     # -- the packed inference form
     Mutation(
         "rotary pairs packed as (2i, 2i + 1) of the original layout",
@@ -206,8 +261,8 @@ MUTATIONS = [
     Mutation(
         "drafts made after the step's first input instead of the last accepted one",
         GENERATION,
-        "drafts = draft(base + accepted, inputs, next_token, lambda logits, first: logits.argmax(dim=-1))",
-        "drafts = draft(base, inputs, next_token, lambda logits, first: logits.argmax(dim=-1))",
+        "_draft(draft, base + accepted, inputs, next_token, config, draws)",
+        "_draft(draft, base, inputs, next_token, config, draws)",
         (f"{GREEDY}::test_greedy_decoding_equals_the_cache_free_reference_when_drafts_pass",),
     ),
     Mutation(

@@ -2,7 +2,10 @@
 
 Rows may hold different numbers of positions. A forward over S new tokens writes their keys and values
 at each row's next S positions; ``rollback`` sets a row's length back (rejected drafts), and the stale
-entries beyond it are masked out and overwritten by the next forward.
+entries beyond it are masked out and overwritten by the next forward. A forward over a draft tree
+(:class:`mtp.decode.tree.DraftTree`) writes its nodes at the next S slots too, but each node sits at position
+(held + depth) and sees only its ancestors; ``keep_path`` then moves the accepted path's entries to the slots
+that follow the held ones, where a sequence would have put them.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ class KVCache:
         self.max_len = max_len
         self.host_lengths = [0] * batch_size  # mirrors `lengths`, so that shapes never need a device sync
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.positions: Tensor | None = None
+        self.positions: Tensor | None = None  # (B, S) slots the step writes
+        self.rotary: Tensor | None = None  # (B, S) the positions they hold (rotary angles): the slots, or held + depth
         self.rows: Tensor | None = None
         self.mask: Tensor | None = None
         self.span = 0
@@ -42,9 +46,11 @@ class KVCache:
     def max_length(self) -> int:
         return max(self.host_lengths, default=0)
 
-    def begin(self, new: int) -> None:
+    def begin(self, new: int, tree: dict[str, Tensor] | None = None) -> None:
         """Prepare a forward over ``new`` tokens per row after each row's held ones: where they are written and what
-        each attends to (``positions`` (B, S), ``mask`` (B, 1, S, span))."""
+        each attends to (``positions`` (B, S), ``rotary`` (B, S), ``mask`` (B, 1, S, span)). With ``tree`` (a draft
+        tree's :meth:`~mtp.decode.tree.DraftTree.tensors`, cut to the first S nodes), token i is a tree node: it
+        sits at held + depth and attends to the held positions and its ancestors in the step."""
         if self.max_length + new > self.max_len:
             raise ValueError(f"the KV cache holds {self.max_len} positions; {self.max_length + new} were asked for")
         device = self.lengths.device
@@ -53,13 +59,31 @@ class KVCache:
         self.rows = torch.arange(positions.size(0), device=device)[:, None]  # (B, 1)
         self.span = self.max_len if self.full_span else self.max_length + new
         keys = torch.arange(self.span, device=positions.device)
-        self.mask = keys[None, None, None, :] <= positions[:, None, :, None]  # (B, 1, S, span)
+        if tree is None:
+            self.rotary = positions
+            self.mask = keys[None, None, None, :] <= positions[:, None, :, None]  # (B, 1, S, span)
+            return
+        self.rotary = self.lengths[:, None] + tree["depth"][:new]
+        step = keys[None, :] - self.lengths[:, None]  # (B, span): a key's index in the step (< 0: held)
+        attends = tree["attends"][:new, :new]  # (S, S)
+        in_tree = attends[:, step.clamp(0, new - 1)].transpose(0, 1)  # (B, S, span)
+        self.mask = ((step < 0)[:, None, :] | ((step < new)[:, None, :] & in_tree))[:, None]
+
+    def keep_path(self, path: Tensor, slots: slice) -> None:
+        """After a tree step (before ``commit``): move the keys and values of each row's path through the tree, node
+        indices ``path`` (B, P) in the step, to the step's first P slots (in ``slots`` of the blocks)."""
+        rows = torch.arange(path.size(0), device=path.device)[:, None]
+        source = self.lengths[:, None] + path
+        target = self.lengths[:, None] + torch.arange(path.size(1), device=path.device)
+        for tensor in (self.keys, self.values):
+            held = tensor[slots]
+            held[:, rows, :, target] = held[:, rows, :, source]
 
     def commit(self, new: int) -> None:
         """Count the S new positions of the last forward as held."""
         self.lengths = self.lengths + new  # a new tensor: callers may hold the old lengths
         self.host_lengths = [n + new for n in self.host_lengths]
-        self.positions = self.rows = self.mask = None
+        self.positions = self.rotary = self.rows = self.mask = None
 
     def rollback(self, lengths: list[int], device_lengths: Tensor | None = None) -> None:
         """Keep only each row's first ``lengths[b]`` positions (``device_lengths``: the same, already on the device)."""

@@ -14,6 +14,24 @@ and kernels, the baseline speed-ups are measured against.
   normalize(max(0, q - p)); when every draft passes, sample the bonus token from q. The output is
   distributed as autoregressive sampling from head 1 (Leviathan et al. 2023; Chen et al. 2023).
 
+With a draft tree (``tree``, :mod:`mtp.decode.tree`) a step verifies several candidates per depth at once: the
+input is [the token head 1 chose, the tree's nodes] under a tree attention mask, the longest accepted path wins,
+its keys and values are moved where a sequence would have them, and the heads draft the next tree from its last
+node. Greedy: a node is accepted when it is head 1's argmax after its parent. Sampling: the candidates are the
+heads' top-ranked tokens, each a proposal with all its mass on itself, and multi-candidate speculative sampling
+(SpecInfer; EAGLE) tries the children of the last accepted node in rank order: child x passes with probability
+min(1, q(x) / 1) under the current target q; on rejection q becomes normalize(max(0, q - onehot(x))) (x removed)
+and the next child is tried; when none passes, the next token is sampled from what is left of q. The output is
+distributed as autoregressive sampling from head 1.
+
+- ``acceptance="typical"`` (Medusa's typical acceptance, lossy, sampling only): a draft passes when head 1 gives it
+  probability above min(epsilon, delta * exp(-entropy)); the longest passing path wins and the next token is
+  sampled from head 1 there. Greedy decoding ignores it.
+- ``draft_p_min`` (as llama.cpp's): drafts deeper than the first whose head's top probability is below it are not
+  verified; ``adaptive_drafts`` (chains; Hugging Face's heuristic): a row's draft count grows by 2 after a step that
+  accepted all of them and shrinks by 1 otherwise. Both decide from the drafts alone, so greedy output stays exact
+  and sampling lossless.
+
 The first step is the prompt itself (right-padded to the longest), so prefill also drafts.
 """
 
@@ -29,7 +47,10 @@ from torch import Tensor
 
 from mtp.decode.inference import InferenceModel
 from mtp.decode.sampling import RowUniforms, processed_probs, sample_from
+from mtp.decode.tree import DraftTree
 from mtp.model import MTPModel
+
+ACCEPTANCE_RULES = ("exact", "typical")
 
 
 @dataclass
@@ -49,6 +70,17 @@ class GenerationConfig:
     """Row b samples from a generator seeded seed + b."""
     compile: bool = False
     """torch.compile the step (the first call compiles; outputs equal eager ones)."""
+    tree: DraftTree | None = None
+    """Verify this tree of candidates per step instead of one chain of drafts (at most heads - 1 deep)."""
+    acceptance: str = "exact"
+    """exact: greedy-exact / lossless sampling; typical: Medusa's typical acceptance (lossy; sampling only)."""
+    typical_epsilon: float = 0.09
+    """Typical acceptance: a draft passes above min(typical_epsilon, typical_delta * exp(-entropy))."""
+    typical_delta: float = 0.3
+    draft_p_min: float = 0.0
+    """Stop drafting deeper than the first draft whose head's top probability is below this (0: off)."""
+    adaptive_drafts: bool = False
+    """Chains: a row's draft count + 2 after a step that accepted all of them, - 1 otherwise (at least 1)."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -61,10 +93,33 @@ class GenerationConfig:
             raise ValueError(f"top_p={self.top_p} must lie in (0, 1]")
         if self.heads < 1:
             raise ValueError(f"heads={self.heads} must be at least 1")
+        if self.acceptance not in ACCEPTANCE_RULES:
+            raise ValueError(f"acceptance={self.acceptance!r} must be one of {', '.join(ACCEPTANCE_RULES)}")
+        if not 0 <= self.typical_epsilon <= 1 or self.typical_delta < 0:
+            raise ValueError(
+                f"typical_epsilon={self.typical_epsilon} must lie in [0, 1] and typical_delta={self.typical_delta} "
+                "be at least 0"
+            )
+        if not 0 <= self.draft_p_min <= 1:
+            raise ValueError(f"draft_p_min={self.draft_p_min} must lie in [0, 1]")
+        if self.tree is not None and self.tree.depth > self.heads - 1:
+            raise ValueError(f"the draft tree is {self.tree.depth} deep but heads={self.heads} drafts {self.heads - 1}")
+        if self.adaptive_drafts and self.tree is not None:
+            raise ValueError("adaptive_drafts sizes chains; cut trees with draft_p_min instead")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def typical(self) -> bool:
+        """Typical acceptance in force (it only ever applies to sampling)."""
+        return self.acceptance == "typical" and not self.greedy
+
+    @property
+    def drafts(self) -> int:
+        """Draft positions (chain) or depths (tree) a step can verify."""
+        return self.tree.depth if self.tree is not None else self.heads - 1
 
 
 @dataclass
@@ -84,6 +139,9 @@ class DecodeStats:
     """Wall time of the first forward (the prompts, plus the first drafts), up to its host transfer."""
     prefills: int = 1
     """Forwards that read prompts (1 per generate call; more when statistics of several calls are summed)."""
+    tree_nodes: int = 0
+    """Nodes of the draft tree verified per step (0: a chain)."""
+    acceptance_rule: str = "exact"
 
     @property
     def ms_per_forward(self) -> float:
@@ -107,10 +165,12 @@ class DecodeStats:
     def line(self) -> str:
         """One line of key=value pairs for scripts to parse."""
         accept = ",".join(f"{a:.3f}" for a in self.acceptance) or "-"
+        rule = "typical(lossy)" if self.acceptance_rule == "typical" else self.acceptance_rule
         return (
             f"tokens={self.tokens} forwards={self.forwards} tokens/forward={self.tokens_per_forward:.3f} "
             f"accept={accept} wall_s={self.wall_time_s:.3f} tokens/s={self.tokens_per_s:.1f} "
-            f"ms/forward={self.ms_per_forward:.3f} prefill_ms={1000 * self.prefill_s:.1f}"
+            f"ms/forward={self.ms_per_forward:.3f} prefill_ms={1000 * self.prefill_s:.1f} "
+            f"tree_nodes={self.tree_nodes} acceptance={rule}"
         )
 
 
@@ -127,22 +187,27 @@ def generate(
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     device = next(model.parameters()).device
-    drafts_per_step = config.heads - 1
+    tree = config.tree
+    heads = tree.depth + 1 if tree is not None else config.heads  # a shallower tree needs no deeper heads
     # room for a step's drafts past the budget, and for causal depths' windows (the step's width + k - 2)
-    max_len = max(map(len, prompts)) + config.max_new_tokens + 2 * config.heads
-    if max_len > model.config.max_seq_len:
+    max_len = max(map(len, prompts)) + config.max_new_tokens + 2 * heads + (tree.size if tree is not None else 0)
+    if max_len - (tree.size if tree is not None else 0) > model.config.max_seq_len:
         raise ValueError(
             f"prompt ({max(map(len, prompts))} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the "
             f"model's context of {model.config.max_seq_len} tokens"
         )
-    stats = DecodeStats(rows=len(prompts), drafted=[0] * drafts_per_step, accepted=[0] * drafts_per_step)
+    drafts = config.drafts
+    stats = DecodeStats(
+        rows=len(prompts), drafted=[0] * drafts, accepted=[0] * drafts,
+        tree_nodes=tree.size if tree is not None else 0, acceptance_rule=config.acceptance,
+    )  # fmt: skip
     outputs: list[list[int]] = [[] for _ in prompts]
     rows = list(range(len(prompts)))  # original index of each live row
-    inference = InferenceModel.of(model, config.heads, config.compile)
+    inference = InferenceModel.of(model, heads, config.compile)
     cache = inference.new_cache(len(prompts), max_len)
-    # a step draws at most: an acceptance test per draft, the next token, the new drafts
     steps = config.max_new_tokens + 1  # every step emits a token; the prompt's step too
-    uniforms = None if config.greedy else RowUniforms(config.seed, len(prompts), steps, 2 * config.heads - 1, device)
+    uniforms = None if config.greedy else RowUniforms(config.seed, len(prompts), steps, _draws_per_step(config), device)
+    planned = [drafts] * len(prompts)  # adaptive_drafts: each row's draft count for its next step
     start = time.perf_counter()
 
     # Step 0: the prompts. Every prompt token counts as accepted; the last one is each row's base position.
@@ -152,22 +217,33 @@ def generate(
     base = torch.tensor(first_base, device=device)
     n_drafts = 0
     draft_probs: Tensor | None = None  # (B, drafts, V) proposals of the pending drafts, when sampling
+    live: Tensor | None = None  # (B,) drafts (chain) or depths (tree) each row verifies this step
 
     while rows:
         held, held_on_device = cache.host_lengths, cache.lengths
-        cache.begin(inputs.size(1))
-        # head 1's logits where drafts are verified: after the last accepted input (base) and each pending draft
-        read = None if n_drafts else base[:, None]
-        head1, hidden = inference.verify(inputs, cache, read)  # (B, n_drafts + 1, V), (B, S, d)
+        draws = uniforms.next(_draws_per_step(config)) if uniforms is not None else None
+        if tree is not None and n_drafts:
+            cache.begin(inputs.size(1), tree.tensors(device))
+            head1, hidden = inference.verify(inputs, cache)  # (B, 1 + nodes, V), (B, 1 + nodes, d)
+            accepted, next_token, path = _verify_tree(head1, inputs, tree, live, config, draws)
+            cache.keep_path(path, inference.path_slots)
+            inputs = inputs.gather(1, path)  # (B, depth + 1): the accepted path (then its last node repeated)
+            hidden = hidden.gather(1, path[..., None].expand(-1, -1, hidden.size(-1)))
+            cache.begin(inputs.size(1))  # the draft heads read the accepted path as the sequence it is
+        else:
+            cache.begin(inputs.size(1))
+            # head 1's logits where drafts are verified: after the last accepted input (base) and each pending draft
+            read = None if n_drafts else base[:, None]
+            head1, hidden = inference.verify(inputs, cache, read)  # (B, n_drafts + 1, V), (B, S, d)
+            accepted, next_token = _verify_chain(head1, inputs, base, n_drafts, live, draft_probs, config, draws)
         draft = partial(inference.draft, hidden, cache)  # heads 2..k after each row's last accepted input
-        accepted, next_token, drafts, draft_probs = _verify_and_draft(
-            head1, draft, inputs, base, n_drafts, draft_probs, config, uniforms
-        )
+        new_drafts, draft_probs, new_live = _draft(draft, base + accepted, inputs, next_token, config, draws)
         cache.commit(inputs.size(1))
         stats.forwards += 1
         stats.row_forwards += len(rows)
-        # the one device-to-host transfer of the step: what each row accepted and emitted
-        host = torch.cat([accepted[:, None], next_token[:, None], inputs[:, 1:] if n_drafts else base[:, None]], 1)
+        # the one device-to-host transfer of the step: what each row accepted and emitted, and will draft next
+        pending = inputs[:, 1:] if n_drafts else base[:, None]
+        host = torch.cat([accepted[:, None], next_token[:, None], new_live[:, None], pending], 1)
         host = host.tolist()  # waits for the device: the step's time ends here
         if stats.forwards == 1:
             stats.prefill_s = time.perf_counter() - start
@@ -176,11 +252,17 @@ def generate(
         cache.rollback(kept, held_on_device + base + accepted + 1)  # the same, computed where it is used
 
         keep = []
-        for i, (n_accepted, token, *pending) in enumerate(host):
-            emitted = (pending[:n_accepted] if n_drafts else []) + [token]
-            for j in range(n_drafts):
+        verified = live.tolist() if n_drafts else [0] * len(rows)
+        for i, (n_accepted, token, next_live, *path_tokens) in enumerate(host):
+            emitted = (path_tokens[:n_accepted] if n_drafts else []) + [token]
+            for j in range(verified[i]):
                 stats.drafted[j] += 1
                 stats.accepted[j] += int(j < n_accepted)
+            if config.adaptive_drafts and n_drafts:
+                planned[rows[i]] = (
+                    min(drafts, planned[rows[i]] + 2) if n_accepted == verified[i] else max(1, planned[rows[i]] - 1)
+                )
+            host[i] = min(next_live, planned[rows[i]])  # what the row verifies next
             if _extend(outputs[rows[i]], emitted, config):
                 keep.append(i)
         if len(keep) < len(rows):
@@ -191,12 +273,16 @@ def generate(
             cache.keep_rows(keep)
             if uniforms is not None:
                 uniforms.keep_rows(index)
-            next_token, drafts = next_token[index], drafts[index]
+            next_token, new_drafts, new_live = next_token[index], new_drafts[index], new_live[index]
             draft_probs = None if draft_probs is None else draft_probs[index]
-        inputs = torch.cat([next_token[:, None], drafts], dim=1)
+            host = [host[i] for i in keep]
+        # the next step verifies what its deepest row drafts; the rest of its rows only their own
+        deepest = max(host)
+        live = torch.tensor(host, device=device) if config.adaptive_drafts else new_live
+        n_drafts = tree.nodes_up_to(deepest) if tree is not None else deepest
+        inputs = torch.cat([next_token[:, None], new_drafts[:, :n_drafts]], dim=1)
         first_base = [0] * len(rows)
         base = torch.zeros(len(rows), dtype=torch.long, device=device)
-        n_drafts = drafts_per_step
 
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -244,62 +330,182 @@ def correction_probs(target: Tensor, proposal: Tensor, rejected: Tensor) -> Tens
     return torch.where(empty, target, residual)
 
 
-def _verify_and_draft(
+def typical_passes(target: Tensor, tokens: Tensor, config: GenerationConfig) -> Tensor:
+    """Medusa's typical acceptance: head 1's probability of each token (..., after ``target`` (..., V)) exceeds
+    min(epsilon, delta * exp(-entropy of target))."""
+    entropy = -(target * target.clamp(min=1e-30).log()).sum(dim=-1)
+    threshold = torch.clamp(config.typical_delta * torch.exp(-entropy), max=config.typical_epsilon)
+    return target.gather(-1, tokens[..., None]).squeeze(-1) > threshold
+
+
+def sibling_passes(uniform: Tensor, remaining: Tensor, token_probability: Tensor) -> Tensor:
+    """Multi-candidate speculative sampling with one-hot proposals: a candidate passes with probability min(1, q / 1)
+    under the current target q = normalize(``remaining``), where ``remaining`` is the target with the rejected
+    siblings removed (normalize(max(0, q - onehot)) after each rejection)."""
+    return uniform * remaining.sum(dim=-1) < token_probability
+
+
+def _draws_per_step(config: GenerationConfig) -> int:
+    """Uniform numbers a step may use. Chain: a test per draft, the next token, the new drafts. Tree: a test per
+    sibling tried at each depth, then the next token (the tree's candidates are top-ranked, not sampled)."""
+    if config.tree is not None:
+        return sum(config.tree.max_children_at_depth()) + 1
+    return 2 * config.heads - 1
+
+
+def _verify_chain(
     head1: Tensor,
-    draft: Callable[..., Tensor],
     inputs: Tensor,
     base: Tensor,
     n_drafts: int,
+    live: Tensor | None,
     draft_probs: Tensor | None,
     config: GenerationConfig,
-    uniforms: RowUniforms | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """Accepted draft counts (B,), the token after them (B,), next drafts (B, heads - 1) and their proposals.
+    draws: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """Accepted draft counts (B,) and the token after them (B,).
 
     head1: (B, n_drafts + 1, V), head 1's logits after input ``base`` (B,) and after each pending draft (which
-    follow it). ``draft(last, inputs, next_token, choose)``: the drafts after each row's input ``last`` and
-    ``next_token`` (:meth:`InferenceModel.draft`).
+    follow it); row b verifies only its first ``live[b]`` drafts (the rest are padding).
     """
     B = inputs.size(0)
     rows = torch.arange(B, device=inputs.device)
-    drafting = config.heads > 1
-
+    if not n_drafts:
+        accepted = torch.zeros(B, dtype=torch.long, device=inputs.device)
     if config.greedy:
         choice = head1.argmax(dim=-1)  # (B, n_drafts + 1): head 1's token after the base and each draft
         if n_drafts:
-            match = inputs[:, 1:] == choice[:, :n_drafts]
+            present = torch.arange(n_drafts, device=inputs.device) < live[:, None]
+            match = (inputs[:, 1:] == choice[:, :n_drafts]) & present
             accepted = match.long().cumprod(dim=1).sum(dim=1)
-        else:
-            accepted = torch.zeros(B, dtype=torch.long, device=inputs.device)
-        next_token = choice[rows, accepted]
-        if not drafting:
-            return accepted, next_token, inputs.new_empty(B, 0), None
-        drafts = draft(base + accepted, inputs, next_token, lambda logits, first: logits.argmax(dim=-1))
-        return accepted, next_token, drafts, None
+        return accepted, choice[rows, accepted]
 
-    draws = uniforms.next(n_drafts + config.heads)  # acceptance, next token, drafts
     target = target_probs(head1, config)  # (B, n_drafts + 1, V)
-    if n_drafts:
-        pending = inputs[:, 1:, None]
-        q = target[:, :n_drafts].gather(-1, pending).squeeze(-1)  # (B, D) target probability of each draft
-        p = draft_probs.gather(-1, pending).squeeze(-1)  # its proposal probability
-        accepted = accept_drafts(draws[:, :n_drafts], p, q).long().cumprod(dim=1).sum(dim=1)
+    if not n_drafts:
+        return accepted, sample_from(target[:, 0], draws[:, config.drafts])
+    pending = inputs[:, 1:, None]
+    present = torch.arange(n_drafts, device=inputs.device) < live[:, None]
+    q = target[:, :n_drafts].gather(-1, pending).squeeze(-1)  # (B, D) target probability of each draft
+    if config.typical:
+        passes = typical_passes(target[:, :n_drafts], inputs[:, 1:], config)
     else:
-        accepted = torch.zeros(B, dtype=torch.long, device=inputs.device)
+        p = draft_probs[:, :n_drafts].gather(-1, pending).squeeze(-1)  # its proposal probability
+        passes = accept_drafts(draws[:, :n_drafts], p, q)
+    accepted = (passes & present).long().cumprod(dim=1).sum(dim=1)
     q_last = target[rows, accepted]  # (B, V): after the last accepted input
-    if n_drafts:
+    if not config.typical:  # typical acceptance samples the next token from head 1 itself
         p_first_rejected = draft_probs[rows, accepted.clamp(max=n_drafts - 1)]  # (B, V)
-        q_last = correction_probs(q_last, p_first_rejected, accepted < n_drafts)
-    next_token = sample_from(q_last, draws[:, n_drafts])
-    if not drafting:
-        return accepted, next_token, inputs.new_empty(B, 0), None
-    proposals = []
+        q_last = correction_probs(q_last, p_first_rejected, accepted < live)
+    return accepted, sample_from(q_last, draws[:, config.drafts])
 
-    def sample_drafts(logits: Tensor, first: int) -> Tensor:  # (h, B, V) -> (h, B), keeping the proposals
-        probs = proposal_probs(logits, config).transpose(0, 1)  # (B, h, V)
+
+def _verify_tree(
+    head1: Tensor, inputs: Tensor, tree: DraftTree, live: Tensor, config: GenerationConfig, draws: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Accepted depth (B,), the token after the accepted path (B,), and the path's node indices (B, depth + 1).
+
+    head1: (B, S, V), head 1's logits after the root and each of the first S - 1 nodes (inputs (B, S)); row b's nodes
+    deeper than ``live[b]`` are not verified.
+    """
+    B, S = inputs.shape
+    device = inputs.device
+    rows = torch.arange(B, device=device)
+    t = tree.tensors(device)
+    depth, parent, children = t["depth"][:S], t["parent"][:S], t["children"][:S]
+    verified = depth <= live[:, None]  # (B, S)
+    if config.greedy or config.typical:
+        if config.greedy:
+            choice = head1.argmax(dim=-1)  # (B, S)
+            passes = inputs == choice[:, parent]
+        else:
+            target = target_probs(head1, config)
+            passes = typical_passes(target[:, parent], inputs, config)
+        ok = passes & verified
+        ok[:, 0] = True
+        for d in range(1, tree.depth + 1):  # a node is accepted when it and its parent are
+            nodes = slice(tree.nodes_up_to(d - 1) + 1, min(S, tree.nodes_up_to(d) + 1))
+            ok[:, nodes] &= ok[:, parent[nodes]]
+        # the deepest accepted node; among equally deep ones the first (highest-ranked)
+        score = torch.where(ok, depth * (S + 1) + (S - torch.arange(S, device=device)), -1)
+        best = score.argmax(dim=1)
+        if config.greedy:
+            next_token = choice[rows, best]
+        else:
+            next_token = sample_from(target[rows, best], draws[:, -1])
+        return depth[best], next_token, t["ancestors"][best]
+
+    target = target_probs(head1, config)  # (B, S, V)
+    node = torch.zeros(B, dtype=torch.long, device=device)
+    remaining = target[:, 0].clone()  # the target after the current node, rejected siblings removed
+    descending = torch.ones(B, dtype=torch.bool, device=device)
+    column = 0
+    for tries in tree.max_children_at_depth():
+        moved = torch.zeros_like(descending)
+        for j in range(tries):
+            child = children[node, j]
+            exists = (child > 0) & (child < S)
+            child = torch.where(exists, child, 0)
+            trying = descending & ~moved & exists & verified[rows, child]
+            token = inputs[rows, child]
+            q = remaining.gather(1, token[:, None]).squeeze(1)
+            passes = sibling_passes(draws[:, column], remaining, q)
+            rejected = trying & ~passes
+            remaining = remaining.scatter(1, token[:, None], torch.where(rejected, 0.0, q)[:, None])
+            node = torch.where(trying & passes, child, node)
+            moved |= trying & passes
+            column += 1
+        descending = moved
+        # rows that moved start afresh after their new node; the others keep what is left of their target
+        remaining = torch.where(descending[:, None], target[rows, node], remaining)
+    next_token = sample_from(remaining, draws[:, column])
+    return depth[node], next_token, t["ancestors"][node]
+
+
+def _draft(
+    draft: Callable[..., Tensor],
+    last: Tensor,
+    inputs: Tensor,
+    next_token: Tensor,
+    config: GenerationConfig,
+    draws: Tensor | None,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """The next step's drafts: a chain (B, heads - 1) or the tree's nodes (B, N); the chain's proposals (B, heads - 1,
+    V) when sampling; and how many drafts (chain) or depths (tree) each row has before the first whose head's top
+    probability is below ``draft_p_min`` (B,).
+
+    ``draft(last, inputs, next_token, choose)``: the drafts after each row's input ``last`` and ``next_token``
+    (:meth:`InferenceModel.draft`).
+    """
+    tree, B = config.tree, inputs.size(0)
+    if config.heads == 1:
+        return inputs.new_empty(B, 0), None, torch.zeros(B, dtype=torch.long, device=inputs.device)
+    logits, proposals = [], []
+
+    def top_tokens(head_logits: Tensor, first: int) -> Tensor:  # (h, B, V) -> (h, B), keeping the logits
+        logits.append(head_logits)
+        return head_logits.argmax(dim=-1)
+
+    def sample_drafts(head_logits: Tensor, first: int) -> Tensor:  # (h, B, V) -> (h, B), keeping the proposals
+        probs = proposal_probs(head_logits, config).transpose(0, 1)  # (B, h, V)
         proposals.append(probs)
-        start = n_drafts + 1 + first
+        start = config.drafts + 1 + first
         return sample_from(probs, draws[:, start : start + probs.size(1)]).T
 
-    drafts = draft(base + accepted, inputs, next_token, sample_drafts)
-    return accepted, next_token, drafts, torch.cat(proposals, dim=1)
+    sampled = not config.greedy and tree is None
+    drafts = draft(last, inputs, next_token, sample_drafts if sampled else top_tokens)
+    draft_probs = torch.cat(proposals, dim=1) if sampled else None
+    if config.draft_p_min > 0:
+        if sampled:
+            confidence = draft_probs.amax(dim=-1)  # (B, heads - 1)
+        else:
+            heads_logits = torch.cat(logits)[: config.drafts]
+            probs = heads_logits.float().softmax(-1) if config.greedy else proposal_probs(heads_logits, config)
+            confidence = probs.amax(dim=-1).T
+        live = (confidence[:, : config.drafts] >= config.draft_p_min).long().cumprod(dim=1).sum(dim=1)
+    else:
+        live = torch.full((B,), config.drafts, dtype=torch.long, device=inputs.device)
+    if tree is not None:
+        heads_logits = torch.cat(logits)
+        candidates = [heads_logits[d].topk(k, dim=-1).indices for d, k in enumerate(tree.ranks_at_depth)]
+        drafts = tree.node_tokens(candidates)
+    return drafts, draft_probs, live

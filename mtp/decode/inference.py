@@ -154,6 +154,11 @@ class InferenceModel:
             built[key] = (weights, cls(model, heads, compile))
         return built[key][1]
 
+    @property
+    def path_slots(self) -> slice:
+        """The cache slots of the verification path's blocks (trunk and head 1)."""
+        return slice(0, len(self.path))
+
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
         """An empty cache for these blocks; compiled, attention spans every preallocated position (fixed shapes)."""
         extra_slots = self.drafter.cache_slots if self.drafter is not None else 0
@@ -177,7 +182,7 @@ class InferenceModel:
         The caller starts the step in ``cache`` (``cache.begin(S)``) before, and commits it after :meth:`draft`;
         this writes the keys and values of every block of the path. A prompt's step reads one position per row.
         """
-        rotation = self.rotations[cache.positions]  # (B, S, head_dim / 2)
+        rotation = self.rotations[cache.rotary]  # (B, S, head_dim / 2)
         x = F.embedding(tokens, self.embeddings)
         draft_input = x
         for i, blocks in enumerate(self.path):
@@ -228,7 +233,7 @@ class ParallelBlocks:
     def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
         form = self.form
         x = hidden.expand(form.heads - 1, -1, -1, -1)  # (h, B, S, d)
-        rotation = form.rotations[cache.positions]
+        rotation = form.rotations[cache.rotary]
         out = form._blocks(self.blocks, x, rotation, cache, self.slots, last)  # (h, B, d)
         return choose(form.head1_output(F.rms_norm(out, (out.size(-1),), eps=form.eps)), 0).T
 
@@ -318,7 +323,7 @@ class CausalChain:
             d = (embedded.size(-1),)
             x = torch.cat([F.rms_norm(embedded, d, eps=eps), F.rms_norm(previous, d, eps=eps)], dim=-1)
             x = torch.matmul(x, self.inputs[k - 2])  # (B, width, d)
-            rotation = form.rotations[positions]
+            rotation = form.rotations[depth_cache.rotary]
             out = form._blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1))[0]  # (B, width, d)
             if k < form.heads:  # what the next depth reads
                 chain.hidden[k - 1][rows, positions] = out

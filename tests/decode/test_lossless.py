@@ -15,6 +15,7 @@ import torch
 from mtp.decode import GenerationConfig, generate
 from mtp.decode import generation as generation_module
 from mtp.decode.sampling import processed_probs
+from mtp.decode.tree import DraftTree
 from tests.decode.helpers import HEAD_TYPES, NEVER, fixed_logits_model, head1_logits, tiny_model
 
 VOCAB = 5
@@ -95,10 +96,11 @@ def total_variation(samples: list[tuple[int, ...]], joint: dict) -> float:
     return 0.5 * sum(abs(counts.get(x, 0) / len(samples) - joint.get(x, 0.0)) for x in outcomes)
 
 
-def check(heads: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 11):
-    """(total variation, threshold, samples outside the target's support) of self-speculative sampling."""
+def check(heads: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 11, **decoding):
+    """(total variation, threshold, samples outside the target's support) of self-speculative sampling; ``decoding``:
+    more GenerationConfig settings (a tree, adaptive drafting, an acceptance rule)."""
     # heads + 1 tokens: the prefill's token, the first verified drafts, and the token after them (bonus or resampled)
-    config = GenerationConfig(heads + 1, temperature, top_k, top_p, heads=heads, seed=seed)
+    config = GenerationConfig(heads + 1, temperature, top_k, top_p, heads=heads, seed=seed, **decoding)
     tables = counting_tables(heads)
     joint = exact_joint(tables, config, heads + 1)
     samples = sample_continuations(fixed_logits_model(tables), config, N_SAMPLES)
@@ -214,3 +216,80 @@ def test_processed_probs_equal_the_reference(seed):
     top_p = [1.0, 0.5, 0.9, 0.99, 0.2][seed % 5]
     expected = torch.tensor(reference_probs(logits, temperature, top_k, top_p), dtype=torch.float64)
     torch.testing.assert_close(processed_probs(logits, temperature, top_k, top_p).double(), expected, atol=1e-6, rtol=0)
+
+
+# -- trees, adaptive drafting, typical acceptance: the same check
+TREE = DraftTree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)])
+"""Three candidates at depth 1 (the third often outside the target's support), two below the first, chains below."""
+
+DRAFTING = {
+    "tree": dict(heads=4, tree=TREE),
+    "tree_T0.7_topp0.9": dict(heads=4, temperature=0.7, top_p=0.9, tree=TREE),
+    "chain_adaptive": dict(heads=4, adaptive_drafts=True),
+}
+
+
+@pytest.mark.parametrize("case", DRAFTING.values(), ids=DRAFTING.keys())
+def test_tree_and_adaptive_sampling_have_the_autoregressive_distribution(case):
+    tv, threshold, outside = check(**case)
+    assert outside == 0, "sampled a continuation the target gives probability 0"
+    assert tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
+
+
+def _wrong_tree_rules():
+    return {
+        # each sibling tested against the unnormalized rest of the target: later siblings pass too rarely
+        "sibling_without_renormalizing": ("sibling_passes", lambda u, remaining, q: u < q),
+        # every sibling tested against the full target, as if no sibling had been rejected before it
+        "sibling_against_full_target": ("sibling_passes", lambda u, remaining, q: u * remaining.sum(-1) < 2 * q),
+    }
+
+
+@pytest.mark.parametrize("rule", _wrong_tree_rules().keys())
+def test_each_wrong_tree_rule_fails_the_check(rule, monkeypatch):
+    name, wrong = _wrong_tree_rules()[rule]
+    monkeypatch.setattr(generation_module, name, wrong)
+    tv, threshold, outside = check(**DRAFTING["tree"])
+    assert outside > 0 or tv >= threshold, f"{rule}: total variation {tv:.4f} < {threshold:.4f}"
+
+
+def test_typical_acceptance_is_lossy_and_the_check_sees_it():
+    """Typical acceptance, documented as lossy, must fail the check: evidence the check would catch a lossy tree."""
+    tv, threshold, _ = check(**DRAFTING["tree"], acceptance="typical")
+    assert tv >= threshold
+
+
+REAL_MODEL_DRAFTING = {
+    "tree-transformer": ("transformer", dict(tree=DraftTree([(0,), (1,), (2,), (0, 0), (1, 0), (0, 1)]))),
+    "tree-causal": ("causal", dict(tree=DraftTree([(0,), (1,), (0, 0), (0, 1)]))),
+    "tree-p_min": ("medusa", dict(tree=DraftTree([(0,), (1,), (0, 0), (1, 0)]), draft_p_min=0.4)),
+    "chain-p_min": ("medusa", dict(draft_p_min=0.4)),
+}
+
+
+@pytest.mark.parametrize("head_type, decoding", REAL_MODEL_DRAFTING.values(), ids=REAL_MODEL_DRAFTING.keys())
+def test_tree_and_cut_sampling_lossless_with_head_blocks(head_type, decoding):
+    """On a random model whose every context changes the logits (so the tree mask, the kept path and the confidence
+    that cuts drafting all matter): four sampled tokens against the exact joint."""
+    model = tiny_model(n_future=3, vocab_size=4, seed=3, **HEAD_TYPES[head_type])
+    with torch.no_grad():
+        model.outputs[0].weight.mul_(60)  # peaked distributions, so that heads disagree with head 1
+        if head_type == "medusa":  # heads of their own, head 2 surer than head 3: drafting is cut at either depth
+            model.outputs[1].weight.mul_(8)
+            model.outputs[2].weight.mul_(4)
+    config = GenerationConfig(max_new_tokens=4, temperature=1.0, heads=3, seed=5, **decoding)
+    joint = {}
+    with torch.no_grad():
+        for continuation in itertools.product(range(4), repeat=4):
+            logits = head1_logits(model, torch.tensor([[1, 2, *continuation]]))[0]
+            p = 1.0
+            for i, token in enumerate(continuation):
+                p *= reference_probs(logits[1 + i], 1.0, 0, 1.0)[token]
+            if p > 0:
+                joint[continuation] = p
+    out, stats = generate(model, [[1, 2]] * 12_000, config)
+    samples = [tuple(row) for row in out]
+    assert all(s in joint for s in samples)
+    assert total_variation(samples, joint) < tv_threshold(joint, 12_000)
+    if config.draft_p_min:  # the cut happened, at some steps and not at others
+        assert 0 < stats.drafted[1] < stats.drafted[0] < stats.forwards * 12_000

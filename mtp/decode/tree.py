@@ -1,0 +1,183 @@
+"""Draft trees: which candidates of which heads one self-speculative step verifies, in one forward.
+
+A tree is a list of paths in Medusa's ``medusa_choices`` format: path ``(r1, ..., rd)`` is the node at depth d
+whose token is the rank-rd candidate of draft head d + 1 (head 2 drafts depth 1), below the node ``(r1, ...,
+r(d-1))``. Every path's parent must be in the tree. A step's input is [the token head 1 chose, the tree's nodes]:
+node i attends to the cached context, the root and its own ancestors (:attr:`DraftTree.attends`), at position
+(root's position + depth), so one forward gives head 1's distribution after every node, and the longest path whose
+every node head 1 accepts wins. A chain of k - 1 drafts is the tree ``[(0,), (0, 0), ...]``.
+
+Trees fitted to a model (:func:`fit_tree`) pick the nodes most likely to be accepted, from how often each path of
+candidate ranks matched the model's own continuations of held-out text (Medusa's greedy construction, with the
+joint frequency of each rank path instead of a product of per-head accuracies).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from mtp.errors import UserError
+
+
+class DraftTree:
+    """A static draft tree. Node 0 is the root (the token head 1 chose); nodes 1..N follow ``paths``, parents first."""
+
+    def __init__(self, paths: Iterable[Sequence[int]]) -> None:
+        paths = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
+        if not paths:
+            raise ValueError("a draft tree needs at least one path")
+        index = {(): 0} | {p: i + 1 for i, p in enumerate(paths)}
+        for p in paths:
+            if not p or min(p) < 0:
+                raise ValueError(f"path {list(p)} is not a list of ranks >= 0")
+            if p[:-1] not in index:
+                raise ValueError(f"path {list(p)} has no parent {list(p[:-1])} in the tree")
+        self.paths = paths
+        self.size = len(paths)  # nodes besides the root
+        self.depth = max(map(len, paths))
+        self.node_depth = [0] + [len(p) for p in paths]
+        self.node_rank = [0] + [p[-1] for p in paths]
+        self.parent = [0] + [index[p[:-1]] for p in paths]
+        self.ranks_at_depth = [1 + max(p[-1] for p in paths if len(p) == d) for d in range(1, self.depth + 1)]
+        children: list[list[int]] = [[] for _ in range(self.size + 1)]
+        for i in range(1, self.size + 1):
+            children[self.parent[i]].append(i)  # in rank order: paths are sorted
+        self.children = children
+        # ancestors[i][j]: node i's ancestor at depth j (i itself from its own depth on)
+        self.ancestors = []
+        for i in range(self.size + 1):
+            chain = [i]
+            while chain[-1]:
+                chain.append(self.parent[chain[-1]])
+            chain.reverse()
+            self.ancestors.append(chain + [i] * (self.depth + 1 - len(chain)))
+        self._tensors: dict[torch.device, dict[str, Tensor]] = {}
+
+    @classmethod
+    def chain(cls, drafts: int) -> DraftTree:
+        return cls([(0,) * d for d in range(1, drafts + 1)])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DraftTree) and self.paths == other.paths
+
+    def __repr__(self) -> str:
+        return f"DraftTree({self.size} nodes, depth {self.depth})"
+
+    def nodes_up_to(self, depth: int) -> int:
+        """How many nodes (root excluded) lie at depths 1..depth: a prefix of the node order."""
+        return sum(1 for d in self.node_depth[1:] if d <= depth)
+
+    def tensors(self, device: torch.device) -> dict[str, Tensor]:
+        """The tree as index tensors on ``device`` (built once per device)."""
+        if device not in self._tensors:
+            n = self.size + 1
+            attends = torch.zeros(n, n, dtype=torch.bool)
+            for i, chain in enumerate(self.ancestors):
+                attends[i, chain[: self.node_depth[i] + 1]] = True
+            max_children = max(len(c) for c in self.children)
+            children = torch.full((n, max_children), -1, dtype=torch.long)
+            for i, c in enumerate(self.children):
+                children[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+            offsets = [sum(self.ranks_at_depth[:d]) for d in range(self.depth)]  # where depth d + 1's candidates start
+            columns = [offsets[self.node_depth[i] - 1] + self.node_rank[i] for i in range(1, n)]
+            tensors = {
+                "columns": torch.tensor(columns),  # node i's column among the concatenated candidates
+                "attends": attends,  # (N + 1, N + 1): node i sees node j
+                "depth": torch.tensor(self.node_depth),
+                "rank": torch.tensor(self.node_rank),
+                "parent": torch.tensor(self.parent),
+                "ancestors": torch.tensor(self.ancestors),  # (N + 1, depth + 1)
+                "children": children,  # (N + 1, max children), -1 padded, in rank order
+            }
+            self._tensors[device] = {k: v.to(device) for k, v in tensors.items()}
+        return self._tensors[device]
+
+    def max_children_at_depth(self) -> list[int]:
+        """For depth d = 1..depth, the most children a node at depth d - 1 has: sibling tests per level."""
+        return [max(len(self.children[i]) for i in range(self.size + 1) if self.node_depth[i] == d - 1)
+                for d in range(1, self.depth + 1)]  # fmt: skip
+
+    def node_tokens(self, candidates: list[Tensor]) -> Tensor:
+        """Node tokens (B, N) from each depth's candidates in rank order (a list of (B, ranks_at_depth[d]))."""
+        table = torch.cat(candidates, dim=1)  # (B, sum of ranks)
+        return table.index_select(1, self.tensors(table.device)["columns"])
+
+    def to_json(self, **metadata) -> str:
+        return json.dumps({"paths": [list(p) for p in self.paths], **metadata}, indent=1)
+
+
+def read_tree(path: Path, drafts: int, vocab_size: int) -> DraftTree:
+    """A tree from a JSON file (``{"paths": [[0], [1], [0, 0], ...]}`` or the bare list), checked against the model:
+    at most ``drafts`` deep, every rank below the vocabulary size. Bad files raise one-sentence UserErrors."""
+    if not path.is_file():
+        raise UserError(f"tree file {path} does not exist; pass a JSON file written by scripts/fit_tree.py or 'auto'.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(
+            f'tree file {path} is not valid JSON ({err}); write it as {{"paths": [[0], [0, 0], ...]}}.'
+        ) from None
+    paths = data.get("paths") if isinstance(data, dict) else data
+    if not isinstance(paths, list) or not all(
+        isinstance(p, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in p) for p in paths
+    ):
+        raise UserError(f'tree file {path} must hold a list of paths, each a list of integer ranks, under "paths".')
+    try:
+        tree = DraftTree(paths)
+    except ValueError as err:
+        raise UserError(f"tree file {path}: {err}; every path's parent must be listed too.") from None
+    if tree.depth > drafts:
+        raise UserError(
+            f"tree file {path} reaches depth {tree.depth} but the model drafts at most {drafts} tokens with its "
+            f"heads; use a tree at most {drafts} deep (or --heads {tree.depth + 1} where the model allows it)."
+        )
+    worst = max(r for p in tree.paths for r in p)
+    if worst >= vocab_size:
+        raise UserError(
+            f"tree file {path} names candidate rank {worst} but the vocabulary has {vocab_size} tokens; "
+            f"ranks must lie in 0..{vocab_size - 1}."
+        )
+    return tree
+
+
+def rank_paths(ranks: Tensor) -> Counter:
+    """How often each path of candidate ranks was all right, from ranks (P, D): at each of P positions, the rank of the
+    token that came at depth d among draft head d + 1's candidates (-1 where it was not among them). A path (r1..rd)
+    counts at a position when the first d ranks equal it."""
+    counts: Counter = Counter()
+    for row in ranks.tolist():
+        path: tuple[int, ...] = ()
+        for r in row:
+            if r < 0:
+                break
+            path = (*path, r)
+            counts[path] += 1
+    return counts
+
+
+def fit_tree(counts: Counter, positions: int, nodes: int, depth: int) -> tuple[DraftTree, float]:
+    """The tree of at most ``nodes`` nodes, at most ``depth`` deep, with the most expected accepted drafts per step,
+    and that expectation, from rank-path counts over ``positions`` positions (:func:`rank_paths`).
+
+    A node adds its path's probability to the expected accepted length (it is accepted exactly when its path is
+    right), and a path is never more probable than its parent's, so taking the most probable paths first is optimal
+    for the empirical distribution (ties: shallower, then lower ranks first, which keeps parents before children)."""
+    ranked = sorted((p for p in counts if len(p) <= depth), key=lambda p: (-counts[p], len(p), p))
+    chosen: list[tuple[int, ...]] = []
+    taken = set()
+    for p in ranked:
+        if len(chosen) == nodes:
+            break
+        if p[:-1] == () or p[:-1] in taken:
+            chosen.append(p)
+            taken.add(p)
+    if not chosen:
+        chosen = [(0,)]
+    expected = sum(counts[p] for p in chosen) / max(1, positions)
+    return DraftTree(chosen), expected

@@ -1,0 +1,99 @@
+"""Draft trees: their structure, greedy tree decoding equal to greedy autoregressive decoding for every head type
+(rows accepting paths through lower-ranked candidates, at ragged depths), and fitting a tree from rank counts."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from mtp.decode import GenerationConfig, generate
+from mtp.decode.tree import DraftTree, fit_tree, rank_paths, read_tree
+from mtp.errors import UserError
+from tests.decode.helpers import HEAD_TYPES, tiny_model, train_on_cycles
+
+TREE = DraftTree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (1, 1), (0, 0, 0), (0, 0, 1), (2, 0), (1, 0, 0)])
+
+
+def test_tree_structure():
+    tree = DraftTree([(1,), (0, 0), (0,), (1, 0)])  # any order: nodes follow depth, then ranks
+    assert tree.paths == [(0,), (1,), (0, 0), (1, 0)]
+    assert tree.parent == [0, 0, 0, 1, 2]
+    assert tree.node_depth == [0, 1, 1, 2, 2]
+    assert tree.ranks_at_depth == [2, 1]
+    assert tree.ancestors[4] == [0, 2, 4] and tree.ancestors[1] == [0, 1, 1]
+    attends = tree.tensors(torch.device("cpu"))["attends"]
+    expected = torch.tensor(
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]], dtype=torch.bool
+    )
+    assert torch.equal(attends, expected)
+    candidates = [torch.tensor([[7, 8]]), torch.tensor([[9]])]  # depth 1: ranks 0, 1; depth 2: rank 0
+    assert tree.node_tokens(candidates).tolist() == [[7, 8, 9, 9]]
+    assert DraftTree.chain(3).paths == [(0,), (0, 0), (0, 0, 0)]
+    with pytest.raises(ValueError, match="no parent"):
+        DraftTree([(0,), (1, 0)])
+
+
+def partly_trained(head_type: str):
+    """A model whose drafts are right often but not always, and often at a lower rank: trees pay off unevenly."""
+    model = train_on_cycles(tiny_model(n_future=4, vocab_size=40, seed=1, **HEAD_TYPES[head_type]), steps=20)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(0)
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+    return model
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_greedy_tree_decoding_equals_autoregressive(head_type):
+    model = partly_trained(head_type)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 40, (n,), generator=generator).tolist() for n in (5, 2, 9, 3)]
+    reference, _ = generate(model, prompts, GenerationConfig(24, heads=1))
+    for decoding in (dict(tree=TREE), dict(tree=TREE, draft_p_min=0.2), dict(adaptive_drafts=True)):
+        out, stats = generate(model, prompts, GenerationConfig(24, heads=4, **decoding))
+        assert out == reference, decoding
+        assert 0 < stats.accepted[-1] < stats.drafted[-1]  # the deepest drafts pass at some steps only
+    alone, _ = generate(model, prompts[1:2], GenerationConfig(24, heads=4, tree=TREE))
+    assert alone == reference[1:2]
+
+
+def test_typical_acceptance_leaves_greedy_decoding_exact():
+    model = partly_trained("transformer")
+    reference, _ = generate(model, [[3, 4, 5]], GenerationConfig(16, heads=1))
+    out, stats = generate(model, [[3, 4, 5]], GenerationConfig(16, heads=4, tree=TREE, acceptance="typical"))
+    assert out == reference
+    assert "tree_nodes=11 acceptance=typical(lossy)" in stats.line()
+
+
+def test_rank_paths_and_the_fitted_tree():
+    ranks = torch.tensor([[0, 0, 1], [0, 1, -1], [1, 0, 0], [0, 0, -1], [-1, 0, 0]])
+    counts = rank_paths(ranks)
+    assert counts == Counter({(0,): 3, (0, 0): 2, (0, 0, 1): 1, (0, 1): 1, (1,): 1, (1, 0): 1, (1, 0, 0): 1})
+    tree, expected = fit_tree(counts, positions=5, nodes=3, depth=3)
+    assert tree.paths == [(0,), (1,), (0, 0)]  # (0, 0) and (0,) first; then the shallowest of the count-1 paths
+    assert expected == pytest.approx((3 + 2 + 1) / 5)
+    shallow, _ = fit_tree(counts, positions=5, nodes=10, depth=1)
+    assert shallow.paths == [(0,), (1,)]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[0], [0, 0", "is not valid JSON"),
+        ('{"paths": [[0], ["a"]]}', "a list of integer ranks"),
+        ('{"paths": [[0], [1, 0]]}', "has no parent"),
+        ('{"paths": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]}', "reaches depth 4"),
+        ('{"paths": [[0], [40]]}', "rank 40 but the vocabulary has 40"),
+    ],
+)
+def test_bad_tree_files_are_one_sentence(tmp_path, text, message):
+    path = tmp_path / "tree.json"
+    path.write_text(text)
+    with pytest.raises(UserError, match=message):
+        read_tree(path, drafts=3, vocab_size=40)
+
+
+def test_a_tree_file_round_trips(tmp_path):
+    path = tmp_path / "tree.json"
+    path.write_text(TREE.to_json(expected_accepted=1.5))
+    assert read_tree(path, drafts=3, vocab_size=40) == TREE
