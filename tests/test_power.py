@@ -96,7 +96,7 @@ MUTATIONS = [
     Mutation(
         "the token after the drafts reuses the first acceptance uniform",
         GENERATION,
-        "return accepted, sample_from(q_last, draws[:, config.drafts])",
+        "return accepted, sample_from(q_last, draws[:, _next_token_column(config)])",
         "return accepted, sample_from(q_last, draws[:, 0])",
         (LOSSLESS,),
     ),
@@ -197,15 +197,15 @@ MUTATIONS = [
     Mutation(
         "siblings are tested against the unnormalized rest of the target",
         GENERATION,
-        "return uniform * remaining.sum(dim=-1) < token_probability",
-        "return uniform < token_probability",
+        "return uniform * proposal * remaining.sum(dim=-1) < token_probability",
+        "return uniform * proposal < token_probability",
         TREE_LOSSLESS,
     ),
     Mutation(
-        "a rejected sibling stays in the target",
+        "a rejected sibling's proposal is not taken out of the target",
         GENERATION,
-        "torch.where(rejected, 0.0, q)",
-        "q",
+        "return torch.where(rejected[:, None], residual, remaining)",
+        "return remaining",
         TREE_LOSSLESS,
     ),
     Mutation(

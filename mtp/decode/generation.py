@@ -17,12 +17,12 @@ and kernels, the baseline speed-ups are measured against.
 With a draft tree (``tree``, :mod:`mtp.decode.tree`) a step verifies several candidates per depth at once: the
 input is [the token head 1 chose, the tree's nodes] under a tree attention mask, the longest accepted path wins,
 its keys and values are moved where a sequence would have them, and the heads draft the next tree from its last
-node. Greedy: a node is accepted when it is head 1's argmax after its parent. Sampling: the candidates are the
-heads' top-ranked tokens, each a proposal with all its mass on itself, and multi-candidate speculative sampling
-(SpecInfer; EAGLE) tries the children of the last accepted node in rank order: child x passes with probability
-min(1, q(x) / 1) under the current target q; on rejection q becomes normalize(max(0, q - onehot(x))) (x removed)
-and the next child is tried; when none passes, the next token is sampled from what is left of q. The output is
-distributed as autoregressive sampling from head 1.
+node. Greedy: the nodes at depth d are head d + 1's top-ranked tokens, and a node is accepted when it is head 1's
+argmax after its parent. Sampling: every node is drawn independently from its head's proposal p, and
+multi-candidate speculative sampling (SpecInfer, Miao et al. 2023; EAGLE) tries the children of the last accepted
+node in order: child x passes with probability min(1, q(x) / p(x)) under the current target q; on rejection q
+becomes normalize(max(0, q - p)) and the next child is tried; when none passes, the next token is sampled from what
+is left of q. The output is distributed as autoregressive sampling from head 1.
 
 - ``acceptance="typical"`` (Medusa's typical acceptance, lossy, sampling only): a draft passes when head 1 gives it
   probability above min(epsilon, delta * exp(-entropy)); the longest passing path wins and the next token is
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -46,7 +47,7 @@ import torch
 from torch import Tensor
 
 from mtp.decode.inference import InferenceModel
-from mtp.decode.sampling import RowUniforms, processed_probs, sample_from
+from mtp.decode.sampling import RowUniforms, processed_probs, sample_from, sample_many
 from mtp.decode.tree import DraftTree
 from mtp.model import MTPModel
 
@@ -141,6 +142,8 @@ class DecodeStats:
     """Forwards that read prompts (1 per generate call; more when statistics of several calls are summed)."""
     tree_nodes: int = 0
     """Nodes of the draft tree verified per step (0: a chain)."""
+    accepted_nodes: Counter = field(default_factory=Counter)
+    """Tree decoding: how many row-steps ended at each node (0: the root, no draft accepted)."""
     acceptance_rule: str = "exact"
 
     @property
@@ -225,12 +228,14 @@ def generate(
         if tree is not None and n_drafts:
             cache.begin(inputs.size(1), tree.tensors(device))
             head1, hidden = inference.verify(inputs, cache)  # (B, 1 + nodes, V), (B, 1 + nodes, d)
-            accepted, next_token, path = _verify_tree(head1, inputs, tree, live, config, draws)
+            accepted, next_token, path = _verify_tree(head1, inputs, tree, live, draft_probs, config, draws)
+            last_node = path[:, -1]
             cache.keep_path(path, inference.path_slots)
             inputs = inputs.gather(1, path)  # (B, depth + 1): the accepted path (then its last node repeated)
             hidden = hidden.gather(1, path[..., None].expand(-1, -1, hidden.size(-1)))
             cache.begin(inputs.size(1))  # the draft heads read the accepted path as the sequence it is
         else:
+            last_node = None
             cache.begin(inputs.size(1))
             # head 1's logits where drafts are verified: after the last accepted input (base) and each pending draft
             read = None if n_drafts else base[:, None]
@@ -243,7 +248,8 @@ def generate(
         stats.row_forwards += len(rows)
         # the one device-to-host transfer of the step: what each row accepted and emitted, and will draft next
         pending = inputs[:, 1:] if n_drafts else base[:, None]
-        host = torch.cat([accepted[:, None], next_token[:, None], new_live[:, None], pending], 1)
+        node = last_node if last_node is not None else torch.zeros_like(accepted)
+        host = torch.cat([accepted[:, None], next_token[:, None], new_live[:, None], node[:, None], pending], 1)
         host = host.tolist()  # waits for the device: the step's time ends here
         if stats.forwards == 1:
             stats.prefill_s = time.perf_counter() - start
@@ -253,7 +259,9 @@ def generate(
 
         keep = []
         verified = live.tolist() if n_drafts else [0] * len(rows)
-        for i, (n_accepted, token, next_live, *path_tokens) in enumerate(host):
+        for i, (n_accepted, token, next_live, node, *path_tokens) in enumerate(host):
+            if last_node is not None:
+                stats.accepted_nodes[node] += 1
             emitted = (path_tokens[:n_accepted] if n_drafts else []) + [token]
             for j in range(verified[i]):
                 stats.drafted[j] += 1
@@ -338,19 +346,32 @@ def typical_passes(target: Tensor, tokens: Tensor, config: GenerationConfig) -> 
     return target.gather(-1, tokens[..., None]).squeeze(-1) > threshold
 
 
-def sibling_passes(uniform: Tensor, remaining: Tensor, token_probability: Tensor) -> Tensor:
-    """Multi-candidate speculative sampling with one-hot proposals: a candidate passes with probability min(1, q / 1)
-    under the current target q = normalize(``remaining``), where ``remaining`` is the target with the rejected
-    siblings removed (normalize(max(0, q - onehot)) after each rejection)."""
-    return uniform * remaining.sum(dim=-1) < token_probability
+def sibling_passes(uniform: Tensor, remaining: Tensor, token_probability: Tensor, proposal: Tensor) -> Tensor:
+    """Multi-candidate speculative sampling (SpecInfer): a candidate x drawn from proposal p passes with probability
+    min(1, q(x) / p(x)) under the current target q = normalize(``remaining``) (``token_probability``: remaining(x),
+    ``proposal``: p(x))."""
+    return uniform * proposal * remaining.sum(dim=-1) < token_probability
+
+
+def residual_after_rejection(remaining: Tensor, proposal: Tensor, rejected: Tensor) -> Tensor:
+    """The target after a rejected candidate, unnormalized: max(0, q - p) with q = normalize(remaining), for rows
+    where ``rejected`` (B,); the same target elsewhere."""
+    residual = (remaining - remaining.sum(dim=-1, keepdim=True) * proposal).clamp_(min=0)
+    return torch.where(rejected[:, None], residual, remaining)
+
+
+def _next_token_column(config: GenerationConfig) -> int:
+    """Where a step's uniforms for the token after the accepted drafts sit: after one test per draft (chain) or per
+    sibling tried at each depth (tree). Then come the new drafts' (a chain's; a tree's depths, then its nodes)."""
+    if config.tree is not None:
+        return sum(config.tree.max_children_at_depth())
+    return config.heads - 1
 
 
 def _draws_per_step(config: GenerationConfig) -> int:
-    """Uniform numbers a step may use. Chain: a test per draft, the next token, the new drafts. Tree: a test per
-    sibling tried at each depth, then the next token (the tree's candidates are top-ranked, not sampled)."""
-    if config.tree is not None:
-        return sum(config.tree.max_children_at_depth()) + 1
-    return 2 * config.heads - 1
+    """Uniform numbers a step may use: the tests, the next token, the drafts (a tree's depths and nodes)."""
+    tree_nodes = config.tree.size if config.tree is not None else 0
+    return _next_token_column(config) + config.heads + tree_nodes
 
 
 def _verify_chain(
@@ -382,7 +403,7 @@ def _verify_chain(
 
     target = target_probs(head1, config)  # (B, n_drafts + 1, V)
     if not n_drafts:
-        return accepted, sample_from(target[:, 0], draws[:, config.drafts])
+        return accepted, sample_from(target[:, 0], draws[:, _next_token_column(config)])
     pending = inputs[:, 1:, None]
     present = torch.arange(n_drafts, device=inputs.device) < live[:, None]
     q = target[:, :n_drafts].gather(-1, pending).squeeze(-1)  # (B, D) target probability of each draft
@@ -396,16 +417,23 @@ def _verify_chain(
     if not config.typical:  # typical acceptance samples the next token from head 1 itself
         p_first_rejected = draft_probs[rows, accepted.clamp(max=n_drafts - 1)]  # (B, V)
         q_last = correction_probs(q_last, p_first_rejected, accepted < live)
-    return accepted, sample_from(q_last, draws[:, config.drafts])
+    return accepted, sample_from(q_last, draws[:, _next_token_column(config)])
 
 
 def _verify_tree(
-    head1: Tensor, inputs: Tensor, tree: DraftTree, live: Tensor, config: GenerationConfig, draws: Tensor | None
+    head1: Tensor,
+    inputs: Tensor,
+    tree: DraftTree,
+    live: Tensor,
+    draft_probs: Tensor | None,
+    config: GenerationConfig,
+    draws: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Accepted depth (B,), the token after the accepted path (B,), and the path's node indices (B, depth + 1).
 
     head1: (B, S, V), head 1's logits after the root and each of the first S - 1 nodes (inputs (B, S)); row b's nodes
-    deeper than ``live[b]`` are not verified.
+    deeper than ``live[b]`` are not verified. Sampling: the nodes at depth d were drawn from ``draft_probs[:, d - 1]``
+    (B, depth, V), each independently.
     """
     B, S = inputs.shape
     device = inputs.device
@@ -439,7 +467,8 @@ def _verify_tree(
     remaining = target[:, 0].clone()  # the target after the current node, rejected siblings removed
     descending = torch.ones(B, dtype=torch.bool, device=device)
     column = 0
-    for tries in tree.max_children_at_depth():
+    for level, tries in enumerate(tree.max_children_at_depth()):
+        proposal = draft_probs[:, level]  # (B, V) what every node at this depth was drawn from
         moved = torch.zeros_like(descending)
         for j in range(tries):
             child = children[node, j]
@@ -448,9 +477,9 @@ def _verify_tree(
             trying = descending & ~moved & exists & verified[rows, child]
             token = inputs[rows, child]
             q = remaining.gather(1, token[:, None]).squeeze(1)
-            passes = sibling_passes(draws[:, column], remaining, q)
-            rejected = trying & ~passes
-            remaining = remaining.scatter(1, token[:, None], torch.where(rejected, 0.0, q)[:, None])
+            p = proposal.gather(1, token[:, None]).squeeze(1)
+            passes = sibling_passes(draws[:, column], remaining, q, p)
+            remaining = residual_after_rejection(remaining, proposal, trying & ~passes)
             node = torch.where(trying & passes, child, node)
             moved |= trying & passes
             column += 1
@@ -488,10 +517,10 @@ def _draft(
     def sample_drafts(head_logits: Tensor, first: int) -> Tensor:  # (h, B, V) -> (h, B), keeping the proposals
         probs = proposal_probs(head_logits, config).transpose(0, 1)  # (B, h, V)
         proposals.append(probs)
-        start = config.drafts + 1 + first
+        start = _next_token_column(config) + 1 + first
         return sample_from(probs, draws[:, start : start + probs.size(1)]).T
 
-    sampled = not config.greedy and tree is None
+    sampled = not config.greedy and not config.typical  # typical acceptance verifies top-ranked candidates
     drafts = draft(last, inputs, next_token, sample_drafts if sampled else top_tokens)
     draft_probs = torch.cat(proposals, dim=1) if sampled else None
     if config.draft_p_min > 0:
@@ -504,7 +533,16 @@ def _draft(
         live = (confidence[:, : config.drafts] >= config.draft_p_min).long().cumprod(dim=1).sum(dim=1)
     else:
         live = torch.full((B,), config.drafts, dtype=torch.long, device=inputs.device)
-    if tree is not None:
+    if tree is not None and sampled:  # every node drawn from its depth's proposal, independently
+        start = _next_token_column(config) + config.heads
+        drafts = torch.cat(
+            [
+                sample_many(draft_probs[:, d - 1], draws[:, start + first : start + last])
+                for d, (first, last) in enumerate(tree.depth_nodes(), start=1)
+            ],
+            dim=1,
+        )
+    elif tree is not None:  # greedy and typical: each depth's top-ranked tokens
         heads_logits = torch.cat(logits)
         candidates = [heads_logits[d].topk(k, dim=-1).indices for d, k in enumerate(tree.ranks_at_depth)]
         drafts = tree.node_tokens(candidates)

@@ -35,6 +35,13 @@ def sample_from(probs: Tensor, uniforms: Tensor) -> Tensor:
     return index.clamp_(max=probs.size(-1) - 1)
 
 
+def sample_many(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """Independent samples (B, M) of each row's distribution in probs (B, V), one per uniform (B, M)."""
+    cdf = probs.cumsum(dim=-1)
+    index = torch.searchsorted(cdf, uniforms.to(cdf.dtype) * cdf[:, -1:], right=True)
+    return index.clamp_(max=probs.size(-1) - 1)
+
+
 class RowUniforms:
     """Uniform numbers for sampling: row b's come from its own generator, seeded ``seed + row``, drawn up front.
 

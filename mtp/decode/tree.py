@@ -14,6 +14,7 @@ joint frequency of each rank path instead of a product of per-head accuracies).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -68,6 +69,10 @@ class DraftTree:
 
     def __repr__(self) -> str:
         return f"DraftTree({self.size} nodes, depth {self.depth})"
+
+    def depth_nodes(self) -> list[tuple[int, int]]:
+        """For depth d = 1..depth, the range [first, last) of its nodes among nodes 1..N, counted from 0."""
+        return [(self.nodes_up_to(d - 1), self.nodes_up_to(d)) for d in range(1, self.depth + 1)]
 
     def nodes_up_to(self, depth: int) -> int:
         """How many nodes (root excluded) lie at depths 1..depth: a prefix of the node order."""
@@ -146,6 +151,24 @@ def read_tree(path: Path, drafts: int, vocab_size: int) -> DraftTree:
     return tree
 
 
+def full_tree(width: int, depth: int) -> DraftTree:
+    """Every path of ranks below ``width`` up to ``depth`` deep: the tree that measures which candidates pass."""
+    paths = [p for d in range(1, depth + 1) for p in itertools.product(range(width), repeat=d)]
+    return DraftTree(paths)
+
+
+def path_counts(tree: DraftTree, accepted_nodes: Counter) -> Counter:
+    """How often each path of ``tree`` was accepted (its node or a descendant ended a step), from how often each node
+    ended one (:attr:`mtp.decode.generation.DecodeStats.accepted_nodes`)."""
+    counts: Counter = Counter()
+    for node, times in accepted_nodes.items():
+        if node:
+            path = tree.paths[node - 1]
+            for d in range(1, len(path) + 1):
+                counts[path[:d]] += times
+    return counts
+
+
 def rank_paths(ranks: Tensor) -> Counter:
     """How often each path of candidate ranks was all right, from ranks (P, D): at each of P positions, the rank of the
     token that came at depth d among draft head d + 1's candidates (-1 where it was not among them). A path (r1..rd)
@@ -167,16 +190,19 @@ def fit_tree(counts: Counter, positions: int, nodes: int, depth: int) -> tuple[D
 
     A node adds its path's probability to the expected accepted length (it is accepted exactly when its path is
     right), and a path is never more probable than its parent's, so taking the most probable paths first is optimal
-    for the empirical distribution (ties: shallower, then lower ranks first, which keeps parents before children)."""
-    ranked = sorted((p for p in counts if len(p) <= depth), key=lambda p: (-counts[p], len(p), p))
+    for the empirical distribution (ties: shallower, then lower ranks first, which keeps parents before children).
+    A node also needs its earlier siblings: children are tried in order, so a candidate's chance depends on them."""
     chosen: list[tuple[int, ...]] = []
-    taken = set()
-    for p in ranked:
-        if len(chosen) == nodes:
+    taken = {()}
+    candidates = {p for p in counts if len(p) <= depth}
+    while len(chosen) < nodes:
+        ready = [p for p in candidates if p[:-1] in taken and (p[-1] == 0 or (*p[:-1], p[-1] - 1) in taken)]
+        if not ready:
             break
-        if p[:-1] == () or p[:-1] in taken:
-            chosen.append(p)
-            taken.add(p)
+        best = min(ready, key=lambda p: (-counts[p], len(p), p))
+        chosen.append(best)
+        taken.add(best)
+        candidates.discard(best)
     if not chosen:
         chosen = [(0,)]
     expected = sum(counts[p] for p in chosen) / max(1, positions)

@@ -239,9 +239,11 @@ def test_tree_and_adaptive_sampling_have_the_autoregressive_distribution(case):
 def _wrong_tree_rules():
     return {
         # each sibling tested against the unnormalized rest of the target: later siblings pass too rarely
-        "sibling_without_renormalizing": ("sibling_passes", lambda u, remaining, q: u < q),
-        # every sibling tested against the full target, as if no sibling had been rejected before it
-        "sibling_against_full_target": ("sibling_passes", lambda u, remaining, q: u * remaining.sum(-1) < 2 * q),
+        "sibling_without_renormalizing": ("sibling_passes", lambda u, remaining, q, p: u * p < q),
+        # a sibling's test ignores how likely its proposal made it (as if it were the top-ranked, one-hot candidate)
+        "sibling_ignores_its_proposal": ("sibling_passes", lambda u, remaining, q, p: u * remaining.sum(-1) < q),
+        # later siblings tested against the full target, as if no sibling had been rejected before them
+        "rejection_leaves_the_target": ("residual_after_rejection", lambda remaining, proposal, rejected: remaining),
     }
 
 
