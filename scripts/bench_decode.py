@@ -2,11 +2,15 @@
 
     python scripts/bench_decode.py CKPT                       # k = 1..n, greedy and sampling, batch 1 and 8
     python scripts/bench_decode.py CKPT --device cuda --prompts 32 --max-new-tokens 256
+    python scripts/bench_decode.py CKPT --methods chain,tree,typical,adaptive   # + trees fitted to CKPT per mode
 
 Prompts are the openings of validation documents of the checkpoint's own training data (the split is
 recomputed from the source and validation fraction stored in the checkpoint). For every k, mode and
 batch size it reports tokens per forward, per-position acceptance, tokens/s and the speed-up over
-autoregressive decoding (k = 1, same mode and batch). Writes results.json, results.md and decode.png.
+autoregressive decoding (k = 1, same mode and batch). With --methods, the other ways of drafting run beside
+the chain at the largest k: tree (--tree FILE, or fitted now per mode on other held-out documents), typical
+(the tree under Medusa's typical acceptance: lossy, sampling only), adaptive (the chain cut by --draft-p-min,
+with the +2/-1 draft count). Writes results.json, results.md and decode.png.
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mtp.benchmarks.cli import int_list  # noqa: E402
-from mtp.benchmarks.decode_runs import held_out_prompts, run  # noqa: E402
+from mtp.benchmarks.decode_runs import fitted_tree, held_out_prompts, run  # noqa: E402
 from mtp.benchmarks.report import decode_table, plot_decode  # noqa: E402
 from mtp.checkpoint import load_checkpoint  # noqa: E402
 from mtp.cli import run_script  # noqa: E402
 from mtp.decode import DecodeStats, GenerationConfig, generate  # noqa: E402
+from mtp.decode.tree import read_tree  # noqa: E402
 from mtp.errors import UserError  # noqa: E402
+
+METHODS = ("chain", "tree", "typical", "adaptive")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,6 +44,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heads", type=int_list, default=None, help="k values (default 1..n)")
     parser.add_argument("--batch-sizes", type=int_list, default=[1, 8])
     parser.add_argument("--modes", default="greedy,sampling", help="greedy and/or sampling")
+    parser.add_argument("--methods", default="chain", help=f"chain and any of {', '.join(METHODS[1:])}")
+    parser.add_argument("--tree", default="auto", help="for tree/typical: a JSON tree, or auto (fitted per mode)")
+    parser.add_argument("--tree-nodes", type=int, default=16, help="nodes of the fitted trees")
+    parser.add_argument("--draft-p-min", type=float, default=0.3, help="for adaptive")
     parser.add_argument("--temperature", type=float, default=0.8, help="for sampling")
     parser.add_argument("--top-p", type=float, default=0.95, help="for sampling")
     parser.add_argument("--prompts", type=int, default=8, help="held-out prompts")
@@ -55,6 +66,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.modes = args.modes.split(",")
     if not set(args.modes) <= {"greedy", "sampling"}:
         parser.error(f"--modes {','.join(args.modes)}: each mode must be greedy or sampling")
+    args.methods = args.methods.split(",")
+    if not set(args.methods) <= set(METHODS):
+        parser.error(f"--methods {','.join(args.methods)}: each method must be one of {', '.join(METHODS)}")
+    if "chain" not in args.methods:
+        args.methods.insert(0, "chain")  # the baseline rows
+    if not 0 <= args.draft_p_min <= 1:
+        parser.error(f"--draft-p-min {args.draft_p_min} must lie in [0, 1]")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda was asked for but PyTorch sees no CUDA device; use --device cpu")
     if args.device == "auto":
@@ -63,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--hf needs transformers: pip install -e '.[hf]'")
     if args.hf and ("greedy" not in args.modes or 1 not in args.batch_sizes):
         parser.error("--hf compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes")
-    for name in ("prompts", "prompt_tokens", "max_new_tokens", "repeats"):
+    for name in ("prompts", "prompt_tokens", "max_new_tokens", "repeats", "tree_nodes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
@@ -87,29 +105,35 @@ def main(argv: list[str] | None = None) -> None:
     settings = []
     for mode in args.modes:
         sampling = {"temperature": args.temperature, "top_p": args.top_p} if mode == "sampling" else {}
+        chain = GenerationConfig(
+            args.max_new_tokens, heads=max(heads), seed=args.seed, compile=args.compile, **sampling
+        )
+        variants = method_configs(args, loaded, chain, mode)
         for batch_size in args.batch_sizes:
             for k in sorted(heads):
-                config = GenerationConfig(
-                    args.max_new_tokens, heads=k, seed=args.seed, compile=args.compile, **sampling
-                )
-                settings.append((mode, batch_size, config))
-    for _, batch_size, config in settings:  # warm-up (and, with --compile, compilation) of every step shape
+                settings.append((mode, batch_size, "chain", GenerationConfig(**{**chain.__dict__, "heads": k})))
+            settings += [(mode, batch_size, method, config) for method, config in variants]
+    for _, batch_size, _, config in settings:  # warm-up (and, with --compile, compilation) of every step shape
         generate(model, prompts[:batch_size], GenerationConfig(**{**config.__dict__, "max_new_tokens": 4}))
 
     peer = HFPeer(model, prompts, args.max_new_tokens) if args.hf else None
     best: dict[int, DecodeStats] = {}
     for round_ in range(args.repeats):  # rounds interleave the settings, so that a slow spell hits all of them
-        for i, (mode, batch_size, config) in enumerate(settings):
+        for i, (mode, batch_size, method, config) in enumerate(settings):
             stats = run(model, prompts, config, batch_size)
             if i not in best or stats.wall_time_s < best[i].wall_time_s:
                 best[i] = stats
-            print(f"round {round_ + 1} {mode:>8} batch={batch_size} k={config.heads}: {stats.line()}", flush=True)
+            print(
+                f"round {round_ + 1} {mode:>8} batch={batch_size} {method} k={config.heads}: {stats.line()}", flush=True
+            )
         if peer is not None:  # the HF peer in the same rounds
             peer.run_round()
-    rows = [result_row(mode, batch_size, config, best[i]) for i, (mode, batch_size, config) in enumerate(settings)]
+    rows = [result_row(*setting, best[i]) for i, setting in enumerate(settings)]
     for row in rows:  # speed-up and forward cost against k = 1 of the same mode and batch size
         baseline = next(
-            r for r in rows if (r["mode"], r["batch_size"], r["heads"]) == (row["mode"], row["batch_size"], 1)
+            r
+            for r in rows
+            if (r["mode"], r["batch_size"], r["heads"], r["method"]) == (row["mode"], row["batch_size"], 1, "chain")
         )
         row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
         row["forward_cost"] = row["ms_per_forward"] / baseline["ms_per_forward"]
@@ -142,10 +166,33 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{title}\n\n{table}\n\nwrote {args.out}/results.json, results.md, decode.png")
 
 
-def result_row(mode: str, batch_size: int, config: GenerationConfig, stats: DecodeStats) -> dict:
+def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tuple[str, GenerationConfig]]:
+    """The configurations of the methods other than the chain, at the largest k, for one mode."""
+    variants = []
+    tree = None
+    if {"tree", "typical"} & set(args.methods):
+        if args.tree == "auto":
+            fitted = fitted_tree(loaded, chain, args.tree_nodes)
+            tree = fitted.tree
+            print(f"{mode}: fitted a {tree.size}-node tree, expected tokens/step {1 + fitted.expected_accepted:.2f}")
+        else:
+            tree = read_tree(Path(args.tree), chain.heads - 1, loaded.config.vocab_size)
+    if "tree" in args.methods:
+        variants.append(("tree", GenerationConfig(**{**chain.__dict__, "tree": tree})))
+    if "typical" in args.methods and mode == "sampling":
+        variants.append(("typical", GenerationConfig(**{**chain.__dict__, "tree": tree, "acceptance": "typical"})))
+    if "adaptive" in args.methods:
+        settings = {**chain.__dict__, "draft_p_min": args.draft_p_min, "adaptive_drafts": True}
+        variants.append(("adaptive", GenerationConfig(**settings)))
+    return variants
+
+
+def result_row(mode: str, batch_size: int, method: str, config: GenerationConfig, stats: DecodeStats) -> dict:
     return {
         "mode": mode,
         "batch_size": batch_size,
+        "method": method,
+        "tree_nodes": stats.tree_nodes,
         "heads": config.heads,
         "tokens": stats.tokens,
         "forwards": stats.forwards,
@@ -186,7 +233,7 @@ class HFPeer:
             {"prompt": i, "token": j, "top2_margin": top2_margin(model, prompts[i], ours[i][:j])}
             for i, j in first_divergence(ours, self.plain.outputs)
         ]
-        greedy1 = {r["heads"]: r for r in rows if r["mode"] == "greedy" and r["batch_size"] == 1}
+        greedy1 = {r["heads"]: r for r in rows if (r["mode"], r["batch_size"], r["method"]) == ("greedy", 1, "chain")}
         k = max(greedy1)
         return {
             "hf_generate_tokens_per_s": self.plain.tokens_per_s,

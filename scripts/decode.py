@@ -2,6 +2,8 @@
 
     python scripts/decode.py CKPT --self-speculative --prompt "def parse("
     python scripts/decode.py CKPT --self-speculative --compare --prompt-file prompt.py
+    python scripts/decode.py CKPT --self-speculative --tree auto --prompt "def f("
+    python scripts/decode.py CKPT --self-speculative --tree tree.json --temperature 0.8 --top-p 0.95 --prompt "x"
     echo "import os" | python scripts/decode.py CKPT --temperature 0.8 --top-p 0.95
 
 Prints the completion on stdout, then one line of key=value statistics
@@ -25,7 +27,16 @@ from mtp.cli import run_script  # noqa: E402
 from mtp.config import ModelConfig  # noqa: E402
 from mtp.data.tokenizer import eot_id  # noqa: E402
 from mtp.decode import GenerationConfig, generate  # noqa: E402
+from mtp.decode.generation import ACCEPTANCE_RULES  # noqa: E402
+from mtp.decode.tree import read_tree  # noqa: E402
 from mtp.errors import UserError  # noqa: E402
+
+AUTOREGRESSIVE = {"heads": 1, "tree": None, "draft_p_min": 0.0, "adaptive_drafts": False}
+"""Settings that turn a decoding configuration into the autoregressive baseline of --compare."""
+TREE_NODES = 16
+"""Nodes of a tree fitted with --tree auto."""
+FIT_PROMPTS, FIT_PROMPT_TOKENS, FIT_NEW_TOKENS = 8, 64, 64
+"""--tree auto fits on this many held-out prompts, of this many tokens, continued by this many."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +57,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="row b samples with seed + b")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="auto: bf16 on cuda")
+    parser.add_argument(
+        "--tree",
+        help="verify a tree of candidates per step: a JSON file from scripts/fit_tree.py, or 'auto' to fit one now "
+        "on the checkpoint's held-out data with these decoding settings",
+    )
+    parser.add_argument("--tree-nodes", type=int, default=TREE_NODES, help="nodes of a tree fitted by --tree auto")
+    parser.add_argument(
+        "--acceptance",
+        choices=ACCEPTANCE_RULES,
+        default="exact",
+        help="exact (default): greedy-exact, lossless sampling; typical: Medusa's typical acceptance (lossy, sampling)",
+    )
+    parser.add_argument("--typical-epsilon", type=float, default=0.09, help="typical acceptance's probability cap")
+    parser.add_argument("--typical-delta", type=float, default=0.3, help="typical acceptance's entropy factor")
+    parser.add_argument(
+        "--draft-p-min",
+        type=float,
+        default=0.0,
+        help="stop drafting after a draft whose head's top probability is below",
+    )
+    parser.add_argument(
+        "--adaptive-drafts",
+        action="store_true",
+        help="chains: a row drafts 2 more after a step that accepted all its drafts, 1 less otherwise",
+    )
     parser.add_argument("--compare", action="store_true", help="also decode autoregressively and report the speed-up")
     parser.add_argument(
         "--compile",
@@ -86,6 +122,14 @@ def check_ranges(args: argparse.Namespace) -> None:
         raise UserError(f"--top-k {args.top_k} must be 0 (off) or positive.")
     if args.batch_size < 1:
         raise UserError(f"--batch-size {args.batch_size} must be at least 1.")
+    if not 0 <= args.draft_p_min <= 1:
+        raise UserError(f"--draft-p-min {args.draft_p_min} must lie in [0, 1]; 0 turns it off.")
+    if not 0 <= args.typical_epsilon <= 1 or args.typical_delta < 0:
+        raise UserError("--typical-epsilon must lie in [0, 1] and --typical-delta be at least 0.")
+    if args.tree_nodes < 1:
+        raise UserError(f"--tree-nodes {args.tree_nodes} must be at least 1.")
+    if args.tree is not None and args.adaptive_drafts:
+        raise UserError("--adaptive-drafts sizes chains; cut a --tree with --draft-p-min instead.")
 
 
 def check_heads(heads: int, config: ModelConfig) -> None:
@@ -97,6 +141,22 @@ def check_heads(heads: int, config: ModelConfig) -> None:
             f"--heads {heads} exceeds this checkpoint's {config.n_future} head(s); only causal heads trained with "
             f"model.share_depth=true draft beyond them; use --heads 1..{config.n_future}."
         )
+
+
+def pick_tree(args: argparse.Namespace, loaded, config: GenerationConfig):
+    """The tree of --tree: read from its file, or fitted now (auto) on held-out prompts with the decoding settings."""
+    if args.tree != "auto":
+        return read_tree(Path(args.tree), config.heads - 1, loaded.config.vocab_size)
+    from mtp.benchmarks.decode_runs import fitted_tree
+
+    settings = {**config.__dict__, "max_new_tokens": FIT_NEW_TOKENS}
+    fitted = fitted_tree(loaded, GenerationConfig(**settings), args.tree_nodes, FIT_PROMPTS, FIT_PROMPT_TOKENS)
+    print(
+        f"note: fitted a {fitted.tree.size}-node tree on {FIT_PROMPTS} held-out prompts "
+        f"(expected tokens/step there: {1 + fitted.expected_accepted:.2f})",
+        file=sys.stderr,
+    )
+    return fitted.tree
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +191,16 @@ def main(argv: list[str] | None = None) -> int:
         eos_id=eot,
         seed=args.seed,
         compile=args.compile,
+        acceptance=args.acceptance,
+        typical_epsilon=args.typical_epsilon,
+        typical_delta=args.typical_delta,
+        draft_p_min=args.draft_p_min,
+        adaptive_drafts=args.adaptive_drafts,
     )
+    if args.tree is not None:
+        if heads == 1:
+            raise UserError("--tree drafts with extra heads; add --self-speculative.")
+        config.tree = pick_tree(args, loaded, config)
     if args.compile:  # compile outside the timed decode: the prompt's step and a drafting step
         warm_up = GenerationConfig(**{**config.__dict__, "max_new_tokens": min(2, args.max_new_tokens)})
         generate(model, [prompt] * args.batch_size, warm_up)
@@ -143,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = f"head_type={loaded.config.head_type} heads={heads} batch={args.batch_size} device={device.type}"
     print(f"{stats.line()} {settings}")
     if args.compare:
-        baseline_config = GenerationConfig(**{**config.__dict__, "heads": 1})
+        baseline_config = GenerationConfig(**{**config.__dict__, **AUTOREGRESSIVE})
         if args.compile:
-            generate(model, [prompt] * args.batch_size, GenerationConfig(**{**warm_up.__dict__, "heads": 1}))
+            generate(model, [prompt] * args.batch_size, GenerationConfig(**{**warm_up.__dict__, **AUTOREGRESSIVE}))
         baseline, baseline_stats = generate(model, [prompt] * args.batch_size, baseline_config)
         same = baseline == outputs
         speedup = baseline_stats.wall_time_s / stats.wall_time_s if stats.wall_time_s else float("nan")

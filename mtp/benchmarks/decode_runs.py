@@ -8,8 +8,9 @@ from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.errors import UserError
 
 
-def held_out_prompts(data: dict, tokenizer, count: int, length: int) -> list[list[int]]:
-    """The first ``length`` tokens of ``count`` validation documents (after end-of-text, as in training)."""
+def held_out_prompts(data: dict, tokenizer, count: int, length: int, skip: int = 0) -> list[list[int]]:
+    """The first ``length`` tokens of ``count`` validation documents (after end-of-text, as in training), from the
+    ``skip``-th document with that many tokens on."""
     if not data:
         data = {"source": {"kind": "stdlib"}, "val_fraction": 0.05}
         print("note: the checkpoint does not record its training data; using the default corpus's validation split")
@@ -20,6 +21,9 @@ def held_out_prompts(data: dict, tokenizer, count: int, length: int) -> list[lis
         for text in texts:
             ids = tokenizer.encode(text, add_special_tokens=False).ids
             if len(ids) >= length:
+                if skip:
+                    skip -= 1
+                    continue
                 prompts.append([eot] + ids[:length])
             if len(prompts) == count:
                 return prompts
@@ -30,7 +34,10 @@ def held_out_prompts(data: dict, tokenizer, count: int, length: int) -> list[lis
 
 def run(model, prompts: list[list[int]], config: GenerationConfig, batch_size: int) -> DecodeStats:
     """Decode all prompts in batches of ``batch_size``; statistics summed over the batches."""
-    total = DecodeStats(rows=0, drafted=[0] * (config.heads - 1), accepted=[0] * (config.heads - 1), prefills=0)
+    total = DecodeStats(
+        rows=0, drafted=[0] * config.drafts, accepted=[0] * config.drafts, prefills=0,
+        tree_nodes=config.tree.size if config.tree is not None else 0, acceptance_rule=config.acceptance,
+    )  # fmt: skip
     for start in range(0, len(prompts), batch_size):
         _, stats = generate(model, prompts[start : start + batch_size], config)
         total.rows += stats.rows
@@ -43,3 +50,17 @@ def run(model, prompts: list[list[int]], config: GenerationConfig, batch_size: i
         total.drafted = [a + b for a, b in zip(total.drafted, stats.drafted, strict=True)]
         total.accepted = [a + b for a, b in zip(total.accepted, stats.accepted, strict=True)]
     return total
+
+
+FIT_SKIP_DOCUMENTS = 64
+"""Validation documents left to the benchmarks' prompts: trees are fitted on the ones after them."""
+
+
+def fitted_tree(loaded, config: GenerationConfig, nodes: int, prompts: int = 16, prompt_tokens: int = 64):
+    """A tree of at most ``nodes`` nodes fitted to a loaded checkpoint for decoding with ``config`` (its temperature,
+    top-k, top-p, heads), on held-out documents the benchmarks do not prompt with (:mod:`mtp.decode.tree_fit`)."""
+    from mtp.decode.tree_fit import fit_to_model
+
+    held_out = held_out_prompts(loaded.data, loaded.tokenizer, prompts, prompt_tokens, skip=FIT_SKIP_DOCUMENTS)
+    settings = {**config.__dict__, "eos_id": None, "compile": False, "tree": None, "adaptive_drafts": False}
+    return fit_to_model(loaded.model, held_out, nodes, GenerationConfig(**settings))

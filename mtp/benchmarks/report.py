@@ -91,14 +91,17 @@ def write_results(out: Path, rows: list[dict[str, Any]], setup: dict[str, Any], 
 
 def decode_table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| mode | batch | k | tokens/forward | acceptance by draft position | ms/forward | forward cost / k=1 "
-        "| tokens/s | speed-up |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| mode | batch | method | k | tokens/forward | acceptance by draft position / depth | ms/forward "
+        "| forward cost / k=1 | tokens/s | speed-up |",
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         accept = ", ".join(f"{a:.2f}" for a in r["acceptance"]) or "-"
+        method = r.get("method", "chain")
+        method += f" ({r['tree_nodes']} nodes)" if r.get("tree_nodes") else ""
+        method += " (lossy)" if method.startswith("typical") else ""
         lines.append(
-            f"| {r['mode']} | {r['batch_size']} | {r['heads']} | {r['tokens_per_forward']:.2f} | {accept} | "
+            f"| {r['mode']} | {r['batch_size']} | {method} | {r['heads']} | {r['tokens_per_forward']:.2f} | {accept} | "
             f"{r['ms_per_forward']:.2f} | {r['forward_cost']:.2f}x | {r['tokens_per_s']:,.1f} | {r['speedup']:.2f}x |"
         )
     return "\n".join(lines)
@@ -111,9 +114,27 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (speed_ax, tpf_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    markers = {"tree": "*", "typical": "x", "adaptive": "s"}
+    for r in rows:  # the other methods: one point each at their k
+        method = r.get("method", "chain")
+        if method != "chain":
+            style = dict(
+                marker=markers[method],
+                markersize=10,
+                linestyle="none",
+                color="black" if r["mode"] == "greedy" else "grey",
+            )
+            label = f"{method}, {r['mode']}, batch {r['batch_size']}"
+            speed_ax.plot([r["heads"]], [r["speedup"]], label=label, **style)
+            tpf_ax.plot([r["heads"]], [r["tokens_per_forward"]], **style)
     for mode, batch_size in sorted({(r["mode"], r["batch_size"]) for r in rows}):
         series = sorted(
-            (r for r in rows if (r["mode"], r["batch_size"]) == (mode, batch_size)), key=lambda r: r["heads"]
+            (
+                r
+                for r in rows
+                if (r["mode"], r["batch_size"]) == (mode, batch_size) and r.get("method", "chain") == "chain"
+            ),
+            key=lambda r: r["heads"],
         )
         ks = [r["heads"] for r in series]
         style = dict(marker="o", linestyle="-" if mode == "greedy" else "--", label=f"{mode}, batch {batch_size}")

@@ -38,8 +38,8 @@ The first step is the prompt itself (right-padded to the longest), so prefill al
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 

@@ -18,13 +18,30 @@ def processed_probs(logits: Tensor, temperature: float, top_k: int = 0, top_p: f
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        sorted_probs, order = _most_likely_first(probs, top_p)
         before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of strictly more likely tokens
         drop_sorted = before >= top_p  # keep the smallest prefix whose mass reaches top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
+        keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, ~drop_sorted)
+        probs = probs.masked_fill(~keep, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+NUCLEUS_CANDIDATES = 1024
+"""On CPU, top-p first looks for the nucleus among this many most likely tokens (a partial sort)."""
+
+
+def _most_likely_first(probs: Tensor, top_p: float) -> tuple[Tensor, Tensor]:
+    """Probabilities in decreasing order and their token indices: enough of them to hold every distribution's
+    nucleus. On CPU, where a full sort of the vocabulary dominates a sampling step's cost (4.8 ms against 1.0 ms for
+    the 1024 largest of 17 x 8192), the top NUCLEUS_CANDIDATES when their mass reaches top_p in every row (then the
+    nucleus lies among them: every other token has at least that much mass before it); the full sort otherwise, and
+    on other devices, where checking would cost a device sync."""
+    if probs.device.type == "cpu" and probs.size(-1) > NUCLEUS_CANDIDATES:
+        top, order = probs.topk(NUCLEUS_CANDIDATES, dim=-1)
+        if bool((top.sum(dim=-1) >= top_p).all()):
+            return top, order
+    return probs.sort(dim=-1, descending=True)
 
 
 def sample_from(probs: Tensor, uniforms: Tensor) -> Tensor:

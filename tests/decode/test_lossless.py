@@ -14,6 +14,7 @@ import torch
 
 from mtp.decode import GenerationConfig, generate
 from mtp.decode import generation as generation_module
+from mtp.decode import sampling as sampling_module
 from mtp.decode.sampling import processed_probs
 from mtp.decode.tree import DraftTree
 from tests.decode.helpers import HEAD_TYPES, NEVER, fixed_logits_model, head1_logits, tiny_model
@@ -295,3 +296,14 @@ def test_tree_and_cut_sampling_lossless_with_head_blocks(head_type, decoding):
     assert total_variation(samples, joint) < tv_threshold(joint, 12_000)
     if config.draft_p_min:  # the cut happened, at some steps and not at others
         assert 0 < stats.drafted[1] < stats.drafted[0] < stats.forwards * 12_000
+
+
+@pytest.mark.parametrize("scale", [8.0, 0.5], ids=["nucleus_among_the_top", "nucleus_wider_full_sort"])
+def test_top_p_over_a_large_vocabulary_equals_the_full_sort(scale, monkeypatch):
+    """The CPU partial sort (the nucleus among the 1024 most likely) gives what the full sort gives."""
+    logits = torch.randn(6, 5000, generator=torch.Generator().manual_seed(0)) * scale
+    fast = processed_probs(logits, 0.8, top_p=0.9)
+    monkeypatch.setattr(sampling_module, "NUCLEUS_CANDIDATES", 10**9)
+    torch.testing.assert_close(fast, processed_probs(logits, 0.8, top_p=0.9), rtol=0, atol=0)
+    expected = torch.tensor(reference_probs(logits[0], 0.8, 0, 0.9), dtype=torch.float64)
+    torch.testing.assert_close(fast[0].double(), expected, atol=1e-6, rtol=0)
