@@ -102,6 +102,12 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
         (["--device", "cuda"], "no CUDA device"),
         (["--prompt-file", "/nonexistent/prompt.txt"], "does not exist"),
         (["--max-new-tokens", "5000"], "does not fit the model's context"),
+        (["--self-speculative", "--draft-p-min", "1.5"], "--draft-p-min 1.5 must lie in [0, 1]"),
+        (["--self-speculative", "--draft-p-min", "-0.1"], "--draft-p-min -0.1 must lie in [0, 1]"),
+        (["--tree", "auto"], "--tree drafts with extra heads; add --self-speculative"),
+        (["--self-speculative", "--tree", "auto", "--adaptive-drafts"], "--adaptive-drafts sizes chains"),
+        (["--self-speculative", "--tree", "/nonexistent/tree.json"], "does not exist"),
+        (["--self-speculative", "--tree-nodes", "0", "--tree", "auto"], "--tree-nodes 0 must be at least 1"),
     ],
 )
 def test_bad_flags_are_one_sentence(tiny_checkpoints, args, message):
@@ -112,6 +118,48 @@ def test_bad_flags_are_one_sentence(tiny_checkpoints, args, message):
         argv += ["--prompt", "x = 1"]
     with pytest.raises(UserError, match=__import__("re").escape(message)):
         decode.main(argv)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"paths": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]}', "reaches depth 4 but the model drafts at most 3"),
+        ('{"paths": [[0], [99999]]}', "names candidate rank 99999 but the vocabulary has"),
+    ],
+)
+def test_bad_tree_files_exit_2_with_one_sentence(tiny_checkpoints, tmp_path, text, message):
+    tree = tmp_path / "tree.json"
+    tree.write_text(text)
+    result = cli(str(tiny_checkpoints["mtp4"]), "--self-speculative", "--tree", str(tree), "--prompt", "x")
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unknown_acceptance_rule_exits_2(tiny_checkpoints, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        decode.main([str(tiny_checkpoints["mtp4"]), "--self-speculative", "--acceptance", "lenient", "--prompt", "x"])
+    assert exit_.value.code == 2 and "invalid choice: 'lenient'" in capsys.readouterr().err
+
+
+def test_tree_decoding_fitted_now_or_from_fit_tree_equals_autoregressive(tiny_checkpoints, tmp_path, capsys):
+    checkpoint = str(tiny_checkpoints["mtp4"])
+    argv = [checkpoint, "--self-speculative", "--compare", "--prompt", "def f(", "--max-new-tokens", "24"]
+    assert decode.main([*argv, "--tree", "auto", "--tree-nodes", "6"]) == 0
+    out = capsys.readouterr()
+    assert "outputs_match=yes" in out.out and "fitted a" in out.err
+    assert 1 <= int(stats_of(out.out)["tree_nodes"]) <= 6
+    fit_tree = load_script("fit_tree")
+    tree = tmp_path / "tree.json"
+    assert (
+        fit_tree.main([checkpoint, "--nodes", "5", "--prompts", "2", "--max-new-tokens", "16", "--out", str(tree)]) == 0
+    )
+    paths = json.loads(tree.read_text())["paths"]
+    assert 1 <= len(paths) <= 5 and all(len(p) <= 3 for p in paths)
+    assert decode.main([*argv, "--tree", str(tree)]) == 0
+    assert "outputs_match=yes" in capsys.readouterr().out
+    sampling = ["--temperature", "0.8", "--top-p", "0.95", "--acceptance", "typical", "--batch-size", "2"]
+    assert decode.main([*argv, "--tree", str(tree), *sampling]) == 0
+    assert "acceptance=typical(lossy)" in capsys.readouterr().out
 
 
 def test_empty_prompt(tiny_checkpoints):
@@ -131,18 +179,21 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
     out = tmp_path / "bench"
     command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"])]
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1,2"]
+    command += ["--methods", "tree,typical,adaptive", "--tree-nodes", "4"]
     result = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads((out / "results.json").read_text())["results"]
-    assert {(r["mode"], r["batch_size"], r["heads"]) for r in rows} == {
-        (mode, b, k) for mode in ("greedy", "sampling") for b in (1, 2) for k in range(1, 5)
-    }
+    chains = {(mode, b, "chain", k) for mode in ("greedy", "sampling") for b in (1, 2) for k in range(1, 5)}
+    others = {(mode, b, m, 4) for mode in ("greedy", "sampling") for b in (1, 2) for m in ("tree", "adaptive")}
+    typical = {("sampling", b, "typical", 4) for b in (1, 2)}  # lossy, so sampling only
+    assert {(r["mode"], r["batch_size"], r["method"], r["heads"]) for r in rows} == chains | others | typical
+    assert all(1 <= r["tree_nodes"] <= 4 for r in rows if r["method"] in ("tree", "typical"))
     for r in rows:
-        assert r["speedup"] > 0 and r["tokens_per_forward"] >= 1 and len(r["acceptance"]) == r["heads"] - 1
+        assert r["speedup"] > 0 and r["tokens_per_forward"] >= 1 and len(r["acceptance"]) <= r["heads"] - 1
         assert r["ms_per_forward"] > 0 and r["forward_cost"] > 0
         if r["heads"] == 1:
             assert r["speedup"] == 1.0 and r["forward_cost"] == 1.0
-    assert "| mode | batch | k | tokens/forward |" in (out / "results.md").read_text()
+    assert "| mode | batch | method | k | tokens/forward |" in (out / "results.md").read_text()
     assert (out / "decode.png").read_bytes()[:4] == b"\x89PNG"
 
 

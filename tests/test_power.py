@@ -209,6 +209,13 @@ MUTATIONS = [
         TREE_LOSSLESS,
     ),
     Mutation(
+        "a row that ends at a leaf takes its bonus token from the root's distribution",
+        GENERATION,
+        "at_leaf = slot[node] < 0",
+        "at_leaf = slot[node] < -1",
+        TREE_LOSSLESS,
+    ),
+    Mutation(
         "the residual after a rejection applies to a draft that was cut",
         GENERATION,
         "q_last = correction_probs(q_last, p_first_rejected, accepted < live)",

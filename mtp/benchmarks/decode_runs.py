@@ -61,6 +61,10 @@ def fitted_tree(loaded, config: GenerationConfig, nodes: int, prompts: int = 16,
     top-k, top-p, heads), on held-out documents the benchmarks do not prompt with (:mod:`mtp.decode.tree_fit`)."""
     from mtp.decode.tree_fit import fit_to_model
 
-    held_out = held_out_prompts(loaded.data, loaded.tokenizer, prompts, prompt_tokens, skip=FIT_SKIP_DOCUMENTS)
+    try:
+        held_out = held_out_prompts(loaded.data, loaded.tokenizer, prompts, prompt_tokens, skip=FIT_SKIP_DOCUMENTS)
+    except UserError:  # a small corpus: no documents beyond the benchmarks' prompts
+        print(f"note: fewer than {FIT_SKIP_DOCUMENTS} held-out documents; fitting the tree on the benchmarks' prompts")
+        held_out = held_out_prompts(loaded.data, loaded.tokenizer, prompts, prompt_tokens)
     settings = {**config.__dict__, "eos_id": None, "compile": False, "tree": None, "adaptive_drafts": False}
     return fit_to_model(loaded.model, held_out, nodes, GenerationConfig(**settings))

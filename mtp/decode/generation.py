@@ -227,8 +227,18 @@ def generate(
         draws = uniforms.next(_draws_per_step(config)) if uniforms is not None else None
         if tree is not None and n_drafts:
             cache.begin(inputs.size(1), tree.tensors(device))
-            head1, hidden = inference.verify(inputs, cache)  # (B, 1 + nodes, V), (B, 1 + nodes, d)
-            accepted, next_token, path = _verify_tree(head1, inputs, tree, live, draft_probs, config, draws)
+            x, hidden = inference.run_path(inputs, cache)  # (B, 1 + nodes, d) each
+            # head 1 where it verifies: after the root and every node with a child (leaves only once accepted)
+            parents, slot = tree.parents_within(inputs.size(1), device)
+            head1 = inference.head1_logits(x[:, parents])  # (B, P, V)
+            rows_index = torch.arange(x.size(0), device=device)
+
+            def head1_after(nodes: Tensor, x=x, rows_index=rows_index) -> Tensor:  # (B,) -> (B, V)
+                return inference.head1_logits(x[rows_index, nodes])
+
+            accepted, next_token, path = _verify_tree(
+                head1, slot, head1_after, inputs, tree, live, draft_probs, config, draws
+            )
             last_node = path[:, -1]
             cache.keep_path(path, inference.path_slots)
             inputs = inputs.gather(1, path)  # (B, depth + 1): the accepted path (then its last node repeated)
@@ -422,6 +432,8 @@ def _verify_chain(
 
 def _verify_tree(
     head1: Tensor,
+    slot: Tensor,
+    head1_after: Callable[[Tensor], Tensor],
     inputs: Tensor,
     tree: DraftTree,
     live: Tensor,
@@ -431,9 +443,10 @@ def _verify_tree(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Accepted depth (B,), the token after the accepted path (B,), and the path's node indices (B, depth + 1).
 
-    head1: (B, S, V), head 1's logits after the root and each of the first S - 1 nodes (inputs (B, S)); row b's nodes
-    deeper than ``live[b]`` are not verified. Sampling: the nodes at depth d were drawn from ``draft_probs[:, d - 1]``
-    (B, depth, V), each independently.
+    head1: (B, P, V), head 1's logits after the root and each node with a child among the step's S - 1 nodes (inputs
+    (B, S)); ``slot`` (S,): each node's index there (-1: a leaf); ``head1_after(nodes)``: head 1's logits (B, V) after
+    a node of each row. Row b's nodes deeper than ``live[b]`` are not verified. Sampling: the nodes at depth d were
+    drawn from ``draft_probs[:, d - 1]`` (B, depth, V), each independently.
     """
     B, S = inputs.shape
     device = inputs.device
@@ -443,11 +456,11 @@ def _verify_tree(
     verified = depth <= live[:, None]  # (B, S)
     if config.greedy or config.typical:
         if config.greedy:
-            choice = head1.argmax(dim=-1)  # (B, S)
-            passes = inputs == choice[:, parent]
+            choice = head1.argmax(dim=-1)  # (B, P)
+            passes = inputs == choice[:, slot[parent]]
         else:
             target = target_probs(head1, config)
-            passes = typical_passes(target[:, parent], inputs, config)
+            passes = typical_passes(target[:, slot[parent]], inputs, config)
         ok = passes & verified
         ok[:, 0] = True
         for d in range(1, tree.depth + 1):  # a node is accepted when it and its parent are
@@ -456,15 +469,16 @@ def _verify_tree(
         # the deepest accepted node; among equally deep ones the first (highest-ranked)
         score = torch.where(ok, depth * (S + 1) + (S - torch.arange(S, device=device)), -1)
         best = score.argmax(dim=1)
+        logits = head1_after(best)
         if config.greedy:
-            next_token = choice[rows, best]
+            next_token = logits.argmax(dim=-1)
         else:
-            next_token = sample_from(target[rows, best], draws[:, -1])
+            next_token = sample_from(target_probs(logits, config), draws[:, -1])
         return depth[best], next_token, t["ancestors"][best]
 
-    target = target_probs(head1, config)  # (B, S, V)
+    target = target_probs(head1, config)  # (B, P, V)
     node = torch.zeros(B, dtype=torch.long, device=device)
-    remaining = target[:, 0].clone()  # the target after the current node, rejected siblings removed
+    remaining = target[:, slot[0]].clone()  # the target after the current node, rejected siblings removed
     descending = torch.ones(B, dtype=torch.bool, device=device)
     column = 0
     for level, tries in enumerate(tree.max_children_at_depth()):
@@ -485,7 +499,10 @@ def _verify_tree(
             column += 1
         descending = moved
         # rows that moved start afresh after their new node; the others keep what is left of their target
-        remaining = torch.where(descending[:, None], target[rows, node], remaining)
+        remaining = torch.where(descending[:, None], target[rows, slot[node].clamp(min=0)], remaining)
+    # a row that ended at a leaf takes its bonus token from head 1 after that leaf
+    at_leaf = slot[node] < 0
+    remaining = torch.where(at_leaf[:, None], target_probs(head1_after(node), config), remaining)
     next_token = sample_from(remaining, draws[:, column])
     return depth[node], next_token, t["ancestors"][node]
 

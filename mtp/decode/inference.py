@@ -182,6 +182,13 @@ class InferenceModel:
         The caller starts the step in ``cache`` (``cache.begin(S)``) before, and commits it after :meth:`draft`;
         this writes the keys and values of every block of the path. A prompt's step reads one position per row.
         """
+        x, draft_input = self.run_path(tokens, cache)
+        if read is not None:
+            x = x[torch.arange(x.size(0), device=x.device)[:, None], read]  # (B, R, d)
+        return self.head1_logits(x), draft_input
+
+    def run_path(self, tokens: Tensor, cache: KVCache) -> tuple[Tensor, Tensor]:
+        """The path's output (B, S, d) before the final norm, and what the draft heads read (B, S, d)."""
         rotation = self.rotations[cache.rotary]  # (B, S, head_dim / 2)
         x = F.embedding(tokens, self.embeddings)
         draft_input = x
@@ -189,10 +196,11 @@ class InferenceModel:
             x = self._blocks(blocks, x[None], rotation, cache, slice(i, i + 1))[0]
             if i == self.draft_input_depth - 1:
                 draft_input = x
-        if read is not None:
-            x = x[torch.arange(x.size(0), device=x.device)[:, None], read]  # (B, R, d)
-        logits = self.head1_output(F.rms_norm(x, (x.size(-1),), eps=self.eps))
-        return logits, draft_input
+        return x, draft_input
+
+    def head1_logits(self, x: Tensor) -> Tensor:
+        """Head 1's logits (..., V) of path outputs x (..., d)."""
+        return self.head1_output(F.rms_norm(x, (x.size(-1),), eps=self.eps))
 
     def draft(
         self, hidden: Tensor, cache: KVCache, last: Tensor, inputs: Tensor, next_token: Tensor, choose: Chooser

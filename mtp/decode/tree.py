@@ -59,6 +59,7 @@ class DraftTree:
             chain.reverse()
             self.ancestors.append(chain + [i] * (self.depth + 1 - len(chain)))
         self._tensors: dict[torch.device, dict[str, Tensor]] = {}
+        self._parents: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
 
     @classmethod
     def chain(cls, drafts: int) -> DraftTree:
@@ -102,6 +103,17 @@ class DraftTree:
             }
             self._tensors[device] = {k: v.to(device) for k, v in tensors.items()}
         return self._tensors[device]
+
+    def parents_within(self, width: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """For a step over the root and the first ``width - 1`` nodes: the nodes with a child among them (P,), the ones
+        head 1's distribution is needed after to verify, and each node's index among those (width,), -1 for the rest."""
+        key = (width, device)
+        if key not in self._parents:
+            parents = sorted({self.parent[i] for i in range(1, width)})
+            slot = torch.full((width,), -1, dtype=torch.long)
+            slot[parents] = torch.arange(len(parents))
+            self._parents[key] = (torch.tensor(parents, device=device), slot.to(device))
+        return self._parents[key]
 
     def max_children_at_depth(self) -> list[int]:
         """For depth d = 1..depth, the most children a node at depth d - 1 has: sibling tests per level."""
