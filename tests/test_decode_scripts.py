@@ -128,11 +128,11 @@ def test_bad_flags_are_one_sentence(tiny_checkpoints, args, message):
         ('{"paths": [[0], [99999]]}', "names candidate rank 99999 but the vocabulary has"),
     ],
 )
-def test_bad_tree_files_exit_2_with_one_sentence(tiny_checkpoints, tmp_path, text, message):
+def test_bad_tree_files_are_one_sentence(tiny_checkpoints, tmp_path, text, message):
     tree = tmp_path / "tree.json"
     tree.write_text(text)
-    result = cli(str(tiny_checkpoints["mtp4"]), "--self-speculative", "--tree", str(tree), "--prompt", "x")
-    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    with pytest.raises(UserError, match=__import__("re").escape(message)):
+        decode.main([str(tiny_checkpoints["mtp4"]), "--self-speculative", "--tree", str(tree), "--prompt", "x"])
 
 
 def test_unknown_acceptance_rule_exits_2(tiny_checkpoints, capsys):
