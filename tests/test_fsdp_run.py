@@ -1,12 +1,11 @@
 """trainer=fsdp as a user runs it on CPU: 2 processes (gloo), sharded and full checkpoints, resume, decode."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_scripts import ROOT, pretrain, tiny_data
+from test_decode_scripts import load_script
+from test_scripts import pretrain, tiny_data
 
 from mtp.checkpoint import load_checkpoint, read_checkpoint
 
@@ -40,7 +39,9 @@ def batches(run: Path, rank: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_fsdp_on_cpu_resumes_exactly_from_sharded_and_full_checkpoints_and_decodes(corpus_dir, shared_cache, tmp_path):
+def test_fsdp_on_cpu_resumes_exactly_from_sharded_and_full_checkpoints_and_decodes(
+    corpus_dir, shared_cache, tmp_path, capsys
+):
     straight = fsdp_run(corpus_dir, shared_cache, tmp_path, "straight", 8)
     # 0 -> 3 sharded; resume from the folder to 6, saving one full file; resume from that file to 8, sharded
     first = fsdp_run(corpus_dir, shared_cache, tmp_path, "first", 3)
@@ -63,13 +64,8 @@ def test_fsdp_on_cpu_resumes_exactly_from_sharded_and_full_checkpoints_and_decod
     for name, tensor in expected.items():
         torch.testing.assert_close(resumed[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
 
+    decode = load_script("decode")  # in this process: the checkpoints, not the interpreter's start, are under test
     for checkpoint in (sharded, full):
-        result = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "decode.py"), str(checkpoint), "--self-speculative"]
-            + ["--prompt", "def f(", "--max-new-tokens", "8"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert result.stdout.startswith("def f(") and "tokens/forward=" in result.stdout.splitlines()[-1]
+        assert decode.main([str(checkpoint), "--self-speculative", "--prompt", "def f(", "--max-new-tokens", "8"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("def f(") and "tokens/forward=" in out.splitlines()[-1]

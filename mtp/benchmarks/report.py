@@ -114,39 +114,33 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (speed_ax, tpf_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
-    markers = {"tree": "*", "typical": "x", "adaptive": "s"}
-    for r in rows:  # the other methods: one point each at their k
-        method = r.get("method", "chain")
-        if method != "chain":
-            style = dict(
-                marker=markers[method],
-                markersize=10,
-                linestyle="none",
-                color="black" if r["mode"] == "greedy" else "grey",
-            )
-            label = f"{method}, {r['mode']}, batch {r['batch_size']}"
-            speed_ax.plot([r["heads"]], [r["speedup"]], label=label, **style)
-            tpf_ax.plot([r["heads"]], [r["tokens_per_forward"]], **style)
+    colors = {}  # (mode, batch size) -> the colour of its chain line, which its other methods' points share
     for mode, batch_size in sorted({(r["mode"], r["batch_size"]) for r in rows}):
         series = sorted(
-            (
-                r
-                for r in rows
-                if (r["mode"], r["batch_size"]) == (mode, batch_size) and r.get("method", "chain") == "chain"
-            ),
+            (r for r in rows if (r["mode"], r["batch_size"], r.get("method", "chain")) == (mode, batch_size, "chain")),
             key=lambda r: r["heads"],
         )
         ks = [r["heads"] for r in series]
         style = dict(marker="o", linestyle="-" if mode == "greedy" else "--", label=f"{mode}, batch {batch_size}")
-        speed_ax.plot(ks, [r["speedup"] for r in series], **style)
-        tpf_ax.plot(ks, [r["tokens_per_forward"] for r in series], **style)
+        (line,) = speed_ax.plot(ks, [r["speedup"] for r in series], **style)
+        colors[mode, batch_size] = line.get_color()
+        tpf_ax.plot(ks, [r["tokens_per_forward"] for r in series], **{**style, "color": line.get_color()})
+    markers = {"tree": "*", "typical": "x", "adaptive": "s"}
+    for r in rows:  # the other methods: one point each at their k, beside the chain's
+        method = r.get("method", "chain")
+        if method != "chain":
+            color = colors.get((r["mode"], r["batch_size"]), "black")
+            style = dict(marker=markers[method], markersize=10, linestyle="none", color=color)
+            label = f"{method}, {r['mode']}, batch {r['batch_size']}"
+            speed_ax.plot([r["heads"] + 0.08], [r["speedup"]], label=label, **style)
+            tpf_ax.plot([r["heads"] + 0.08], [r["tokens_per_forward"]], **style)
     for ax, ylabel in ((speed_ax, "speed-up over autoregressive (tokens/s)"), (tpf_ax, "tokens per forward")):
         ax.set_xlabel("heads used k")
         ax.set_ylabel(ylabel)
         ax.set_xticks(sorted({r["heads"] for r in rows}))
         ax.grid(True, alpha=0.3)
     speed_ax.axhline(1.0, color="grey", linewidth=0.8)
-    speed_ax.legend(fontsize=8)
+    speed_ax.legend(fontsize=7, ncol=2)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
