@@ -152,7 +152,7 @@ def read_tree(path: Path, drafts: int, vocab_size: int) -> DraftTree:
     if tree.depth > drafts:
         raise UserError(
             f"tree file {path} reaches depth {tree.depth} but the model drafts at most {drafts} tokens with its "
-            f"heads; use a tree at most {drafts} deep (or --heads {tree.depth + 1} where the model allows it)."
+            f"heads; use a tree at most {drafts} deep."
         )
     worst = max(r for p in tree.paths for r in p)
     if worst >= vocab_size:
