@@ -3,12 +3,14 @@
 A test proves a promise only if a plausible bug makes it fail. Every entry of MUTATIONS names one such bug
 (the exact text it replaces, which must occur exactly once, so that a refactor that moves the code fails here
 and gets the entry updated) and the tests that guard that behaviour. The slow test applies each mutation to
-a fresh copy of the project and runs those tests in a subprocess against the copy: they must fail. Add an
+a fresh copy of the project and runs those tests against the copy (in a child forked from one runner process
+that has imported torch once, tests/mutation_runner.py): they must fail. Add an
 entry with every exactness promise you add (a new drafter, verifier, cache operation or loss mode).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -530,27 +532,41 @@ def check_unmutated(project: Path) -> str | None:
     return None
 
 
-def check_mutation(project: Path, mutation: Mutation) -> str | None:
-    """None when applying ``mutation`` to ``project`` makes one of its guards fail (else why it did not)."""
-    target = project / mutation.path
-    target.write_text(target.read_text().replace(mutation.original, mutation.mutated))
-    result = run_tests(project, list(mutation.guards))
-    if result.returncode == 1:  # the tests ran and at least one failed: caught
+def run_mutations(jobs: list[tuple[Path, Mutation]]) -> list[str | None]:
+    """Apply each mutation to its copy and run its guards there (tests/mutation_runner.py, one process for all)."""
+    for project, mutation in jobs:
+        target = project / mutation.path
+        target.write_text(target.read_text().replace(mutation.original, mutation.mutated))
+    env = {k: v for k, v in os.environ.items() if k not in ("PROJECT_ROOT", "PYTHONPATH")}
+    env.update(OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    spec = json.dumps([[str(project), list(mutation.guards)] for project, mutation in jobs])
+    runner = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "mutation_runner.py"), spec],
+        env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    codes = runner.stdout.split()
+    if len(codes) != len(jobs):
+        return [f"the mutation runner stopped (exit {runner.returncode}): {runner.stderr[-2000:]}"]
+    return [verdict(int(code), project, mutation) for code, (project, mutation) in zip(codes, jobs, strict=True)]
+
+
+def verdict(code: int, project: Path, mutation: Mutation) -> str | None:
+    """None when the guards ran and one failed (pytest exit 1), else why the mutation was not caught."""
+    if code == 1:
         return None
-    if result.returncode == 0:
+    if code == 0:
         return f"survived: {mutation.name} ({mutation.path}); its guards {', '.join(mutation.guards)} all pass"
-    tail = " / ".join((result.stdout + result.stderr).strip().splitlines()[-3:])
-    return f"did not run (pytest exit {result.returncode}): {mutation.name}: {tail}"
+    tail = " / ".join((project / "pytest.log").read_text(errors="replace").strip().splitlines()[-3:])
+    return f"did not run (pytest exit {code}): {mutation.name}: {tail}"
 
 
 @pytest.mark.slow
 def test_every_mutation_makes_its_guards_fail(tmp_path):
     pytest.importorskip("transformers", reason="the model's guards need the hf extra: pip install -e '.[dev,hf]'")
-
-    def job(index: int) -> str | None:
-        project = copy_project(tmp_path / f"copy{index}")
-        return check_unmutated(project) if index == 0 else check_mutation(project, MUTATIONS[index - 1])
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        problems = [p for p in pool.map(job, range(len(MUTATIONS) + 1)) if p]
+    problem = check_unmutated(copy_project(tmp_path / "unmutated"))
+    assert problem is None, problem
+    jobs = [(copy_project(tmp_path / f"copy{i}"), m) for i, m in enumerate(MUTATIONS)]
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two runners, each on every other mutation
+        halves = pool.map(run_mutations, [jobs[0::2], jobs[1::2]])
+    problems = [p for half in halves for p in half if p]
     assert not problems, "\n".join(problems)
