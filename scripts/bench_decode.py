@@ -46,7 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", default="greedy,sampling", help="greedy and/or sampling")
     parser.add_argument("--methods", default="chain", help=f"chain and any of {', '.join(METHODS[1:])}")
     parser.add_argument("--tree", default="auto", help="for tree/typical: a JSON tree, or auto (fitted per mode)")
-    parser.add_argument("--tree-nodes", type=int, default=16, help="nodes of the fitted trees")
+    parser.add_argument(
+        "--tree-nodes", type=int_list, default=[16], help="node budgets of the fitted trees: one tree row each"
+    )
     parser.add_argument("--draft-p-min", type=float, default=0.3, help="for adaptive")
     parser.add_argument("--temperature", type=float, default=0.8, help="for sampling")
     parser.add_argument("--top-p", type=float, default=0.95, help="for sampling")
@@ -81,7 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--hf needs transformers: pip install -e '.[hf]'")
     if args.hf and ("greedy" not in args.modes or 1 not in args.batch_sizes):
         parser.error("--hf compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes")
-    for name in ("prompts", "prompt_tokens", "max_new_tokens", "repeats", "tree_nodes"):
+    if min(args.tree_nodes) < 1:
+        parser.error("--tree-nodes must be at least 1")
+    for name in ("prompts", "prompt_tokens", "max_new_tokens", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
@@ -169,18 +173,21 @@ def main(argv: list[str] | None = None) -> None:
 def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tuple[str, GenerationConfig]]:
     """The configurations of the methods other than the chain, at the largest k, for one mode."""
     variants = []
-    tree = None
+    trees = []  # with --tree auto, one per node budget; typical acceptance runs on the first
     if {"tree", "typical"} & set(args.methods):
         if args.tree == "auto":
-            fitted = fitted_tree(loaded, chain, args.tree_nodes)
-            tree = fitted.tree
-            print(f"{mode}: fitted a {tree.size}-node tree, expected tokens/step {1 + fitted.expected_accepted:.2f}")
+            for nodes in args.tree_nodes:
+                fitted = fitted_tree(loaded, chain, nodes)
+                trees.append(fitted.tree)
+                expected = 1 + fitted.expected_accepted
+                print(f"{mode}: fitted a {fitted.tree.size}-node tree, expected tokens/step {expected:.2f}")
         else:
-            tree = read_tree(Path(args.tree), chain.heads - 1, loaded.config.vocab_size)
+            trees.append(read_tree(Path(args.tree), chain.heads - 1, loaded.config.vocab_size))
     if "tree" in args.methods:
-        variants.append(("tree", GenerationConfig(**{**chain.__dict__, "tree": tree})))
+        variants += [("tree", GenerationConfig(**{**chain.__dict__, "tree": tree})) for tree in trees]
     if "typical" in args.methods and mode == "sampling":
-        variants.append(("typical", GenerationConfig(**{**chain.__dict__, "tree": tree, "acceptance": "typical"})))
+        settings = {**chain.__dict__, "tree": trees[0], "acceptance": "typical"}
+        variants.append(("typical", GenerationConfig(**settings)))
     if "adaptive" in args.methods:
         settings = {**chain.__dict__, "draft_p_min": args.draft_p_min, "adaptive_drafts": True}
         variants.append(("adaptive", GenerationConfig(**settings)))

@@ -131,7 +131,8 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         if method != "chain":
             color = colors.get((r["mode"], r["batch_size"]), "black")
             style = dict(marker=markers[method], markersize=10, linestyle="none", color=color)
-            label = f"{method}, {r['mode']}, batch {r['batch_size']}"
+            nodes = f" {r['tree_nodes']}" if r.get("tree_nodes") else ""
+            label = f"{method}{nodes}, {r['mode']}, batch {r['batch_size']}"
             speed_ax.plot([r["heads"] + 0.08], [r["speedup"]], label=label, **style)
             tpf_ax.plot([r["heads"] + 0.08], [r["tokens_per_forward"]], **style)
     for ax, ylabel in ((speed_ax, "speed-up over autoregressive (tokens/s)"), (tpf_ax, "tokens per forward")):
