@@ -41,6 +41,7 @@ TREE_GREEDY = ("tests/decode/test_tree.py::test_greedy_tree_decoding_equals_auto
 TREE_LOSSLESS = (
     "tests/decode/test_lossless.py::test_tree_and_adaptive_sampling_have_the_autoregressive_distribution",
     "tests/decode/test_lossless.py::test_tree_and_cut_sampling_lossless_with_head_blocks",
+    "tests/decode/test_lossless.py::test_tree_sampling_with_leaves_unembedded_apart",
 )
 RESUME = "tests/test_train.py::test_resume_mid_epoch_continues_the_data_order[validation1]"  # no validation save
 

@@ -228,14 +228,7 @@ def generate(
         if tree is not None and n_drafts:
             cache.begin(inputs.size(1), tree.tensors(device))
             x, hidden = inference.run_path(inputs, cache)  # (B, 1 + nodes, d) each
-            # head 1 where it verifies: after the root and every node with a child (leaves only once accepted)
-            parents, slot = tree.parents_within(inputs.size(1), device)
-            head1 = inference.head1_logits(x[:, parents])  # (B, P, V)
-            rows_index = torch.arange(x.size(0), device=device)
-
-            def head1_after(nodes: Tensor, x=x, rows_index=rows_index) -> Tensor:  # (B,) -> (B, V)
-                return inference.head1_logits(x[rows_index, nodes])
-
+            head1, slot, head1_after = _tree_head1(inference, x, tree)
             accepted, next_token, path = _verify_tree(
                 head1, slot, head1_after, inputs, tree, live, draft_probs, config, draws
             )
@@ -430,6 +423,25 @@ def _verify_chain(
     return accepted, sample_from(q_last, draws[:, _next_token_column(config)])
 
 
+LEAVES_UNEMBEDDED_AT_ONCE = 4
+"""On CPU, a tree step unembeds head 1 after every node when the tree has at most this many leaves; with more, after
+the nodes with children, then once more after the accepted node (a leaf's logits are needed only when it wins)."""
+
+
+def _tree_head1(inference: InferenceModel, x: Tensor, tree: DraftTree) -> tuple[Tensor, Tensor, Callable]:
+    """Head 1's logits where a tree step verifies (B, P, V), each node's index among them (S,) (-1: not there), and
+    ``head1_after(nodes (B,))`` -> (B, V). One unembedding of all S positions costs on CPU about what one of fewer
+    rows does (the weight streams once), and on other devices one call is cheaper than two; with many leaves on CPU,
+    the rows of the leaves that are not accepted cost more than a second call."""
+    B, S, _ = x.shape
+    rows = torch.arange(B, device=x.device)
+    parents, slot = tree.parents_within(S, x.device)
+    if x.device.type != "cpu" or S - len(parents) <= LEAVES_UNEMBEDDED_AT_ONCE:
+        head1 = inference.head1_logits(x)  # (B, S, V)
+        return head1, torch.arange(S, device=x.device), lambda nodes: head1[rows, nodes]
+    return inference.head1_logits(x[:, parents]), slot, lambda nodes: inference.head1_logits(x[rows, nodes])
+
+
 def _verify_tree(
     head1: Tensor,
     slot: Tensor,
@@ -561,6 +573,9 @@ def _draft(
         )
     elif tree is not None:  # greedy and typical: each depth's top-ranked tokens
         heads_logits = torch.cat(logits)
-        candidates = [heads_logits[d].topk(k, dim=-1).indices for d, k in enumerate(tree.ranks_at_depth)]
+        candidates = [
+            heads_logits[d].topk(k, dim=-1).indices if k > 1 else heads_logits[d].argmax(dim=-1, keepdim=True)
+            for d, k in enumerate(tree.ranks_at_depth)
+        ]
         drafts = tree.node_tokens(candidates)
     return drafts, draft_probs, live

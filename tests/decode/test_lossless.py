@@ -237,6 +237,13 @@ def test_tree_and_adaptive_sampling_have_the_autoregressive_distribution(case):
     assert tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
 
 
+def test_tree_sampling_with_leaves_unembedded_apart(monkeypatch):
+    """The same check when head 1 is unembedded after the nodes with children, and after an accepted leaf apart."""
+    monkeypatch.setattr(generation_module, "LEAVES_UNEMBEDDED_AT_ONCE", 0)
+    tv, threshold, outside = check(**DRAFTING["tree"])
+    assert outside == 0 and tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
+
+
 def _wrong_tree_rules():
     return {
         # each sibling tested against the unnormalized rest of the target: later siblings pass too rarely
