@@ -193,8 +193,9 @@ def generate(
     tree = config.tree
     heads = tree.depth + 1 if tree is not None else config.heads  # a shallower tree needs no deeper heads
     # room for a step's drafts past the budget, and for causal depths' windows (the step's width + k - 2)
-    max_len = max(map(len, prompts)) + config.max_new_tokens + 2 * heads + (tree.size if tree is not None else 0)
-    if max_len - (tree.size if tree is not None else 0) > model.config.max_seq_len:
+    needed = max(map(len, prompts)) + config.max_new_tokens + 2 * heads
+    max_len = needed + (tree.size if tree is not None else 0)  # a tree step writes every node before keeping a path
+    if needed > model.config.max_seq_len:
         raise ValueError(
             f"prompt ({max(map(len, prompts))} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the "
             f"model's context of {model.config.max_seq_len} tokens"
@@ -221,6 +222,7 @@ def generate(
     n_drafts = 0
     draft_probs: Tensor | None = None  # (B, drafts, V) proposals of the pending drafts, when sampling
     live: Tensor | None = None  # (B,) drafts (chain) or depths (tree) each row verifies this step
+    verifying: list[int] = []  # the same, on the host
 
     while rows:
         held, held_on_device = cache.host_lengths, cache.lengths
@@ -261,7 +263,8 @@ def generate(
         cache.rollback(kept, held_on_device + base + accepted + 1)  # the same, computed where it is used
 
         keep = []
-        verified = live.tolist() if n_drafts else [0] * len(rows)
+        verified = verifying if n_drafts else [0] * len(rows)
+        verifying = []  # what each row verifies next
         for i, (n_accepted, token, next_live, node, *path_tokens) in enumerate(host):
             if last_node is not None:
                 stats.accepted_nodes[node] += 1
@@ -273,7 +276,7 @@ def generate(
                 planned[rows[i]] = (
                     min(drafts, planned[rows[i]] + 2) if n_accepted == verified[i] else max(1, planned[rows[i]] - 1)
                 )
-            host[i] = min(next_live, planned[rows[i]])  # what the row verifies next
+            verifying.append(min(next_live, planned[rows[i]]))
             if _extend(outputs[rows[i]], emitted, config):
                 keep.append(i)
         if len(keep) < len(rows):
@@ -286,10 +289,10 @@ def generate(
                 uniforms.keep_rows(index)
             next_token, new_drafts, new_live = next_token[index], new_drafts[index], new_live[index]
             draft_probs = None if draft_probs is None else draft_probs[index]
-            host = [host[i] for i in keep]
+            verifying = [verifying[i] for i in keep]
         # the next step verifies what its deepest row drafts; the rest of its rows only their own
-        deepest = max(host)
-        live = torch.tensor(host, device=device) if config.adaptive_drafts else new_live
+        deepest = max(verifying)
+        live = torch.tensor(verifying, device=device) if config.adaptive_drafts else new_live
         n_drafts = tree.nodes_up_to(deepest) if tree is not None else deepest
         inputs = torch.cat([next_token[:, None], new_drafts[:, :n_drafts]], dim=1)
         first_base = [0] * len(rows)
@@ -552,12 +555,13 @@ def _draft(
     sampled = not config.greedy and not config.typical  # typical acceptance verifies top-ranked candidates
     drafts = draft(last, inputs, next_token, sample_drafts if sampled else top_tokens)
     draft_probs = torch.cat(proposals, dim=1) if sampled else None
+    heads_logits = None if sampled else torch.cat(logits)  # (heads - 1, B, V)
     if config.draft_p_min > 0:
         if sampled:
             confidence = draft_probs.amax(dim=-1)  # (B, heads - 1)
         else:
-            heads_logits = torch.cat(logits)[: config.drafts]
-            probs = heads_logits.float().softmax(-1) if config.greedy else proposal_probs(heads_logits, config)
+            drafting = heads_logits[: config.drafts]
+            probs = drafting.float().softmax(-1) if config.greedy else proposal_probs(drafting, config)
             confidence = probs.amax(dim=-1).T
         live = (confidence[:, : config.drafts] >= config.draft_p_min).long().cumprod(dim=1).sum(dim=1)
     else:
@@ -572,7 +576,6 @@ def _draft(
             dim=1,
         )
     elif tree is not None:  # greedy and typical: each depth's top-ranked tokens
-        heads_logits = torch.cat(logits)
         candidates = [
             heads_logits[d].topk(k, dim=-1).indices if k > 1 else heads_logits[d].argmax(dim=-1, keepdim=True)
             for d, k in enumerate(tree.ranks_at_depth)

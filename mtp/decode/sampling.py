@@ -46,16 +46,13 @@ def _most_likely_first(probs: Tensor, top_p: float) -> tuple[Tensor, Tensor]:
 
 def sample_from(probs: Tensor, uniforms: Tensor) -> Tensor:
     """Inverse-CDF sample of each distribution in probs (..., V) with uniforms (...) in [0, 1)."""
-    cdf = probs.cumsum(dim=-1)
-    target = uniforms.unsqueeze(-1).to(cdf.dtype) * cdf[..., -1:]
-    index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    return index.clamp_(max=probs.size(-1) - 1)
+    return sample_many(probs, uniforms.unsqueeze(-1)).squeeze(-1)
 
 
 def sample_many(probs: Tensor, uniforms: Tensor) -> Tensor:
-    """Independent samples (B, M) of each row's distribution in probs (B, V), one per uniform (B, M)."""
+    """Independent inverse-CDF samples (..., M) of each distribution in probs (..., V), one per uniform (..., M)."""
     cdf = probs.cumsum(dim=-1)
-    index = torch.searchsorted(cdf, uniforms.to(cdf.dtype) * cdf[:, -1:], right=True)
+    index = torch.searchsorted(cdf, uniforms.to(cdf.dtype) * cdf[..., -1:], right=True)
     return index.clamp_(max=probs.size(-1) - 1)
 
 

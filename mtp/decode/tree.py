@@ -181,24 +181,9 @@ def path_counts(tree: DraftTree, accepted_nodes: Counter) -> Counter:
     return counts
 
 
-def rank_paths(ranks: Tensor) -> Counter:
-    """How often each path of candidate ranks was all right, from ranks (P, D): at each of P positions, the rank of the
-    token that came at depth d among draft head d + 1's candidates (-1 where it was not among them). A path (r1..rd)
-    counts at a position when the first d ranks equal it."""
-    counts: Counter = Counter()
-    for row in ranks.tolist():
-        path: tuple[int, ...] = ()
-        for r in row:
-            if r < 0:
-                break
-            path = (*path, r)
-            counts[path] += 1
-    return counts
-
-
 def fit_tree(counts: Counter, positions: int, nodes: int, depth: int) -> tuple[DraftTree, float]:
     """The tree of at most ``nodes`` nodes, at most ``depth`` deep, with the most expected accepted drafts per step,
-    and that expectation, from rank-path counts over ``positions`` positions (:func:`rank_paths`).
+    and that expectation, from how often each path was accepted over ``positions`` row-steps (:func:`path_counts`).
 
     A node adds its path's probability to the expected accepted length (it is accepted exactly when its path is
     right), and a path is never more probable than its parent's, so taking the most probable paths first is optimal

@@ -193,19 +193,26 @@ def test_lossless_with_head_blocks(head_type, filters):
     with torch.no_grad():
         model.outputs[0].weight.mul_(60)  # peaked distributions, so that heads disagree with head 1
     config = GenerationConfig(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **filters)
+    check_real_model(model, config)
+
+
+def check_real_model(model, config: GenerationConfig, rows: int = 12_000):
+    """Sample ``rows`` continuations of [1, 2] and check them against the exact joint of head 1's sampling (from full
+    forwards, no cache), enumerated over the model's 4 tokens; returns the decoding statistics."""
     joint = {}
     with torch.no_grad():
-        for continuation in itertools.product(range(4), repeat=3):
-            logits = head1_logits(model, torch.tensor([[1, 2, *continuation]]))[0]  # head 1, (5, V)
+        for continuation in itertools.product(range(4), repeat=config.max_new_tokens):
+            logits = head1_logits(model, torch.tensor([[1, 2, *continuation]]))[0]  # head 1, (2 + length, V)
             p = 1.0
             for i, token in enumerate(continuation):
-                p *= reference_probs(logits[1 + i], 1.0, config.top_k, config.top_p)[token]
+                p *= reference_probs(logits[1 + i], config.temperature, config.top_k, config.top_p)[token]
             if p > 0:
                 joint[continuation] = p
-    out, _ = generate(model, [[1, 2]] * 12_000, config)
+    out, stats = generate(model, [[1, 2]] * rows, config)
     samples = [tuple(row) for row in out]
     assert all(s in joint for s in samples)
-    assert total_variation(samples, joint) < tv_threshold(joint, 12_000)
+    assert total_variation(samples, joint) < tv_threshold(joint, rows)
+    return stats
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -288,19 +295,7 @@ def test_tree_and_cut_sampling_lossless_with_head_blocks(head_type, decoding):
             model.outputs[1].weight.mul_(8)
             model.outputs[2].weight.mul_(4)
     config = GenerationConfig(max_new_tokens=4, temperature=1.0, heads=3, seed=5, **decoding)
-    joint = {}
-    with torch.no_grad():
-        for continuation in itertools.product(range(4), repeat=4):
-            logits = head1_logits(model, torch.tensor([[1, 2, *continuation]]))[0]
-            p = 1.0
-            for i, token in enumerate(continuation):
-                p *= reference_probs(logits[1 + i], 1.0, 0, 1.0)[token]
-            if p > 0:
-                joint[continuation] = p
-    out, stats = generate(model, [[1, 2]] * 12_000, config)
-    samples = [tuple(row) for row in out]
-    assert all(s in joint for s in samples)
-    assert total_variation(samples, joint) < tv_threshold(joint, 12_000)
+    stats = check_real_model(model, config)
     if config.draft_p_min:  # the cut happened, at some steps and not at others
         assert 0 < stats.drafted[1] < stats.drafted[0] < stats.forwards * 12_000
 

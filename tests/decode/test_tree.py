@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mtp.decode import GenerationConfig, generate, generation
-from mtp.decode.tree import DraftTree, fit_tree, rank_paths, read_tree
+from mtp.decode.tree import DraftTree, fit_tree, full_tree, path_counts, read_tree
 from mtp.errors import UserError
 from tests.decode.helpers import HEAD_TYPES, tiny_model, train_on_cycles
 
@@ -67,9 +67,10 @@ def test_typical_acceptance_leaves_greedy_decoding_exact():
     assert "tree_nodes=11 acceptance=typical(lossy)" in stats.line()
 
 
-def test_rank_paths_and_the_fitted_tree():
-    ranks = torch.tensor([[0, 0, 1], [0, 1, -1], [1, 0, 0], [0, 0, -1], [-1, 0, 0]])
-    counts = rank_paths(ranks)
+def test_path_counts_and_the_fitted_tree():
+    measuring = full_tree(2, 3)
+    ended_at = [(0, 0, 1), (0, 1), (1, 0, 0), (0, 0), ()]  # the accepted path of five row-steps
+    counts = path_counts(measuring, Counter(measuring.paths.index(p) + 1 if p else 0 for p in ended_at))
     assert counts == Counter({(0,): 3, (0, 0): 2, (0, 0, 1): 1, (0, 1): 1, (1,): 1, (1, 0): 1, (1, 0, 0): 1})
     tree, expected = fit_tree(counts, positions=5, nodes=3, depth=3)
     assert tree.paths == [(0,), (1,), (0, 0)]  # (0, 0) and (0,) first; then the shallowest of the count-1 paths
