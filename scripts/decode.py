@@ -4,11 +4,18 @@
     python scripts/decode.py CKPT --self-speculative --compare --prompt-file prompt.py
     python scripts/decode.py CKPT --self-speculative --tree auto --prompt "def f("
     python scripts/decode.py CKPT --self-speculative --tree tree.json --temperature 0.8 --top-p 0.95 --prompt "x"
+    python scripts/decode.py CKPT --draft DRAFT.ckpt --gamma 4 --prompt "def f("   # a draft model, same tokenizer
+    python scripts/decode.py CKPT --skip-layers auto --prompt "def f("            # layer-skip self-speculation
+    python scripts/decode.py CKPT --prompt-lookup 3 --gamma 8 --prompt-file code.py  # prompt lookup
     echo "import os" | python scripts/decode.py CKPT --temperature 0.8 --top-p 0.95
 
 Prints the completion on stdout, then one line of key=value statistics
 (tokens, forwards, tokens/forward, accept per draft position, wall_s, tokens/s, ms/forward: the mean time of
-a decoding step after the prompt's, prefill_ms: the prompt's step).
+a decoding step after the prompt's, prefill_ms: the prompt's step, method: who drafted, and its parameters).
+
+--draft, --skip-layers and --prompt-lookup replace the heads' drafts (they cannot be combined with
+--self-speculative): each step verifies up to --gamma drafts from a draft model, from this model with some blocks
+skipped, or from the continuation of an earlier match of the last tokens.
 """
 
 from __future__ import annotations
@@ -27,11 +34,12 @@ from mtp.cli import run_script  # noqa: E402
 from mtp.config import ModelConfig  # noqa: E402
 from mtp.data.tokenizer import eot_id  # noqa: E402
 from mtp.decode import GenerationConfig, generate  # noqa: E402
+from mtp.decode.drafter_setup import check_drafting_flags, pick_drafter  # noqa: E402
 from mtp.decode.generation import ACCEPTANCE_RULES  # noqa: E402
 from mtp.decode.tree import read_tree  # noqa: E402
 from mtp.errors import UserError  # noqa: E402
 
-AUTOREGRESSIVE = {"heads": 1, "tree": None, "draft_p_min": 0.0, "adaptive_drafts": False}
+AUTOREGRESSIVE = {"heads": 1, "tree": None, "draft_p_min": 0.0, "adaptive_drafts": False, "gamma": 0}
 """Settings that turn a decoding configuration into the autoregressive baseline of --compare."""
 TREE_NODES = 16
 """Nodes of a tree fitted with --tree auto."""
@@ -80,8 +88,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--adaptive-drafts",
         action="store_true",
-        help="chains: a row drafts 2 more after a step that accepted all its drafts, 1 less otherwise",
+        help="chains and drafters: a row drafts 2 more after a step that accepted all its drafts, 1 less otherwise",
     )
+    drafter = parser.add_mutually_exclusive_group()
+    drafter.add_argument(
+        "--draft", type=Path, help="draft with this checkpoint (same tokenizer; e.g. a tiny mtp1), verify with CKPT"
+    )
+    drafter.add_argument(
+        "--skip-layers",
+        help="draft with this model minus these blocks of head 1's path (0-based, e.g. 2,4,5; the last is head 1's "
+        "own block), or auto: the set that decodes held-out prompts fastest",
+    )
+    drafter.add_argument(
+        "--prompt-lookup",
+        type=int,
+        metavar="N",
+        help="draft what followed the latest earlier occurrence of the last N (down to 1) tokens",
+    )
+    parser.add_argument("--gamma", type=int, default=4, help="drafts per step of --draft/--skip-layers/--prompt-lookup")
     parser.add_argument("--compare", action="store_true", help="also decode autoregressively and report the speed-up")
     parser.add_argument(
         "--compile",
@@ -130,6 +154,7 @@ def check_ranges(args: argparse.Namespace) -> None:
         raise UserError(f"--tree-nodes {args.tree_nodes} must be at least 1.")
     if args.tree is not None and args.adaptive_drafts:
         raise UserError("--adaptive-drafts sizes chains; cut a --tree with --draft-p-min instead.")
+    check_drafting_flags(args)
 
 
 def check_heads(heads: int, config: ModelConfig) -> None:
@@ -176,8 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("the prompt is empty; give at least one character.")
     eot = eot_id(tokenizer)
     prompt = [eot] + tokenizer.encode(text, add_special_tokens=False).ids  # documents start after end-of-text
+    drafting = args.draft is not None or args.skip_layers is not None or args.prompt_lookup is not None
+    gamma = args.gamma if drafting else 0
     context = loaded.config.max_seq_len
-    if len(prompt) + args.max_new_tokens + 2 * heads > context:  # the room generate() keeps for drafts
+    if len(prompt) + args.max_new_tokens + 2 * (max(gamma, heads - 1) + 1) > context:  # generate()'s room for drafts
         raise UserError(
             f"the prompt ({len(prompt)} tokens) plus --max-new-tokens {args.max_new_tokens} does not fit the model's "
             f"context of {context} tokens; shorten the prompt or lower --max-new-tokens."
@@ -196,15 +223,24 @@ def main(argv: list[str] | None = None) -> int:
         typical_delta=args.typical_delta,
         draft_p_min=args.draft_p_min,
         adaptive_drafts=args.adaptive_drafts,
+        gamma=gamma,
     )
+    drafter = pick_drafter(args, loaded, config, device)
+    needed = len(prompt) + args.max_new_tokens + 2 * (gamma + 1)
+    draft_context = getattr(getattr(drafter, "form", None), "config", loaded.config).max_seq_len
+    if needed > draft_context:
+        raise UserError(
+            f"the draft model's context of {draft_context} tokens cannot hold the prompt ({len(prompt)} tokens) plus "
+            f"--max-new-tokens {args.max_new_tokens}; shorten the prompt or lower --max-new-tokens."
+        )
     if args.tree is not None:
         if heads == 1:
             raise UserError("--tree drafts with extra heads; add --self-speculative.")
         config.tree = pick_tree(args, loaded, config)
     if args.compile:  # compile outside the timed decode: the prompt's step and a drafting step
         warm_up = GenerationConfig(**{**config.__dict__, "max_new_tokens": min(2, args.max_new_tokens)})
-        generate(model, [prompt] * args.batch_size, warm_up)
-    outputs, stats = generate(model, [prompt] * args.batch_size, config)
+        generate(model, [prompt] * args.batch_size, warm_up, drafter)
+    outputs, stats = generate(model, [prompt] * args.batch_size, config, drafter)
     for row, output in enumerate(outputs):
         if args.batch_size > 1:
             print(f"--- row {row} ---")

@@ -23,7 +23,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, source_identity, split_documents
-from mtp.data.tokenizer import TOKENIZER_KINDS, build_tokenizer, eot_id
+from mtp.data.tokenizer import TOKENIZER_KINDS, build_tokenizer, eot_id, is_checkpoint, pretrained_json
 from mtp.errors import UserError
 
 FORMAT_VERSION = 1
@@ -36,7 +36,7 @@ class TokenizerConfig:
     vocab_size: int = 8192
     """bpe: vocabulary size to train (end-of-text included)."""
     path: str | None = None
-    """pretrained: a tokenizer.json file."""
+    """pretrained: a tokenizer.json file, or an mtp checkpoint whose tokenizer to use (a draft for that model)."""
     train_bytes: int = 0
     """bpe: train on at most this many bytes of the training split (0: all of it)."""
 
@@ -49,9 +49,11 @@ class TokenizerConfig:
             return {"kind": "byte"}
         if self.kind == "bpe":
             return {"kind": "bpe", "vocab_size": self.vocab_size, "train_bytes": self.train_bytes}
-        if not self.path or not Path(self.path).is_file():
-            raise UserError(f"data.tokenizer.path={self.path!r} is not a tokenizer.json file; point it at one.")
-        return {"kind": "pretrained", "sha256": hashlib.sha256(Path(self.path).read_bytes()).hexdigest()}
+        if not self.path or not (Path(self.path).is_file() or is_checkpoint(self.path)):
+            raise UserError(
+                f"data.tokenizer.path={self.path!r} is not a tokenizer.json file or an mtp checkpoint; point it at one."
+            )
+        return {"kind": "pretrained", "sha256": hashlib.sha256(pretrained_json(self.path).encode()).hexdigest()}
 
 
 def fingerprint(source: SourceConfig, tokenizer: TokenizerConfig, val_fraction: float) -> str:

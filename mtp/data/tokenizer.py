@@ -2,7 +2,8 @@
 
 - ``byte``: ids 0..255 are the raw UTF-8 bytes, 256 is the end-of-text token.
 - ``bpe``: byte-level BPE trained on the training split, vocabulary size from the config.
-- ``pretrained``: any ``tokenizer.json`` file.
+- ``pretrained``: any ``tokenizer.json`` file, or the tokenizer of an mtp checkpoint (a ``.ckpt`` file or sharded
+  folder): a draft model trained this way shares its target's tokens.
 """
 
 from __future__ import annotations
@@ -58,12 +59,33 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def load_pretrained(path: str | Path) -> Tokenizer:
+def is_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` names an mtp checkpoint rather than a tokenizer.json."""
+    from mtp.checkpoint import SHARDED_META
+
     path = Path(path)
+    return path.suffix == ".ckpt" or (path.is_dir() and (path / SHARDED_META).is_file())
+
+
+def pretrained_json(path: str | Path) -> str:
+    """The tokenizer JSON of a tokenizer.json file or of an mtp checkpoint (read without its tensors)."""
+    path = Path(path)
+    if is_checkpoint(path):
+        from mtp.checkpoint import CHECKPOINT_KEY, read_checkpoint
+
+        return read_checkpoint(path, mmap=path.is_file())[CHECKPOINT_KEY]["tokenizer"]
     if not path.is_file():
-        raise UserError(f"tokenizer file {path} does not exist; set data.tokenizer.path to a tokenizer.json.")
+        raise UserError(
+            f"tokenizer file {path} does not exist; set data.tokenizer.path to a tokenizer.json or an mtp .ckpt."
+        )
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def load_pretrained(path: str | Path) -> Tokenizer:
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer.from_str(pretrained_json(path))
+    except UserError:
+        raise
     except Exception as err:  # tokenizers raises a bare Exception on malformed JSON
         raise UserError(f"{path} is not a valid tokenizer.json ({err}); point data.tokenizer.path at one.") from err
     if tokenizer.token_to_id(EOT) is None:
@@ -81,7 +103,9 @@ def build_tokenizer(
         return train_bpe(texts, vocab_size)
     if kind == "pretrained":
         if not path:
-            raise UserError("data.tokenizer.kind=pretrained needs data.tokenizer.path=/path/to/tokenizer.json.")
+            raise UserError(
+                "data.tokenizer.kind=pretrained needs data.tokenizer.path=/path/to/tokenizer.json (or an mtp .ckpt)."
+            )
         return load_pretrained(path)
     raise UserError(f"data.tokenizer.kind={kind!r} is not one of {', '.join(TOKENIZER_KINDS)}.")
 

@@ -33,6 +33,10 @@ is left of q. The output is distributed as autoregressive sampling from head 1.
   and sampling lossless.
 
 The first step is the prompt itself (right-padded to the longest), so prefill also drafts.
+
+With a drafter (:mod:`mtp.decode.drafters`: a draft model, the target with blocks skipped, prompt lookup) and
+``gamma`` > 0, the drafts come from it instead of the heads: after each step it reads what the rows emitted and
+proposes up to gamma tokens per row, which the next step verifies as a chain, by the same rules.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from mtp.decode.drafters import Drafter
 from mtp.decode.inference import InferenceModel
 from mtp.decode.sampling import RowUniforms, processed_probs, sample_from, sample_many
 from mtp.decode.tree import DraftTree
@@ -82,6 +87,8 @@ class GenerationConfig:
     """Stop drafting deeper than the first draft whose head's top probability is below this (0: off)."""
     adaptive_drafts: bool = False
     """Chains: a row's draft count + 2 after a step that accepted all of them, - 1 otherwise (at least 1)."""
+    gamma: int = 0
+    """Drafts per step from the drafter passed to ``generate`` (draft model, layer skip, prompt lookup); 0: none."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -107,6 +114,13 @@ class GenerationConfig:
             raise ValueError(f"the draft tree is {self.tree.depth} deep but heads={self.heads} drafts {self.heads - 1}")
         if self.adaptive_drafts and self.tree is not None:
             raise ValueError("adaptive_drafts sizes chains; cut trees with draft_p_min instead")
+        if self.gamma < 0:
+            raise ValueError(f"gamma={self.gamma} must be at least 1 (with a drafter) or 0")
+        if self.gamma and (self.heads > 1 or self.tree is not None or self.draft_p_min > 0):
+            raise ValueError(
+                "gamma drafts come from a drafter, which replaces the heads' drafts: "
+                "use heads=1, no tree and no draft_p_min with it"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -120,6 +134,8 @@ class GenerationConfig:
     @property
     def drafts(self) -> int:
         """Draft positions (chain) or depths (tree) a step can verify."""
+        if self.gamma:
+            return self.gamma
         return self.tree.depth if self.tree is not None else self.heads - 1
 
 
@@ -145,6 +161,13 @@ class DecodeStats:
     accepted_nodes: Counter = field(default_factory=Counter)
     """Tree decoding: how many row-steps ended at each node (0: the root, no draft accepted)."""
     acceptance_rule: str = "exact"
+    method: str = "heads"
+    """Who drafts (mtp.decode.drafters.METHODS): the target's heads, a draft model, layer skip, prompt lookup."""
+    method_params: dict[str, str] = field(default_factory=dict)
+    draft_s: float = 0.0
+    """Wall time a drafter spent proposing (0 for the heads, whose drafts come out of the target's forward)."""
+    draft_forwards: int = 0
+    """Forwards a drafter's model ran."""
 
     @property
     def ms_per_forward(self) -> float:
@@ -162,6 +185,11 @@ class DecodeStats:
         return [a / d if d else 0.0 for a, d in zip(self.accepted, self.drafted, strict=True)]
 
     @property
+    def draft_share(self) -> float:
+        """The share of the wall time spent in a drafter."""
+        return self.draft_s / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
@@ -173,15 +201,20 @@ class DecodeStats:
             f"tokens={self.tokens} forwards={self.forwards} tokens/forward={self.tokens_per_forward:.3f} "
             f"accept={accept} wall_s={self.wall_time_s:.3f} tokens/s={self.tokens_per_s:.1f} "
             f"ms/forward={self.ms_per_forward:.3f} prefill_ms={1000 * self.prefill_s:.1f} "
-            f"tree_nodes={self.tree_nodes} acceptance={rule}"
+            f"tree_nodes={self.tree_nodes} acceptance={rule} method={self.method}"
+            + "".join(f" {key}={value}" for key, value in self.method_params.items())
+            + (f" draft_share={self.draft_share:.3f}" if self.method != "heads" else "")
         )
 
 
 @torch.inference_mode()
 def generate(
-    model: MTPModel, prompts: list[list[int]], config: GenerationConfig
+    model: MTPModel, prompts: list[list[int]], config: GenerationConfig, drafter: Drafter | None = None
 ) -> tuple[list[list[int]], DecodeStats]:
-    """Continue every prompt (a list of token ids each) by up to ``max_new_tokens`` tokens; rows are independent."""
+    """Continue every prompt (a list of token ids each) by up to ``max_new_tokens`` tokens; rows are independent.
+    With ``drafter`` (and ``config.gamma`` > 0) the drafts come from it (:mod:`mtp.decode.drafters`)."""
+    if (drafter is not None) != (config.gamma > 0):
+        raise ValueError("pass a drafter together with gamma > 0 (and gamma only with a drafter)")
     if config.heads > model.n_future and not model.config.share_depth:
         raise ValueError(
             f"heads={config.heads} but the model has {model.n_future}; only causal heads trained with "
@@ -193,7 +226,7 @@ def generate(
     tree = config.tree
     heads = tree.depth + 1 if tree is not None else config.heads  # a shallower tree needs no deeper heads
     # room for a step's drafts past the budget, and for causal depths' windows (the step's width + k - 2)
-    needed = max(map(len, prompts)) + config.max_new_tokens + 2 * heads
+    needed = max(map(len, prompts)) + config.max_new_tokens + 2 * (config.drafts + 1)
     max_len = needed + (tree.size if tree is not None else 0)  # a tree step writes every node before keeping a path
     if needed > model.config.max_seq_len:
         raise ValueError(
@@ -204,6 +237,8 @@ def generate(
     stats = DecodeStats(
         rows=len(prompts), drafted=[0] * drafts, accepted=[0] * drafts,
         tree_nodes=tree.size if tree is not None else 0, acceptance_rule=config.acceptance,
+        method=drafter.method if drafter is not None else "heads",
+        method_params={"gamma": str(config.gamma), **drafter.params()} if drafter is not None else {},
     )  # fmt: skip
     outputs: list[list[int]] = [[] for _ in prompts]
     rows = list(range(len(prompts)))  # original index of each live row
@@ -213,6 +248,9 @@ def generate(
     uniforms = None if config.greedy else RowUniforms(config.seed, len(prompts), steps, _draws_per_step(config), device)
     planned = [drafts] * len(prompts)  # adaptive_drafts: each row's draft count for its next step
     start = time.perf_counter()
+    if drafter is not None:
+        drafter.start(prompts, max_len)
+    sampled = not config.greedy and not config.typical  # drafts sampled from proposals (else top-ranked)
 
     # Step 0: the prompts. Every prompt token counts as accepted; the last one is each row's base position.
     width = max(map(len, prompts))
@@ -246,8 +284,11 @@ def generate(
             read = None if n_drafts else base[:, None]
             head1, hidden = inference.verify(inputs, cache, read)  # (B, n_drafts + 1, V), (B, S, d)
             accepted, next_token = _verify_chain(head1, inputs, base, n_drafts, live, draft_probs, config, draws)
-        draft = partial(inference.draft, hidden, cache)  # heads 2..k after each row's last accepted input
-        new_drafts, draft_probs, new_live = _draft(draft, base + accepted, inputs, next_token, config, draws)
+        if drafter is None:
+            draft = partial(inference.draft, hidden, cache)  # heads 2..k after each row's last accepted input
+            new_drafts, draft_probs, new_live = _draft(draft, base + accepted, inputs, next_token, config, draws)
+        else:  # the drafter proposes once the step's tokens are known on the host
+            new_live = torch.full_like(accepted, config.gamma)
         cache.commit(inputs.size(1))
         stats.forwards += 1
         stats.row_forwards += len(rows)
@@ -262,13 +303,14 @@ def generate(
         kept = [held[i] + h[0] + 1 + first_base[i] for i, h in enumerate(host)]
         cache.rollback(kept, held_on_device + base + accepted + 1)  # the same, computed where it is used
 
-        keep = []
+        keep, emitted_rows = [], []
         verified = verifying if n_drafts else [0] * len(rows)
         verifying = []  # what each row verifies next
         for i, (n_accepted, token, next_live, node, *path_tokens) in enumerate(host):
             if last_node is not None:
                 stats.accepted_nodes[node] += 1
             emitted = (path_tokens[:n_accepted] if n_drafts else []) + [token]
+            emitted_rows.append((n_accepted, emitted))
             for j in range(verified[i]):
                 stats.drafted[j] += 1
                 stats.accepted[j] += int(j < n_accepted)
@@ -287,12 +329,27 @@ def generate(
             cache.keep_rows(keep)
             if uniforms is not None:
                 uniforms.keep_rows(index)
-            next_token, new_drafts, new_live = next_token[index], new_drafts[index], new_live[index]
-            draft_probs = None if draft_probs is None else draft_probs[index]
+            next_token, new_live = next_token[index], new_live[index]
+            draws = None if draws is None else draws[index]
+            if drafter is None:
+                new_drafts = new_drafts[index]
+                draft_probs = None if draft_probs is None else draft_probs[index]
+            else:
+                drafter.keep_rows(keep)
             verifying = [verifying[i] for i in keep]
+            emitted_rows = [emitted_rows[i] for i in keep]
+        if drafter is not None:
+            drafter.advance(*map(list, zip(*emitted_rows, strict=True)))
+            began = time.perf_counter()
+            proposal = draws[:, _next_token_column(config) + 1 :] if draws is not None else None
+            new_drafts, draft_probs, counts = drafter.propose(max(verifying), sampled, config, proposal)
+            if device.type == "cuda":  # the drafter's share of the time is only known after its kernels ran
+                torch.cuda.synchronize()
+            stats.draft_s += time.perf_counter() - began
+            verifying = [min(v, n) for v, n in zip(verifying, counts, strict=True)]
         # the next step verifies what its deepest row drafts; the rest of its rows only their own
         deepest = max(verifying)
-        live = torch.tensor(verifying, device=device) if config.adaptive_drafts else new_live
+        live = torch.tensor(verifying, device=device) if config.adaptive_drafts or drafter else new_live
         n_drafts = tree.nodes_up_to(deepest) if tree is not None else deepest
         inputs = torch.cat([next_token[:, None], new_drafts[:, :n_drafts]], dim=1)
         first_base = [0] * len(rows)
@@ -302,6 +359,7 @@ def generate(
         torch.cuda.synchronize()
     stats.wall_time_s = time.perf_counter() - start
     stats.tokens = sum(map(len, outputs))
+    stats.draft_forwards = drafter.forwards if drafter is not None else 0
     return outputs, stats
 
 
@@ -371,13 +429,13 @@ def _next_token_column(config: GenerationConfig) -> int:
     sibling tried at each depth (tree). Then come the new drafts' (a chain's; a tree's depths, then its nodes)."""
     if config.tree is not None:
         return sum(config.tree.max_children_at_depth())
-    return config.heads - 1
+    return config.drafts
 
 
 def _draws_per_step(config: GenerationConfig) -> int:
     """Uniform numbers a step may use: the tests, the next token, the drafts (a tree's depths and nodes)."""
     tree_nodes = config.tree.size if config.tree is not None else 0
-    return _next_token_column(config) + config.heads + tree_nodes
+    return _next_token_column(config) + config.heads + config.gamma + tree_nodes
 
 
 def _verify_chain(

@@ -23,6 +23,7 @@ positions; so do the draft heads' at the positions asked for (``tests/decode/tes
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Callable
 
@@ -153,6 +154,15 @@ class InferenceModel:
         if key not in built or built[key][0] != weights:
             built[key] = (weights, cls(model, heads, compile))
         return built[key][1]
+
+    def skipping(self, skip: frozenset[int]) -> InferenceModel:
+        """This form without the path's blocks whose indices are in ``skip`` and without draft heads: head 1 on fewer
+        blocks, a layer-skip draft (Draft & Verify). The packed weights are shared with this form, not copied."""
+        form = copy.copy(self)
+        form.path = [blocks for i, blocks in enumerate(self.path) if i not in skip]
+        form.heads, form.drafter, form.block_indices = 1, None, {}
+        form.draft_input_depth = len(form.path)
+        return form
 
     @property
     def path_slots(self) -> slice:

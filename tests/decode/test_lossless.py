@@ -196,9 +196,10 @@ def test_lossless_with_head_blocks(head_type, filters):
     check_real_model(model, config)
 
 
-def check_real_model(model, config: GenerationConfig, rows: int = 12_000):
-    """Sample ``rows`` continuations of [1, 2] and check them against the exact joint of head 1's sampling (from full
-    forwards, no cache), enumerated over the model's 4 tokens; returns the decoding statistics."""
+def check_real_model(model, config: GenerationConfig, rows: int = 12_000, drafter=None):
+    """Sample ``rows`` continuations of [1, 2] (drafting with ``drafter`` if given) and check them against the exact
+    joint of head 1's sampling (from full forwards, no cache), enumerated over the model's 4 tokens; returns the
+    decoding statistics."""
     joint = {}
     with torch.no_grad():
         for continuation in itertools.product(range(4), repeat=config.max_new_tokens):
@@ -208,7 +209,7 @@ def check_real_model(model, config: GenerationConfig, rows: int = 12_000):
                 p *= reference_probs(logits[1 + i], config.temperature, config.top_k, config.top_p)[token]
             if p > 0:
                 joint[continuation] = p
-    out, stats = generate(model, [[1, 2]] * rows, config)
+    out, stats = generate(model, [[1, 2]] * rows, config, drafter)
     samples = [tuple(row) for row in out]
     assert all(s in joint for s in samples)
     assert total_variation(samples, joint) < tv_threshold(joint, rows)

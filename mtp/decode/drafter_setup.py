@@ -1,0 +1,122 @@
+"""Turning the scripts' drafting flags into drafters: a draft checkpoint checked against the target, a skip set read
+or searched for, prompt lookup (user errors are one sentence each)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from mtp.checkpoint import LoadedCheckpoint, load_checkpoint
+from mtp.decode.drafters import Drafter, LookupDrafter, draft_model_drafter, layer_skip_drafter
+from mtp.decode.generation import GenerationConfig, generate
+from mtp.errors import UserError
+from mtp.model import MTPModel
+
+SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS, SEARCH_NEW_TOKENS = 4, 64, 32
+"""--skip-layers auto times decoding of this many held-out prompts, of this many tokens, continued by this many."""
+
+
+def load_draft(path: Path, target: LoadedCheckpoint, device: torch.device, dtype: str) -> LoadedCheckpoint:
+    """A draft checkpoint for ``target``: an mtp checkpoint with the same tokenizer and vocabulary."""
+    try:
+        draft = load_checkpoint(path, device, dtype)
+    except UserError as err:
+        raise UserError(f"--draft: {err}") from err
+    if draft.tokenizer.to_str() != target.tokenizer.to_str():
+        raise UserError(
+            f"--draft {path} has a different tokenizer from the target's; train the draft on the target's tokenizer "
+            "(data/tokenizer=pretrained data.tokenizer.path=TARGET.ckpt)."
+        )
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise UserError(
+            f"--draft {path} has model.vocab_size={draft.config.vocab_size} but the target has "
+            f"{target.config.vocab_size}; train the draft with model.vocab_size={target.config.vocab_size}."
+        )
+    return draft
+
+
+def parse_skip_layers(text: str, model: MTPModel) -> frozenset[int]:
+    """Block indices of head 1's path (0..len(model.layers) - 1), comma-separated; some but not all of them."""
+    blocks = len(model.layers)
+    try:
+        skip = frozenset(int(part) for part in text.split(","))
+    except ValueError:
+        raise UserError(f"--skip-layers {text!r} must be block indices such as 2,4,5, or auto.") from None
+    if not skip < set(range(blocks)):
+        raise UserError(
+            f"--skip-layers {text} must name some but not all of the {blocks} blocks of head 1's path "
+            f"(0..{blocks - 1}: the trunk, then head 1's own block)."
+        )
+    return skip
+
+
+def search_skip_layers(
+    model: MTPModel, prompts: list[list[int]], config: GenerationConfig, log=print
+) -> tuple[frozenset[int], float]:
+    """The blocks to skip, chosen as Draft & Verify chooses them: by the time per token of layer-skip decoding of
+    held-out prompts (``config``: its sampling settings and gamma), here by greedy forward selection instead of
+    Bayesian optimization: each round skips one more block, the one whose skip set decodes fastest, while that beats
+    the previous round. Returns the set and its time per token (seconds)."""
+    blocks = len(model.layers)
+    settings = {**config.__dict__, "eos_id": None, "compile": False, "max_new_tokens": SEARCH_NEW_TOKENS}
+    search = GenerationConfig(**settings)
+
+    def time_per_token(skip: frozenset[int]) -> float:
+        drafter = layer_skip_drafter(model, skip)
+        seconds = tokens = 0
+        for prompt in prompts:
+            _, stats = generate(model, [prompt], search, drafter)
+            seconds, tokens = seconds + stats.wall_time_s, tokens + stats.tokens
+        return seconds / tokens
+
+    time_per_token(frozenset({0}))  # warm-up: packing, allocator, caches
+    chosen, best = frozenset(), float("inf")
+    while len(chosen) < blocks - 1:
+        trials = {chosen | {b}: time_per_token(chosen | {b}) for b in range(blocks) if b not in chosen}
+        skip, seconds = min(trials.items(), key=lambda trial: trial[1])
+        log(f"note: skip-layers search: skipping {sorted(skip)} decodes at {1000 * seconds:.2f} ms/token")
+        if seconds >= best:
+            break
+        chosen, best = skip, seconds
+    return chosen, best
+
+
+def pick_drafter(
+    args, loaded: LoadedCheckpoint, config: GenerationConfig, device: torch.device, prompts=None
+) -> Drafter | None:
+    """The drafter of --draft, --skip-layers or --prompt-lookup (None: the heads draft, or nothing does).
+    ``prompts``: held-out prompts for --skip-layers auto (read from the checkpoint's data when not given)."""
+    if args.draft is not None:
+        draft = load_draft(args.draft, loaded, device, args.dtype)
+        return draft_model_drafter(draft.model, args.compile)
+    if args.skip_layers is not None:
+        if args.skip_layers != "auto":
+            return layer_skip_drafter(loaded.model, parse_skip_layers(args.skip_layers, loaded.model), args.compile)
+        if prompts is None:
+            from mtp.benchmarks.decode_runs import FIT_SKIP_DOCUMENTS, held_out_prompts
+
+            prompts = held_out_prompts(
+                loaded.data, loaded.tokenizer, SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS, skip=FIT_SKIP_DOCUMENTS
+            )
+        skip, _ = search_skip_layers(loaded.model, prompts, config, log=lambda line: print(line, file=sys.stderr))
+        return layer_skip_drafter(loaded.model, skip, args.compile)
+    if args.prompt_lookup is not None:
+        return LookupDrafter(args.prompt_lookup, loaded.config.vocab_size, device)
+    return None
+
+
+def check_drafting_flags(args) -> None:
+    """Ranges and combinations of the drafting flags (before anything is loaded)."""
+    drafting = args.draft is not None or args.skip_layers is not None or args.prompt_lookup is not None
+    if args.gamma < 1:
+        raise UserError(f"--gamma {args.gamma} must be at least 1 (drafts per step).")
+    if args.prompt_lookup is not None and args.prompt_lookup < 1:
+        raise UserError(f"--prompt-lookup {args.prompt_lookup} must be at least 1 (the longest n-gram matched).")
+    if drafting and (args.self_speculative or (args.heads or 1) > 1):
+        raise UserError(
+            "--draft, --skip-layers and --prompt-lookup replace the heads' drafts; drop --self-speculative/--heads."
+        )
+    if drafting and (args.tree is not None or args.draft_p_min > 0):
+        raise UserError("--tree and --draft-p-min apply to the heads' drafts; drop them with a drafter.")

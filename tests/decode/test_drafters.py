@@ -1,0 +1,261 @@
+"""Drafters other than the heads (a draft model, layer skip, prompt lookup): greedy output equal to autoregressive
+output, batch 1 and ragged; sampling with the autoregressive distribution, with negative controls that must fail."""
+
+import math
+
+import pytest
+import torch
+
+from mtp.decode import GenerationConfig, generate
+from mtp.decode import drafters as drafters_module
+from mtp.decode import generation as generation_module
+from mtp.decode.drafters import LookupDrafter, draft_model_drafter, layer_skip_drafter
+from tests.decode.helpers import NEVER, fixed_logits_model, head1_logits, tiny_model, train_on_cycles
+from tests.decode.test_lossless import check_real_model, reference_probs, total_variation, tv_threshold
+from tests.decode.test_tree import partly_trained
+
+VOCAB = 5
+
+
+def drafter_for(method: str, target, vocab_size: int):
+    """A fresh drafter of each kind for ``target``: a separately trained small model, the target without two of its
+    blocks, prompt lookup on bigrams."""
+    if method == "draft":
+        draft = train_on_cycles(tiny_model(n_future=1, vocab_size=vocab_size, seed=7), steps=15)
+        return draft_model_drafter(draft)
+    if method == "layerskip":
+        return layer_skip_drafter(target, frozenset({1}))
+    return LookupDrafter(2, vocab_size, "cpu")
+
+
+@pytest.fixture(scope="module")
+def counting_target():
+    return partly_trained("transformer")
+
+
+@pytest.mark.parametrize("method", ["draft", "layerskip", "lookup"])
+def test_greedy_drafting_equals_autoregressive(method, counting_target):
+    model = counting_target
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 40, (n,), generator=generator).tolist() for n in (5, 2, 9, 3)]
+    prompts[2][4:7] = prompts[2][:3]  # a repeated trigram in one prompt, for lookup to find
+    reference, _ = generate(model, prompts, GenerationConfig(48, heads=1))
+    drafter = drafter_for(method, model, 40)
+    for decoding in (dict(gamma=4), dict(gamma=3, adaptive_drafts=True)):
+        out, stats = generate(model, prompts, GenerationConfig(48, **decoding), drafter)
+        assert out == reference, decoding
+        assert 0 < sum(stats.accepted) < sum(stats.drafted)  # drafts pass at some steps, not at all
+        assert stats.method == method and f"method={method}" in stats.line()
+    alone, _ = generate(model, prompts[1:2], GenerationConfig(48, gamma=2), drafter)
+    assert alone == reference[1:2]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_target_as_its_own_draft_accepts_every_draft(temperature, counting_target):
+    """Drafting with the target itself proposes exactly what it verifies, whatever the step: any slip of the draft's
+    cache (a position kept or dropped wrongly at a step's rollback, a ragged row misread) shows as a rejection."""
+    model = counting_target
+    prompts = [[3, 9, 1, 4, 4], [7], [2, 2, 2, 30, 31, 5, 6, 8, 11]]
+    config = GenerationConfig(40, temperature, gamma=3, seed=2, adaptive_drafts=temperature > 0)
+    reference, _ = generate(model, prompts, GenerationConfig(40, temperature, seed=2))
+    out, stats = generate(model, prompts, config, draft_model_drafter(model))
+    assert stats.accepted == stats.drafted and stats.drafted[0] > 0
+    assert out == reference or temperature > 0
+    assert stats.draft_forwards == 3 * (stats.forwards - 1) or temperature > 0
+
+
+class CheckedDrafter(drafters_module.ModelDrafter):
+    """A draft model's drafter that checks every proposal (sampling at temperature 1) against the draft model's own
+    distributions after the row's true sequence and the drafts before, computed by full forwards without a cache."""
+
+    def __init__(self, draft):
+        super().__init__(drafters_module.InferenceModel.of(draft, 1))
+        self.draft, self.checked = draft, 0
+
+    def start(self, prompts, max_len):
+        super().start(prompts, max_len)
+        self.truth = [list(p) for p in prompts]
+
+    def advance(self, accepted, emitted):
+        super().advance(accepted, emitted)
+        self.truth = [t + e for t, e in zip(self.truth, emitted, strict=True)]
+
+    def keep_rows(self, rows):
+        super().keep_rows(rows)
+        self.truth = [self.truth[r] for r in rows]
+
+    def propose(self, gamma, sampled, config, draws):
+        drafts, probs, counts = super().propose(gamma, sampled, config, draws)
+        for row, tokens in enumerate(self.truth):
+            sequence = torch.tensor([tokens + drafts[row, :-1].tolist()])
+            expected = head1_logits(self.draft, sequence)[0, len(tokens) - 1 :].softmax(dim=-1)  # (gamma, V)
+            torch.testing.assert_close(probs[row], expected, atol=1e-5, rtol=0, msg=f"row {row} at {len(tokens)}")
+            self.checked += 1
+        return drafts, probs, counts
+
+
+def test_draft_model_proposals_follow_the_accepted_tokens(counting_target):
+    """Every proposal of a draft model that the target often rejects is the draft model's own distribution after the
+    accepted tokens: its cache keeps exactly the accepted drafts it read, reads what it has not seen, drops padding."""
+    draft = train_on_cycles(tiny_model(n_future=1, vocab_size=40, seed=7), steps=15)
+    drafter = CheckedDrafter(draft)
+    prompts = [[3, 9, 1, 4, 4], [7], [2, 2, 2, 30, 31, 5, 6, 8, 11]]
+    for decoding in (dict(gamma=3), dict(gamma=4, adaptive_drafts=True)):
+        _, stats = generate(counting_target, prompts, GenerationConfig(30, 1.0, **decoding), drafter)
+        assert 0 < sum(stats.accepted) < sum(stats.drafted) and drafter.checked > 20
+
+
+def test_lookup_drafts_the_latest_continuation():
+    lookup = LookupDrafter(3, 10, "cpu")
+    lookup.start([[1, 2, 3, 9, 1, 2, 4, 5, 1, 2], [7, 8]], 64)
+    drafts, probs, counts = lookup.propose(3, False, None, None)
+    assert counts == [3, 0]  # (1, 2) occurred twice: the latest was followed by 4, 5, 1; row 2's (7, 8) never before
+    assert drafts[0].tolist() == [4, 5, 1] and probs is None
+    lookup.advance([0, 0], [[3], [7]])  # row 1 ends in (1, 2, 3), seen at the start; row 2 in 7, seen before 8
+    drafts, probs, counts = lookup.propose(2, True, None, None)
+    assert counts == [2, 2] and drafts.tolist() == [[9, 1], [8, 7]]  # row 2: 7, 8, 7 -> 8, 7 (period 2)
+    assert probs[0, 0].tolist() == [0.0] * 9 + [1.0]  # one-hot: the draft itself
+    lookup.advance([0, 0], [[5], [9]])  # row 1: no earlier (2, 3, 5) or (3, 5), but 5 before 1; row 2: 9 is new
+    drafts, _, counts = lookup.propose(2, False, None, None)
+    assert counts == [2, 0] and drafts[0].tolist() == [1, 2]
+    repeating = LookupDrafter(3, 10, "cpu")
+    repeating.start([[6, 4, 4, 4], [5, 3, 5, 3, 5]], 64)  # the latest matches end one and two tokens before the end
+    drafts, _, counts = repeating.propose(5, False, None, None)
+    assert counts == [5, 5] and drafts.tolist() == [[4] * 5, [3, 5, 3, 5, 3]]
+
+
+def test_bad_drafter_settings_are_refused(counting_target):
+    with pytest.raises(ValueError, match="some but not all"):
+        layer_skip_drafter(counting_target, frozenset(range(len(counting_target.layers))))
+    with pytest.raises(ValueError, match="some but not all"):
+        layer_skip_drafter(counting_target, frozenset({len(counting_target.layers)}))
+    with pytest.raises(ValueError, match="heads=1"):
+        GenerationConfig(8, heads=2, gamma=2)
+    with pytest.raises(ValueError, match="drafter together with gamma"):
+        generate(counting_target, [[1]], GenerationConfig(8, gamma=2))
+    with pytest.raises(ValueError, match="ngram"):
+        LookupDrafter(0, 40, "cpu")
+
+
+# -- lossless sampling: the exact joint of head 1's sampling against many sampled rows
+N_SAMPLES = 40_000
+PROMPT = [0, 1, 2, 3, 4, 0, 1]
+"""Its last bigram occurred before, followed by 2, 3: prompt lookup drafts the target's likeliest path."""
+
+
+def target_tables() -> torch.Tensor:
+    """Head 1 after token a: a+1 (0.55), a+2 (0.30), a+3 (0.15)."""
+    tables = torch.full((1, VOCAB, VOCAB), NEVER)
+    for a in range(VOCAB):
+        for step, prob in ((1, 0.55), (2, 0.30), (3, 0.15)):
+            tables[0, a, (a + step) % VOCAB] = math.log(prob)
+    return tables
+
+
+def draft_tables() -> torch.Tensor:
+    """A draft that differs sharply: a+1 (0.35), a+2 (0.40), a+4 (0.25, outside the target's support); never a+3."""
+    tables = torch.full((1, VOCAB, VOCAB), NEVER)
+    for a in range(VOCAB):
+        for step, prob in ((1, 0.35), (2, 0.40), (4, 0.25)):
+            tables[0, a, (a + step) % VOCAB] = math.log(prob)
+    return tables
+
+
+def check_drafter(drafter, gamma: int = 2, temperature: float = 1.0, top_p: float = 1.0, seed: int = 11):
+    """(total variation, threshold, samples outside the support, statistics) of gamma + 2 tokens sampled with
+    ``drafter``."""
+    length = gamma + 2  # the prompt step's token, gamma verified drafts, the token after them
+    config = GenerationConfig(length, temperature, top_p=top_p, gamma=gamma, seed=seed)
+    tables = target_tables()
+    step = [reference_probs(tables[0, a], temperature, 0, top_p) for a in range(VOCAB)]
+    joint: dict[tuple[int, ...], float] = {}
+
+    def enumerate_from(previous: int, prefix: tuple[int, ...], p: float) -> None:
+        if len(prefix) == length:
+            joint[prefix] = p
+            return
+        for token, q in enumerate(step[previous]):
+            if q > 0:
+                enumerate_from(token, prefix + (token,), p * q)
+
+    enumerate_from(PROMPT[-1], (), 1.0)
+    out, stats = generate(fixed_logits_model(tables), [PROMPT] * N_SAMPLES, config, drafter)
+    samples = [tuple(row) for row in out]
+    outside = sum(s not in joint for s in samples)
+    return total_variation(samples, joint), tv_threshold(joint, N_SAMPLES), outside, stats
+
+
+SAMPLING_DRAFTERS = {
+    "draft": lambda: draft_model_drafter(fixed_logits_model(draft_tables())),
+    "draft_T0.7_topp0.9": lambda: draft_model_drafter(fixed_logits_model(draft_tables())),
+    "lookup": lambda: LookupDrafter(2, VOCAB, "cpu"),
+}
+SAMPLING_SETTINGS = {"draft": {}, "draft_T0.7_topp0.9": dict(temperature=0.7, top_p=0.9), "lookup": {}}
+
+
+@pytest.mark.parametrize("case", SAMPLING_DRAFTERS.keys())
+def test_drafted_sampling_has_the_autoregressive_distribution(case):
+    tv, threshold, outside, stats = check_drafter(SAMPLING_DRAFTERS[case](), **SAMPLING_SETTINGS[case])
+    assert sum(stats.accepted) > 0.2 * sum(stats.drafted)  # the drafts are accepted often enough to matter
+    assert outside == 0, "sampled a continuation the target gives probability 0"
+    assert tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
+
+
+def _wrong_drafting():
+    def reversed_proposals(propose):  # each draft verified against another position's proposal
+        def wrong(self, gamma, sampled, config, draws):
+            drafts, probs, counts = propose(self, gamma, sampled, config, draws)
+            return drafts, probs.flip(1) if probs is not None else None, counts
+
+        return wrong
+
+    def uniform_lookup(propose):  # a lookup draft treated as one drawn uniformly, not as the token itself
+        def wrong(self, gamma, sampled, config, draws):
+            drafts, probs, counts = propose(self, gamma, sampled, config, draws)
+            return drafts, torch.full_like(probs, 1 / probs.size(-1)), counts
+
+        return wrong
+
+    return {
+        "draft_accepted_regardless_of_its_proposal": (
+            "draft", (generation_module, "accept_drafts", lambda u, p, q: u < q)
+        ),
+        "draft_proposals_of_the_wrong_position": (
+            "draft", (drafters_module.ModelDrafter, "propose", reversed_proposals(drafters_module.ModelDrafter.propose))
+        ),
+        "lookup_proposal_not_one_hot": (
+            "lookup", (drafters_module.LookupDrafter, "propose", uniform_lookup(drafters_module.LookupDrafter.propose))
+        ),
+        "lookup_no_residual": (
+            "lookup", (generation_module, "correction_probs", lambda target, proposal, rejected: target)
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("rule", _wrong_drafting().keys())
+def test_each_wrong_drafting_rule_fails_the_check(rule, monkeypatch):
+    case, (owner, name, wrong) = _wrong_drafting()[rule]
+    monkeypatch.setattr(owner, name, wrong)
+    tv, threshold, outside, _ = check_drafter(SAMPLING_DRAFTERS[case](), gamma=3)
+    assert outside > 0 or tv >= threshold, f"{rule}: total variation {tv:.4f} < {threshold:.4f}"
+
+
+@pytest.mark.parametrize("method", ["draft", "layerskip", "lookup"])
+def test_drafted_sampling_lossless_on_real_models(method):
+    """Attention everywhere (the target, a random draft model, the target without a block): every context changes the
+    logits, so the drafters' caches and the rows' ragged acceptance all matter."""
+    model = tiny_model(n_future=1, vocab_size=4, seed=3)
+    with torch.no_grad():
+        model.outputs[0].weight.mul_(60)  # peaked distributions, so that drafts disagree with the target
+    if method == "draft":
+        draft = tiny_model(n_future=1, vocab_size=4, seed=4)
+        with torch.no_grad():
+            draft.outputs[0].weight.mul_(30)
+        drafter = draft_model_drafter(draft)
+    elif method == "layerskip":
+        drafter = layer_skip_drafter(model, frozenset({0}))
+    else:
+        drafter = LookupDrafter(1, 4, "cpu")
+    config = GenerationConfig(max_new_tokens=4, temperature=1.0, gamma=2, seed=5)
+    stats = check_real_model(model, config, drafter=drafter)
+    assert 0 < sum(stats.accepted) < sum(stats.drafted)
