@@ -3,6 +3,7 @@
     python scripts/bench_decode.py CKPT                       # k = 1..n, greedy and sampling, batch 1 and 8
     python scripts/bench_decode.py CKPT --device cuda --prompts 32 --max-new-tokens 256
     python scripts/bench_decode.py CKPT --methods chain,tree,typical,adaptive   # + trees fitted to CKPT per mode
+    python scripts/bench_decode.py CKPT --methods chain,tree,draft,layerskip,lookup --draft DRAFT.ckpt  # every method
 
 Prompts are the openings of validation documents of the checkpoint's own training data (the split is
 recomputed from the source and validation fraction stored in the checkpoint). For every k, mode and
@@ -10,7 +11,10 @@ batch size it reports tokens per forward, per-position acceptance, tokens/s and 
 autoregressive decoding (k = 1, same mode and batch). With --methods, the other ways of drafting run beside
 the chain at the largest k: tree (--tree FILE, or fitted now per mode on other held-out documents), typical
 (the tree under Medusa's typical acceptance: lossy, sampling only), adaptive (the chain cut by --draft-p-min,
-with the +2/-1 draft count). Writes results.json, results.md and decode.png.
+with the +2/-1 draft count), draft (a draft model, --draft, at every --gammas; its row also gives Leviathan et
+al.'s predicted speed-up (1 - a^(g+1)) / ((1 - a)(g c + 1)) from the measured acceptance a and cost ratio c),
+layerskip (this model minus the blocks of --skip-layers, or the set searched for per mode with auto) and lookup
+(prompt lookup, --prompt-lookup N); drafters draft --gamma tokens. Writes results.json, results.md and decode.png.
 """
 
 from __future__ import annotations
@@ -27,15 +31,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mtp.benchmarks.cli import int_list  # noqa: E402
-from mtp.benchmarks.decode_runs import fitted_tree, held_out_prompts, run  # noqa: E402
+from mtp.benchmarks.decode_runs import fitted_tree, held_out_prompts, prompts_beyond_the_benchmarks, run  # noqa: E402
 from mtp.benchmarks.report import decode_table, plot_decode  # noqa: E402
 from mtp.checkpoint import load_checkpoint  # noqa: E402
 from mtp.cli import run_script  # noqa: E402
 from mtp.decode import DecodeStats, GenerationConfig, generate  # noqa: E402
+from mtp.decode.drafter_setup import (  # noqa: E402
+    SEARCH_PROMPT_TOKENS,
+    SEARCH_PROMPTS,
+    load_draft,
+    parse_skip_layers,
+    search_skip_layers,
+)
+from mtp.decode.drafters import LookupDrafter, draft_model_drafter, layer_skip_drafter  # noqa: E402
 from mtp.decode.tree import read_tree  # noqa: E402
 from mtp.errors import UserError  # noqa: E402
 
-METHODS = ("chain", "tree", "typical", "adaptive")
+METHODS = ("chain", "tree", "typical", "adaptive", "draft", "layerskip", "lookup")
+DRAFTERS = ("draft", "layerskip", "lookup")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,6 +63,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tree-nodes", type=int_list, default=[16], help="node budgets of the fitted trees: one tree row each"
     )
     parser.add_argument("--draft-p-min", type=float, default=0.3, help="for adaptive")
+    parser.add_argument("--draft", type=Path, help="for draft: a draft checkpoint on the same tokenizer")
+    parser.add_argument("--gammas", type=int_list, default=[1, 2, 3, 4, 6, 8], help="for draft: drafts per step")
+    parser.add_argument("--gamma", type=int, default=4, help="for layerskip and lookup: drafts per step")
+    parser.add_argument("--skip-layers", default="auto", help="for layerskip: blocks to skip (2,4,5), or auto per mode")
+    parser.add_argument("--prompt-lookup", type=int, default=3, help="for lookup: the longest n-gram matched")
     parser.add_argument("--temperature", type=float, default=0.8, help="for sampling")
     parser.add_argument("--top-p", type=float, default=0.95, help="for sampling")
     parser.add_argument("--prompts", type=int, default=8, help="held-out prompts")
@@ -73,6 +91,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--methods {','.join(args.methods)}: each method must be one of {', '.join(METHODS)}")
     if "chain" not in args.methods:
         args.methods.insert(0, "chain")  # the baseline rows
+    if "draft" in args.methods and args.draft is None:
+        parser.error("--methods draft needs --draft DRAFT.ckpt (a model trained on this checkpoint's tokenizer)")
+    if min(args.gammas) < 1 or args.gamma < 1 or args.prompt_lookup < 1:
+        parser.error("--gammas, --gamma and --prompt-lookup must be at least 1")
     if not 0 <= args.draft_p_min <= 1:
         parser.error(f"--draft-p-min {args.draft_p_min} must lie in [0, 1]")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -115,16 +137,19 @@ def main(argv: list[str] | None = None) -> None:
         variants = method_configs(args, loaded, chain, mode)
         for batch_size in args.batch_sizes:
             for k in sorted(heads):
-                settings.append((mode, batch_size, "chain", GenerationConfig(**{**chain.__dict__, "heads": k})))
-            settings += [(mode, batch_size, method, config) for method, config in variants]
-    for _, batch_size, _, config in settings:  # warm-up (and, with --compile, compilation) of every step shape
-        generate(model, prompts[:batch_size], GenerationConfig(**{**config.__dict__, "max_new_tokens": 4}))
+                no_drafter = None
+                settings.append(
+                    (mode, batch_size, "chain", GenerationConfig(**{**chain.__dict__, "heads": k}), no_drafter)
+                )
+            settings += [(mode, batch_size, *variant) for variant in variants]
+    for _, batch_size, _, config, drafter in settings:  # warm-up (and, with --compile, compilation) of every shape
+        generate(model, prompts[:batch_size], GenerationConfig(**{**config.__dict__, "max_new_tokens": 4}), drafter)
 
     peer = HFPeer(model, prompts, args.max_new_tokens) if args.hf else None
     best: dict[int, DecodeStats] = {}
     for round_ in range(args.repeats):  # rounds interleave the settings, so that a slow spell hits all of them
-        for i, (mode, batch_size, method, config) in enumerate(settings):
-            stats = run(model, prompts, config, batch_size)
+        for i, (mode, batch_size, method, config, drafter) in enumerate(settings):
+            stats = run(model, prompts, config, batch_size, drafter)
             if i not in best or stats.wall_time_s < best[i].wall_time_s:
                 best[i] = stats
             print(
@@ -132,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         if peer is not None:  # the HF peer in the same rounds
             peer.run_round()
-    rows = [result_row(*setting, best[i]) for i, setting in enumerate(settings)]
+    rows = [result_row(*setting[:4], best[i]) for i, setting in enumerate(settings)]
     for row in rows:  # speed-up and forward cost against k = 1 of the same mode and batch size
         baseline = next(
             r
@@ -141,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
         row["forward_cost"] = row["ms_per_forward"] / baseline["ms_per_forward"]
+        if row["method"] == "draft":
+            row["predicted_speedup"] = predicted_speedup(row, baseline)
 
     peer = peer.compare(rows) if peer is not None else None
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
@@ -170,8 +197,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{title}\n\n{table}\n\nwrote {args.out}/results.json, results.md, decode.png")
 
 
-def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tuple[str, GenerationConfig]]:
-    """The configurations of the methods other than the chain, at the largest k, for one mode."""
+def predicted_speedup(row: dict, baseline: dict) -> float:
+    """Leviathan et al.'s expected speed-up (1 - a^(g+1)) / ((1 - a)(g c + 1)): a, the drafts' acceptance rate
+    (accepted over verified drafts, all positions), c, a draft forward's time over an autoregressive step's."""
+    a, g = min(row["acceptance_rate"], 1 - 1e-9), row["gamma"]
+    c = row["draft_ms_per_forward"] / baseline["ms_per_forward"]
+    return (1 - a ** (g + 1)) / ((1 - a) * (g * c + 1))
+
+
+def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tuple]:
+    """(method, configuration, drafter) of the methods other than the chain, at the largest k, for one mode."""
     variants = []
     trees = []  # with --tree auto, one per node budget; typical acceptance runs on the first
     if {"tree", "typical"} & set(args.methods):
@@ -184,13 +219,32 @@ def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tup
         else:
             trees.append(read_tree(Path(args.tree), chain.heads - 1, loaded.config.vocab_size))
     if "tree" in args.methods:
-        variants += [("tree", GenerationConfig(**{**chain.__dict__, "tree": tree})) for tree in trees]
+        variants += [("tree", GenerationConfig(**{**chain.__dict__, "tree": tree}), None) for tree in trees]
     if "typical" in args.methods and mode == "sampling":
         settings = {**chain.__dict__, "tree": trees[0], "acceptance": "typical"}
-        variants.append(("typical", GenerationConfig(**settings)))
+        variants.append(("typical", GenerationConfig(**settings), None))
     if "adaptive" in args.methods:
         settings = {**chain.__dict__, "draft_p_min": args.draft_p_min, "adaptive_drafts": True}
-        variants.append(("adaptive", GenerationConfig(**settings)))
+        variants.append(("adaptive", GenerationConfig(**settings), None))
+
+    def drafted(gamma: int) -> GenerationConfig:
+        return GenerationConfig(**{**chain.__dict__, "heads": 1, "gamma": gamma})
+
+    if "draft" in args.methods:
+        device = next(loaded.model.parameters()).device
+        draft = load_draft(args.draft, loaded, device, args.dtype)
+        variants += [("draft", drafted(g), draft_model_drafter(draft.model, args.compile)) for g in args.gammas]
+    if "layerskip" in args.methods:
+        if args.skip_layers == "auto":
+            held_out = prompts_beyond_the_benchmarks(loaded, SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS)
+            skip, seconds = search_skip_layers(loaded.model, held_out, drafted(args.gamma))
+            print(f"{mode}: skipping blocks {sorted(skip)} decodes fastest ({1000 * seconds:.2f} ms/token)")
+        else:
+            skip = parse_skip_layers(args.skip_layers, loaded.model)
+        variants.append(("layerskip", drafted(args.gamma), layer_skip_drafter(loaded.model, skip, args.compile)))
+    if "lookup" in args.methods:
+        lookup = LookupDrafter(args.prompt_lookup, loaded.config.vocab_size, next(loaded.model.parameters()).device)
+        variants.append(("lookup", drafted(args.gamma), lookup))
     return variants
 
 
@@ -208,6 +262,11 @@ def result_row(mode: str, batch_size: int, method: str, config: GenerationConfig
         "tokens_per_s": stats.tokens_per_s,
         "ms_per_forward": stats.ms_per_forward,
         "wall_time_s": stats.wall_time_s,
+        "gamma": config.gamma,
+        "drafter": stats.method_params,
+        "draft_share": stats.draft_share,
+        "draft_ms_per_forward": 1000 * stats.draft_s / stats.draft_forwards if stats.draft_forwards else 0.0,
+        "acceptance_rate": sum(stats.accepted) / sum(stats.drafted) if sum(stats.drafted) else 0.0,
     }
 
 

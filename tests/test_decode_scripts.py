@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mtp.decode import drafter_setup
 from mtp.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +109,14 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
         (["--self-speculative", "--tree", "auto", "--adaptive-drafts"], "--adaptive-drafts sizes chains"),
         (["--self-speculative", "--tree", "/nonexistent/tree.json"], "does not exist"),
         (["--self-speculative", "--tree-nodes", "0", "--tree", "auto"], "--tree-nodes 0 must be at least 1"),
+        (["--draft", "/nonexistent/draft.ckpt"], "--draft: checkpoint /nonexistent/draft.ckpt does not exist"),
+        (["--prompt-lookup", "2", "--gamma", "0"], "--gamma 0 must be at least 1"),
+        (["--prompt-lookup", "0"], "--prompt-lookup 0 must be at least 1"),
+        (["--skip-layers", "6"], "--skip-layers 6 must name some but not all of the 6 blocks of head 1's path (0..5"),
+        (["--skip-layers", "0,1,2,3,4,5"], "must name some but not all of the 6 blocks"),
+        (["--skip-layers", "two"], "--skip-layers 'two' must be block indices such as 2,4,5, or auto"),
+        (["--self-speculative", "--prompt-lookup", "2"], "replace the heads' drafts; drop --self-speculative"),
+        (["--skip-layers", "1", "--tree", "auto"], "--tree and --draft-p-min apply to the heads' drafts"),
     ],
 )
 def test_bad_flags_are_one_sentence(tiny_checkpoints, args, message):
@@ -162,6 +171,39 @@ def test_tree_decoding_fitted_now_or_from_fit_tree_equals_autoregressive(tiny_ch
     assert "acceptance=typical(lossy)" in capsys.readouterr().out
 
 
+def test_every_drafter_decodes_what_autoregressive_decoding_does(tiny_checkpoints, capsys, monkeypatch):
+    monkeypatch.setattr(drafter_setup, "SEARCH_PROMPTS", 1)  # a short --skip-layers auto search
+    monkeypatch.setattr(drafter_setup, "SEARCH_NEW_TOKENS", 8)
+    checkpoint = str(tiny_checkpoints["mtp4"])
+    argv = [checkpoint, "--compare", "--prompt", "def f(", "--max-new-tokens", "24", "--gamma", "3"]
+    for drafting, method in (
+        (["--draft", checkpoint], "draft"),  # the checkpoint drafting for itself: it accepts every draft
+        (["--skip-layers", "auto", "--adaptive-drafts"], "layerskip"),
+        (["--prompt-lookup", "2", "--batch-size", "2"], "lookup"),
+    ):
+        assert decode.main([*argv, *drafting]) == 0
+        out = capsys.readouterr()
+        stats = stats_of(out.out)
+        assert "outputs_match=yes" in out.out and stats["method"] == method and stats["gamma"] == "3", drafting
+        assert 0 <= float(stats["draft_share"]) < 1
+        if method == "draft":
+            assert stats["accept"] == "1.000,1.000,1.000"
+        if method == "layerskip":
+            assert "skip-layers search" in out.err and stats["skip"]
+    sampling = ["--temperature", "0.8", "--top-p", "0.95", "--batch-size", "2"]
+    assert decode.main([*argv, "--prompt-lookup", "3", *sampling]) == 0
+
+
+def test_a_draft_on_another_tokenizer_is_refused(tiny_checkpoints, tmp_path):
+    target = str(tiny_checkpoints["mtp4"])
+    with pytest.raises(UserError, match="has a different tokenizer from the target's; train the draft on"):
+        decode.main([target, "--draft", str(tiny_checkpoints["byte8"]), "--prompt", "x"])
+    garbage = tmp_path / "draft.ckpt"
+    garbage.write_bytes(b"\x00" * 64)
+    with pytest.raises(UserError, match="--draft: checkpoint .* is truncated or not a PyTorch checkpoint"):
+        decode.main([target, "--draft", str(garbage), "--prompt", "x"])
+
+
 def test_empty_prompt(tiny_checkpoints):
     with pytest.raises(UserError, match="the prompt is empty"):
         decode.main([str(tiny_checkpoints["mtp4"]), "--prompt", ""])
@@ -176,21 +218,39 @@ def test_bad_checkpoints_exit_2_without_traceback(tmp_path):
         decode.main([str(truncated), "--prompt", "x"])
 
 
+DRAFTED = [("draft", 2), ("layerskip", 2), ("lookup", 2)]
+
+
+def r_key(row: dict) -> tuple[str, int]:
+    return row["mode"], row["batch_size"]
+
+
 def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
     out = tmp_path / "bench"
     command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"])]
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1,2"]
-    command += ["--methods", "tree,typical,adaptive", "--tree-nodes", "4"]
+    command += ["--methods", "tree,typical,adaptive,draft,layerskip,lookup", "--tree-nodes", "4"]
+    command += ["--draft", str(tiny_checkpoints["mtp4"]), "--gammas", "2", "--skip-layers", "1,2", "--gamma", "2"]
     result = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads((out / "results.json").read_text())["results"]
     chains = {(mode, b, "chain", k) for mode in ("greedy", "sampling") for b in (1, 2) for k in range(1, 5)}
     others = {(mode, b, m, 4) for mode in ("greedy", "sampling") for b in (1, 2) for m in ("tree", "adaptive")}
     typical = {("sampling", b, "typical", 4) for b in (1, 2)}  # lossy, so sampling only
-    assert {(r["mode"], r["batch_size"], r["method"], r["heads"]) for r in rows} == chains | others | typical
+    drafted = {(mode, b, m, 1, g) for mode in ("greedy", "sampling") for b in (1, 2) for m, g in DRAFTED}
+    settings = {(r["mode"], r["batch_size"], r["method"], r["heads"], r["gamma"]) for r in rows}
+    assert settings == {(*s, 0) for s in chains | others | typical} | drafted
     assert all(1 <= r["tree_nodes"] <= 4 for r in rows if r["method"] in ("tree", "typical"))
     for r in rows:
-        assert r["speedup"] > 0 and r["tokens_per_forward"] >= 1 and len(r["acceptance"]) <= r["heads"] - 1
+        assert r["speedup"] > 0 and r["tokens_per_forward"] >= 1
+        assert len(r["acceptance"]) == (r["gamma"] or r["heads"] - 1)
+        if r["method"] == "draft":  # the checkpoint drafting for itself: every draft passes; then the formula is
+            # (g + 1) / (g c + 1), c the draft forward's time over the autoregressive step's
+            base = next(
+                b for b in rows if (b["mode"], b["batch_size"], b["heads"], b["method"]) == (*r_key(r), 1, "chain")
+            )
+            g, c = r["gamma"], r["draft_ms_per_forward"] / base["ms_per_forward"]
+            assert r["acceptance_rate"] == 1.0 and abs(r["predicted_speedup"] - (g + 1) / (g * c + 1)) < 1e-6
         assert r["ms_per_forward"] > 0 and r["forward_cost"] > 0
         if r["heads"] == 1:
             assert r["speedup"] == 1.0 and r["forward_cost"] == 1.0

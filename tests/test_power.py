@@ -43,6 +43,9 @@ TREE_LOSSLESS = (
     "tests/decode/test_lossless.py::test_tree_and_cut_sampling_lossless_with_head_blocks",
     "tests/decode/test_lossless.py::test_tree_sampling_with_leaves_unembedded_apart",
 )
+DRAFTERS = "tests/decode/test_drafters.py"
+DRAFTER_CACHE = (f"{DRAFTERS}::test_draft_model_proposals_follow_the_accepted_tokens",)
+DRAFTED_LOSSLESS = (f"{DRAFTERS}::test_drafted_sampling_has_the_autoregressive_distribution",)
 RESUME = "tests/test_train.py::test_resume_mid_epoch_continues_the_data_order[validation1]"  # no validation save
 
 
@@ -474,6 +477,34 @@ MUTATIONS = [
         "block.compile(fullgraph=True)",
         "block.train()",
         ("tests/test_parallel.py::test_compiled_blocks_train_like_eager[transformer]",),
+    ),
+    Mutation(
+        "a draft model keeps one read draft more than the target accepted",
+        "mtp/decode/drafters.py",
+        "kept = [min(n, self.read_drafts) for n in accepted]",
+        "kept = [min(n + 1, self.read_drafts) for n in accepted]",
+        DRAFTER_CACHE,
+    ),
+    Mutation(
+        "a draft model keeps the padding of its ragged first forward",
+        "mtp/decode/drafters.py",
+        "cache.rollback(self.held)  # drop the padding",
+        "pass",
+        DRAFTER_CACHE,
+    ),
+    Mutation(
+        "prompt lookup's drafts verified as if drawn uniformly",
+        "mtp/decode/drafters.py",
+        "probs = F.one_hot(drafts, self.vocab_size).float() if sampled else None",
+        "probs = torch.full((*drafts.shape, self.vocab_size), 1 / self.vocab_size) if sampled else None",
+        DRAFTED_LOSSLESS,
+    ),
+    Mutation(
+        "a drafter's proposals taken from the step's acceptance uniforms",
+        GENERATION,
+        "proposal = draws[:, _next_token_column(config) + 1 :] if draws is not None else None",
+        "proposal = draws if draws is not None else None",
+        DRAFTED_LOSSLESS,
     ),
 ]
 

@@ -32,14 +32,18 @@ def held_out_prompts(data: dict, tokenizer, count: int, length: int, skip: int =
     return prompts
 
 
-def run(model, prompts: list[list[int]], config: GenerationConfig, batch_size: int) -> DecodeStats:
-    """Decode all prompts in batches of ``batch_size``; statistics summed over the batches."""
+def run(model, prompts: list[list[int]], config: GenerationConfig, batch_size: int, drafter=None) -> DecodeStats:
+    """Decode all prompts in batches of ``batch_size`` (drafting with ``drafter`` if given); statistics summed over
+    the batches."""
     total = DecodeStats(
         rows=0, drafted=[0] * config.drafts, accepted=[0] * config.drafts, prefills=0,
         tree_nodes=config.tree.size if config.tree is not None else 0, acceptance_rule=config.acceptance,
     )  # fmt: skip
     for start in range(0, len(prompts), batch_size):
-        _, stats = generate(model, prompts[start : start + batch_size], config)
+        _, stats = generate(model, prompts[start : start + batch_size], config, drafter)
+        total.method, total.method_params = stats.method, stats.method_params
+        total.draft_s += stats.draft_s
+        total.draft_forwards += stats.draft_forwards
         total.rows += stats.rows
         total.forwards += stats.forwards
         total.row_forwards += stats.row_forwards
@@ -56,15 +60,21 @@ FIT_SKIP_DOCUMENTS = 64
 """Validation documents left to the benchmarks' prompts: trees are fitted on the ones after them."""
 
 
+def prompts_beyond_the_benchmarks(loaded, count: int, length: int) -> list[list[int]]:
+    """Held-out prompts for fitting decoding settings (a tree, a skip set) that the benchmarks do not prompt with;
+    on a corpus too small for that, the benchmarks' own, with a note."""
+    try:
+        return held_out_prompts(loaded.data, loaded.tokenizer, count, length, skip=FIT_SKIP_DOCUMENTS)
+    except UserError:
+        print(f"note: fewer than {FIT_SKIP_DOCUMENTS} held-out documents; fitting on the benchmarks' prompts")
+        return held_out_prompts(loaded.data, loaded.tokenizer, count, length)
+
+
 def fitted_tree(loaded, config: GenerationConfig, nodes: int, prompts: int = 16, prompt_tokens: int = 64):
     """A tree of at most ``nodes`` nodes fitted to a loaded checkpoint for decoding with ``config`` (its temperature,
     top-k, top-p, heads), on held-out documents the benchmarks do not prompt with (:mod:`mtp.decode.tree_fit`)."""
     from mtp.decode.tree_fit import fit_to_model
 
-    try:
-        held_out = held_out_prompts(loaded.data, loaded.tokenizer, prompts, prompt_tokens, skip=FIT_SKIP_DOCUMENTS)
-    except UserError:  # a small corpus: no documents beyond the benchmarks' prompts
-        print(f"note: fewer than {FIT_SKIP_DOCUMENTS} held-out documents; fitting the tree on the benchmarks' prompts")
-        held_out = held_out_prompts(loaded.data, loaded.tokenizer, prompts, prompt_tokens)
+    held_out = prompts_beyond_the_benchmarks(loaded, prompts, prompt_tokens)
     settings = {**config.__dict__, "eos_id": None, "compile": False, "tree": None, "adaptive_drafts": False}
     return fit_to_model(loaded.model, held_out, nodes, GenerationConfig(**settings))

@@ -89,20 +89,31 @@ def write_results(out: Path, rows: list[dict[str, Any]], setup: dict[str, Any], 
     plot_memory(rows, out / "memory.png", title)
 
 
+def method_label(r: dict[str, Any]) -> str:
+    """A row's method with its parameters: 'chain', 'tree (16 nodes)', 'draft (gamma 4)', 'layerskip (gamma 4, skip
+    2,5)', 'lookup (gamma 4, ngram 3)'."""
+    method = r.get("method", "chain")
+    params = [f"{r['tree_nodes']} nodes"] if r.get("tree_nodes") else []
+    params += [f"gamma {r['gamma']}"] if r.get("gamma") else []
+    params += [f"{key} {value}" for key, value in r.get("drafter", {}).items() if key != "gamma"]
+    params += ["lossy"] if method == "typical" else []
+    return method + (f" ({', '.join(params)})" if params else "")
+
+
 def decode_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| mode | batch | method | k | tokens/forward | acceptance by draft position / depth | ms/forward "
-        "| forward cost / k=1 | tokens/s | speed-up |",
-        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|",
+        "| forward cost / k=1 | draft share | tokens/s | speed-up | predicted |",
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         accept = ", ".join(f"{a:.2f}" for a in r["acceptance"]) or "-"
-        method = r.get("method", "chain")
-        method += f" ({r['tree_nodes']} nodes)" if r.get("tree_nodes") else ""
-        method += " (lossy)" if method.startswith("typical") else ""
+        share = f"{r['draft_share']:.0%}" if r.get("gamma") else ""
+        predicted = f"{r['predicted_speedup']:.2f}x" if "predicted_speedup" in r else ""
         lines.append(
-            f"| {r['mode']} | {r['batch_size']} | {method} | {r['heads']} | {r['tokens_per_forward']:.2f} | {accept} | "
-            f"{r['ms_per_forward']:.2f} | {r['forward_cost']:.2f}x | {r['tokens_per_s']:,.1f} | {r['speedup']:.2f}x |"
+            f"| {r['mode']} | {r['batch_size']} | {method_label(r)} | {r['heads']} | {r['tokens_per_forward']:.2f} | "
+            f"{accept} | {r['ms_per_forward']:.2f} | {r['forward_cost']:.2f}x | {share} | {r['tokens_per_s']:,.1f} | "
+            f"{r['speedup']:.2f}x | {predicted} |"
         )
     return "\n".join(lines)
 
@@ -125,20 +136,20 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         (line,) = speed_ax.plot(ks, [r["speedup"] for r in series], **style)
         colors[mode, batch_size] = line.get_color()
         tpf_ax.plot(ks, [r["tokens_per_forward"] for r in series], **{**style, "color": line.get_color()})
-    markers = {"tree": "*", "typical": "x", "adaptive": "s"}
-    for r in rows:  # the other methods: one point each at their k, beside the chain's
+    markers = {"tree": "*", "typical": "x", "adaptive": "s", "draft": "D", "layerskip": "^", "lookup": "v"}
+    for r in rows:  # the other methods: one point each at the most tokens a step can emit, beside the chain's
         method = r.get("method", "chain")
         if method != "chain":
             color = colors.get((r["mode"], r["batch_size"]), "black")
-            style = dict(marker=markers[method], markersize=10, linestyle="none", color=color)
-            nodes = f" {r['tree_nodes']}" if r.get("tree_nodes") else ""
-            label = f"{method}{nodes}, {r['mode']}, batch {r['batch_size']}"
-            speed_ax.plot([r["heads"] + 0.08], [r["speedup"]], label=label, **style)
-            tpf_ax.plot([r["heads"] + 0.08], [r["tokens_per_forward"]], **style)
+            style = dict(marker=markers[method], markersize=8, linestyle="none", color=color)
+            x = (r["gamma"] + 1 if r.get("gamma") else r["heads"]) + 0.08
+            label = f"{method_label(r)}, {r['mode']}, batch {r['batch_size']}"
+            speed_ax.plot([x], [r["speedup"]], label=label, **style)
+            tpf_ax.plot([x], [r["tokens_per_forward"]], **style)
     for ax, ylabel in ((speed_ax, "speed-up over autoregressive (tokens/s)"), (tpf_ax, "tokens per forward")):
-        ax.set_xlabel("heads used k")
+        ax.set_xlabel("tokens a step can emit: heads used k, or gamma + 1")
         ax.set_ylabel(ylabel)
-        ax.set_xticks(sorted({r["heads"] for r in rows}))
+        ax.set_xticks(sorted({r["heads"] for r in rows} | {r["gamma"] + 1 for r in rows if r.get("gamma")}))
         ax.grid(True, alpha=0.3)
     speed_ax.axhline(1.0, color="grey", linewidth=0.8)
     speed_ax.legend(fontsize=7, ncol=2)

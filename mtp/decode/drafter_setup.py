@@ -95,11 +95,9 @@ def pick_drafter(
         if args.skip_layers != "auto":
             return layer_skip_drafter(loaded.model, parse_skip_layers(args.skip_layers, loaded.model), args.compile)
         if prompts is None:
-            from mtp.benchmarks.decode_runs import FIT_SKIP_DOCUMENTS, held_out_prompts
+            from mtp.benchmarks.decode_runs import prompts_beyond_the_benchmarks
 
-            prompts = held_out_prompts(
-                loaded.data, loaded.tokenizer, SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS, skip=FIT_SKIP_DOCUMENTS
-            )
+            prompts = prompts_beyond_the_benchmarks(loaded, SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS)
         skip, _ = search_skip_layers(loaded.model, prompts, config, log=lambda line: print(line, file=sys.stderr))
         return layer_skip_drafter(loaded.model, skip, args.compile)
     if args.prompt_lookup is not None:

@@ -45,3 +45,27 @@ def test_pretrained_errors(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(UserError, match="not a valid tokenizer.json"):
         load_pretrained(bad)
+
+
+def test_pretrained_reads_the_tokenizer_of_a_checkpoint(tiny_checkpoints, tmp_path):
+    """A draft model for a target trains on the target's own tokens: data.tokenizer.path=TARGET.ckpt."""
+    from mtp.checkpoint import load_checkpoint
+    from mtp.data.packing import TokenizerConfig
+
+    target = tiny_checkpoints["mtp4"]
+    expected = load_checkpoint(target).tokenizer.to_str()
+    assert load_pretrained(target).to_str() == expected
+    as_file = tmp_path / "tokenizer.json"
+    as_file.write_text(expected)
+    # the data cache is keyed by the tokenizer itself, wherever it was read from
+    assert (
+        TokenizerConfig("pretrained", path=str(target)).identity()
+        == TokenizerConfig("pretrained", path=str(as_file)).identity()
+    )
+    assert (
+        TokenizerConfig("pretrained", path=str(tiny_checkpoints["byte8"])).identity()
+        != TokenizerConfig("pretrained", path=str(target)).identity()
+    )
+    with pytest.raises(UserError, match="truncated or not a PyTorch checkpoint"):
+        (tmp_path / "cut.ckpt").write_bytes(b"\x00" * 16)
+        load_pretrained(tmp_path / "cut.ckpt")

@@ -201,14 +201,17 @@ def test_drafted_sampling_has_the_autoregressive_distribution(case):
     assert tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
 
 
+def _flipped(propose):
+    """A drafter's ``propose`` whose drafts are verified against another position's proposal."""
+
+    def wrong(self, gamma, sampled, config, draws):
+        drafts, probs, counts = propose(self, gamma, sampled, config, draws)
+        return drafts, probs.flip(1) if probs is not None else None, counts
+
+    return wrong
+
+
 def _wrong_drafting():
-    def reversed_proposals(propose):  # each draft verified against another position's proposal
-        def wrong(self, gamma, sampled, config, draws):
-            drafts, probs, counts = propose(self, gamma, sampled, config, draws)
-            return drafts, probs.flip(1) if probs is not None else None, counts
-
-        return wrong
-
     def uniform_lookup(propose):  # a lookup draft treated as one drawn uniformly, not as the token itself
         def wrong(self, gamma, sampled, config, draws):
             drafts, probs, counts = propose(self, gamma, sampled, config, draws)
@@ -221,7 +224,7 @@ def _wrong_drafting():
             "draft", (generation_module, "accept_drafts", lambda u, p, q: u < q)
         ),
         "draft_proposals_of_the_wrong_position": (
-            "draft", (drafters_module.ModelDrafter, "propose", reversed_proposals(drafters_module.ModelDrafter.propose))
+            "draft", (drafters_module.ModelDrafter, "propose", _flipped(drafters_module.ModelDrafter.propose))
         ),
         "lookup_proposal_not_one_hot": (
             "lookup", (drafters_module.LookupDrafter, "propose", uniform_lookup(drafters_module.LookupDrafter.propose))
@@ -240,10 +243,9 @@ def test_each_wrong_drafting_rule_fails_the_check(rule, monkeypatch):
     assert outside > 0 or tv >= threshold, f"{rule}: total variation {tv:.4f} < {threshold:.4f}"
 
 
-@pytest.mark.parametrize("method", ["draft", "layerskip", "lookup"])
-def test_drafted_sampling_lossless_on_real_models(method):
-    """Attention everywhere (the target, a random draft model, the target without a block): every context changes the
-    logits, so the drafters' caches and the rows' ragged acceptance all matter."""
+def real_model_drafter(method: str):
+    """A random 4-token model with peaked head 1 and a drafter for it: a random draft model, the model without its
+    first block, prompt lookup on unigrams."""
     model = tiny_model(n_future=1, vocab_size=4, seed=3)
     with torch.no_grad():
         model.outputs[0].weight.mul_(60)  # peaked distributions, so that drafts disagree with the target
@@ -251,11 +253,24 @@ def test_drafted_sampling_lossless_on_real_models(method):
         draft = tiny_model(n_future=1, vocab_size=4, seed=4)
         with torch.no_grad():
             draft.outputs[0].weight.mul_(30)
-        drafter = draft_model_drafter(draft)
-    elif method == "layerskip":
-        drafter = layer_skip_drafter(model, frozenset({0}))
-    else:
-        drafter = LookupDrafter(1, 4, "cpu")
+        return model, draft_model_drafter(draft)
+    if method == "layerskip":
+        return model, layer_skip_drafter(model, frozenset({0}))
+    return model, LookupDrafter(1, 4, "cpu")
+
+
+def test_layer_skip_with_proposals_of_the_wrong_position_fails_the_real_model_check(monkeypatch):
+    monkeypatch.setattr(drafters_module.ModelDrafter, "propose", _flipped(drafters_module.ModelDrafter.propose))
+    model, drafter = real_model_drafter("layerskip")
+    with pytest.raises(AssertionError):
+        check_real_model(model, GenerationConfig(max_new_tokens=4, temperature=1.0, gamma=2, seed=5), drafter=drafter)
+
+
+@pytest.mark.parametrize("method", ["draft", "layerskip", "lookup"])
+def test_drafted_sampling_lossless_on_real_models(method):
+    """Attention everywhere (the target, a random draft model, the target without a block): every context changes the
+    logits, so the drafters' caches and the rows' ragged acceptance all matter."""
+    model, drafter = real_model_drafter(method)
     config = GenerationConfig(max_new_tokens=4, temperature=1.0, gamma=2, seed=5)
     stats = check_real_model(model, config, drafter=drafter)
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
