@@ -247,9 +247,9 @@ def generate(
     steps = config.max_new_tokens + 1  # every step emits a token; the prompt's step too
     uniforms = None if config.greedy else RowUniforms(config.seed, len(prompts), steps, _draws_per_step(config), device)
     planned = [drafts] * len(prompts)  # adaptive_drafts: each row's draft count for its next step
-    start = time.perf_counter()
     if drafter is not None:
-        drafter.start(prompts, max_len)
+        drafter.start(prompts, max_len)  # its cache allocated outside the timed part, as the target's is
+    start = time.perf_counter()
     sampled = not config.greedy and not config.typical  # drafts sampled from proposals (else top-ranked)
 
     # Step 0: the prompts. Every prompt token counts as accepted; the last one is each row's base position.

@@ -143,25 +143,28 @@ PROMPT = [0, 1, 2, 3, 4, 0, 1]
 """Its last bigram occurred before, followed by 2, 3: prompt lookup drafts the target's likeliest path."""
 
 
-def target_tables() -> torch.Tensor:
-    """Head 1 after token a: a+1 (0.55), a+2 (0.30), a+3 (0.15)."""
+def step_tables(steps: tuple[tuple[int, float], ...]) -> torch.Tensor:
+    """Logits (1, V, V): after token a, token a + step with each step's probability, no other token."""
     tables = torch.full((1, VOCAB, VOCAB), NEVER)
     for a in range(VOCAB):
-        for step, prob in ((1, 0.55), (2, 0.30), (3, 0.15)):
+        for step, prob in steps:
             tables[0, a, (a + step) % VOCAB] = math.log(prob)
     return tables
+
+
+def target_tables() -> torch.Tensor:
+    """Head 1 after token a: a+1 (0.55), a+2 (0.30), a+3 (0.15)."""
+    return step_tables(((1, 0.55), (2, 0.30), (3, 0.15)))
 
 
 def draft_tables() -> torch.Tensor:
     """A draft that differs sharply: a+1 (0.35), a+2 (0.40), a+4 (0.25, outside the target's support); never a+3."""
-    tables = torch.full((1, VOCAB, VOCAB), NEVER)
-    for a in range(VOCAB):
-        for step, prob in ((1, 0.35), (2, 0.40), (4, 0.25)):
-            tables[0, a, (a + step) % VOCAB] = math.log(prob)
-    return tables
+    return step_tables(((1, 0.35), (2, 0.40), (4, 0.25)))
 
 
-def check_drafter(drafter, gamma: int = 2, temperature: float = 1.0, top_p: float = 1.0, seed: int = 11):
+def check_drafter(
+    drafter, gamma: int = 2, temperature: float = 1.0, top_p: float = 1.0, seed: int = 11, rows: int = N_SAMPLES
+):
     """(total variation, threshold, samples outside the support, statistics) of gamma + 2 tokens sampled with
     ``drafter``."""
     length = gamma + 2  # the prompt step's token, gamma verified drafts, the token after them
@@ -179,10 +182,10 @@ def check_drafter(drafter, gamma: int = 2, temperature: float = 1.0, top_p: floa
                 enumerate_from(token, prefix + (token,), p * q)
 
     enumerate_from(PROMPT[-1], (), 1.0)
-    out, stats = generate(fixed_logits_model(tables), [PROMPT] * N_SAMPLES, config, drafter)
+    out, stats = generate(fixed_logits_model(tables), [PROMPT] * rows, config, drafter)
     samples = [tuple(row) for row in out]
     outside = sum(s not in joint for s in samples)
-    return total_variation(samples, joint), tv_threshold(joint, N_SAMPLES), outside, stats
+    return total_variation(samples, joint), tv_threshold(joint, rows), outside, stats
 
 
 SAMPLING_DRAFTERS = {
@@ -239,7 +242,8 @@ def _wrong_drafting():
 def test_each_wrong_drafting_rule_fails_the_check(rule, monkeypatch):
     case, (owner, name, wrong) = _wrong_drafting()[rule]
     monkeypatch.setattr(owner, name, wrong)
-    tv, threshold, outside, _ = check_drafter(SAMPLING_DRAFTERS[case](), gamma=3)
+    # fewer rows than the positive checks: each control still fails by 3x to 11x (more rows only lower the threshold)
+    tv, threshold, outside, _ = check_drafter(SAMPLING_DRAFTERS[case](), gamma=3, rows=15_000)
     assert outside > 0 or tv >= threshold, f"{rule}: total variation {tv:.4f} < {threshold:.4f}"
 
 
