@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--draft-p-min", type=float, default=0.3, help="for adaptive")
     parser.add_argument("--draft", type=Path, help="for draft: a draft checkpoint on the same tokenizer")
-    parser.add_argument("--gammas", type=int_list, default=[1, 2, 3, 4, 6, 8], help="for draft: drafts per step")
+    parser.add_argument("--gammas", type=int_list, default=list(range(1, 9)), help="for draft: drafts per step")
     parser.add_argument("--gamma", type=int, default=4, help="for layerskip and lookup: drafts per step")
     parser.add_argument("--skip-layers", default="auto", help="for layerskip: blocks to skip (2,4,5), or auto per mode")
     parser.add_argument("--prompt-lookup", type=int, default=3, help="for lookup: the longest n-gram matched")

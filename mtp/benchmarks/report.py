@@ -119,41 +119,65 @@ def decode_table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Speed-up and tokens per forward against the most tokens a step can emit: the heads' chain and the draft model
+    as lines (one colour per mode and batch size), the other methods as points in that colour, one legend entry per
+    line and per method."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    fig, (speed_ax, tpf_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
-    colors = {}  # (mode, batch size) -> the colour of its chain line, which its other methods' points share
-    for mode, batch_size in sorted({(r["mode"], r["batch_size"]) for r in rows}):
-        series = sorted(
-            (r for r in rows if (r["mode"], r["batch_size"], r.get("method", "chain")) == (mode, batch_size, "chain")),
-            key=lambda r: r["heads"],
+    fig, (speed_ax, tpf_ax) = plt.subplots(1, 2, figsize=(11, 5.2))
+    colors = {}  # (mode, batch size) -> the colour of its chain line, which its other methods share
+    handles = []
+
+    def x_of(r: dict[str, Any]) -> float:
+        return r["gamma"] + 1 if r.get("gamma") else r["heads"]
+
+    def line(mode: str, batch_size: int, method: str) -> list[dict[str, Any]]:
+        return sorted(
+            (r for r in rows if (r["mode"], r["batch_size"], r.get("method", "chain")) == (mode, batch_size, method)),
+            key=x_of,
         )
-        ks = [r["heads"] for r in series]
-        style = dict(marker="o", linestyle="-" if mode == "greedy" else "--", label=f"{mode}, batch {batch_size}")
-        (line,) = speed_ax.plot(ks, [r["speedup"] for r in series], **style)
-        colors[mode, batch_size] = line.get_color()
-        tpf_ax.plot(ks, [r["tokens_per_forward"] for r in series], **{**style, "color": line.get_color()})
+
+    for mode, batch_size in sorted({(r["mode"], r["batch_size"]) for r in rows}):
+        series = line(mode, batch_size, "chain")
+        style = dict(marker="o", linestyle="-" if mode == "greedy" else "--")
+        (chain,) = speed_ax.plot([x_of(r) for r in series], [r["speedup"] for r in series], **style)
+        color = colors[mode, batch_size] = chain.get_color()
+        tpf_ax.plot([x_of(r) for r in series], [r["tokens_per_forward"] for r in series], **style, color=color)
+        handles.append(Line2D([], [], color=color, **style, label=f"heads' chain, {mode}, batch {batch_size}"))
+        drafted = line(mode, batch_size, "draft")
+        if drafted:
+            style = dict(marker="D", markersize=5, linestyle=":", color=color)
+            speed_ax.plot([x_of(r) for r in drafted], [r["speedup"] for r in drafted], **style)
+            tpf_ax.plot([x_of(r) for r in drafted], [r["tokens_per_forward"] for r in drafted], **style)
     markers = {"tree": "*", "typical": "x", "adaptive": "s", "draft": "D", "layerskip": "^", "lookup": "v"}
-    for r in rows:  # the other methods: one point each at the most tokens a step can emit, beside the chain's
+    shown = set()
+    for r in rows:  # the other methods: one point each, beside the chain's
         method = r.get("method", "chain")
-        if method != "chain":
-            color = colors.get((r["mode"], r["batch_size"]), "black")
-            style = dict(marker=markers[method], markersize=8, linestyle="none", color=color)
-            x = (r["gamma"] + 1 if r.get("gamma") else r["heads"]) + 0.08
-            label = f"{method_label(r)}, {r['mode']}, batch {r['batch_size']}"
-            speed_ax.plot([x], [r["speedup"]], label=label, **style)
-            tpf_ax.plot([x], [r["tokens_per_forward"]], **style)
+        if method in ("chain", "draft"):
+            shown.add(method)
+            continue
+        style = dict(marker=markers[method], markersize=9, linestyle="none")
+        color = colors.get((r["mode"], r["batch_size"]), "black")
+        speed_ax.plot([x_of(r) + 0.08], [r["speedup"]], **style, color=color)
+        tpf_ax.plot([x_of(r) + 0.08], [r["tokens_per_forward"]], **style, color=color)
+        if method not in shown:
+            shown.add(method)
+            label = method_label({**r, "drafter": {}, "gamma": 0}) if method != "tree" else "tree"
+            handles.append(Line2D([], [], color="black", **style, label=label))
+    if "draft" in shown:
+        handles.append(Line2D([], [], color="black", marker="D", markersize=5, linestyle=":", label="draft model"))
     for ax, ylabel in ((speed_ax, "speed-up over autoregressive (tokens/s)"), (tpf_ax, "tokens per forward")):
         ax.set_xlabel("tokens a step can emit: heads used k, or gamma + 1")
         ax.set_ylabel(ylabel)
-        ax.set_xticks(sorted({r["heads"] for r in rows} | {r["gamma"] + 1 for r in rows if r.get("gamma")}))
+        ax.set_xticks(sorted({x_of(r) for r in rows}))
         ax.grid(True, alpha=0.3)
     speed_ax.axhline(1.0, color="grey", linewidth=0.8)
-    speed_ax.legend(fontsize=7, ncol=2)
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.02 + 0.05 * -(-len(handles) // 4), 1, 1))  # room for the legend rows below
     fig.savefig(path, dpi=120)
     plt.close(fig)
