@@ -226,12 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         gamma=gamma,
     )
     drafter = pick_drafter(args, loaded, config, device)
-    needed = len(prompt) + args.max_new_tokens + 2 * (gamma + 1)
-    draft_context = getattr(getattr(drafter, "form", None), "config", loaded.config).max_seq_len
-    if needed > draft_context:
+    needed = len(prompt) + args.max_new_tokens + 2 * (gamma + 1)  # what generate() asks of the drafter's cache
+    if drafter is not None and drafter.context is not None and needed > drafter.context:
         raise UserError(
-            f"the draft model's context of {draft_context} tokens cannot hold the prompt ({len(prompt)} tokens) plus "
-            f"--max-new-tokens {args.max_new_tokens}; shorten the prompt or lower --max-new-tokens."
+            f"the draft model's context of {drafter.context} tokens cannot hold the prompt ({len(prompt)} tokens) "
+            f"plus --max-new-tokens {args.max_new_tokens}; shorten the prompt or lower --max-new-tokens."
         )
     if args.tree is not None:
         if heads == 1:

@@ -60,6 +60,8 @@ def search_skip_layers(
     Bayesian optimization: each round skips one more block, the one whose skip set decodes fastest, while that beats
     the previous round. Returns the set and its time per token (seconds)."""
     blocks = len(model.layers)
+    if blocks < 2:
+        raise UserError("--skip-layers needs a model with at least 2 blocks in head 1's path; this one has 1.")
     settings = {**config.__dict__, "eos_id": None, "compile": False, "max_new_tokens": SEARCH_NEW_TOKENS}
     search = GenerationConfig(**settings)
 
@@ -83,21 +85,18 @@ def search_skip_layers(
     return chosen, best
 
 
-def pick_drafter(
-    args, loaded: LoadedCheckpoint, config: GenerationConfig, device: torch.device, prompts=None
-) -> Drafter | None:
-    """The drafter of --draft, --skip-layers or --prompt-lookup (None: the heads draft, or nothing does).
-    ``prompts``: held-out prompts for --skip-layers auto (read from the checkpoint's data when not given)."""
+def pick_drafter(args, loaded: LoadedCheckpoint, config: GenerationConfig, device: torch.device) -> Drafter | None:
+    """The drafter of --draft, --skip-layers or --prompt-lookup (None: the heads draft, or nothing does); --skip-layers
+    auto searches on held-out prompts of the checkpoint's validation split."""
     if args.draft is not None:
         draft = load_draft(args.draft, loaded, device, args.dtype)
         return draft_model_drafter(draft.model, args.compile)
     if args.skip_layers is not None:
         if args.skip_layers != "auto":
             return layer_skip_drafter(loaded.model, parse_skip_layers(args.skip_layers, loaded.model), args.compile)
-        if prompts is None:
-            from mtp.benchmarks.decode_runs import prompts_beyond_the_benchmarks
+        from mtp.benchmarks.decode_runs import prompts_beyond_the_benchmarks
 
-            prompts = prompts_beyond_the_benchmarks(loaded, SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS)
+        prompts = prompts_beyond_the_benchmarks(loaded, SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS)
         skip, _ = search_skip_layers(loaded.model, prompts, config, log=lambda line: print(line, file=sys.stderr))
         return layer_skip_drafter(loaded.model, skip, args.compile)
     if args.prompt_lookup is not None:

@@ -49,6 +49,8 @@ class Drafter:
     method = "heads"
     forwards = 0
     """Forwards the drafter ran (0 without a model)."""
+    context: int | None = None
+    """The most positions its model holds (None: no model, no limit)."""
 
     def params(self) -> dict[str, str]:
         """The method's parameters, for the statistics line."""
@@ -78,14 +80,14 @@ class ModelDrafter(Drafter):
     def __init__(self, form: InferenceModel, method: str = "draft", params: dict[str, str] | None = None) -> None:
         self.form, self.method, self._params = form, method, params or {}
         self.device = form.embeddings.device
+        self.context = form.config.max_seq_len
 
     def params(self) -> dict[str, str]:
         return self._params
 
     def start(self, prompts: list[list[int]], max_len: int) -> None:
-        context = self.form.config.max_seq_len
-        if max_len > context:
-            raise ValueError(f"the draft model's context ({context} tokens) is below the {max_len} decoding needs")
+        if max_len > self.context:
+            raise ValueError(f"the draft model's context ({self.context} tokens) is below the {max_len} decoding needs")
         self.cache = self.form.new_cache(len(prompts), max_len)
         self.unread = [list(p) for p in prompts]  # tokens of each row not in the cache yet
         self.held = [0] * len(prompts)  # cache positions that hold accepted tokens

@@ -135,6 +135,9 @@ def test_bad_drafter_settings_are_refused(counting_target):
         generate(counting_target, [[1]], GenerationConfig(8, gamma=2))
     with pytest.raises(ValueError, match="ngram"):
         LookupDrafter(0, 40, "cpu")
+    short = draft_model_drafter(tiny_model(n_future=1, vocab_size=40, max_seq_len=16))
+    with pytest.raises(ValueError, match=r"the draft model's context \(16 tokens\) is below the 2"):
+        generate(counting_target, [list(range(12))], GenerationConfig(8, gamma=2), short)
 
 
 # -- lossless sampling: the exact joint of head 1's sampling against many sampled rows
