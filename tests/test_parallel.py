@@ -64,6 +64,9 @@ def fsdp_worker(rank: int, init_file: str, results: str) -> None:
         )
     if rank == 0:
         torch.save(worst, results)
+    # both ranks tear gloo down together: a rank that destroys its group while its peer still runs can abort the peer
+    # ("terminate called without an active exception", seen once in CI)
+    dist.barrier()
     dist.destroy_process_group()
 
 
