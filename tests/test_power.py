@@ -45,7 +45,7 @@ TREE_LOSSLESS = (
 )
 DRAFTERS = "tests/decode/test_drafters.py"
 DRAFTER_CACHE = (f"{DRAFTERS}::test_draft_model_proposals_follow_the_accepted_tokens",)
-DRAFTED_LOSSLESS = (f"{DRAFTERS}::test_drafted_sampling_has_the_autoregressive_distribution",)
+DRAFTED_LOSSLESS = f"{DRAFTERS}::test_drafted_sampling_has_the_autoregressive_distribution"
 RESUME = "tests/test_train.py::test_resume_mid_epoch_continues_the_data_order[validation1]"  # no validation save
 
 
@@ -497,14 +497,14 @@ MUTATIONS = [
         "mtp/decode/drafters.py",
         "probs = F.one_hot(drafts, self.vocab_size).float() if sampled else None",
         "probs = torch.full((*drafts.shape, self.vocab_size), 1 / self.vocab_size) if sampled else None",
-        DRAFTED_LOSSLESS,
+        (f"{DRAFTED_LOSSLESS}[lookup]",),
     ),
     Mutation(
         "a drafter's proposals taken from the step's acceptance uniforms",
         GENERATION,
         "proposal = draws[:, _next_token_column(config) + 1 :] if draws is not None else None",
         "proposal = draws if draws is not None else None",
-        DRAFTED_LOSSLESS,
+        (f"{DRAFTED_LOSSLESS}[draft]",),
     ),
 ]
 
