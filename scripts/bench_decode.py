@@ -31,19 +31,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mtp.benchmarks.cli import int_list  # noqa: E402
-from mtp.benchmarks.decode_runs import fitted_tree, held_out_prompts, prompts_beyond_the_benchmarks, run  # noqa: E402
+from mtp.benchmarks.decode_runs import fitted_tree, held_out_prompts, run  # noqa: E402
 from mtp.benchmarks.report import decode_table, plot_decode  # noqa: E402
 from mtp.checkpoint import load_checkpoint  # noqa: E402
 from mtp.cli import run_script  # noqa: E402
 from mtp.decode import DecodeStats, GenerationConfig, generate  # noqa: E402
-from mtp.decode.drafter_setup import (  # noqa: E402
-    SEARCH_PROMPT_TOKENS,
-    SEARCH_PROMPTS,
-    load_draft,
-    parse_skip_layers,
-    search_skip_layers,
-)
-from mtp.decode.drafters import LookupDrafter, draft_model_drafter, layer_skip_drafter  # noqa: E402
+from mtp.decode.drafter_setup import load_draft, skip_layers_drafter  # noqa: E402
+from mtp.decode.drafters import LookupDrafter, draft_model_drafter  # noqa: E402
 from mtp.decode.tree import read_tree  # noqa: E402
 from mtp.errors import UserError  # noqa: E402
 
@@ -235,13 +229,8 @@ def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tup
         draft = load_draft(args.draft, loaded, device, args.dtype)
         variants += [("draft", drafted(g), draft_model_drafter(draft.model, args.compile)) for g in args.gammas]
     if "layerskip" in args.methods:
-        if args.skip_layers == "auto":
-            held_out = prompts_beyond_the_benchmarks(loaded, SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS)
-            skip, seconds = search_skip_layers(loaded.model, held_out, drafted(args.gamma))
-            print(f"{mode}: skipping blocks {sorted(skip)} decodes fastest ({1000 * seconds:.2f} ms/token)")
-        else:
-            skip = parse_skip_layers(args.skip_layers, loaded.model)
-        variants.append(("layerskip", drafted(args.gamma), layer_skip_drafter(loaded.model, skip, args.compile)))
+        layer_skip = skip_layers_drafter(args.skip_layers, loaded, drafted(args.gamma), args.compile)
+        variants.append(("layerskip", drafted(args.gamma), layer_skip))
     if "lookup" in args.methods:
         lookup = LookupDrafter(args.prompt_lookup, loaded.config.vocab_size, next(loaded.model.parameters()).device)
         variants.append(("lookup", drafted(args.gamma), lookup))

@@ -85,6 +85,18 @@ def search_skip_layers(
     return chosen, best
 
 
+def skip_layers_drafter(spec: str, loaded: LoadedCheckpoint, config: GenerationConfig, compile: bool = False):
+    """The layer-skip drafter of --skip-layers ``spec``: a list of blocks, or auto (searched for with ``config``'s
+    settings on held-out prompts of the checkpoint's validation split, the search's rounds on stderr)."""
+    if spec != "auto":
+        return layer_skip_drafter(loaded.model, parse_skip_layers(spec, loaded.model), compile)
+    from mtp.benchmarks.decode_runs import prompts_beyond_the_benchmarks
+
+    prompts = prompts_beyond_the_benchmarks(loaded, SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS)
+    skip, _ = search_skip_layers(loaded.model, prompts, config, log=lambda line: print(line, file=sys.stderr))
+    return layer_skip_drafter(loaded.model, skip, compile)
+
+
 def pick_drafter(args, loaded: LoadedCheckpoint, config: GenerationConfig, device: torch.device) -> Drafter | None:
     """The drafter of --draft, --skip-layers or --prompt-lookup (None: the heads draft, or nothing does); --skip-layers
     auto searches on held-out prompts of the checkpoint's validation split."""
@@ -92,13 +104,7 @@ def pick_drafter(args, loaded: LoadedCheckpoint, config: GenerationConfig, devic
         draft = load_draft(args.draft, loaded, device, args.dtype)
         return draft_model_drafter(draft.model, args.compile)
     if args.skip_layers is not None:
-        if args.skip_layers != "auto":
-            return layer_skip_drafter(loaded.model, parse_skip_layers(args.skip_layers, loaded.model), args.compile)
-        from mtp.benchmarks.decode_runs import prompts_beyond_the_benchmarks
-
-        prompts = prompts_beyond_the_benchmarks(loaded, SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS)
-        skip, _ = search_skip_layers(loaded.model, prompts, config, log=lambda line: print(line, file=sys.stderr))
-        return layer_skip_drafter(loaded.model, skip, args.compile)
+        return skip_layers_drafter(args.skip_layers, loaded, config, args.compile)
     if args.prompt_lookup is not None:
         return LookupDrafter(args.prompt_lookup, loaded.config.vocab_size, device)
     return None

@@ -132,6 +132,11 @@ class GenerationConfig:
         return self.acceptance == "typical" and not self.greedy
 
     @property
+    def samples_drafts(self) -> bool:
+        """Drafts drawn from proposals (sampling, exact acceptance); otherwise top-ranked (greedy, typical)."""
+        return not self.greedy and not self.typical
+
+    @property
     def drafts(self) -> int:
         """Draft positions (chain) or depths (tree) a step can verify."""
         if self.gamma:
@@ -249,8 +254,8 @@ def generate(
     planned = [drafts] * len(prompts)  # adaptive_drafts: each row's draft count for its next step
     if drafter is not None:
         drafter.start(prompts, max_len)  # its cache allocated outside the timed part, as the target's is
+    draft_timer = _Timer(device)
     start = time.perf_counter()
-    sampled = not config.greedy and not config.typical  # drafts sampled from proposals (else top-ranked)
 
     # Step 0: the prompts. Every prompt token counts as accepted; the last one is each row's base position.
     width = max(map(len, prompts))
@@ -340,12 +345,10 @@ def generate(
             emitted_rows = [emitted_rows[i] for i in keep]
         if drafter is not None:
             drafter.advance(*map(list, zip(*emitted_rows, strict=True)))
-            began = time.perf_counter()
             proposal = draws[:, _next_token_column(config) + 1 :] if draws is not None else None
-            new_drafts, draft_probs, counts = drafter.propose(max(verifying), sampled, config, proposal)
-            if device.type == "cuda":  # the drafter's share of the time is only known after its kernels ran
-                torch.cuda.synchronize()
-            stats.draft_s += time.perf_counter() - began
+            draft_timer.start()
+            new_drafts, draft_probs, counts = drafter.propose(max(verifying), config.samples_drafts, config, proposal)
+            draft_timer.stop()
             verifying = [min(v, n) for v, n in zip(verifying, counts, strict=True)]
         # the next step verifies what its deepest row drafts; the rest of its rows only their own
         deepest = max(verifying)
@@ -360,7 +363,33 @@ def generate(
     stats.wall_time_s = time.perf_counter() - start
     stats.tokens = sum(map(len, outputs))
     stats.draft_forwards = drafter.forwards if drafter is not None else 0
+    stats.draft_s = draft_timer.seconds()
     return outputs, stats
+
+
+class _Timer:
+    """Wall time summed over start/stop spans without a host sync per span: on CUDA, events recorded on the stream
+    and read once at the end; elsewhere, the clock."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda, self.total, self.spans = device.type == "cuda", 0.0, []
+
+    def start(self) -> None:
+        if self.cuda:
+            self.spans.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            self.spans[-1][0].record()
+        else:
+            self.began = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.spans[-1][1].record()
+        else:
+            self.total += time.perf_counter() - self.began
+
+    def seconds(self) -> float:
+        """The summed time (on CUDA, after the caller has synchronized)."""
+        return self.total + sum(begin.elapsed_time(end) for begin, end in self.spans) / 1000
 
 
 def _extend(output: list[int], emitted: list[int], config: GenerationConfig) -> bool:
@@ -610,7 +639,7 @@ def _draft(
         start = _next_token_column(config) + 1 + first
         return sample_from(probs, draws[:, start : start + probs.size(1)]).T
 
-    sampled = not config.greedy and not config.typical  # typical acceptance verifies top-ranked candidates
+    sampled = config.samples_drafts
     drafts = draft(last, inputs, next_token, sample_drafts if sampled else top_tokens)
     draft_probs = torch.cat(proposals, dim=1) if sampled else None
     heads_logits = None if sampled else torch.cat(logits)  # (heads - 1, B, V)
