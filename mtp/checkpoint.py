@@ -42,7 +42,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bo
         if not file.is_file():
             raise UserError(
                 f"checkpoint folder {path} has no {SHARDED_META}; pass a .ckpt file or folder written by "
-                "scripts/pretrain.py."
+                "scripts/pretrain.py, a Hugging Face Llama directory (config.json) or a Meta one (params.json)."
             )
     elif path.is_file():
         file, sharded = path, False
@@ -95,24 +95,35 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def load_checkpoint(
     path: str | os.PathLike, device: str | torch.device = "cpu", dtype: str = "auto"
 ) -> LoadedCheckpoint:
-    """Model (eval mode, on ``device``, weights in ``dtype``: auto, float32 or bfloat16) and tokenizer.
+    """Model (eval mode, on ``device``, weights in ``dtype``: auto, float32 or bfloat16) and tokenizer, from an mtp
+    checkpoint or a Hugging Face Llama / Meta multi-token directory (:mod:`mtp.interop`).
 
     Rotary tables stay fp32 in every dtype, so that positions are exact.
     """
+    from mtp.interop import foreign_format, read_foreign
+
     device = torch.device(device)
-    checkpoint = read_checkpoint(path, map_location=device)
-    meta = checkpoint[CHECKPOINT_KEY]
-    config = ModelConfig.from_dict(meta["model_config"])
-    model = MTPModel(config).to(device)
-    if Path(path).is_dir():
-        _load_sharded_weights(Path(path), model)
+    resolve_dtype(dtype, device)  # a bad dtype fails before any reading
+    if foreign_format(path):  # a Hugging Face Llama or Meta directory
+        files = read_foreign(path)
+        model = MTPModel(files.config)
+        model.load_state_dict(files.weights)
+        loaded = LoadedCheckpoint(model, Tokenizer.from_str(files.tokenizer), files.config, 0, {})
     else:
-        model.load_state_dict(model_weights(checkpoint))
+        checkpoint = read_checkpoint(path, map_location=device)
+        meta = checkpoint[CHECKPOINT_KEY]
+        config = ModelConfig.from_dict(meta["model_config"])
+        model = MTPModel(config).to(device)
+        if Path(path).is_dir():
+            _load_sharded_weights(Path(path), model)
+        else:
+            model.load_state_dict(model_weights(checkpoint))
+        tokenizer = Tokenizer.from_str(meta["tokenizer"])
+        loaded = LoadedCheckpoint(model, tokenizer, config, checkpoint.get("global_step", 0), meta.get("data", {}))
     model.eval()
-    model.to(resolve_dtype(dtype, device))
+    model.to(device=device, dtype=resolve_dtype(dtype, device))
     model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
-    tokenizer = Tokenizer.from_str(meta["tokenizer"])
-    return LoadedCheckpoint(model, tokenizer, config, checkpoint.get("global_step", 0), meta.get("data", {}))
+    return loaded
 
 
 def model_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -11,6 +11,11 @@ from mtp.heads import HEAD_TYPES
 LOSS_MODES = ("sequential", "naive")
 
 
+def swiglu_width(d_model: int, multiple_of: int) -> int:
+    """SwiGLU's hidden width: 8/3 of the model width rounded up to a multiple (Llama's rule)."""
+    return multiple_of * -(-int(8 * d_model / 3) // multiple_of)
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int = 8192
@@ -50,8 +55,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         self.validate()
-        hidden = int(8 * self.d_model / 3)
-        self.ffn_hidden = self.ffn_multiple_of * -(-hidden // self.ffn_multiple_of)
+        self.ffn_hidden = swiglu_width(self.d_model, self.ffn_multiple_of)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:

@@ -1,6 +1,7 @@
 """Start training from a trained mtp model: take its trunk and head 1 (and heads of the same type), add heads, freeze.
 
-``init_from=PATH`` keeps the checkpoint's model as it is (vocabulary, tokenizer, width, blocks) and grows it to
+``init_from=PATH`` (an mtp checkpoint, a Hugging Face Llama directory or a Meta multi-token directory: see
+:mod:`mtp.interop`) keeps the checkpoint's model as it is (vocabulary, tokenizer, width, blocks) and grows it to
 ``model.n_future`` heads of ``model.head_type``: ``model.n_layers`` becomes the checkpoint's blocks plus the new
 heads' blocks, so no trunk block is given up. Every head type computes head 1 the same way (all of ``layers``,
 the shared norm, the first unembedding), so the trunk and head 1 carry over between types; heads 2..n carry over
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from mtp.checkpoint import CHECKPOINT_KEY, model_weights, read_checkpoint
-from mtp.config import ModelConfig
+from mtp.config import ModelConfig, swiglu_width
 from mtp.errors import UserError
 from mtp.heads import HEAD_TYPES
 from mtp.model import MTPModel
@@ -45,6 +46,12 @@ class Start:
 
     @classmethod
     def read(cls, path: str | Path) -> Start:
+        """An mtp checkpoint, or a Hugging Face Llama or Meta multi-token directory (:mod:`mtp.interop`)."""
+        from mtp.interop import foreign_format, read_foreign
+
+        if foreign_format(path):
+            files = read_foreign(path)
+            return cls(str(path), files.config, files.weights, files.tokenizer)
         checkpoint = read_checkpoint(path)
         if Path(path).is_dir():
             raise UserError(
@@ -57,15 +64,24 @@ class Start:
     def grown(self, settings: dict[str, Any]) -> dict[str, Any]:
         """The model settings to train: ``settings`` with ``n_layers`` grown from the checkpoint's blocks.
 
-        A shape setting that contradicts the checkpoint is a user error naming it.
+        Shape settings that contradict the checkpoint are a user error naming all of them and their fix.
         """
-        for name in SHAPE_SETTINGS:
-            asked, trained = settings.get(name, getattr(ModelConfig, name)), getattr(self.config, name)
-            if asked != trained:
-                raise UserError(
-                    f"init_from={self.path} has model.{name}={trained} but the config asks for {asked}; set "
-                    f"model.{name}={trained} (or choose the size and model presets it was trained with)."
-                )
+        asked = {name: settings.get(name, getattr(ModelConfig, name)) for name in SHAPE_SETTINGS}
+        same = {name: asked[name] == getattr(self.config, name) for name in SHAPE_SETTINGS}
+        # what ffn_multiple_of fixes is the SwiGLU width: another multiple that gives the same width is as good
+        # (at another d_model the width differs anyway: d_model is the setting to name)
+        same["ffn_multiple_of"] = (
+            not same["d_model"] or swiglu_width(asked["d_model"], asked["ffn_multiple_of"]) == self.config.ffn_hidden
+        )
+        wrong = [(name, asked[name], getattr(self.config, name)) for name in SHAPE_SETTINGS if not same[name]]
+        if wrong:
+            has = ", ".join(f"model.{name}={trained}" for name, _, trained in wrong)
+            values = ", ".join(str(value) for _, value, _ in wrong)
+            fix = " ".join(f"model.{name}={trained}" for name, _, trained in wrong)
+            raise UserError(
+                f"init_from={self.path} has {has} but the config asks for {values}; add the overrides {fix} "
+                "(or choose the size and model presets it was trained with)."
+            )
         heads = HEAD_TYPES.get(settings.get("head_type", ModelConfig.head_type))
         if heads is None:  # ModelConfig says which types there are
             return settings
@@ -75,7 +91,8 @@ class Start:
     def load_into(self, model: MTPModel) -> set[str]:
         """Copy the checkpoint's trunk, head 1 and same-type heads into ``model``; returns the parameter names loaded.
 
-        Unembeddings of new heads of types that have their own start as copies of head 1's.
+        New heads start as their type prescribes: blocks (transformer, causal) as copies of head 1's block,
+        unembeddings of types that have their own as copies of head 1's (Medusa's residual layers stay zero).
         """
         same_heads = all(getattr(self.config, s) == getattr(model.config, s) for s in HEAD_SETTINGS)
         own = model.state_dict()
@@ -85,6 +102,10 @@ class Start:
             if (shared or same_heads) and name in own and own[name].shape == tensor.shape:
                 taken[name] = tensor
         model.load_state_dict(taken, strict=False)
+        if model.heads.head1_block and model.heads.blocks_per_head:  # new head blocks start as head 1's block
+            for i, block in enumerate(model.extra_heads):
+                if not any(name.startswith(f"extra_heads.{i}.") for name in taken):
+                    block.load_state_dict(model.layers[-1].state_dict())
         if model.heads.own_unembeddings:
             with torch.no_grad():
                 for i, output in enumerate(model.outputs):

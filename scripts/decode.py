@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from mtp.checkpoint import load_checkpoint  # noqa: E402
 from mtp.cli import run_script  # noqa: E402
 from mtp.config import ModelConfig  # noqa: E402
-from mtp.data.tokenizer import eot_id  # noqa: E402
+from mtp.data.tokenizer import eot_id, prompt_ids  # noqa: E402
 from mtp.decode import GenerationConfig, generate  # noqa: E402
 from mtp.decode.drafter_setup import check_drafting_flags, pick_drafter  # noqa: E402
 from mtp.decode.generation import ACCEPTANCE_RULES  # noqa: E402
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if not text:
         raise UserError("the prompt is empty; give at least one character.")
     eot = eot_id(tokenizer)
-    prompt = [eot] + tokenizer.encode(text, add_special_tokens=False).ids  # documents start after end-of-text
+    prompt = prompt_ids(tokenizer, text)  # as documents start in training
     drafting = args.draft is not None or args.skip_layers is not None or args.prompt_lookup is not None
     gamma = args.gamma if drafting else 0
     context = loaded.config.max_seq_len

@@ -46,6 +46,9 @@ TREE_LOSSLESS = (
 DRAFTERS = "tests/decode/test_drafters.py"
 DRAFTER_CACHE = (f"{DRAFTERS}::test_draft_model_proposals_follow_the_accepted_tokens",)
 DRAFTED_LOSSLESS = f"{DRAFTERS}::test_drafted_sampling_has_the_autoregressive_distribution"
+META_LOGITS = "tests/interop/test_meta.py::test_imported_meta_checkpoint_computes_what_meta_code_computes"
+META_TOKENIZER = "tests/interop/test_meta.py::test_meta_tokenizer_converts_to_the_same_ids_and_text"
+HF_ROUND_TRIP = "tests/interop/test_hf.py::test_round_trip_gives_every_tensor_back_and_names_any_lost_one[transformer]"
 RESUME = "tests/test_train.py::test_resume_mid_epoch_continues_the_data_order[validation1]"  # no validation save
 
 
@@ -505,6 +508,28 @@ MUTATIONS = [
         "proposal = draws[:, _next_token_column(config) + 1 :] if draws is not None else None",
         "proposal = draws if draws is not None else None",
         (f"{DRAFTED_LOSSLESS}[draft]",),
+    ),
+    # -- interop
+    Mutation(
+        "Meta's q and k rows taken as they are (interleaved rotary read as half-split)",
+        "mtp/interop/meta.py",
+        "return weight.view(n, head_dim // 2, 2, in_features).transpose(1, 2).reshape(out_features, in_features)",
+        "return weight",
+        (META_LOGITS,),
+    ),
+    Mutation(
+        "sentencepiece converted as transformers does it (a leading space dropped)",
+        "mtp/interop/tokenizer.py",
+        "tokenizer.pre_tokenizer = None",
+        "return tokenizer",
+        (META_TOKENIZER,),
+    ),
+    Mutation(
+        "the unembedding taken from the embedding whenever config.json mentions tying",
+        "mtp/interop/hf.py",
+        'if "lm_head.weight" not in tensors and hf.get("tie_word_embeddings") and',
+        'if "tie_word_embeddings" in hf and',
+        (HF_ROUND_TRIP,),
     ),
 ]
 

@@ -166,7 +166,7 @@ def _write_shard(path: Path, dataset, tokenizer: Tokenizer, eot: int, dtype: str
     n_tokens = n_docs = 0
     with open(path, "wb") as f:
         for texts in iter_texts(dataset, batch_size=512):
-            encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+            encodings = tokenizer.encode_batch(texts)  # with the tokenizer's own start token, if any
             ids = list(itertools.chain.from_iterable(e.ids + [eot] for e in encodings))
             array = np.asarray(ids, dtype=dtype)
             f.write(array.tobytes())

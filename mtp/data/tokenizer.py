@@ -16,6 +16,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from mtp.errors import UserError
 
 EOT = "<|endoftext|>"
+END_TOKENS = (EOT, "</s>", "<|end_of_text|>", "<eos>")
+"""End-of-text tokens, in the order looked for: mtp's (and GPT-2's), then Llama 2's, Llama 3's and Gemma's, so that
+an imported model's tokenizer ends documents with its own token."""
 TOKENIZER_KINDS = ("byte", "bpe", "pretrained")
 
 
@@ -60,16 +63,21 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def is_checkpoint(path: str | Path) -> bool:
-    """Whether ``path`` names an mtp checkpoint rather than a tokenizer.json."""
+    """Whether ``path`` names a model (an mtp checkpoint, a Hugging Face or Meta directory), not a tokenizer.json."""
     from mtp.checkpoint import SHARDED_META
+    from mtp.interop import foreign_format
 
     path = Path(path)
-    return path.suffix == ".ckpt" or (path.is_dir() and (path / SHARDED_META).is_file())
+    return path.suffix == ".ckpt" or (path.is_dir() and (path / SHARDED_META).is_file()) or bool(foreign_format(path))
 
 
 def pretrained_json(path: str | Path) -> str:
-    """The tokenizer JSON of a tokenizer.json file or of an mtp checkpoint (read without its tensors)."""
+    """The tokenizer JSON of a tokenizer.json file or of a model (read without its tensors)."""
+    from mtp.interop import foreign_format, read_foreign_tokenizer
+
     path = Path(path)
+    if foreign_format(path):
+        return read_foreign_tokenizer(path)
     if is_checkpoint(path):
         from mtp.checkpoint import CHECKPOINT_KEY, read_checkpoint
 
@@ -88,7 +96,7 @@ def load_pretrained(path: str | Path) -> Tokenizer:
         raise
     except Exception as err:  # tokenizers raises a bare Exception on malformed JSON
         raise UserError(f"{path} is not a valid tokenizer.json ({err}); point data.tokenizer.path at one.") from err
-    if tokenizer.token_to_id(EOT) is None:
+    if end_token(tokenizer) is None:
         tokenizer.add_special_tokens([EOT])
     return tokenizer
 
@@ -110,7 +118,23 @@ def build_tokenizer(
     raise UserError(f"data.tokenizer.kind={kind!r} is not one of {', '.join(TOKENIZER_KINDS)}.")
 
 
+def end_token(tokenizer: Tokenizer) -> str | None:
+    """The first of :data:`END_TOKENS` in the tokenizer's vocabulary."""
+    return next((token for token in END_TOKENS if tokenizer.token_to_id(token) is not None), None)
+
+
 def eot_id(tokenizer: Tokenizer) -> int:
-    token_id = tokenizer.token_to_id(EOT)
-    assert token_id is not None, "every mtp tokenizer carries the end-of-text token"
-    return token_id
+    """The id that ends every document (and starts a prompt, as documents start after it in training)."""
+    token = end_token(tokenizer)
+    assert token is not None, "every mtp tokenizer carries an end-of-text token"
+    return tokenizer.token_to_id(token)
+
+
+def prompt_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """A prompt's ids, starting as documents start in training (packing encodes each with the tokenizer's own
+    special tokens and ends it with end-of-text): with the tokenizer's start token where it adds one (Llama's BOS),
+    else after end-of-text (mtp's tokenizers add none)."""
+    ids = tokenizer.encode(text).ids
+    if len(ids) > len(tokenizer.encode(text, add_special_tokens=False).ids):
+        return ids
+    return [eot_id(tokenizer)] + ids

@@ -13,6 +13,8 @@ from typing import Any
 from torch import Tensor
 
 from mtp.config import ModelConfig
+from mtp.errors import UserError
+from mtp.heads import HEAD_TYPES
 from mtp.model import MTPModel
 
 BLOCK_NAMES = {
@@ -49,16 +51,52 @@ def llama_config(config: ModelConfig) -> dict[str, Any]:
     }
 
 
+def check_head_path(config: ModelConfig, k: int) -> None:
+    """Fail with one sentence unless head k (1-based) of a model with this config is a Llama."""
+    if not 1 <= k <= config.n_future:
+        raise UserError(f"head {k} does not exist: the model has heads 1..{config.n_future}.")
+    if k > 1 and config.head_type in ("causal", "medusa"):
+        reads = "the previous depth's state and the tokens before" if config.head_type == "causal" else "residual MLPs"
+        raise UserError(
+            f"head {k} of a {config.head_type}-head model reads {reads}, so it is not a Llama; export head 1 "
+            "(the full model travels with it in mtp_heads.safetensors)."
+        )
+
+
+def head_path_names(config: ModelConfig, k: int = 1) -> dict[str, str]:
+    """Head k's path (1-based): Hugging Face Llama name -> mtp name (MTPModel's state dict)."""
+    check_head_path(config, k)
+    heads = HEAD_TYPES[config.head_type]
+    n_trunk = config.n_layer_blocks - int(heads.head1_block)
+    blocks = [f"layers.{i}" for i in range(n_trunk)]
+    if k == 1 and heads.head1_block:
+        blocks.append(f"layers.{n_trunk}")
+    elif k > 1 and heads.blocks_per_head:
+        blocks.append(f"extra_heads.{0 if config.share_depth else k - 2}")
+    names = {"model.embed_tokens.weight": "tok_embeddings.weight"}
+    for i, block in enumerate(blocks):
+        names.update({f"model.layers.{i}.{hf}": f"{block}.{ours}" for ours, hf in BLOCK_NAMES.items()})
+    names["model.norm.weight"] = "norm.weight"
+    names["lm_head.weight"] = f"outputs.{k - 1 if heads.own_unembeddings else 0}.weight"
+    return names
+
+
 def head_path_state_dict(model: MTPModel, k: int) -> dict[str, Tensor]:
     """Head k's path (1-based) under Hugging Face Llama names; the tensors are the model's own (no copies)."""
-    blocks = [*model.trunk_blocks]
-    head_block = model.head_block(k)
-    if head_block is not None:
-        blocks.append(head_block)
-    state = {"model.embed_tokens.weight": model.tok_embeddings.weight}
-    for i, block in enumerate(blocks):
-        for name, tensor in block.state_dict(keep_vars=True).items():
-            state[f"model.layers.{i}.{BLOCK_NAMES[name]}"] = tensor
-    state["model.norm.weight"] = model.norm.weight
-    state["lm_head.weight"] = model.unembedding(k).weight
-    return state
+    own = model.state_dict(keep_vars=True)
+    return {hf: own[ours] for hf, ours in head_path_names(model.config, k).items()}
+
+
+def ffn_multiple_for(d_model: int, hidden: int) -> int:
+    """An ``ffn_multiple_of`` that gives this SwiGLU width at this model width (mtp derives the width from both).
+
+    mtp's width is int(8 d / 3) rounded up to the multiple m; the smallest divisor m of ``hidden`` above
+    hidden - int(8 d / 3) gives ``hidden`` exactly. Widths below int(8 d / 3) cannot be expressed.
+    """
+    base = int(8 * d_model / 3)  # mtp.config.swiglu_width
+    if hidden < base:
+        raise UserError(
+            f"a SwiGLU width of {hidden} at width {d_model} is below 8/3 of the width ({base}), which mtp's "
+            "model cannot express; import a model whose intermediate size is at least that."
+        )
+    return next(m for m in range(1, hidden + 1) if hidden % m == 0 and m > hidden - base)
