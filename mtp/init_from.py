@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from mtp.checkpoint import CHECKPOINT_KEY, model_weights, read_checkpoint
+from mtp.checkpoint_load import CHECKPOINT_KEY, model_weights, read_checkpoint
 from mtp.config import ModelConfig, swiglu_width
 from mtp.errors import UserError
 from mtp.heads import HEAD_TYPES

@@ -8,14 +8,13 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
-from mtp.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_KEY
+from mtp.checkpoint_load import CHECKPOINT_FORMAT, CHECKPOINT_KEY
 from mtp.config import ModelConfig
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
@@ -230,21 +229,3 @@ class MTPLitModule(L.LightningModule):
         blocks = n_blocks * block + others
         attention = 6 * n_blocks * c.d_model * seq_len  # QK^T and AV, causal
         return int(batch_size * seq_len * (6 * (blocks + unembeddings) + attention))
-
-
-class TokenThroughputMonitor(ThroughputMonitor):
-    """Lightning's throughput monitor counting trained tokens as items: B x seq_len per (B, seq_len + n_future) batch.
-
-    Logs ``train/device/items_per_sec`` (tokens/s per device) and, with several devices, ``train/items_per_sec``.
-    """
-
-    def __init__(self, n_future: int, window_size: int = 20) -> None:
-        self.n_future = n_future
-        super().__init__(batch_size_fn=self.batch_size, length_fn=self.trained_tokens, window_size=window_size)
-
-    @staticmethod
-    def batch_size(batch: Tensor) -> int:
-        return batch.size(0)
-
-    def trained_tokens(self, batch: Tensor) -> int:
-        return batch.size(0) * (batch.size(1) - self.n_future)

@@ -12,8 +12,8 @@ import hydra
 import lightning as L
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from mtp.checkpoint import check_checkpoint
-from mtp.checkpointing import AtomicCheckpointIO
+from mtp.checkpoint_load import check_checkpoint
+from mtp.checkpoint_save import AtomicCheckpointIO
 from mtp.lit import MTPLitModule
 
 

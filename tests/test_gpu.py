@@ -6,7 +6,7 @@ import lightning as L
 import pytest
 import torch
 
-from mtp.checkpoint import load_checkpoint
+from mtp.checkpoint_load import load_checkpoint
 from mtp.config import ModelConfig
 from mtp.decode import GenerationConfig, generate
 from mtp.loss import mtp_loss

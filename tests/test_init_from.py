@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mtp.checkpoint import CHECKPOINT_KEY
+from mtp.checkpoint_load import CHECKPOINT_KEY
 from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.init_from import freeze

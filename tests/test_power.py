@@ -461,7 +461,7 @@ MUTATIONS = [
     ),
     Mutation(
         "Lightning's train-end save replaces the final-step last.ckpt",
-        "mtp/checkpointing.py",
+        "mtp/callbacks.py",
         "if not self.saved_final_step:",
         "if True:",
         (RESUME,),

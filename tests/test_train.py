@@ -7,8 +7,8 @@ from conftest import compose_train
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
-from mtp.checkpoint import load_checkpoint, read_checkpoint
-from mtp.checkpointing import AtomicCheckpointIO
+from mtp.checkpoint_load import load_checkpoint, read_checkpoint
+from mtp.checkpoint_save import AtomicCheckpointIO
 from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.model import MTPModel
@@ -159,7 +159,7 @@ def test_resume_mid_epoch_continues_the_data_order(make_cfg, tmp_path, validatio
 def test_the_corpus_is_prepared_once_and_a_resume_checkpoint_read_once(make_cfg, tmp_path, monkeypatch):
     """The Trainer drives the datamodule (prepare_data, then setup reuses it); the resume file is checked
     without reading its tensors (mmap) and read in full only by Lightning's restore."""
-    import mtp.checkpoint
+    import mtp.checkpoint_load
     import mtp.data.datamodule
 
     first = make_cfg("mtp2", ["trainer.max_steps=2"])
@@ -170,7 +170,7 @@ def test_the_corpus_is_prepared_once_and_a_resume_checkpoint_read_once(make_cfg,
     real_prepare, real_load = mtp.data.datamodule.prepare, torch.load
     monkeypatch.setattr(mtp.data.datamodule, "prepare", lambda *a, **k: prepared.append(1) or real_prepare(*a, **k))
     monkeypatch.setattr(
-        mtp.checkpoint.torch, "load", lambda f, *a, **k: loads.append(k.get("mmap", False)) or real_load(f, *a, **k)
+        mtp.checkpoint_load.torch, "load", lambda f, *a, **k: loads.append(k.get("mmap", False)) or real_load(f, *a, **k)
     )
     resumed = make_cfg("mtp2", ["trainer.max_steps=4", f"ckpt_path={last}"])
     with open_dict(resumed):

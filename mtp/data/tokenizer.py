@@ -64,7 +64,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 
 def is_checkpoint(path: str | Path) -> bool:
     """Whether ``path`` names a model (an mtp checkpoint, a Hugging Face or Meta directory), not a tokenizer.json."""
-    from mtp.checkpoint import SHARDED_META
+    from mtp.checkpoint_load import SHARDED_META
     from mtp.interop import foreign_format
 
     path = Path(path)
@@ -79,7 +79,7 @@ def pretrained_json(path: str | Path) -> str:
     if foreign_format(path):
         return read_foreign_tokenizer(path)
     if is_checkpoint(path):
-        from mtp.checkpoint import CHECKPOINT_KEY, read_checkpoint
+        from mtp.checkpoint_load import CHECKPOINT_KEY, read_checkpoint
 
         return read_checkpoint(path, mmap=path.is_file())[CHECKPOINT_KEY]["tokenizer"]
     if not path.is_file():

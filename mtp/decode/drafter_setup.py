@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from mtp.checkpoint import LoadedCheckpoint, load_checkpoint
+from mtp.checkpoint_load import LoadedCheckpoint, load_checkpoint
 from mtp.decode.drafters import Drafter, LookupDrafter, draft_model_drafter, layer_skip_drafter
 from mtp.decode.generation import GenerationConfig, generate
 from mtp.errors import UserError

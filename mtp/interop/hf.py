@@ -60,7 +60,7 @@ def export_hf(
     Everything is written into a temporary directory beside ``out_dir`` and renamed into place at the end, so
     a failure leaves nothing half-written; an existing non-empty ``out_dir`` is replaced only with ``force``.
     """
-    from mtp.checkpoint import load_checkpoint
+    from mtp.checkpoint_load import load_checkpoint
 
     out_dir = Path(out_dir)
     check_output_dir(out_dir, force)
@@ -135,7 +135,7 @@ def verify_export(checkpoint: str | os.PathLike, out_dir: Path, prompts: int = 8
     """Read the export back with mtp (every tensor equal?) and with transformers (head 1's logits and greedy
     ``generate`` against mtp's on held-out prompts of the checkpoint's own data)."""
     from mtp.benchmarks.decode_runs import held_out_prompts
-    from mtp.checkpoint import load_checkpoint
+    from mtp.checkpoint_load import load_checkpoint
     from mtp.decode import GenerationConfig, generate
 
     _, transformers = _interop_packages("verifying an export")

@@ -49,7 +49,7 @@ def test_pretrained_errors(tmp_path):
 
 def test_pretrained_reads_the_tokenizer_of_a_checkpoint(tiny_checkpoints, tmp_path):
     """A draft model for a target trains on the target's own tokens: data.tokenizer.path=TARGET.ckpt."""
-    from mtp.checkpoint import load_checkpoint
+    from mtp.checkpoint_load import load_checkpoint
     from mtp.data.packing import TokenizerConfig
 
     target = tiny_checkpoints["mtp4"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp.checkpoint import load_checkpoint
+from mtp.checkpoint_load import load_checkpoint
 from mtp.data.tokenizer import byte_tokenizer, prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
@@ -76,7 +76,7 @@ def test_head_k_export_is_that_heads_path(tiny_checkpoints, tmp_path):
 
 def random_checkpoint(path: Path, **settings) -> Path:
     """An untrained mtp checkpoint in the layout scripts/pretrain.py writes (no training: cheap)."""
-    from mtp.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_KEY
+    from mtp.checkpoint_load import CHECKPOINT_FORMAT, CHECKPOINT_KEY
     from mtp.config import ModelConfig
     from mtp.model import MTPModel
 

@@ -1,4 +1,4 @@
-"""Checkpoints, read with ``torch.load(weights_only=True)`` and usable without Lightning (writing: mtp.checkpointing).
+"""Checkpoints, read with ``torch.load(weights_only=True)`` and usable without Lightning (writing: mtp.checkpoint_save).
 
 Lightning's checkpoint dict carries, under :data:`CHECKPOINT_KEY`, the model config and the tokenizer JSON,
 so a checkpoint alone is enough to decode. Two layouts are read:

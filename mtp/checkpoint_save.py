@@ -1,0 +1,41 @@
+"""Writing checkpoints: whole files only (reading them: mtp.checkpoint_load; when to write them: mtp.callbacks)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from mtp.checkpoint_load import read_checkpoint
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Saves to a temporary file beside the target and renames it into place: a checkpoint is whole or absent.
+
+    Lightning's own save is not enough: its fsspec transaction stages the file in the system temp directory
+    and moves it, which is a copy (not a rename) when that directory is on another filesystem than the
+    checkpoints (tmpfs /tmp, checkpoints on a network disk), so a kill during the copy leaves a torn file.
+    Reading goes through :func:`read_checkpoint`, so a bad file is one clear sentence.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            with open(temporary, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+    def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None):
+        return read_checkpoint(path, map_location or "cpu")
