@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from mtp.benchmarks.cli import int_list  # noqa: E402
 from mtp.benchmarks.decode_runs import fitted_tree, held_out_prompts, run  # noqa: E402
 from mtp.benchmarks.report import decode_table, plot_decode  # noqa: E402
-from mtp.checkpoint import load_checkpoint  # noqa: E402
+from mtp.checkpoint_load import load_checkpoint  # noqa: E402
 from mtp.cli import run_script  # noqa: E402
 from mtp.decode import DecodeStats, GenerationConfig, generate  # noqa: E402
 from mtp.decode.drafter_setup import load_draft, skip_layers_drafter  # noqa: E402

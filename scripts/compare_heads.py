@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from mtp.benchmarks.decode_runs import held_out_prompts, run  # noqa: E402
 from mtp.benchmarks.train_step import StepSpec  # noqa: E402
-from mtp.checkpoint import load_checkpoint, read_checkpoint  # noqa: E402
+from mtp.checkpoint_load import load_checkpoint, read_checkpoint  # noqa: E402
 from mtp.cli import run_script  # noqa: E402
 from mtp.decode import GenerationConfig  # noqa: E402
 from mtp.errors import UserError  # noqa: E402

@@ -29,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mtp.checkpoint import load_checkpoint  # noqa: E402
+from mtp.checkpoint_load import load_checkpoint  # noqa: E402
 from mtp.cli import run_script  # noqa: E402
 from mtp.config import ModelConfig  # noqa: E402
 from mtp.data.tokenizer import eot_id, prompt_ids  # noqa: E402

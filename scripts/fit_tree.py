@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mtp.benchmarks.decode_runs import fitted_tree  # noqa: E402
-from mtp.checkpoint import load_checkpoint  # noqa: E402
+from mtp.checkpoint_load import load_checkpoint  # noqa: E402
 from mtp.cli import run_script  # noqa: E402
 from mtp.decode import GenerationConfig  # noqa: E402
 from mtp.errors import UserError  # noqa: E402
