@@ -5,16 +5,26 @@ A cache entry is a folder ``<cache_dir>/<source>-<tokenizer>-<fingerprint>/`` ho
 tokenizer and the settings, so a rerun reuses the entry and any change builds a new one. An entry
 is built in a temporary folder and renamed into place only when complete: a folder under the final
 name is always whole, and an interrupted build leaves only a ``.partial-*`` folder that no run trusts.
+
+Processes preparing the same entry at once (a sweep's jobs, the nodes of a run) take turns on an exclusive
+lock, ``<cache_dir>/<name>.lock``: the first builds, the others wait and then open what it built. The kernel
+releases the lock of a process that dies, so a killed builder blocks nobody; the next lock holder removes the
+partial folders it left. Lock files stay (removing one would let two processes lock different files).
+A write that fails (a full disk, a read-only or forbidden folder) is one :class:`UserError` naming the file.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import json
+import logging
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +36,15 @@ from mtp.data.sources import SourceConfig, iter_texts, load_documents, source_id
 from mtp.data.tokenizer import TOKENIZER_KINDS, build_tokenizer, eot_id, is_checkpoint, pretrained_json
 from mtp.errors import UserError
 
+try:
+    import fcntl
+except ImportError:  # Windows: concurrent builds are not avoided, but the rename keeps them safe
+    fcntl = None
+
 FORMAT_VERSION = 1
 SPLITS = ("train", "validation")
+FULL_DISK = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -98,28 +115,85 @@ def open_packed(path: Path) -> PackedData:
 
 
 def prepare(source: SourceConfig, tokenizer: TokenizerConfig, val_fraction: float, cache_dir: str | Path) -> PackedData:
-    """The packed data for these settings: reused if already built, otherwise built now."""
+    """The packed data for these settings: reused if already built, otherwise built now (by one process at a time:
+    one that finds another building the same entry waits for it and reuses its result)."""
     cache_dir = Path(cache_dir)
     name = fingerprint(source, tokenizer, val_fraction)
     final = cache_dir / name
-    if (final / "meta.json").is_file():
-        return open_packed(final)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    partial = cache_dir / f"{name}.partial-{uuid.uuid4().hex[:8]}"
-    try:
-        _build(partial, source, tokenizer, val_fraction, name)
-        try:
-            os.rename(partial, final)
-        except OSError:  # another process finished the same entry first: use theirs
-            if not (final / "meta.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    if not (final / "meta.json").is_file():
+        with writing_to_cache(cache_dir):
+            cache_dir.mkdir(parents=True, exist_ok=True)
+        with _exclusive(cache_dir / f"{name}.lock", final) as locked:
+            if not (final / "meta.json").is_file():  # another process may have built it while this one waited
+                _build_into_place(final, source, tokenizer, val_fraction, remove_stale=locked)
     return open_packed(final)
 
 
+def _build_into_place(
+    final: Path, source: SourceConfig, tokenizer: TokenizerConfig, val_fraction: float, remove_stale: bool
+) -> None:
+    """Build in a partial folder, then rename it to ``final``. ``remove_stale``: this process holds the entry's lock,
+    so every other partial folder of that name is a dead builder's."""
+    if remove_stale:
+        for stale in final.parent.glob(f"{final.name}.partial-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    partial = final.with_name(f"{final.name}.partial-{uuid.uuid4().hex[:8]}")
+    try:
+        _build(partial, source, tokenizer, val_fraction, final.name)
+        try:
+            os.rename(partial, final)
+        except OSError as err:
+            if not (final / "meta.json").is_file():  # else another process (no lock) finished it first: use theirs
+                raise UserError(_write_failure(final, err)) from err
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+@contextmanager
+def _exclusive(lock_path: Path, entry: Path) -> Iterator[bool]:
+    """Hold an exclusive lock on ``lock_path``, saying so when waiting for another process; yields whether it is
+    held (not without fcntl, nor on a file system without locks: then builds may overlap, and the rename keeps
+    them safe)."""
+    if fcntl is None:
+        yield False
+        return
+    with writing_to_cache(lock_path):
+        lock = open(lock_path, "a")
+    with lock:  # closing the file releases the lock, and so does the kernel when this process dies
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process preparing %s", entry)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:  # ENOLCK, EOPNOTSUPP: some network file systems
+            yield False
+            return
+        yield True
+
+
+@contextmanager
+def writing_to_cache(path: Path) -> Iterator[None]:
+    """Turn a failed write at ``path`` (a full disk, a forbidden or read-only folder) into one sentence."""
+    try:
+        yield
+    except OSError as err:
+        raise UserError(_write_failure(path, err)) from err
+
+
+def _write_failure(path: Path, err: OSError) -> str:
+    path = err.filename or path  # mkdir names the folder it could not create; a write names no file
+    if err.errno in FULL_DISK:
+        fix = "free space there or set data.cache_dir to another disk"
+    elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "make that folder writable or set data.cache_dir to a writable folder"
+    else:
+        fix = "check that folder or set data.cache_dir to another folder"
+    return f"could not write the data cache at {path} ({err.strerror or err}); {fix}."
+
+
 def _build(out: Path, source: SourceConfig, tok_config: TokenizerConfig, val_fraction: float, name: str) -> None:
-    out.mkdir(parents=True)
+    with writing_to_cache(out):
+        out.mkdir(parents=True)
     splits = split_documents(load_documents(source), val_fraction)
     tokenizer = build_tokenizer(
         tok_config.kind,
@@ -135,7 +209,7 @@ def _build(out: Path, source: SourceConfig, tok_config: TokenizerConfig, val_fra
         counts[split], documents[split] = _write_shard(out / f"{split}.bin", splits[split], tokenizer, eot, dtype)
     if counts["train"] == 0:
         raise UserError(f"the {source.kind} source gave no training text; point data.source at non-empty documents.")
-    tokenizer.save(str(out / "tokenizer.json"))
+    _write_text(out / "tokenizer.json", tokenizer.to_str(pretty=True))
     meta = {
         "name": name,
         "source": asdict(source),
@@ -148,7 +222,12 @@ def _build(out: Path, source: SourceConfig, tok_config: TokenizerConfig, val_fra
         "documents": documents,
     }
     # meta.json is written last: its presence marks a complete entry.
-    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    _write_text(out / "meta.json", json.dumps(meta, indent=2))
+
+
+def _write_text(path: Path, text: str) -> None:
+    with writing_to_cache(path), open(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _training_texts(dataset, max_bytes: int):
@@ -164,12 +243,18 @@ def _training_texts(dataset, max_bytes: int):
 def _write_shard(path: Path, dataset, tokenizer: Tokenizer, eot: int, dtype: str) -> tuple[int, int]:
     """Encode every document, append end-of-text after each, write as ``dtype``; returns (tokens, documents)."""
     n_tokens = n_docs = 0
-    with open(path, "wb") as f:
+    with writing_to_cache(path):
+        f = open(path, "wb")
+    try:
         for texts in iter_texts(dataset, batch_size=512):
             encodings = tokenizer.encode_batch(texts)  # with the tokenizer's own start token, if any
             ids = list(itertools.chain.from_iterable(e.ids + [eot] for e in encodings))
             array = np.asarray(ids, dtype=dtype)
-            f.write(array.tobytes())
+            with writing_to_cache(path):  # only the writes: an error reading the documents is not the cache's
+                f.write(array.tobytes())
             n_tokens += array.size
             n_docs += len(texts)
+    finally:
+        with writing_to_cache(path):  # a full disk may show only here, when the last buffer is flushed
+            f.close()
     return n_tokens, n_docs
