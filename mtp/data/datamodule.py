@@ -125,11 +125,13 @@ class MTPDataModule(L.LightningDataModule):
         self.packed: PackedData | None = None
 
     def prepare_data(self) -> None:
-        """Build the packed corpus if absent (Lightning calls this on one process per node, before setup)."""
+        """Build the packed corpus if absent (Lightning calls this on one process per node, before setup; nodes or
+        runs sharing a cache take turns on its lock, so one builds and the others reuse its entry)."""
         self.packed = prepare(self.source, self.tokenizer_config, self.val_fraction, self.cache_dir)
 
     def setup(self, stage: str | None = None) -> None:
-        if self.packed is None:  # the processes that did not prepare open the entry prepare_data built
+        if self.packed is None:  # the processes that did not prepare: prepare opens the complete entry, or waits
+            # on its lock for the process still building it (never reading a half-built entry, never building twice)
             self.packed = prepare(self.source, self.tokenizer_config, self.val_fraction, self.cache_dir)
         window = self.seq_len + self.n_future
         val_tokens = self.packed.meta["tokens"]["validation"]

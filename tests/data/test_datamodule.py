@@ -1,8 +1,13 @@
+import logging
+import sys
+
 import pytest
 import torch
 
+from mtp.data import packing
 from mtp.data.datamodule import MTPDataModule, ResumableLoader, ResumableShuffle
 from mtp.errors import UserError
+from tests.data.helpers import builders, start_preparers, wait_for, write_corpus
 
 
 def loader(length: int, batch_size: int, rank: int = 0, world_size: int = 1) -> ResumableLoader:
@@ -87,3 +92,30 @@ def test_too_few_training_windows_for_one_batch(tmp_path, shared_cache):
     dm.setup("fit")
     with pytest.raises(UserError, match="fewer than data.batch_size=100000"):
         dm.train_dataloader()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no fcntl: builds may overlap (safely)")
+def test_setup_waits_for_another_process_preparing_the_same_data(tmp_path, monkeypatch, caplog):
+    """A rank (or a second run) whose setup finds the data half-built by another process waits for it, neither
+    reading the partial entry nor building its own."""
+    pattern, cache, work = write_corpus(tmp_path / "corpus"), tmp_path / "cache", tmp_path / "work"
+    (other,) = start_preparers(1, cache, pattern, work, slow_step="shard", delay=1.0)
+    wait_for(lambda: builders(work) or other.poll() is not None, 60)  # train.bin is written, meta.json is not
+    built = []
+    monkeypatch.setattr(packing, "_build", lambda *args: built.append(args))
+    dm = MTPDataModule(
+        source={"kind": "files", "paths": [pattern]},
+        tokenizer={"kind": "byte"},
+        seq_len=8,
+        n_future=2,
+        batch_size=2,
+        val_fraction=0.25,
+        cache_dir=str(cache),
+    )
+    caplog.set_level(logging.INFO, logger="mtp.data.packing")
+    dm.setup("fit")
+    assert "waiting for another process preparing" in caplog.text
+    out, err = other.communicate(timeout=60)
+    assert other.returncode == 0, err
+    assert built == [] and str(dm.packed.path) == out.strip()
+    assert dm.packed.meta["tokens"]["validation"] > 0 and len(list(dm.train_dataloader())) > 0
