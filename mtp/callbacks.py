@@ -1,39 +1,156 @@
-"""Lightning callbacks of a training run: when checkpoints are written, and tokens/s."""
+"""Lightning callbacks of a training run: when checkpoints are written, what a signal or a non-finite loss does,
+and tokens/s."""
 
 from __future__ import annotations
 
+import logging
+import math
 import os
+from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
+from mtp.errors import UserError
 
-class ModelCheckpointAtEnd(ModelCheckpoint):
-    """Lightning's ModelCheckpoint, plus last.ckpt written at the final step (``max_steps``) of a run.
+log = logging.getLogger(__name__)
 
-    Validation, after which ModelCheckpoint saves, need not fall on the final step. The extra save happens
-    where ``every_n_train_steps`` saves happen, so resuming from it continues mid-epoch like any other. Lightning
-    (2.6+) saves last.ckpt once more in ``on_train_end``, after the epoch loop has closed, and a run resumed from
-    that copy would start a new epoch instead of finishing the interrupted one: that save is skipped here.
+
+class ResumableCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint (the best by ``monitor`` after each validation, and last.ckpt), plus last.ckpt
+    every ``every_n_train_steps`` steps, at the final step (``max_steps``) and when SIGTERM or Ctrl-C stops the run.
+
+    ``every_n_train_steps`` here only adds last.ckpt saves: the best-model saves stay after validation, where the
+    monitored value belongs to the weights being saved (Lightning's own ``every_n_train_steps`` would move them to
+    those steps, judged by a validation loss of older weights). It bounds what a kill that cannot be caught
+    (SIGKILL, an out-of-memory kill, a lost node) loses; 0 turns it off.
+
+    The periodic and final-step saves happen at the end of a training batch, where Lightning's own step saves
+    happen, so resuming from them continues mid-epoch. Lightning (2.6+) saves last.ckpt once more in
+    ``on_train_end``, after the epoch loop has closed, and a run resumed from that copy would start a new epoch
+    instead of finishing the interrupted one: that save is skipped here.
+
+    SIGTERM (preemption: SLURM, Kubernetes) is Lightning's: its signal connector notes it on every process and the
+    fit loop raises ``SIGTERMException`` once the running batch (and a validation in progress) has finished; this
+    callback then writes last.ckpt (``mtp.train.train`` turns Ctrl-C into the same request).
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, every_n_train_steps: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if every_n_train_steps is not None and every_n_train_steps < 0:
+            raise UserError(
+                f"callbacks.model_checkpoint.every_n_train_steps={every_n_train_steps} must be 0 (off) or positive."
+            )
+        self.last_every_n_steps = every_n_train_steps or 0
         self.saved_final_step = False
+
+    @property
+    def last_path(self) -> str | None:
+        if self.dirpath is None:
+            return None
+        return os.path.join(self.dirpath, f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
+
+    def write_last(self, trainer: L.Trainer) -> None:
+        """A full (resumable) last.ckpt now."""
+        trainer.save_checkpoint(self.last_path, weights_only=False)
+        self.last_model_path = self.last_path
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        final_step = 0 < trainer.max_steps <= trainer.global_step
-        if self.save_last and final_step and not trainer.fast_dev_run and self.dirpath is not None:
-            path = os.path.join(self.dirpath, f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
-            trainer.save_checkpoint(path, weights_only=False)  # a full checkpoint: it must resume
-            self.last_model_path = path
-            self.saved_final_step = True
+        if not self.save_last or trainer.fast_dev_run or self.dirpath is None or trainer.sanity_checking:
+            return
+        step = trainer.global_step
+        final_step = 0 < trainer.max_steps <= step
+        periodic = self.last_every_n_steps > 0 and step % self.last_every_n_steps == 0
+        if final_step or periodic:
+            self.write_last(trainer)
+            self.saved_final_step = final_step
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.saved_final_step:
             super().on_train_end(trainer, pl_module)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException) or self.dirpath is None or not self.save_last:
+            return
+        self.write_last(trainer)
+
+
+class NonFiniteGuard(L.Callback):
+    """Stops the run when a step's loss or gradient norm is not finite, before the optimizer applies it.
+
+    The error names the step and the last checkpoint written (whose weights predate the bad step). With
+    ``skip=N`` up to N such batches are skipped instead: their gradients are dropped (set to None, so that
+    AdamW leaves every parameter and its moments as they were) and a warning says so; the next one stops the
+    run. The check costs one device-to-host read of one scalar per optimizer step; on several processes they
+    agree before acting (one all-reduce), so that all skip or all stop together.
+    """
+
+    def __init__(self, skip: int = 0) -> None:
+        if skip < 0:
+            raise UserError(f"skip_nonfinite={skip} must be 0 (stop at the first non-finite loss) or positive.")
+        self.skip = skip
+        self.skipped = 0
+        self._loss_finite: Tensor | None = None
+        self._loss: Tensor | None = None
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
+        finite = torch.isfinite(loss.detach())
+        self._loss = loss.detach()
+        self._loss_finite = finite if self._loss_finite is None else self._loss_finite & finite
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        norm = gradient_norm(grads)
+        finite = torch.isfinite(norm) if norm is not None else torch.ones((), dtype=torch.bool)
+        if self._loss_finite is not None:
+            finite = finite.to(self._loss_finite.device) & self._loss_finite
+        loss, self._loss_finite, self._loss = self._loss, None, None
+        bad = not bool(finite)  # the one host read per step
+        bad = trainer.strategy.reduce_boolean_decision(bad, all=False)  # any process's bad step is everyone's
+        if not bad:
+            return
+        step = trainer.global_step + 1  # the step this optimizer update would complete
+        what = f"the loss was {_scalar(loss)} and the gradient norm {_scalar(norm)}"
+        if self.skipped < self.skip:
+            self.skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+            log.warning(
+                "step %d: %s; skipped this batch (%d of skip_nonfinite=%d).", step, what, self.skipped, self.skip
+            )
+            pl_module.log("train/skipped_nonfinite", float(self.skipped))
+            return
+        raise UserError(
+            f"training stopped at step {step}: {what}; {_last_good(trainer)} lower optim.lr, raise "
+            f"optim.warmup_steps or set skip_nonfinite=N to skip up to N such batches"
+            + (f" (skip_nonfinite={self.skip} were all used)." if self.skip else ".")
+        )
+
+
+def gradient_norm(grads: list[Tensor]) -> Tensor | None:
+    """The 2-norm of all gradients together (local shards under FSDP2: enough to tell finite from not)."""
+    if not grads:
+        return None
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(local)).float())
+
+
+def _scalar(value: Tensor | None) -> str:
+    if value is None:
+        return "not computed"
+    number = float(value.float())
+    return str(number) if not math.isfinite(number) else f"{number:.4g}"
+
+
+def _last_good(trainer: L.Trainer) -> str:
+    callback = trainer.checkpoint_callback
+    path = getattr(callback, "last_model_path", "") if callback is not None else ""
+    if path and os.path.exists(path):
+        return f"the last good checkpoint is {path}; resume from it with ckpt_path={path} and"
+    return "no checkpoint was written before it; restart with"
 
 
 class TokenThroughputMonitor(ThroughputMonitor):

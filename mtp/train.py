@@ -4,26 +4,42 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning as L
+from hydra.errors import InstantiationException
+from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from mtp.callbacks import ResumableCheckpoint
 from mtp.checkpoint_load import check_checkpoint
 from mtp.checkpoint_save import AtomicCheckpointIO
+from mtp.errors import UserError
 from mtp.lit import MTPLitModule
+
+
+def instantiate(node: DictConfig, **kwargs: Any) -> Any:
+    """Hydra's instantiate, with a UserError raised by the target passed on as it is (Hydra wraps it)."""
+    try:
+        return hydra.utils.instantiate(node, **kwargs)
+    except InstantiationException as err:
+        if isinstance(err.__cause__, UserError):
+            raise err.__cause__ from None
+        raise
 
 
 def instantiate_group(group: DictConfig | None) -> list[Any]:
     """Instantiate every entry of a callbacks/logger group that names a ``_target_``."""
     if not group:
         return []
-    return [
-        hydra.utils.instantiate(node) for node in group.values() if isinstance(node, DictConfig) and "_target_" in node
-    ]
+    return [instantiate(node) for node in group.values() if isinstance(node, DictConfig) and "_target_" in node]
 
 
 def build(
@@ -50,11 +66,15 @@ def build(
                 "kind": "pretrained",
                 "path": save_tokenizer(module.start_tokenizer, cfg.data.cache_dir),
             }
-    datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
-    trainer = hydra.utils.instantiate(
+    datamodule = instantiate(cfg.data, _convert_="all")
+    loggers = instantiate_group(cfg.get("logger"))
+    configured = instantiate_group(cfg.get("callbacks"))
+    if not loggers:  # logger=null: nothing to monitor the learning rate into (Lightning refuses the monitor then)
+        configured = [c for c in configured if not isinstance(c, LearningRateMonitor)]
+    trainer = instantiate(
         cfg.trainer,
-        callbacks=instantiate_group(cfg.get("callbacks")) + list(callbacks),
-        logger=instantiate_group(cfg.get("logger")) or False,
+        callbacks=configured + list(callbacks),
+        logger=loggers or False,
         plugins=[AtomicCheckpointIO()],
     )
     return datamodule, module, trainer
@@ -78,10 +98,60 @@ def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, fl
     if ckpt_path:
         check_checkpoint(ckpt_path)  # a missing, truncated or foreign checkpoint fails here, before any work
     datamodule, module, trainer = build(cfg, callbacks)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    with CtrlCAsSigterm() as ctrl_c:
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        except SIGTERMException:
+            raise Interrupted(trainer, "SIGINT" if ctrl_c.pressed else "SIGTERM") from None
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     report(trainer, metrics)
     return metrics
+
+
+class CtrlCAsSigterm:
+    """While training, a first Ctrl-C asks for what SIGTERM does (stop after the running step, with last.ckpt: see
+    ResumableCheckpoint); a second one stops at once, unsaved. Outside the main thread it does nothing."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._previous: Any = None
+
+    def __enter__(self) -> CtrlCAsSigterm:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+        print("\nCtrl-C: stopping after this step and saving last.ckpt (Ctrl-C again: stop now, unsaved)", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's signal connector takes it from here
+
+
+class Interrupted(SystemExit):
+    """SIGTERM or Ctrl-C stopped the run between two steps, after last.ckpt was written (see ResumableCheckpoint).
+
+    Exits with 128 + the signal's number, as a process killed by it would (143 for SIGTERM, 130 for SIGINT), so
+    that schedulers see an interrupted run rather than a finished one.
+    """
+
+    def __init__(self, trainer: L.Trainer, name: str) -> None:
+        saver = next((c for c in trainer.callbacks if isinstance(c, ResumableCheckpoint)), None)
+        self.signal_name, self.step = name, trainer.global_step
+        self.checkpoint = saver.last_model_path if saver is not None and saver.last_model_path else None
+        super().__init__(128 + int(getattr(signal, name)))
+        if trainer.is_global_zero:
+            where = (
+                f"wrote {self.checkpoint}; continue with ckpt_path={self.checkpoint}"
+                if self.checkpoint
+                else "no checkpoint was written (checkpointing is off)"
+            )
+            print(f"{name} stopped the run after step {self.step}: {where}", file=sys.stderr, flush=True)
 
 
 def report(trainer: L.Trainer, metrics: dict[str, float]) -> None:
