@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from mtp.callbacks import ResumableCheckpoint
 from mtp.checkpoint_load import check_checkpoint
 from mtp.checkpoint_save import AtomicCheckpointIO
+from mtp.data.packing import writing_to_cache
 from mtp.errors import UserError
 from mtp.lit import MTPLitModule
 
@@ -85,10 +86,14 @@ def save_tokenizer(tokenizer_json: str, cache_dir: str) -> str:
     digest = hashlib.sha256(tokenizer_json.encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"tokenizer-{digest}.json"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(tokenizer_json)
-        os.replace(partial, path)
+        try:
+            with writing_to_cache(path):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                partial.write_text(tokenizer_json)
+                os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
     return str(path)
 
 

@@ -37,6 +37,8 @@ CACHE = "tests/decode/test_cache.py"
 REFERENCE = "tests/interop/test_llama_reference.py"
 MODEL = "tests/test_model.py"
 LOSS = "tests/test_loss.py"
+RELIABILITY = "tests/test_reliability.py"
+CONCURRENT = "tests/data/test_concurrent_prepare.py"
 TREE_GREEDY = ("tests/decode/test_tree.py::test_greedy_tree_decoding_equals_autoregressive",)
 TREE_LOSSLESS = (
     "tests/decode/test_lossless.py::test_tree_and_adaptive_sampling_have_the_autoregressive_distribution",
@@ -530,6 +532,56 @@ MUTATIONS = [
         'if "lm_head.weight" not in tensors and hf.get("tie_word_embeddings") and',
         'if "tie_word_embeddings" in hf and',
         (HF_ROUND_TRIP,),
+    ),
+    # -- reliability
+    Mutation(
+        "a SIGTERM stops the run without writing last.ckpt",
+        "mtp/callbacks.py",
+        "if not isinstance(exception, SIGTERMException) or",
+        "if not isinstance(exception, KeyboardInterrupt) or",
+        (f"{RELIABILITY}::test_a_signal_saves_last_ckpt_and_the_resumed_run_is_the_uninterrupted_one[ctrl-c]",),
+    ),
+    Mutation(
+        "the non-finite guard reads the loss only, not the gradient norm",
+        "mtp/callbacks.py",
+        "finite = torch.isfinite(norm) if norm is not None else",
+        "finite = torch.ones((), dtype=torch.bool) if norm is not None else",
+        (f"{RELIABILITY}::test_a_non_finite_step_stops_the_run_naming_it_and_the_last_good_checkpoint[gradient]",),
+    ),
+    Mutation(
+        "a skipped batch's gradients are zeroed, so AdamW's momentum and decay still move the weights",
+        "mtp/callbacks.py",
+        "optimizer.zero_grad(set_to_none=True)",
+        "optimizer.zero_grad(set_to_none=False)",
+        (f"{RELIABILITY}::test_skip_nonfinite_drops_the_bad_update_and_says_so_then_stops_at_the_next",),
+    ),
+    Mutation(
+        "no periodic last.ckpt",
+        "mtp/callbacks.py",
+        "periodic = self.last_every_n_steps > 0 and step % self.last_every_n_steps == 0",
+        "periodic = False",
+        (f"{RELIABILITY}::test_last_ckpt_is_written_every_n_steps_and_at_the_final_step",),
+    ),
+    Mutation(
+        "the data cache is built without its lock",
+        "mtp/data/packing.py",
+        "fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+        "pass",
+        (f"{CONCURRENT}::test_processes_preparing_at_once_share_one_build",),
+    ),
+    Mutation(
+        "a killed builder's partial folder is never removed",
+        "mtp/data/packing.py",
+        "if remove_stale:",
+        "if False:",
+        (f"{CONCURRENT}::test_a_builder_killed_mid_build_leaves_nothing_trusted",),
+    ),
+    Mutation(
+        "a full disk at a shard's last flush escapes as a raw OSError",
+        "mtp/data/packing.py",
+        "with writing_to_cache(path):  # a full disk may show only here",
+        "if True:  # a full disk may show only here",
+        (f"{CONCURRENT}::test_a_full_disk_is_one_sentence_and_leaves_nothing",),
     ),
 ]
 

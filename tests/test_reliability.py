@@ -292,6 +292,7 @@ def snapshot(trainer, pl_module) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize(
     ("where", "what"),
     [("loss", "the loss was nan and the gradient norm nan"), ("gradient", "the gradient norm inf")],
+    ids=["loss", "gradient"],
 )
 def test_a_non_finite_step_stops_the_run_naming_it_and_the_last_good_checkpoint(make_cfg, where, what):
     cfg = make_cfg(
@@ -340,3 +341,16 @@ def test_bad_settings_are_one_sentence(make_cfg):
     with pytest.raises(UserError, match=r"^callbacks.model_checkpoint.every_n_train_steps=-2 must be 0 \(off\)"):
         train(make_cfg("mtp2", ["callbacks.model_checkpoint.every_n_train_steps=-2"]))
     assert NonFiniteGuard().skip == 0 and ResumableCheckpoint().last_every_n_steps == 0
+
+
+def test_a_failed_write_of_the_start_tokenizer_is_one_sentence_and_leaves_nothing(tmp_path, monkeypatch):
+    from mtp.train import save_tokenizer
+
+    def full(self, *args, **kwargs):
+        Path.write_bytes(self, b"{")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(UserError, match=r"^could not write the data cache at .*tokenizer-[0-9a-f]{16}\.json \(No"):
+        save_tokenizer('{"model": {}}', str(tmp_path / "cache"))
+    assert list((tmp_path / "cache").iterdir()) == []
