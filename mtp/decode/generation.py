@@ -59,6 +59,42 @@ from mtp.model import MTPModel
 ACCEPTANCE_RULES = ("exact", "typical")
 
 
+class SettingError(ValueError):
+    """A GenerationConfig setting out of its range or at odds with another: one sentence naming the value and the fix.
+
+    ``template`` has a ``{field}`` for each field it names (``values``: field -> its value): ``{top_p}`` shows the
+    field and its value, ``{tree:name}`` the field alone, ``{heads:1}`` the field with the value 1. ``str()`` spells
+    fields as Python does (``top_p=1.5``); a command line renders the same sentence with its flags (``--top-p 1.5``,
+    :func:`mtp.cli.generation_config`).
+    """
+
+    def __init__(self, template: str, **values: object) -> None:
+        self.template, self.values = template, values
+        super().__init__(self.render(str, "="))
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(self.values)
+
+    def render(self, name: Callable[[str], str], joiner: str) -> str:
+        """The sentence with each field spelled ``name(field)``, a shown value after ``joiner``."""
+        return self.template.format_map({f: _Named(name(f), v, joiner) for f, v in self.values.items()})
+
+
+@dataclass
+class _Named:
+    name: str
+    value: object
+    joiner: str
+
+    def __format__(self, spec: str) -> str:
+        if spec == "name":
+            return self.name
+        value = spec or self.value
+        shown = repr(value).removesuffix(".0") if isinstance(value, float) else str(value)  # -1, as typed, not -1.0
+        return f"{self.name}{self.joiner}{shown}"
+
+
 @dataclass
 class GenerationConfig:
     max_new_tokens: int = 128
@@ -91,35 +127,50 @@ class GenerationConfig:
     """Drafts per step from the drafter passed to ``generate`` (draft model, layer skip, prompt lookup); 0: none."""
 
     def __post_init__(self) -> None:
+        """Every setting checked here, the one place that does (the command lines report these under their flags)."""
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be at least 1")
+            raise SettingError("{max_new_tokens} must be at least 1.", max_new_tokens=self.max_new_tokens)
         if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be 0 (greedy) or positive")
+            raise SettingError("{temperature} must be 0 (greedy) or positive.", temperature=self.temperature)
         if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} must be 0 (off) or positive")
+            raise SettingError("{top_k} must be 0 (off) or positive.", top_k=self.top_k)
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p} must lie in (0, 1]")
+            raise SettingError("{top_p} must lie in (0, 1]; 1 turns nucleus sampling off.", top_p=self.top_p)
         if self.heads < 1:
-            raise ValueError(f"heads={self.heads} must be at least 1")
+            raise SettingError("{heads} must be at least 1.", heads=self.heads)
         if self.acceptance not in ACCEPTANCE_RULES:
-            raise ValueError(f"acceptance={self.acceptance!r} must be one of {', '.join(ACCEPTANCE_RULES)}")
-        if not 0 <= self.typical_epsilon <= 1 or self.typical_delta < 0:
-            raise ValueError(
-                f"typical_epsilon={self.typical_epsilon} must lie in [0, 1] and typical_delta={self.typical_delta} "
-                "be at least 0"
-            )
+            rules = ", ".join(ACCEPTANCE_RULES)
+            raise SettingError(f"{{acceptance}} must be one of {rules}.", acceptance=self.acceptance)
+        if not 0 <= self.typical_epsilon <= 1:
+            raise SettingError("{typical_epsilon} must lie in [0, 1].", typical_epsilon=self.typical_epsilon)
+        if self.typical_delta < 0:
+            raise SettingError("{typical_delta} must be at least 0.", typical_delta=self.typical_delta)
         if not 0 <= self.draft_p_min <= 1:
-            raise ValueError(f"draft_p_min={self.draft_p_min} must lie in [0, 1]")
+            raise SettingError("{draft_p_min} must lie in [0, 1]; 0 turns it off.", draft_p_min=self.draft_p_min)
         if self.tree is not None and self.tree.depth > self.heads - 1:
-            raise ValueError(f"the draft tree is {self.tree.depth} deep but heads={self.heads} drafts {self.heads - 1}")
+            raise SettingError(
+                f"the draft {{tree:name}} is {self.tree.depth} deep but {{heads}} drafts {self.heads - 1}; "
+                "use a shallower tree or more heads.",
+                tree=self.tree,
+                heads=self.heads,
+            )
         if self.adaptive_drafts and self.tree is not None:
-            raise ValueError("adaptive_drafts sizes chains; cut trees with draft_p_min instead")
+            raise SettingError(
+                "{adaptive_drafts:name} sizes chains; cut a {tree:name} with {draft_p_min:name} instead.",
+                adaptive_drafts=True,
+                tree=self.tree,
+                draft_p_min=self.draft_p_min,
+            )
         if self.gamma < 0:
-            raise ValueError(f"gamma={self.gamma} must be at least 1 (with a drafter) or 0")
+            raise SettingError("{gamma} must be at least 1 (with a drafter) or 0 (none).", gamma=self.gamma)
         if self.gamma and (self.heads > 1 or self.tree is not None or self.draft_p_min > 0):
-            raise ValueError(
-                "gamma drafts come from a drafter, which replaces the heads' drafts: "
-                "use heads=1, no tree and no draft_p_min with it"
+            raise SettingError(
+                "{gamma} drafts come from a drafter, which replaces the heads' drafts; use {heads:1}, no "
+                "{tree:name} and no {draft_p_min:name} with it.",
+                gamma=self.gamma,
+                heads=self.heads,
+                tree=self.tree,
+                draft_p_min=self.draft_p_min,
             )
 
     @property
