@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # the script imports the mtp of this tree, not another install
 
 
 @pytest.fixture(scope="module")
@@ -15,6 +17,7 @@ def quick_results(tmp_path_factory) -> Path:
         [sys.executable, str(ROOT / "scripts" / "bench_train.py"), "--quick", "--device", "cpu", "--out", str(out)],
         capture_output=True,
         text=True,
+        env=ENV,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -52,6 +55,10 @@ def test_quick_mode_writes_table_and_plot(quick_results):
 )
 def test_bad_arguments_are_one_sentence(args, message):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_train.py"), *args], capture_output=True, text=True, timeout=60
+        [sys.executable, str(ROOT / "scripts" / "bench_train.py"), *args],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
     )
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -1,6 +1,6 @@
 """scripts/decode.py and scripts/bench_decode.py as a user runs them, on tiny checkpoints made by the framework."""
 
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -16,23 +16,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The program behind scripts/<name>.py (its main(argv) raises UserError where the script prints one line)."""
+    return importlib.import_module(f"mtp.commands.{name}")
+
+
+def run_env() -> dict[str, str]:
+    """The environment of a script run by a test: offline, importing the mtp of this tree (not another install)."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 
 
 decode = load_script("decode")
 
 
 def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "decode.py"), *args],
         input=stdin,
         capture_output=True,
         text=True,
-        env=env,
+        env=run_env(),
         timeout=300,
     )
 
@@ -96,8 +98,8 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
         (["--self-speculative", "--heads", "0"], "--heads 0 must be at least 1"),
         (["--heads", "2"], "add --self-speculative"),
         (["--max-new-tokens", "0"], "--max-new-tokens 0 must be at least 1"),
-        (["--temperature", "-1"], "--temperature -1.0 must be 0"),
-        (["--top-p", "0"], "--top-p 0.0 must lie in (0, 1]"),
+        (["--temperature", "-1"], "--temperature -1 must be 0"),
+        (["--top-p", "0"], "--top-p 0 must lie in (0, 1]"),
         (["--top-p", "1.5"], "--top-p 1.5 must lie in (0, 1]"),
         (["--top-k", "-2"], "--top-k -2 must be 0"),
         (["--device", "cuda"], "no CUDA device"),
@@ -231,7 +233,7 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1,2"]
     command += ["--methods", "tree,typical,adaptive,draft,layerskip,lookup", "--tree-nodes", "4"]
     command += ["--draft", str(tiny_checkpoints["mtp4"]), "--gammas", "2", "--skip-layers", "1,2", "--gamma", "2"]
-    result = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=run_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads((out / "results.json").read_text())["results"]
     chains = {(mode, b, "chain", k) for mode in ("greedy", "sampling") for b in (1, 2) for k in range(1, 5)}
@@ -262,14 +264,18 @@ def test_bench_decode_hf_peer_decodes_the_same_tokens(tiny_checkpoints, tmp_path
     command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"]), "--hf"]
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
     command += ["--modes", "greedy", "--repeats", "1", "--out", str(out)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, capture_output=True, text=True, env=run_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     peer = json.loads((out / "results.json").read_text())["hf"]
     assert peer["hf_generate_tokens_per_s"] > 0 and peer["hf_prompt_lookup_tokens_per_s"] > 0
     assert peer["greedy_outputs_differ"] == [] and peer["prompt_lookup_equals_hf_greedy"]  # the same function
     assert "| HF generate |" in (out / "results.md").read_text()
     without_greedy = subprocess.run(
-        [*command[:-4], "--modes", "sampling", "--out", str(out)], capture_output=True, text=True, timeout=300
+        [*command[:-4], "--modes", "sampling", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=run_env(),
+        timeout=300,
     )
     assert without_greedy.returncode == 2 and "--hf compares with greedy decoding at batch size 1" in (
         without_greedy.stderr
@@ -285,6 +291,7 @@ def test_gpu_check_kit_runs_every_step_in_smoke_mode(tiny_checkpoints, tmp_path)
         + ["--checkpoint", str(tiny_checkpoints["mtp4"])],
         capture_output=True,
         text=True,
+        env=run_env(),
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def pretrain(*overrides: str, tmp_path: Path, multirun: bool = False) -> subprocess.CompletedProcess:
     command = [sys.executable, str(ROOT / "scripts" / "pretrain.py"), *(["-m"] if multirun else [])]
     command += [f"paths.log_dir={tmp_path / 'logs'}", *overrides]
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    # this tree's mtp and tests (a run may name tests.batch_recorder as a callback), whatever else is installed
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
 
 

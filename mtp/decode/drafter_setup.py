@@ -110,16 +110,21 @@ def pick_drafter(args, loaded: LoadedCheckpoint, config: GenerationConfig, devic
     return None
 
 
+def drafting(args) -> bool:
+    """Whether a drafter replaces the heads' drafts: --draft, --skip-layers or --prompt-lookup."""
+    return args.draft is not None or args.skip_layers is not None or args.prompt_lookup is not None
+
+
 def check_drafting_flags(args) -> None:
-    """Ranges and combinations of the drafting flags (before anything is loaded)."""
-    drafting = args.draft is not None or args.skip_layers is not None or args.prompt_lookup is not None
+    """Ranges and combinations of the drafting flags, before anything is loaded (GenerationConfig checks the decoding
+    settings; it knows no drafters, so --gamma's floor of 1 with one is checked here)."""
     if args.gamma < 1:
         raise UserError(f"--gamma {args.gamma} must be at least 1 (drafts per step).")
     if args.prompt_lookup is not None and args.prompt_lookup < 1:
         raise UserError(f"--prompt-lookup {args.prompt_lookup} must be at least 1 (the longest n-gram matched).")
-    if drafting and (args.self_speculative or (args.heads or 1) > 1):
+    if drafting(args) and (args.self_speculative or (args.heads or 1) > 1):
         raise UserError(
             "--draft, --skip-layers and --prompt-lookup replace the heads' drafts; drop --self-speculative/--heads."
         )
-    if drafting and (args.tree is not None or args.draft_p_min > 0):
+    if drafting(args) and (args.tree is not None or args.draft_p_min > 0):
         raise UserError("--tree and --draft-p-min apply to the heads' drafts; drop them with a drafter.")

@@ -1,0 +1,326 @@
+"""Decoding benchmark: self-speculative vs autoregressive decoding of a checkpoint on held-out prompts.
+
+    python scripts/bench_decode.py CKPT                       # k = 1..n, greedy and sampling, batch 1 and 8
+    python scripts/bench_decode.py CKPT --device cuda --prompts 32 --max-new-tokens 256
+    python scripts/bench_decode.py CKPT --methods chain,tree,typical,adaptive   # + trees fitted to CKPT per mode
+    python scripts/bench_decode.py CKPT --methods chain,tree,draft,layerskip,lookup --draft DRAFT.ckpt  # every method
+
+Prompts are the openings of validation documents of the checkpoint's own training data (the split is
+recomputed from the source and validation fraction stored in the checkpoint). For every k, mode and
+batch size it reports tokens per forward, per-position acceptance, tokens/s and the speed-up over
+autoregressive decoding (k = 1, same mode and batch). With --methods, the other ways of drafting run beside
+the chain at the largest k: tree (--tree FILE, or fitted now per mode on other held-out documents), typical
+(the tree under Medusa's typical acceptance: lossy, sampling only), adaptive (the chain cut by --draft-p-min,
+with the +2/-1 draft count), draft (a draft model, --draft, at every --gammas; its row also gives Leviathan et
+al.'s predicted speed-up (1 - a^(g+1)) / ((1 - a)(g c + 1)) from the measured acceptance a and cost ratio c),
+layerskip (this model minus the blocks of --skip-layers, or the set searched for per mode with auto) and lookup
+(prompt lookup, --prompt-lookup N); drafters draft --gamma tokens. Writes results.json, results.md and decode.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+
+from mtp.benchmarks.cli import int_list, require_plotting
+from mtp.benchmarks.decode_runs import fitted_tree, held_out_prompts, run
+from mtp.benchmarks.report import decode_table, plot_decode
+from mtp.checkpoint_load import load_checkpoint
+from mtp.cli import add_device_flag, add_dtype_flag, check_heads, generation_config, pick_device, run_script
+from mtp.decode import DecodeStats, GenerationConfig, generate
+from mtp.decode.drafter_setup import load_draft, skip_layers_drafter
+from mtp.decode.drafters import LookupDrafter, draft_model_drafter
+from mtp.decode.tree import read_tree
+
+METHODS = ("chain", "tree", "typical", "adaptive", "draft", "layerskip", "lookup")
+DRAFTERS = ("draft", "layerskip", "lookup")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--heads", type=int_list, default=None, help="k values (default 1..n)")
+    parser.add_argument("--batch-sizes", type=int_list, default=[1, 8])
+    parser.add_argument("--modes", default="greedy,sampling", help="greedy and/or sampling")
+    parser.add_argument("--methods", default="chain", help=f"chain and any of {', '.join(METHODS[1:])}")
+    parser.add_argument("--tree", default="auto", help="for tree/typical: a JSON tree, or auto (fitted per mode)")
+    parser.add_argument(
+        "--tree-nodes", type=int_list, default=[16], help="node budgets of the fitted trees: one tree row each"
+    )
+    parser.add_argument("--draft-p-min", type=float, default=0.3, help="for adaptive")
+    parser.add_argument("--draft", type=Path, help="for draft: a draft checkpoint on the same tokenizer")
+    parser.add_argument("--gammas", type=int_list, default=list(range(1, 9)), help="for draft: drafts per step")
+    parser.add_argument("--gamma", type=int, default=4, help="for layerskip and lookup: drafts per step")
+    parser.add_argument("--skip-layers", default="auto", help="for layerskip: blocks to skip (2,4,5), or auto per mode")
+    parser.add_argument("--prompt-lookup", type=int, default=3, help="for lookup: the longest n-gram matched")
+    parser.add_argument("--temperature", type=float, default=0.8, help="for sampling")
+    parser.add_argument("--top-p", type=float, default=0.95, help="for sampling")
+    parser.add_argument("--prompts", type=int, default=8, help="held-out prompts")
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    add_device_flag(parser)
+    add_dtype_flag(parser)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds over all settings; the best round counts")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the decoding step (compiled once)")
+    parser.add_argument(
+        "--hf", action="store_true", help="also time Hugging Face generate and prompt lookup on the same weights"
+    )
+    parser.add_argument("--out", type=Path, default=Path("results") / "bench_decode")
+    args = parser.parse_args(argv)
+    args.modes = args.modes.split(",")
+    if not set(args.modes) <= {"greedy", "sampling"}:
+        parser.error(f"--modes {','.join(args.modes)}: each mode must be greedy or sampling")
+    args.methods = args.methods.split(",")
+    if not set(args.methods) <= set(METHODS):
+        parser.error(f"--methods {','.join(args.methods)}: each method must be one of {', '.join(METHODS)}")
+    if "chain" not in args.methods:
+        args.methods.insert(0, "chain")  # the baseline rows
+    if "draft" in args.methods and args.draft is None:
+        parser.error("--methods draft needs --draft DRAFT.ckpt (a model trained on this checkpoint's tokenizer)")
+    if min(args.gammas) < 1 or args.gamma < 1 or args.prompt_lookup < 1:
+        parser.error("--gammas, --gamma and --prompt-lookup must be at least 1")
+    if args.hf and importlib.util.find_spec("transformers") is None:
+        parser.error("--hf needs transformers: pip install -e '.[hf]'")
+    if args.hf and ("greedy" not in args.modes or 1 not in args.batch_sizes):
+        parser.error("--hf compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes")
+    if min(args.tree_nodes) < 1:
+        parser.error("--tree-nodes must be at least 1")
+    for name in ("prompts", "prompt_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    generation_config(  # the decoding flags, checked before anything is loaded; the configs below are made of them
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, draft_p_min=args.draft_p_min
+    )
+    device = pick_device(args.device)
+    require_plotting()
+    args.out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the benchmark runs
+    loaded = load_checkpoint(args.checkpoint, device, args.dtype)
+    model, n = loaded.model, loaded.config.n_future
+    heads = args.heads or list(range(1, n + 1))
+    check_heads(max(heads), loaded.config)
+    if 1 not in heads:
+        heads = [1, *heads]  # the baseline speed-ups are measured against
+    prompts = held_out_prompts(loaded.data, loaded.tokenizer, args.prompts, args.prompt_tokens)
+
+    settings = []
+    for mode in args.modes:
+        sampling = {"temperature": args.temperature, "top_p": args.top_p} if mode == "sampling" else {}
+        chain = GenerationConfig(
+            args.max_new_tokens, heads=max(heads), seed=args.seed, compile=args.compile, **sampling
+        )
+        variants = method_configs(args, loaded, chain, mode)
+        for batch_size in args.batch_sizes:
+            for k in sorted(heads):
+                no_drafter = None
+                settings.append(
+                    (mode, batch_size, "chain", GenerationConfig(**{**chain.__dict__, "heads": k}), no_drafter)
+                )
+            settings += [(mode, batch_size, *variant) for variant in variants]
+    for _, batch_size, _, config, drafter in settings:  # warm-up (and, with --compile, compilation) of every shape
+        generate(model, prompts[:batch_size], GenerationConfig(**{**config.__dict__, "max_new_tokens": 4}), drafter)
+
+    peer = HFPeer(model, prompts, args.max_new_tokens) if args.hf else None
+    best: dict[int, DecodeStats] = {}
+    for round_ in range(args.repeats):  # rounds interleave the settings, so that a slow spell hits all of them
+        for i, (mode, batch_size, method, config, drafter) in enumerate(settings):
+            stats = run(model, prompts, config, batch_size, drafter)
+            if i not in best or stats.wall_time_s < best[i].wall_time_s:
+                best[i] = stats
+            print(
+                f"round {round_ + 1} {mode:>8} batch={batch_size} {method} k={config.heads}: {stats.line()}", flush=True
+            )
+        if peer is not None:  # the HF peer in the same rounds
+            peer.run_round()
+    rows = [result_row(*setting[:4], best[i]) for i, setting in enumerate(settings)]
+    for row in rows:  # speed-up and forward cost against k = 1 of the same mode and batch size
+        baseline = next(
+            r
+            for r in rows
+            if (r["mode"], r["batch_size"], r["heads"], r["method"]) == (row["mode"], row["batch_size"], 1, "chain")
+        )
+        row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
+        row["forward_cost"] = row["ms_per_forward"] / baseline["ms_per_forward"]
+        if row["method"] == "draft":
+            row["predicted_speedup"] = predicted_speedup(row, baseline)
+
+    peer = peer.compare(rows) if peer is not None else None
+    device_name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    setup = {
+        "checkpoint": str(args.checkpoint),
+        "device": device_name,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "compile": args.compile,
+        "repeats": args.repeats,
+        "n_future": n,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "prompts": len(prompts),
+        "prompt_tokens": args.prompt_tokens,
+        "max_new_tokens": args.max_new_tokens,
+        "sampling": {"temperature": args.temperature, "top_p": args.top_p},
+    }
+    title = (
+        f"Decoding {args.checkpoint.name} (n={n}, {setup['dtype']}{', compiled' if args.compile else ''}) on "
+        f"{device_name}: {len(prompts)} held-out prompts of {args.prompt_tokens} tokens, {args.max_new_tokens} new "
+        f"tokens each, best of {args.repeats} rounds"
+    )
+    (args.out / "results.json").write_text(json.dumps({"setup": setup, "results": rows, "hf": peer}, indent=2))
+    table = decode_table(rows) + (f"\n\n{peer_table(peer)}" if peer else "")
+    (args.out / "results.md").write_text(f"{title}\n\n{table}\n")
+    plot_decode(rows, args.out / "decode.png", title)
+    print(f"\n{title}\n\n{table}\n\nwrote {args.out}/results.json, results.md, decode.png")
+
+
+def predicted_speedup(row: dict, baseline: dict) -> float:
+    """Leviathan et al.'s expected speed-up (1 - a^(g+1)) / ((1 - a)(g c + 1)): a, the drafts' acceptance rate
+    (accepted over verified drafts, all positions), c, a draft forward's time over an autoregressive step's."""
+    a, g = min(row["acceptance_rate"], 1 - 1e-9), row["gamma"]
+    c = row["draft_ms_per_forward"] / baseline["ms_per_forward"]
+    return (1 - a ** (g + 1)) / ((1 - a) * (g * c + 1))
+
+
+def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tuple]:
+    """(method, configuration, drafter) of the methods other than the chain, at the largest k, for one mode."""
+    variants = []
+    trees = []  # with --tree auto, one per node budget; typical acceptance runs on the first
+    if {"tree", "typical"} & set(args.methods):
+        if args.tree == "auto":
+            for nodes in args.tree_nodes:
+                fitted = fitted_tree(loaded, chain, nodes)
+                trees.append(fitted.tree)
+                expected = 1 + fitted.expected_accepted
+                print(f"{mode}: fitted a {fitted.tree.size}-node tree, expected tokens/step {expected:.2f}")
+        else:
+            trees.append(read_tree(Path(args.tree), chain.heads - 1, loaded.config.vocab_size))
+    if "tree" in args.methods:
+        variants += [("tree", GenerationConfig(**{**chain.__dict__, "tree": tree}), None) for tree in trees]
+    if "typical" in args.methods and mode == "sampling":
+        settings = {**chain.__dict__, "tree": trees[0], "acceptance": "typical"}
+        variants.append(("typical", GenerationConfig(**settings), None))
+    if "adaptive" in args.methods:
+        settings = {**chain.__dict__, "draft_p_min": args.draft_p_min, "adaptive_drafts": True}
+        variants.append(("adaptive", GenerationConfig(**settings), None))
+
+    def drafted(gamma: int) -> GenerationConfig:
+        return GenerationConfig(**{**chain.__dict__, "heads": 1, "gamma": gamma})
+
+    if "draft" in args.methods:
+        device = next(loaded.model.parameters()).device
+        draft = load_draft(args.draft, loaded, device, args.dtype)
+        variants += [("draft", drafted(g), draft_model_drafter(draft.model, args.compile)) for g in args.gammas]
+    if "layerskip" in args.methods:
+        layer_skip = skip_layers_drafter(args.skip_layers, loaded, drafted(args.gamma), args.compile)
+        variants.append(("layerskip", drafted(args.gamma), layer_skip))
+    if "lookup" in args.methods:
+        lookup = LookupDrafter(args.prompt_lookup, loaded.config.vocab_size, next(loaded.model.parameters()).device)
+        variants.append(("lookup", drafted(args.gamma), lookup))
+    return variants
+
+
+def result_row(mode: str, batch_size: int, method: str, config: GenerationConfig, stats: DecodeStats) -> dict:
+    return {
+        "mode": mode,
+        "batch_size": batch_size,
+        "method": method,
+        "tree_nodes": stats.tree_nodes,
+        "heads": config.heads,
+        "tokens": stats.tokens,
+        "forwards": stats.forwards,
+        "tokens_per_forward": stats.tokens_per_forward,
+        "acceptance": stats.acceptance,
+        "tokens_per_s": stats.tokens_per_s,
+        "ms_per_forward": stats.ms_per_forward,
+        "wall_time_s": stats.wall_time_s,
+        "gamma": config.gamma,
+        "drafter": stats.method_params,
+        "draft_share": stats.draft_share,
+        "draft_ms_per_forward": 1000 * stats.draft_s / stats.draft_forwards if stats.draft_forwards else 0.0,
+        "acceptance_rate": sum(stats.accepted) / sum(stats.drafted) if sum(stats.drafted) else 0.0,
+    }
+
+
+class HFPeer:
+    """HF greedy generate and prompt lookup on the same weights and prompts (batch 1), best of the same rounds."""
+
+    def __init__(self, model, prompts: list[list[int]], max_new_tokens: int) -> None:
+        from mtp.benchmarks.hf_peer import hf_generate, hf_llama
+
+        self.model, self.prompts, self.max_new_tokens = model, prompts, max_new_tokens
+        self.llama = hf_llama(model)
+        hf_generate(self.llama, prompts[:1], 4)  # warm-up
+        self.plain = self.lookup = None
+
+    def run_round(self) -> None:
+        from mtp.benchmarks.hf_peer import hf_generate
+
+        plain = hf_generate(self.llama, self.prompts, self.max_new_tokens)
+        lookup = hf_generate(self.llama, self.prompts, self.max_new_tokens, prompt_lookup=10)
+        self.plain = plain if self.plain is None or plain.wall_time_s < self.plain.wall_time_s else self.plain
+        self.lookup = lookup if self.lookup is None or lookup.wall_time_s < self.lookup.wall_time_s else self.lookup
+        print(f"   HF generate {plain.tokens_per_s:.1f} tokens/s, prompt lookup {lookup.tokens_per_s:.1f}", flush=True)
+
+    def compare(self, rows: list[dict]) -> dict:
+        from mtp.benchmarks.hf_peer import first_divergence, top2_margin
+
+        model, prompts = self.model, self.prompts
+        ours, _ = generate(model, prompts, GenerationConfig(self.max_new_tokens, heads=1))
+        differences = [
+            {"prompt": i, "token": j, "top2_margin": top2_margin(model, prompts[i], ours[i][:j])}
+            for i, j in first_divergence(ours, self.plain.outputs)
+        ]
+        greedy1 = {r["heads"]: r for r in rows if (r["mode"], r["batch_size"], r["method"]) == ("greedy", 1, "chain")}
+        k = max(greedy1)
+        return {
+            "hf_generate_tokens_per_s": self.plain.tokens_per_s,
+            "hf_prompt_lookup_tokens_per_s": self.lookup.tokens_per_s,
+            "mtp_autoregressive_tokens_per_s": greedy1[1]["tokens_per_s"],
+            "mtp_self_speculative_heads": k,
+            "mtp_self_speculative_tokens_per_s": greedy1[k]["tokens_per_s"],
+            "prompt_lookup_equals_hf_greedy": self.lookup.outputs == self.plain.outputs,
+            "prompts": len(prompts),
+            "greedy_outputs_differ": differences,
+        }
+
+
+def peer_table(peer: dict) -> str:
+    k = peer["mtp_self_speculative_heads"]
+    plain, lookup = peer["hf_generate_tokens_per_s"], peer["hf_prompt_lookup_tokens_per_s"]
+    ours_ar, ours_spec = peer["mtp_autoregressive_tokens_per_s"], peer["mtp_self_speculative_tokens_per_s"]
+    same = peer["prompts"] - len(peer["greedy_outputs_differ"])
+    notes = "; ".join(
+        f"prompt {d['prompt']} from token {d['token']} (head 1's top-2 logit margin there: {d['top2_margin']:.2g})"
+        for d in peer["greedy_outputs_differ"]
+    )
+    return "\n".join(
+        [
+            "| greedy, batch 1 | tokens/s | mtp / HF |",
+            "|---|---:|---:|",
+            f"| HF generate | {plain:,.1f} | |",
+            f"| mtp autoregressive (k=1) | {ours_ar:,.1f} | {ours_ar / plain:.2f}x HF generate |",
+            f"| HF prompt lookup (10 tokens) | {lookup:,.1f} | |",
+            f"| mtp self-speculative (k={k}) | {ours_spec:,.1f} | {ours_spec / lookup:.2f}x HF prompt lookup |",
+            "",
+            f"HF greedy tokens equal mtp's autoregressive ones for {same} of {peer['prompts']} prompts"
+            + (f"; they part where rounding breaks a near-tie: {notes}." if notes else ".")
+            + f" HF prompt lookup equals HF greedy: {'yes' if peer['prompt_lookup_equals_hf_greedy'] else 'no'}.",
+        ]
+    )
+
+
+def entry_point() -> NoReturn:
+    """mtp-bench-decode and scripts/bench_decode.py."""
+    run_script(main)
+
+
+if __name__ == "__main__":
+    entry_point()

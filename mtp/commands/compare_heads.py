@@ -1,0 +1,216 @@
+"""Compare head types side by side: checkpoints of one sweep (same trunk size, data and steps), one table and plot.
+
+    python scripts/pretrain.py -m model=mtp4,causal4,medusa4
+    python scripts/compare_heads.py logs/pretrain/multiruns/<date>/*/checkpoints/last.ckpt
+
+Per checkpoint: parameters, the final validation metrics its run logged (val/loss_head1, the teacher-forced
+val/expected_tokens_per_forward and val/acceptance_pos{j}, read from its TensorBoard log), decoding on held-out
+prompts with all heads, greedy and sampled (tokens/forward, chained acceptance by draft position, speed-up over
+autoregressive decoding in the same rounds, batch 1), and a training step of the same shapes measured in a fresh
+process (tokens/s, peak memory). Writes results.json, results.md and heads.png. On the CPU in fp32 unless
+--device and --dtype say otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+
+from mtp.benchmarks.cli import require_plotting, step_in_fresh_process
+from mtp.benchmarks.decode_runs import held_out_prompts, run
+from mtp.benchmarks.train_step import StepSpec
+from mtp.checkpoint_load import load_checkpoint, read_checkpoint, resolve_dtype
+from mtp.cli import add_device_flag, add_dtype_flag, generation_config, pick_device, run_script
+from mtp.decode import GenerationConfig
+from mtp.errors import UserError
+
+MIB = 2**20
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoints", type=Path, nargs="+")
+    parser.add_argument("--prompts", type=int, default=8, help="held-out prompts")
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.8, help="for the sampled runs")
+    parser.add_argument("--top-p", type=float, default=0.95, help="for the sampled runs")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds; the fastest round counts")
+    parser.add_argument("--train-steps", type=int, default=3, help="timed training steps per checkpoint (0: skip)")
+    parser.add_argument("--seq-len", type=int, default=256, help="training step shape (the default data config's)")
+    parser.add_argument("--batch-size", type=int, default=8, help="training step shape (the default data config's)")
+    # CPU and fp32 by default: the README's comparison is measured so, where every head type runs the same kernels
+    add_device_flag(parser, default="cpu")
+    add_dtype_flag(parser, default="float32")
+    parser.add_argument("--out", type=Path, default=Path("results") / "compare_heads")
+    args = parser.parse_args(argv)
+    for name in ("prompts", "prompt_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def logged_validation(checkpoint: Path) -> dict[str, float]:
+    """The last value of every val/ scalar in the TensorBoard log of the run that wrote ``checkpoint``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = checkpoint.resolve().parent.parent
+    values: dict[str, tuple[int, float]] = {}
+    for events in sorted(run_dir.glob("tensorboard/**/events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            if tag.startswith("val/"):
+                last = accumulator.Scalars(tag)[-1]
+                if tag not in values or last.step >= values[tag][0]:
+                    values[tag] = (last.step, last.value)
+    return {tag: value for tag, (_, value) in values.items()}
+
+
+def train_step(checkpoint: Path, args: argparse.Namespace, device: torch.device) -> dict:
+    """Tokens/s and peak memory of training steps with this checkpoint's shapes, in a fresh process (bf16 autocast
+    when the decoding runs in bf16)."""
+    config = read_checkpoint(checkpoint)["mtp"]["model_config"]
+    spec = StepSpec(
+        n_future=config["n_future"],
+        vocab_size=config["vocab_size"],
+        loss=config["loss"],
+        head_type=config["head_type"],
+        d_model=config["d_model"],
+        n_layers=config["n_layers"],
+        n_heads=config["n_heads"],
+        n_kv_heads=config["n_kv_heads"],
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        steps=args.train_steps,
+        device=device.type,
+        bf16=resolve_dtype(args.dtype, device) == torch.bfloat16,
+    )
+    return step_in_fresh_process(spec)
+
+
+def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, device: torch.device) -> dict:
+    """One checkpoint's row: greedy and ``sampled`` decoding with all heads against one head, and a training step."""
+    loaded = load_checkpoint(path, device, args.dtype)
+    model, config = loaded.model, loaded.config
+    prompts = held_out_prompts(loaded.data, loaded.tokenizer, args.prompts, args.prompt_tokens)
+    greedy = replace(sampled, temperature=0.0, top_p=1.0)
+    settings = {
+        (mode, k): replace(generation, heads=k)
+        for mode, generation in (("greedy", greedy), ("sampling", sampled))
+        for k in (1, config.n_future)
+    }
+    best = {}
+    for _ in range(args.repeats):
+        for key, generation in settings.items():
+            stats = run(model, prompts, generation, batch_size=1)
+            if key not in best or stats.wall_time_s < best[key].wall_time_s:
+                best[key] = stats
+    row = {
+        "checkpoint": str(path),
+        "head_type": config.head_type + (" (shared depth)" if config.share_depth else ""),
+        "n_future": config.n_future,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "global_step": loaded.global_step,
+        "validation": logged_validation(path),
+    }
+    for mode in ("greedy", "sampling"):
+        spec, plain = best[(mode, config.n_future)], best[(mode, 1)]
+        row[mode] = {
+            "tokens_per_forward": spec.tokens_per_forward,
+            "acceptance": spec.acceptance,
+            "speedup": spec.tokens_per_s / plain.tokens_per_s,
+            "tokens_per_s": spec.tokens_per_s,
+        }
+    if args.train_steps:
+        row["train"] = train_step(path, args, device)
+    print(f"{path}: {json.dumps({k: v for k, v in row.items() if k != 'validation'})}", flush=True)
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| head type | params | step | val loss head 1 | val exp. tokens/fwd | val acceptance by position "
+        "| greedy tokens/fwd | greedy acceptance by position | greedy speed-up | sampled tokens/fwd "
+        "| sampled acceptance by position | sampled speed-up | train tokens/s | train peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        v, g, s, t = r["validation"], r["greedy"], r["sampling"], r.get("train", {})
+        nan = float("nan")
+        val_accept = ", ".join(f"{v[k]:.2f}" for k in sorted(v) if k.startswith("val/acceptance_pos"))
+        train = f"{t['tokens_per_s']:,.0f} | {t['peak_memory_bytes'] / MIB:,.0f}" if t.get("status") == "ok" else " | "
+        lines.append(
+            f"| {r['head_type']} | {r['parameters'] / 1e6:.2f}M | {r['global_step']} "
+            f"| {v.get('val/loss_head1', nan):.3f} | {v.get('val/expected_tokens_per_forward', nan):.2f} "
+            f"| {val_accept} | {g['tokens_per_forward']:.2f} | {', '.join(f'{a:.2f}' for a in g['acceptance'])} "
+            f"| {g['speedup']:.2f}x | {s['tokens_per_forward']:.2f} | {', '.join(f'{a:.2f}' for a in s['acceptance'])} "
+            f"| {s['speedup']:.2f}x | {train} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in rows:
+        positions = range(1, len(r["greedy"]["acceptance"]) + 1)
+        left.plot(positions, r["greedy"]["acceptance"], marker="o", label=f"{r['head_type']} (decoded)")
+        val = [r["validation"].get(f"val/acceptance_pos{j}") for j in positions]
+        if all(a is not None for a in val):
+            left.plot(positions, val, linestyle="--", marker="x", label=f"{r['head_type']} (val, teacher-forced)")
+    left.set_xlabel("draft position")
+    left.set_ylabel("chained acceptance (greedy)")
+    left.legend(fontsize=7)
+    names = [r["head_type"] for r in rows]
+    x = range(len(rows))
+    right.bar([i - 0.2 for i in x], [r["greedy"]["tokens_per_forward"] for r in rows], 0.4, label="greedy")
+    right.bar([i + 0.2 for i in x], [r["sampling"]["tokens_per_forward"] for r in rows], 0.4, label="T=0.8")
+    right.set_xticks(list(x), names, fontsize=8)
+    right.set_ylabel("tokens per forward (held-out prompts)")
+    right.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    sampled = generation_config(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+    device = pick_device(args.device)
+    require_plotting()
+    args.out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the comparison runs
+    for path in args.checkpoints:
+        read_checkpoint(path)  # every checkpoint checked before any work
+    if len({read_checkpoint(p)["mtp"]["model_config"]["d_model"] for p in args.checkpoints}) > 1:
+        raise UserError("the checkpoints have different widths (model.d_model); compare runs of one size.")
+    rows = [compare(path, args, sampled, device) for path in args.checkpoints]
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[resolve_dtype(args.dtype, device)]
+    title = (
+        f"Head types on {where}, {dtype}: {args.prompts} held-out prompts of "
+        f"{args.prompt_tokens} tokens, {args.max_new_tokens} new tokens, batch 1, best of {args.repeats} rounds"
+    )
+    (args.out / "results.json").write_text(json.dumps({"title": title, "results": rows}, indent=2))
+    table = markdown(rows)
+    (args.out / "results.md").write_text(f"{title}\n\n{table}\n")
+    plot(rows, args.out / "heads.png", title)
+    print(f"\n{title}\n\n{table}\n\nwrote {args.out}/results.json, results.md, heads.png")
+
+
+def entry_point() -> NoReturn:
+    """mtp-compare-heads and scripts/compare_heads.py."""
+    run_script(main)
+
+
+if __name__ == "__main__":
+    entry_point()

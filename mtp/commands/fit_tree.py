@@ -1,0 +1,84 @@
+"""Fit a draft tree to a checkpoint: the tree of --nodes candidates that its own decoding accepts most often.
+
+    python scripts/fit_tree.py CKPT --nodes 16                                  # greedy
+    python scripts/fit_tree.py CKPT --nodes 16 --temperature 0.8 --top-p 0.95   # for sampling
+    python scripts/decode.py CKPT --self-speculative --tree results/trees/CKPT-16-greedy.json --prompt "def f("
+
+Decodes held-out prompts of the checkpoint's validation split (documents after the ones the benchmarks use as
+prompts) with a wide tree that tries 4 candidates below every node, counts how often each path of candidates was
+accepted, and keeps the most often accepted paths (each with its parent and earlier siblings). Writes the tree as
+JSON ({"paths": [[0], [1], [0, 0], ...], "expected_tokens_per_step": ..., ...}) for --tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import NoReturn
+
+from mtp.benchmarks.decode_runs import fitted_tree
+from mtp.checkpoint_load import load_checkpoint
+from mtp.cli import add_device_flag, add_dtype_flag, generation_config, pick_device, run_script
+from mtp.errors import UserError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--nodes", type=int, default=16, help="node budget (the root, head 1's token, not counted)")
+    parser.add_argument("--heads", type=int, default=None, help="heads to draft with (default: all): depth heads - 1")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): a tree for greedy decoding")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--prompts", type=int, default=16, help="held-out prompts to decode")
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    add_device_flag(parser)
+    add_dtype_flag(parser)  # fit in the dtype the tree will decode in: their argmaxes can differ
+    parser.add_argument("--out", type=Path, default=None, help="default: results/trees/<ckpt>-<nodes>-<mode>.json")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    for name in ("nodes", "prompts", "prompt_tokens"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1.")
+    flags = generation_config(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        heads=args.heads if args.heads is not None else 1,
+        seed=args.seed,
+    )
+    device = pick_device(args.device)
+    mode = "greedy" if flags.greedy else f"T{args.temperature:g}"
+    out = args.out or Path("results") / "trees" / f"{args.checkpoint.stem}-{args.nodes}-{mode}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the fitting
+    loaded = load_checkpoint(args.checkpoint, device, args.dtype)
+    heads = args.heads or loaded.config.n_future
+    if not 2 <= heads <= loaded.config.n_future:
+        raise UserError(f"--heads {heads} must lie in 2..{loaded.config.n_future} (this checkpoint's heads).")
+    fitted = fitted_tree(loaded, replace(flags, heads=heads), args.nodes, args.prompts, args.prompt_tokens)
+    with tempfile.NamedTemporaryFile("w", dir=out.parent, suffix=".tmp", delete=False) as tmp:
+        tmp.write(fitted.to_json())
+    os.replace(tmp.name, out)
+    print(
+        f"nodes={fitted.tree.size} depth={fitted.tree.depth} expected_tokens/step={1 + fitted.expected_accepted:.3f} "
+        f"measured_steps={fitted.steps} wrote {out}"
+    )
+    return 0
+
+
+def entry_point() -> NoReturn:
+    """mtp-fit-tree and scripts/fit_tree.py."""
+    run_script(main)
+
+
+if __name__ == "__main__":
+    entry_point()

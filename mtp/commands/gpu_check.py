@@ -1,0 +1,179 @@
+"""GPU check kit: on a machine with a CUDA GPU, produce the README's GPU figures in one command.
+
+    python scripts/gpu_check.py                     # everything, into results/gpu_check/ (about 10 minutes on an H100)
+    python scripts/gpu_check.py --checkpoint CKPT   # decode this checkpoint instead of training the default one
+    python scripts/gpu_check.py --smoke             # the same steps at toy sizes on any device (checks the kit)
+
+Steps, each writing under --out:
+  1. pytest -m gpu: bf16-mixed steps (both loss modes agree), compile, activation checkpointing, a
+     Lightning bf16 run with fused AdamW (single device and FSDP2), bf16 greedy self-speculative decoding
+     equal to autoregressive                                                          -> pytest.txt
+  2. bench_train, P1: peak memory, sequential n=4 / n=1 at V=32k, bf16, the default GPU size (target <= 1.05)
+                                                                                      -> bench_train_memory/
+  3. bench_train, P2: step time, n=4 / n=1 where the trunk dominates (d_model 2048, 24 blocks, mtp's default
+     8k vocabulary; target <= 1.05)                                                   -> bench_train_time/
+  4. the default mtp4 run on the GPU (scripts/pretrain.py model=mtp4 trainer=gpu), unless --checkpoint
+                                                                                      -> pretrain.txt
+  5. bench_decode on that checkpoint (bf16: the same dtype policy as scripts/decode.py; with --hf when
+     transformers is installed), eager and compiled, greedy and batch 1 for the compiled one;
+     target: a k=n forward costs <= 1.15x a k=1 forward at batch 1        -> bench_decode/, bench_decode_compiled/
+  6. summary.md: every target with its measured figure and whether it was met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+
+from mtp.cli import checkout_root, run_script
+from mtp.errors import UserError
+
+TARGET = 1.05
+DECODE_TARGET = 1.15  # cost of a k=n self-speculative forward over a k=1 one, greedy, batch 1 (the paper's implied)
+P1 = ["--vocab", "32768", "--n", "1,4", "--modes", "sequential,naive"]
+P2 = ["--vocab", "8192", "--n", "1,4", "--modes", "sequential", "--d-model", "2048", "--n-layers", "24"]
+P2 += ["--n-heads", "16", "--n-kv-heads", "8", "--seq-len", "2048", "--batch-size", "8"]
+SMOKE_BENCH = ["--vocab", "512", "--n", "1,4", "--d-model", "64", "--n-layers", "6", "--n-heads", "4", "--n-kv-heads"]
+SMOKE_BENCH += ["2", "--seq-len", "32", "--batch-size", "2", "--steps", "1", "--warmup", "1"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("results") / "gpu_check")
+    parser.add_argument("--checkpoint", type=Path, default=None, help="decode this checkpoint (default: train one)")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes on whatever device there is")
+    args = parser.parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        raise UserError("PyTorch sees no CUDA device; run this on a GPU machine (or add --smoke to check the kit).")
+    if args.checkpoint is not None and not args.checkpoint.exists():
+        raise UserError(f"--checkpoint {args.checkpoint} does not exist; pass a .ckpt written by scripts/pretrain.py.")
+    return args
+
+
+def run(command: list[str], log: Path) -> int:
+    """Run ``command`` from the project root, its output to ``log`` and to the terminal; returns its exit status."""
+    print(f"\n$ {' '.join(command)}", flush=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            command, cwd=checkout_root(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for line in process.stdout:
+            out.write(line)
+            print(line, end="", flush=True)
+    return process.wait()
+
+
+def script(name: str) -> list[str]:
+    return [sys.executable, str(checkout_root() / "scripts" / name)]
+
+
+def ratio(results: Path, mode: str, key: str) -> float | None:
+    """``key`` of n=4 over n=1 for ``mode`` in a bench_train results.json (None when a run failed)."""
+    rows = {r["n_future"]: r for r in json.loads(results.read_text())["results"] if r["loss"] == mode}
+    if rows.get(1, {}).get("status") != "ok" or rows.get(4, {}).get("status") != "ok":
+        return None
+    return rows[4][key] / rows[1][key]
+
+
+def forward_cost(results: Path) -> float | None:
+    """Cost of the largest k's forward over k=1's, greedy, batch 1, in a bench_decode results.json."""
+    if not results.is_file():
+        return None
+    rows = [r for r in json.loads(results.read_text())["results"] if r["mode"] == "greedy" and r["batch_size"] == 1]
+    return max(rows, key=lambda r: r["heads"])["forward_cost"] if rows else None
+
+
+def verdict(value: float | None, target: float = TARGET) -> str:
+    if value is None:
+        return "not measured (a run failed; see its log)"
+    return f"{value:.3f}x ({'met' if value <= target else 'missed'}; target <= {target})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    root = checkout_root()  # the kit runs the repository's tests and scripts
+    out = args.out.resolve()  # the steps run from the repository's root
+    out.mkdir(parents=True, exist_ok=True)
+    device = ["--device", "cuda" if torch.cuda.is_available() else "cpu"]
+    smoke = args.smoke
+
+    # the gpu-marked tests (smoke: only their file, whose collection is what the kit's plumbing needs)
+    where = root / "tests" / ("test_gpu.py" if smoke else "")
+    tests = run([sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-rs", str(where)], out / "pytest.txt")
+    memory, time_ = out / "bench_train_memory", out / "bench_train_time"
+    run(script("bench_train.py") + device + (SMOKE_BENCH if smoke else P1) + ["--out", str(memory)], out / "p1.txt")
+    run(script("bench_train.py") + device + (SMOKE_BENCH if smoke else P2) + ["--out", str(time_)], out / "p2.txt")
+
+    checkpoint = args.checkpoint.resolve() if args.checkpoint is not None else None
+    if checkpoint is None:
+        run_dir = out / "pretrain"
+        overrides = ["model=mtp4", "trainer=gpu", f"hydra.run.dir={run_dir}", "trainer.enable_progress_bar=false"]
+        if smoke or not torch.cuda.is_available():
+            overrides += ["size=tiny", "trainer.accelerator=cpu", "trainer.precision=32-true", "trainer.max_steps=4"]
+        run(script("pretrain.py") + overrides, out / "pretrain.txt")
+        checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    decode = [str(checkpoint), *device]
+    if smoke:
+        decode += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
+        decode += ["--repeats", "1"]
+    hf = ["--hf"] if importlib.util.find_spec("transformers") and not smoke else []
+    decoded = run(
+        script("bench_decode.py") + decode + hf + ["--out", str(out / "bench_decode")], out / "bench_decode.txt"
+    )
+    decoded_compiled = 0
+    if not smoke:  # compiling takes longer than the rest of a smoke run; tests/decode check compiled decoding
+        compiled = ["--compile", "--modes", "greedy", "--batch-sizes", "1", "--out", str(out / "bench_decode_compiled")]
+        decoded_compiled = run(script("bench_decode.py") + decode + compiled, out / "bench_decode_compiled.txt")
+
+    p1 = (
+        ratio(memory / "results.json", "sequential", "peak_memory_bytes")
+        if (memory / "results.json").is_file()
+        else None
+    )
+    p2 = ratio(time_ / "results.json", "sequential", "step_time_s") if (time_ / "results.json").is_file() else None
+    if tests != 0:
+        tested = f"FAILED (pytest exit {tests}); see pytest.txt"
+    else:
+        tested = "passed" if torch.cuda.is_available() else "skipped (no CUDA device)"
+    where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    lines = [
+        f"# GPU check on {where}" + (" (smoke run: toy sizes, the figures mean nothing)" if smoke else ""),
+        "",
+        f"- gpu tests: {tested}",
+        f"- P1, peak memory sequential n=4 / n=1 at V=32k, bf16: {verdict(p1)}",
+        f"- P2, step time sequential n=4 / n=1, trunk-dominated size: {verdict(p2)}",
+        f"- decoding benchmark of {checkpoint}: {'bench_decode/results.md' if decoded == 0 else 'FAILED'}",
+        "- self-speculative forward cost k=n / k=1, greedy, batch 1: "
+        f"eager {verdict(forward_cost(out / 'bench_decode' / 'results.json'), DECODE_TARGET)}, "
+        + (
+            "compiled not run (smoke)"
+            if smoke
+            else f"compiled {verdict(forward_cost(out / 'bench_decode_compiled' / 'results.json'), DECODE_TARGET)}"
+        ),
+        "",
+    ]
+    tables = ("bench_train_memory", "bench_train_time", "bench_decode", "bench_decode_compiled")
+    for table in (out / name / "results.md" for name in tables):
+        if table.is_file():
+            lines += [table.read_text(), ""]
+    (out / "summary.md").write_text("\n".join(lines))
+    print("\n".join(lines[:8]) + f"\nwrote {out}/summary.md")
+    return 0 if tests == 0 and decoded == 0 and decoded_compiled == 0 else 1
+
+
+def entry_point() -> NoReturn:
+    """scripts/gpu_check.py."""
+    run_script(main)
+
+
+if __name__ == "__main__":
+    entry_point()

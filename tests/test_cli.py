@@ -1,0 +1,223 @@
+"""The one command-line layer (mtp/cli.py, mtp/commands/): one error handler, one device and dtype choice, decoding
+settings checked by GenerationConfig alone and reported under their flags, installed entry points."""
+
+import errno
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.core.global_hydra import GlobalHydra
+
+from mtp import cli
+from mtp.commands import bench_decode, bench_train, compare_heads, decode, fit_tree, pretrain
+from mtp.decode import GenerationConfig
+from mtp.decode.generation import SettingError
+from mtp.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRY_POINTS = {
+    "mtp-pretrain": "pretrain",
+    "mtp-decode": "decode",
+    "mtp-export": "export",
+    "mtp-bench-decode": "bench_decode",
+    "mtp-bench-train": "bench_train",
+    "mtp-fit-tree": "fit_tree",
+    "mtp-compare-heads": "compare_heads",
+}
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+
+
+def test_a_user_error_is_one_line_on_stderr_and_exit_2(capsys):
+    def main(argv):
+        raise UserError(f"--thing {argv[0]} is wrong; use another.")
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.run_script(main, ["7"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "error: --thing 7 is wrong; use another.\n"
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (
+            OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/data/out/results.json"),
+            "error: /data/out/results.json: No space left on device; free some disk space or choose another path.",
+        ),
+        (
+            PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/data/out"),
+            "error: /data/out: Permission denied; check the path and its permissions, or choose another path.",
+        ),
+        (
+            OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+            "error: No space left on device; free some disk space or choose another path.",
+        ),
+    ],
+)
+def test_an_os_error_is_one_line_naming_the_path_and_the_cause(capsys, error, line):
+    def main(argv):
+        raise error
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.run_script(main, [])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == line + "\n"
+
+
+def test_an_unwritable_output_is_one_line_from_a_real_command(tmp_path, capsys):
+    """fit_tree makes its output's folder before loading anything: a file where a folder should be fails at once."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a folder")
+    with pytest.raises(SystemExit) as exit_:
+        cli.run_script(fit_tree.main, [str(tmp_path / "missing.ckpt"), "--out", str(blocker / "trees" / "tree.json")])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: {blocker}/trees: Not a directory; check the path and its permissions, or choose another path.\n"
+    )
+
+
+def test_the_handler_lets_other_errors_through():
+    def main(argv):
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.run_script(main, [])
+
+
+# every bad decoding setting comes from GenerationConfig, named by its flag; the checkpoint does not exist, so each
+# of these also shows that the flags are checked before anything is loaded
+BAD_SETTINGS = [
+    (decode, ["--top-p", "0"], "--top-p 0 must lie in (0, 1]; 1 turns nucleus sampling off."),
+    (decode, ["--top-p", "1.5"], "--top-p 1.5 must lie in (0, 1]; 1 turns nucleus sampling off."),
+    (decode, ["--temperature", "-1"], "--temperature -1 must be 0 (greedy) or positive."),
+    (decode, ["--max-new-tokens", "0"], "--max-new-tokens 0 must be at least 1."),
+    (decode, ["--self-speculative", "--heads", "0"], "--heads 0 must be at least 1."),
+    (decode, ["--top-k", "-1"], "--top-k -1 must be 0 (off) or positive."),
+    (decode, ["--self-speculative", "--draft-p-min", "1.5"], "--draft-p-min 1.5 must lie in [0, 1]; 0 turns it off."),
+    (decode, ["--typical-epsilon", "2"], "--typical-epsilon 2 must lie in [0, 1]."),
+    (decode, ["--typical-delta", "-0.5"], "--typical-delta -0.5 must be at least 0."),
+    (fit_tree, ["--top-p", "0"], "--top-p 0 must lie in (0, 1]; 1 turns nucleus sampling off."),
+    (fit_tree, ["--top-k", "-3"], "--top-k -3 must be 0 (off) or positive."),
+    (fit_tree, ["--max-new-tokens", "0"], "--max-new-tokens 0 must be at least 1."),
+    (bench_decode, ["--temperature", "-1"], "--temperature -1 must be 0 (greedy) or positive."),
+    (bench_decode, ["--max-new-tokens", "0"], "--max-new-tokens 0 must be at least 1."),
+    (bench_decode, ["--draft-p-min", "2"], "--draft-p-min 2 must lie in [0, 1]; 0 turns it off."),
+    (compare_heads, ["--top-p", "1.5"], "--top-p 1.5 must lie in (0, 1]; 1 turns nucleus sampling off."),
+    (compare_heads, ["--max-new-tokens", "0"], "--max-new-tokens 0 must be at least 1."),
+]
+
+
+@pytest.mark.parametrize(("command", "args", "message"), BAD_SETTINGS)
+def test_a_bad_decoding_setting_is_reported_under_its_flag(tmp_path, command, args, message):
+    argv = [str(tmp_path / "missing.ckpt"), *args, "--out", str(tmp_path / "out")]
+    if command is decode:
+        argv = [*argv[:-2], "--prompt", "x"]
+    with pytest.raises(UserError) as err:
+        command.main(argv)
+    assert str(err.value) == message
+
+
+def test_generation_config_names_its_fields():
+    with pytest.raises(ValueError, match=re.escape("top_p=1.5 must lie in (0, 1]; 1 turns nucleus sampling off.")):
+        GenerationConfig(top_p=1.5)
+    with pytest.raises(ValueError, match=re.escape("typical_delta=-1 must be at least 0.")):
+        GenerationConfig(typical_delta=-1.0)
+    with pytest.raises(SettingError) as err:
+        GenerationConfig(max_new_tokens=4, gamma=2, heads=3)
+    assert err.value.fields == ("gamma", "heads", "tree", "draft_p_min")
+    assert "heads=1" in str(err.value)
+    assert err.value.render(cli.GENERATION_FLAGS.get, " ").startswith("--gamma 2 drafts come from a drafter")
+
+
+def test_every_decoding_setting_has_a_flag_of_decode():
+    settings = {f.name for f in fields(GenerationConfig)} - {"eos_id"}  # set from the tokenizer, never a flag
+    assert settings == set(cli.GENERATION_FLAGS)
+    options = set(decode.build_parser()._option_string_actions)
+    assert set(cli.GENERATION_FLAGS.values()) <= options
+
+
+@NO_CUDA
+@pytest.mark.parametrize("command", [decode, bench_decode, fit_tree, bench_train, compare_heads])
+def test_device_cuda_without_cuda_is_one_sentence(tmp_path, command):
+    argv = ([] if command is bench_train else [str(tmp_path / "missing.ckpt")]) + ["--device", "cuda"]
+    argv += ["--prompt", "x"] if command is decode else ["--out", str(tmp_path / "out")]
+    with pytest.raises(UserError) as err:
+        command.main(argv)
+    assert str(err.value) == "--device cuda was asked for but PyTorch sees no CUDA device; use --device cpu or auto."
+
+
+def test_device_choice():
+    assert cli.pick_device("cpu") == torch.device("cpu")
+    assert cli.pick_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_plots_without_matplotlib_are_one_sentence(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    with pytest.raises(UserError, match=re.escape("pip install -e '.[benchmarks]'")):
+        bench_decode.main([str(tmp_path / "missing.ckpt"), "--out", str(tmp_path / "out")])
+
+
+def test_pretrain_without_its_configs_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "PACKAGE_DIR", tmp_path / "site-packages" / "mtp")
+    with pytest.raises(UserError, match=re.escape("install it with pip install -e . from a checkout")):
+        pretrain.main(["model=mtp1"])
+
+
+def test_pretrain_os_error_is_one_line_and_leaves_no_run_folder(monkeypatch, tmp_path, capsys):
+    def no_space(cfg):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "logs" / "x.ckpt"))
+
+    monkeypatch.setattr(pretrain, "train", no_space)
+    run_dir = tmp_path / "logs" / "run"
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            cli.run_script(pretrain.main, [f"hydra.run.dir={run_dir}", f"paths.log_dir={tmp_path / 'logs'}"])
+    finally:
+        GlobalHydra.instance().clear()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith(
+        f"error: {tmp_path}/logs/x.ckpt: No space left on device; free some disk space or choose another path.\n"
+    )
+    assert len(err.splitlines()) == 1, err
+    assert not run_dir.exists()
+
+
+def test_no_script_edits_sys_path():
+    for path in [*(ROOT / "scripts").glob("*.py"), *(ROOT / "mtp" / "commands").glob("*.py")]:
+        assert "sys.path" not in path.read_text(), f"{path} edits sys.path; install with pip install -e . instead"
+
+
+def test_scripts_are_thin_wrappers_of_the_commands():
+    for path in (ROOT / "scripts").glob("*.py"):
+        assert f"from mtp.commands.{path.stem} import entry_point" in path.read_text(), path
+
+
+def test_entry_points_are_installed():
+    installed = {
+        ep.name: ep for ep in importlib.metadata.entry_points(group="console_scripts") if ep.name in ENTRY_POINTS
+    }
+    assert set(installed) == set(ENTRY_POINTS), "reinstall: pip install -e ."
+    for name, module in ENTRY_POINTS.items():
+        assert installed[name].value == f"mtp.commands.{module}:entry_point"
+        assert shutil.which(name), f"{name} is not on PATH"
+
+
+@pytest.mark.slow  # the command's imports (torch, lightning through mtp.data) take 7 to 15 s on 2 cores
+def test_an_entry_point_runs(tmp_path):
+    result = subprocess.run(
+        [shutil.which("mtp-decode") or "mtp-decode", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--self-speculative" in result.stdout and result.stdout.startswith("usage: mtp-decode")
