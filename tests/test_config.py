@@ -1,4 +1,8 @@
 import pytest
+from conftest import ROOT, compose_train
+from hydra.errors import MissingConfigException
+from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from mtp.config import ModelConfig
 from mtp.errors import UserError
@@ -42,3 +46,63 @@ def test_linear_heads_need_no_extra_layers():
 def test_round_trip_through_dict():
     config = ModelConfig(n_future=2, loss_weights=[1.0, 0.5])
     assert ModelConfig.from_dict(config.to_dict()) == config
+
+
+CONF = ROOT / "conf"
+SMALL = {"d_model": 192, "n_layers": 10, "n_heads": 6, "n_kv_heads": 2}  # size=small, the default
+# Every model preset's (n_future, vocab_size, head_type) as each preset file spelled it out in full
+PRESETS = {
+    "mtp1": (1, 8192, "transformer"),
+    "mtp2": (2, 8192, "transformer"),
+    "mtp4": (4, 8192, "transformer"),
+    "mtp8": (8, 8192, "transformer"),
+    "byte1": (1, 320, "transformer"),
+    "byte8": (8, 320, "transformer"),
+    "causal2": (2, 8192, "causal"),
+    "causal4": (4, 8192, "causal"),
+    "bytecausal8": (8, 320, "causal"),
+    "medusa4": (4, 8192, "medusa"),
+}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_model_preset_composes_to_its_recorded_settings(preset):
+    """The presets share base files; each composes to exactly the settings (in order) it always had, and changes
+    nothing outside ``model`` but the tokenizer (bytes for the byte presets)."""
+    n_future, vocab_size, head_type = PRESETS[preset]
+    expected = {
+        "n_future": n_future,
+        "vocab_size": vocab_size,
+        "head_type": head_type,
+        "share_depth": False,
+        "medusa_layers": 1,
+        "loss": "sequential",
+        "loss_weights": None,
+        "loss_chunk": 0,
+        **SMALL,
+    }
+    composed = compose_train([f"model={preset}"])
+    model = OmegaConf.to_container(composed.model, resolve=True, throw_on_missing=True)
+    assert list(model.items()) == list(expected.items())
+    tokenizer = OmegaConf.to_container(composed.data.tokenizer, resolve=True)
+    assert tokenizer == (
+        {"kind": "byte"} if vocab_size == 320 else {"kind": "bpe", "vocab_size": 8192, "train_bytes": 0}
+    )
+    rest, default = (OmegaConf.to_container(c) for c in (composed, compose_train([])))  # the rest, unresolved
+    for cfg in (rest, default):
+        del cfg["model"], cfg["data"]["tokenizer"]
+    assert rest == default
+
+
+def test_model_base_files_are_not_presets():
+    """Hydra lists exactly the presets when a model name is wrong, and a base file alone leaves n_future unset."""
+    with pytest.raises(MissingConfigException) as error:
+        compose_train(["model=mtp3"])
+    listed = str(error.value).split("Available options in 'model':")[1].split("Config search path")[0].split()
+    assert listed == sorted(PRESETS)
+    bases = sorted(path.stem for path in (CONF / "model" / "_base").glob("*.yaml"))
+    assert bases == ["bpe", "byte"]
+    for base in bases:
+        cfg = compose_train([f"model=_base/{base}"])
+        with pytest.raises(MissingMandatoryValue, match="n_future"):
+            OmegaConf.to_container(cfg.model, throw_on_missing=True)
