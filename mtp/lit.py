@@ -12,7 +12,6 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
-from torchmetrics.text import Perplexity
 
 from mtp.checkpoint_load import CHECKPOINT_FORMAT, CHECKPOINT_KEY
 from mtp.config import ModelConfig
@@ -20,7 +19,7 @@ from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
 from mtp.init_from import Start, check_freeze
 from mtp.init_from import freeze as apply_freeze
-from mtp.loss import cross_entropy, mtp_loss, split_window, window_states
+from mtp.loss import cross_entropy, head_logits, mtp_loss, split_window, window_states
 from mtp.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.model import MTPModel
 from mtp.optim import OptimConfig, parameter_groups, warmup_cosine
@@ -64,7 +63,6 @@ class MTPLitModule(L.LightningModule):
         n, vocab = self.config.n_future, self.config.vocab_size
         self.val_loss = nn.ModuleList(MeanMetric() for _ in range(n))
         self.val_acc = nn.ModuleList(MulticlassAccuracy(vocab, average="micro") for _ in range(n))
-        self.val_ppl = Perplexity()
         self.val_tokens_per_forward = ExpectedTokensPerForward()
         self.val_acceptance = AcceptanceByPosition(n - 1)
         self.val_decode_prompts, self.val_decode_tokens = val_decode_prompts, val_decode_tokens
@@ -126,15 +124,12 @@ class MTPLitModule(L.LightningModule):
             self._decode_prompts = batch[: self.val_decode_prompts, : batch.size(1) // 2]
         states, targets = window_states(self.model, batch)
         predictions = []
-        for k in range(1, self.n_future + 1):  # one head's logits at a time
-            logits = self.model.unembedding(k)(states[k - 1])  # (B, T, V)
-            target = targets[k - 1]
+        for k, logits, target in head_logits(self.model, states, targets):
             self.val_loss[k - 1].update(cross_entropy(logits, target), weight=target.numel())
-            prediction = logits.argmax(dim=-1)
+            prediction = logits.argmax(dim=-1)  # (B, T)
             self.val_acc[k - 1].update(prediction.flatten(), target.flatten())
             predictions.append(prediction)
-            if k == 1:
-                self.val_ppl.update(logits.float(), target)
+            del logits  # before the next head's are computed: one head's (B, T, V) alive at a time
         if self.model.heads.conditions_on_tokens and self.n_future > 1:
             predictions = self.greedy_chain_predictions(batch, predictions[0])
         self.val_tokens_per_forward.update(torch.stack(predictions))
@@ -142,7 +137,6 @@ class MTPLitModule(L.LightningModule):
         for k in range(1, self.n_future + 1):
             self.log(f"val/loss_head{k}", self.val_loss[k - 1], prog_bar=k == 1)
             self.log(f"val/acc_head{k}", self.val_acc[k - 1])
-        self.log("val/ppl", self.val_ppl)
         self.log("val/expected_tokens_per_forward", self.val_tokens_per_forward)
 
     def greedy_chain_predictions(self, batch: Tensor, head1: Tensor) -> list[Tensor]:
@@ -157,6 +151,8 @@ class MTPLitModule(L.LightningModule):
         return [head1] + [self.model.unembedding(k)(states[k - 1]).argmax(dim=-1) for k in range(2, self.n_future + 1)]
 
     def on_validation_epoch_end(self) -> None:
+        # exp of head 1's token-weighted mean loss: the perplexity of its logits, without a second pass over them
+        self.log("val/ppl", self.val_loss[0].compute().exp())
         if self.n_future > 1:
             for j, rate in enumerate(self.val_acceptance.compute().reshape(-1).tolist(), start=1):
                 self.log(f"val/acceptance_pos{j}", rate)

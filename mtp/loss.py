@@ -24,6 +24,7 @@ width d per token, never n vocabulary-sized logits.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,11 +60,20 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
+def head_logits(model: MTPModel, states: list[Tensor], targets: Tensor) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """Head k's logits (B, T, V) and targets (B, T), for k = 1..n in turn, from :func:`window_states`' output.
+
+    Each head's logits are computed only when asked for: a caller that drops them before the next (validation)
+    keeps one head's alive at a time. The sequential loss does not come through here: it unembeds inside its
+    autograd Function, in chunks of positions, computing the gradients as it goes.
+    """
+    for k, state in enumerate(states, start=1):
+        yield k, model.unembedding(k)(state), targets[k - 1]
+
+
 def naive_loss(model: MTPModel, states: list[Tensor], targets: Tensor, weights: list[float]) -> LossOutput:
     """Every head's logits at once, through plain autograd."""
-    losses = torch.stack(
-        [cross_entropy(model.unembedding(k)(state), targets[k - 1]) for k, state in enumerate(states, start=1)]
-    )
+    losses = torch.stack([cross_entropy(logits, target) for _, logits, target in head_logits(model, states, targets)])
     total = (losses * losses.new_tensor(weights)).sum()
     return LossOutput(total, losses.detach())
 

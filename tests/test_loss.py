@@ -1,9 +1,11 @@
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from mtp.config import ModelConfig
-from mtp.loss import mtp_loss, split_window, window_states
+from mtp.loss import head_logits, mtp_loss, split_window, window_states
 from mtp.model import MTPModel
 
 
@@ -124,3 +126,24 @@ def test_no_head_sees_its_target(head_type):
             before = window_states(model, window)[0][k - 1][0, t]
             after = window_states(model, changed)[0][k - 1][0, t]
         torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_head_logits_yields_every_head_in_turn_one_alive_at_a_time(head_type):
+    """What validation and the naive loss iterate: head k's logits and targets for k = 1..n, each head's logits
+    computed only once the previous head's are dropped."""
+    model = perturbed(make_model(4, **{"head_type": head_type, **HEAD_TYPES[head_type]}))
+    window = torch.randint(0, 97, (2, 14))
+    inputs, targets = split_window(window, 4)
+    earlier = []
+    with torch.no_grad():
+        expected = model(inputs, following=targets[:-1])  # (4, 2, 10, 97)
+        states, _ = window_states(model, window)
+        for k, logits, target in head_logits(model, states, targets):
+            assert [ref() for ref in earlier] == [None] * (k - 1), f"head {k}: earlier heads' logits still alive"
+            assert k == len(earlier) + 1
+            torch.testing.assert_close(logits, expected[k - 1], rtol=0, atol=0)
+            assert torch.equal(target, window[:, k : k + 10])
+            earlier.append(weakref.ref(logits))
+            del logits
+    assert len(earlier) == 4

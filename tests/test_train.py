@@ -1,3 +1,5 @@
+import math
+import weakref
 from pathlib import Path
 
 import lightning as L
@@ -6,11 +8,15 @@ import torch
 from conftest import compose_train
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
+from torch.utils.data import DataLoader
+from torchmetrics.text import Perplexity
 
 from mtp.checkpoint_load import load_checkpoint, read_checkpoint
 from mtp.checkpoint_save import AtomicCheckpointIO
 from mtp.config import ModelConfig
 from mtp.errors import UserError
+from mtp.lit import MTPLitModule
+from mtp.loss import split_window
 from mtp.model import MTPModel
 from mtp.optim import parameter_groups, warmup_cosine
 from mtp.train import train
@@ -71,6 +77,7 @@ def test_run_logs_metrics_and_writes_a_checkpoint_with_its_tokenizer(make_cfg):
     assert last.is_file()
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert {"train/loss", "train/loss_head1", "train/loss_head2", "lr", "val/ppl", "val/acc_head2"} <= metrics.keys()
+    assert metrics["val/ppl"] == pytest.approx(math.exp(metrics["val/loss_head1"]), rel=1e-6)
     loaded = load_checkpoint(last)
     assert loaded.config.n_future == 2 and loaded.global_step == 4
     ids = loaded.tokenizer.encode("def f(x):\n    return x\n").ids
@@ -98,6 +105,60 @@ def test_tensorboard_holds_the_documented_curves(make_cfg):
     }
     assert expected | {"val/expected_tokens_per_forward", "train/device/items_per_sec"} <= tags
     assert {"val/acceptance_pos1", "val/decoded_tokens_per_forward", "val/decoded_acceptance_pos1"} <= tags
+
+
+def tiny_module(n_future: int) -> MTPLitModule:
+    torch.manual_seed(0)
+    config = {"vocab_size": 64, "d_model": 32, "n_layers": 4, "n_heads": 2, "n_kv_heads": 1, "n_future": n_future}
+    return MTPLitModule(model=config, val_decode_prompts=0)
+
+
+def validate(module: MTPLitModule, batches: list[torch.Tensor]) -> dict[str, float]:
+    """A real validation run (Lightning's loop, metrics and logging) over the given batches."""
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    (metrics,) = trainer.validate(module, dataloaders=DataLoader(batches, batch_size=None), verbose=False)
+    return metrics
+
+
+def test_validation_perplexity_is_exp_of_the_token_weighted_head1_loss():
+    """val/ppl is exp of val/loss_head1, which weights each batch by its tokens: it equals the perplexity of head 1's
+    logits over all validation tokens (computed here apart), with batches of 64 and 8 tokens whose losses differ."""
+    module = tiny_module(n_future=2)
+    with torch.no_grad():
+        module.model.outputs[0].weight.mul_(30)  # confident, often wrong: losses far from log(64), unequal
+    batches = [torch.randint(0, 64, (4, 18)), torch.randint(0, 64, (1, 10))]
+    metrics = validate(module, batches)
+    perplexity = Perplexity()
+    with torch.no_grad():
+        for batch in batches:
+            inputs, targets = split_window(batch, 2)
+            perplexity.update(module.model(inputs)[0], targets[0])
+    assert metrics["val/ppl"] == pytest.approx(math.exp(metrics["val/loss_head1"]), rel=1e-6)
+    assert metrics["val/ppl"] == pytest.approx(perplexity.compute().item(), rel=1e-5)
+
+
+def test_validation_keeps_one_heads_logits_alive_at_a_time():
+    module = tiny_module(n_future=3)
+    unembedding, alive, leaks = module.model.unembedding, [], []
+
+    def watched(k: int):
+        def unembed(state: torch.Tensor) -> torch.Tensor:
+            leaks.extend(k for ref in alive if ref() is not None)  # an earlier head's logits, still referenced
+            logits = unembedding(k)(state)
+            alive.append(weakref.ref(logits))
+            return logits
+
+        return unembed
+
+    module.model.unembedding = watched  # the instance attribute shadows the method
+    validate(module, [torch.randint(0, 64, (2, 12))])
+    assert len(alive) == 3 and leaks == []
 
 
 def test_validation_decodes_with_every_head(make_cfg):
@@ -170,7 +231,9 @@ def test_the_corpus_is_prepared_once_and_a_resume_checkpoint_read_once(make_cfg,
     real_prepare, real_load = mtp.data.datamodule.prepare, torch.load
     monkeypatch.setattr(mtp.data.datamodule, "prepare", lambda *a, **k: prepared.append(1) or real_prepare(*a, **k))
     monkeypatch.setattr(
-        mtp.checkpoint_load.torch, "load", lambda f, *a, **k: loads.append(k.get("mmap", False)) or real_load(f, *a, **k)
+        mtp.checkpoint_load.torch,
+        "load",
+        lambda f, *a, **k: loads.append(k.get("mmap", False)) or real_load(f, *a, **k),
     )
     resumed = make_cfg("mtp2", ["trainer.max_steps=4", f"ckpt_path={last}"])
     with open_dict(resumed):
