@@ -114,7 +114,6 @@ class MTPLitModule(L.LightningModule):
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         out = mtp_loss(self.model, batch)
         self.log("train/loss", out.total, prog_bar=True)
-        self.log("lr", self.optimizers().param_groups[0]["lr"])
         for k in range(1, self.n_future + 1):
             self.log(f"train/loss_head{k}", out.per_head[k - 1])
         return out.total

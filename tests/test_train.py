@@ -76,7 +76,12 @@ def test_run_logs_metrics_and_writes_a_checkpoint_with_its_tokenizer(make_cfg):
     last = run / "checkpoints" / "last.ckpt"
     assert last.is_file()
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
-    assert {"train/loss", "train/loss_head1", "train/loss_head2", "lr", "val/ppl", "val/acc_head2"} <= metrics.keys()
+    assert {"train/loss", "train/loss_head1", "train/loss_head2", "val/ppl", "val/acc_head2"} <= metrics.keys()
+    # Lightning's LearningRateMonitor: one key per parameter group (decayed matrices, then norms), the rate the
+    # last step (step 3 of 4) trained with; none logged by hand under plain "lr"
+    last_lr = cfg.optim.lr * warmup_cosine(3, cfg.optim.warmup_steps, 4, cfg.optim.min_lr_ratio)
+    assert "lr" not in metrics
+    assert metrics["lr/pg1"] == metrics["lr/pg2"] == pytest.approx(last_lr, rel=1e-6)
     assert metrics["val/ppl"] == pytest.approx(math.exp(metrics["val/loss_head1"]), rel=1e-6)
     loaded = load_checkpoint(last)
     assert loaded.config.n_future == 2 and loaded.global_step == 4
@@ -89,16 +94,21 @@ def test_run_logs_metrics_and_writes_a_checkpoint_with_its_tokenizer(make_cfg):
 def test_tensorboard_holds_the_documented_curves(make_cfg):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg = make_cfg("mtp2", ["trainer.max_steps=25", "trainer.val_check_interval=25"])
+    cfg = make_cfg("mtp2", ["trainer.max_steps=25", "trainer.val_check_interval=25", "optim.warmup_steps=5"])
     train(cfg)
     events = EventAccumulator(str(Path(cfg.paths.output_dir) / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
+    # every step's learning rate, as the warmup (5 steps) + cosine schedule gives it, for both parameter groups
+    schedule = [cfg.optim.lr * warmup_cosine(step, 5, 25, cfg.optim.min_lr_ratio) for step in range(25)]
+    for group in ("lr/pg1", "lr/pg2"):
+        logged = [(event.step, event.value) for event in events.Scalars(group)]
+        assert logged == [(step, pytest.approx(lr, rel=1e-6)) for step, lr in enumerate(schedule)], group
+    assert "lr" not in tags
     expected = {
         "train/loss",
         "train/loss_head1",
         "train/loss_head2",
-        "lr",
         "val/loss_head2",
         "val/acc_head1",
         "val/ppl",
