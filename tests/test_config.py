@@ -40,7 +40,10 @@ def test_unknown_key_is_named():
 
 
 def test_linear_heads_need_no_extra_layers():
-    ModelConfig(n_layers=2, n_future=8, head_type="linear")
+    """Linear heads are unembeddings only: every one of n_layers blocks is trunk, so 8 heads fit 2 blocks."""
+    assert ModelConfig(n_layers=2, n_future=8, head_type="linear").n_layer_blocks == 2
+    with pytest.raises(UserError, match="n_future=8 leaves no trunk layer out of model.n_layers=2"):
+        ModelConfig(n_layers=2, n_future=8)  # transformer heads take a block each
 
 
 def test_round_trip_through_dict():

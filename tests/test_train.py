@@ -7,6 +7,9 @@ import pytest
 import torch
 from conftest import compose_train
 from hydra.utils import instantiate
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ThroughputMonitor
+from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import OmegaConf, open_dict
 from torch.utils.data import DataLoader
 from torchmetrics.text import Perplexity
@@ -19,7 +22,7 @@ from mtp.lit import MTPLitModule
 from mtp.loss import split_window
 from mtp.model import MTPModel
 from mtp.optim import parameter_groups, warmup_cosine
-from mtp.train import train
+from mtp.train import instantiate_group, train
 
 PRESETS = ["mtp1", "mtp2", "mtp4", "mtp8", "byte1", "byte8"]
 
@@ -39,12 +42,49 @@ def test_overfit_debug_preset_rebuilds_the_training_loader(make_cfg):
     assert "train/loss" in metrics
 
 
-def test_every_config_group_instantiates(make_cfg):
+def test_every_config_group_instantiates_to_its_classes_and_settings(make_cfg):
     cfg = make_cfg("mtp2")
-    for group in ("callbacks", "logger"):
-        for node in cfg[group].values():
-            assert instantiate(node) is not None
-    assert instantiate(cfg.trainer, logger=False, enable_checkpointing=False) is not None
+    run = cfg.paths.output_dir
+    callbacks = {type(c).__name__: c for c in instantiate_group(cfg.callbacks)}
+    assert list(callbacks) == [
+        "ResumableCheckpoint",
+        "NonFiniteGuard",
+        "LearningRateMonitor",
+        "TokenThroughputMonitor",
+        "ModelSummary",
+    ]
+    checkpoint, guard, lr_monitor, throughput, summary = callbacks.values()
+    assert isinstance(checkpoint, ModelCheckpoint) and isinstance(throughput, ThroughputMonitor)
+    assert type(lr_monitor) is LearningRateMonitor and type(summary) is ModelSummary
+    expected = {
+        "dirpath": f"{run}/checkpoints",
+        "filename": "step{step:06d}",
+        "monitor": "val/loss_head1",
+        "mode": "min",
+        "save_top_k": 1,
+        "save_last": True,
+        "auto_insert_metric_name": False,
+    }
+    assert {key: getattr(checkpoint, key) for key in expected} == expected
+    assert checkpoint.last_every_n_steps == 100
+    assert (guard.skip, guard.skipped) == (0, 0)
+    assert throughput.n_future == 2 and throughput.kwargs == {"window_size": 20}
+    assert throughput.trained_tokens(torch.zeros(4, 34)) == 4 * 32
+    assert summary._max_depth == 1
+    assert (lr_monitor.logging_interval, lr_monitor.log_momentum, lr_monitor.log_weight_decay) == ("step", False, False)
+
+    (logger,) = instantiate_group(cfg.logger)
+    assert type(logger) is TensorBoardLogger
+    assert (logger.save_dir, logger.name, logger.version, logger._default_hp_metric) == (run, "tensorboard", "", False)
+    assert logger.log_dir == f"{run}/tensorboard/"
+
+    trainer = instantiate(cfg.trainer, logger=False, enable_checkpointing=False)
+    assert type(trainer) is L.Trainer and type(trainer.accelerator) is CPUAccelerator
+    assert (trainer.max_steps, trainer.max_epochs, trainer.val_check_interval) == (4, -1, 2)
+    assert (trainer.limit_val_batches, trainer.log_every_n_steps) == (2, 1)
+    assert (trainer.gradient_clip_val, trainer.accumulate_grad_batches) == (1.0, 1)
+    assert (trainer.precision, trainer.num_devices, trainer.default_root_dir) == ("32-true", 1, run)
+    assert trainer.logger is None and trainer.checkpoint_callback is None
 
 
 @pytest.mark.parametrize(
