@@ -583,6 +583,20 @@ MUTATIONS = [
         "if True:  # a full disk may show only here",
         (f"{CONCURRENT}::test_a_full_disk_is_one_sentence_and_leaves_nothing",),
     ),
+    Mutation(
+        "validation weighs each batch equally, not by its tokens",
+        "mtp/lit.py",
+        "self.val_loss[k - 1].update(cross_entropy(logits, target), weight=target.numel())",
+        "self.val_loss[k - 1].update(cross_entropy(logits, target))",
+        ("tests/test_train.py::test_validation_perplexity_is_exp_of_the_token_weighted_head1_loss",),
+    ),
+    Mutation(
+        "validation keeps the previous head's logits alive",
+        "mtp/lit.py",
+        "del logits  # before the next head's are computed: one head's (B, T, V) alive at a time",
+        "pass",
+        ("tests/test_train.py::test_validation_keeps_one_heads_logits_alive_at_a_time",),
+    ),
 ]
 
 
