@@ -96,10 +96,14 @@ def test_every_config_group_instantiates_to_its_classes_and_settings(make_cfg):
 )
 def test_every_preset_composes_into_valid_settings(make_cfg, override):
     cfg = make_cfg("mtp4", override.split())
-    ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))  # every size fits every model preset
+    model = ModelConfig.from_dict(OmegaConf.to_container(cfg.model, resolve=True))  # every size fits every preset
+    assert (model.n_future, model.n_layers, model.d_model) == (4, cfg.model.n_layers, cfg.model.d_model)
+    assert model.n_layer_blocks == cfg.model.n_layers - 3  # one block per extra head, the rest is trunk
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer_args.update(accelerator="cpu", devices=1, strategy="auto", precision="32-true", logger=False)
-    instantiate(trainer_args, enable_checkpointing=False)
+    trainer = instantiate(trainer_args, enable_checkpointing=False)
+    assert isinstance(trainer, L.Trainer)
+    assert trainer.max_steps == (1 if cfg.trainer.fast_dev_run else cfg.trainer.max_steps)  # fdr: one step
 
 
 def test_default_config_is_mtp4_on_the_stdlib_corpus():
