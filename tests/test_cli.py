@@ -210,7 +210,6 @@ def test_entry_points_are_installed():
         assert shutil.which(name), f"{name} is not on PATH"
 
 
-@pytest.mark.slow  # the command's imports (torch, lightning through mtp.data) take 7 to 15 s on 2 cores
 def test_an_entry_point_runs(tmp_path):
     result = subprocess.run(
         [shutil.which("mtp-decode") or "mtp-decode", "--help"],
