@@ -86,7 +86,10 @@ def run_script(main: Callable[[list[str] | None], int | None], argv: list[str] |
 
 def add_device_flag(parser: argparse.ArgumentParser, default: str = "auto") -> None:
     parser.add_argument(
-        "--device", choices=["auto", "cpu", "cuda"], default=default, help=f"auto: cuda when there is one ({default})"
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default=default,
+        help=f"auto: cuda when PyTorch sees one, else cpu (default: {default})",
     )
 
 
@@ -102,7 +105,10 @@ def pick_device(name: str) -> torch.device:
 def add_dtype_flag(parser: argparse.ArgumentParser, default: str = "auto") -> None:
     """--dtype for commands that load a checkpoint (:func:`mtp.checkpoint_load.load_checkpoint` resolves it)."""
     parser.add_argument(
-        "--dtype", choices=["auto", *DTYPES], default=default, help=f"weights' dtype; auto: bf16 on cuda ({default})"
+        "--dtype",
+        choices=["auto", *DTYPES],
+        default=default,
+        help=f"the weights' dtype; auto: bf16 on cuda, fp32 elsewhere (default: {default})",
     )
 
 
