@@ -597,6 +597,27 @@ MUTATIONS = [
         "pass",
         ("tests/test_train.py::test_validation_keeps_one_heads_logits_alive_at_a_time",),
     ),
+    Mutation(
+        "cli: an OSError escapes with a traceback",
+        "mtp/cli.py",
+        "    except (UserError, OSError) as err:",
+        "    except UserError as err:",
+        ("tests/test_cli.py::test_an_os_error_is_one_line_naming_the_path_and_the_cause",),
+    ),
+    Mutation(
+        "cli: a bad decoding setting named by its field, not its flag",
+        "mtp/cli.py",
+        'err.render(lambda field: GENERATION_FLAGS.get(field, field), " ")',
+        "str(err)",
+        ("tests/test_cli.py::test_a_bad_decoding_setting_is_reported_under_its_flag",),
+    ),
+    Mutation(
+        "GenerationConfig: top_p 0 accepted",
+        "mtp/decode/generation.py",
+        "        if not 0 < self.top_p <= 1:",
+        "        if not 0 <= self.top_p <= 1:",
+        ("tests/test_cli.py::test_a_bad_decoding_setting_is_reported_under_its_flag",),
+    ),
 ]
 
 

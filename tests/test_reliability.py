@@ -94,6 +94,7 @@ def assert_same_weights(a: Path, b: Path):
 
 
 # -- SIGTERM and Ctrl-C
+@pytest.mark.slow
 def test_sigterm_in_a_real_process_at_a_random_moment_resumes_on_the_same_batches(corpus_dir, shared_cache, tmp_path):
     """A pretrain.py process is sent SIGTERM at a random moment of its training; it writes last.ckpt and exits
     143; resumed from it, it trains on exactly the batches an uninterrupted run trains on and ends with its weights."""
@@ -151,7 +152,7 @@ def test_sigterm_in_a_real_process_at_a_random_moment_resumes_on_the_same_batche
 
 @pytest.mark.parametrize(
     ("signum", "in_validation", "status"),
-    [(signal.SIGTERM, True, 143), (signal.SIGINT, False, 130)],
+    [pytest.param(signal.SIGTERM, True, 143, marks=pytest.mark.slow), (signal.SIGINT, False, 130)],
     ids=["sigterm-in-validation", "ctrl-c"],
 )
 def test_a_signal_saves_last_ckpt_and_the_resumed_run_is_the_uninterrupted_one(

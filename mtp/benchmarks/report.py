@@ -43,6 +43,9 @@ def _ratio(value: float | None) -> str:
 
 
 def plot_memory(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    from mtp.benchmarks.cli import require_plotting
+
+    require_plotting()
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,6 +125,9 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     """Speed-up and tokens per forward against the most tokens a step can emit: the heads' chain and the draft model
     as lines (one colour per mode and batch size), the other methods as points in that colour, one legend entry per
     line and per method."""
+    from mtp.benchmarks.cli import require_plotting
+
+    require_plotting()
     import matplotlib
 
     matplotlib.use("Agg")

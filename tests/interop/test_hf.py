@@ -159,7 +159,7 @@ def test_a_random_llama_imports_trains_four_heads_and_decodes_self_speculatively
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "decode.py"), str(trained), "--self-speculative", "--compare"]
         + ["--prompt", "def f(", "--max-new-tokens", "16", "--device", "cpu"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "method=heads" in result.stdout and "heads=4" in result.stdout
@@ -209,7 +209,7 @@ def test_other_architectures_and_broken_directories_are_one_sentence(tmp_path):
 def export_cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "export.py"), *map(str, args)], capture_output=True, text=True,
-        timeout=300,
+        timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
 
 
