@@ -104,7 +104,8 @@ class NonFiniteGuard(L.Callback):
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        norm = gradient_norm(grads)
+        # fp16 with loss scaling: an overflowing gradient is the GradScaler's to skip (it lowers the scale)
+        norm = None if str(trainer.precision).startswith("16") else gradient_norm(grads)
         finite = torch.isfinite(norm) if norm is not None else torch.ones((), dtype=torch.bool)
         if self._loss_finite is not None:
             finite = finite.to(self._loss_finite.device) & self._loss_finite
