@@ -149,6 +149,8 @@ def _scalar(value: Tensor | None) -> str:
 def _last_good(trainer: L.Trainer) -> str:
     callback = trainer.checkpoint_callback
     path = getattr(callback, "last_model_path", "") if callback is not None else ""
+    if not (path and os.path.exists(path)):  # none written by this run yet: the one it resumed from, if any
+        path = trainer.ckpt_path or ""
     if path and os.path.exists(path):
         return f"the last good checkpoint is {path}; resume from it with ckpt_path={path} and"
     return "no checkpoint was written before it; restart with"

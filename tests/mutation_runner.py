@@ -30,7 +30,7 @@ def run_job(project: str, tests: list[str]) -> int:
             log = os.open(Path(project) / "pytest.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(log, 1)
             os.dup2(log, 2)
-            code = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", "--no-header", *tests]))
+            code = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", "--no-header", "-o", "addopts=", *tests]))
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -648,7 +648,8 @@ def run_tests(project: Path, tests: list[str]) -> subprocess.CompletedProcess:
     env.update(
         PYTHONPATH=str(project), OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"
     )
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", *tests]
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", "-o", "addopts="]
+    command += tests  # addopts cleared: guards marked slow run too
     return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -355,3 +355,16 @@ def test_a_failed_write_of_the_start_tokenizer_is_one_sentence_and_leaves_nothin
     with pytest.raises(UserError, match=r"^could not write the data cache at .*tokenizer-[0-9a-f]{16}\.json \(No"):
         save_tokenizer('{"model": {}}', str(tmp_path / "cache"))
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_a_resumed_run_names_the_checkpoint_it_resumed_from_until_it_writes_one(make_cfg, tmp_path):
+    first = run_dir_cfg(make_cfg, tmp_path, "first", ["trainer.max_steps=2", *NO_VALIDATION])
+    train(first)
+    resumed = [
+        "trainer.max_steps=6",
+        *NO_VALIDATION,
+        "callbacks.model_checkpoint.every_n_train_steps=0",
+        f"ckpt_path={last_ckpt(first)}",
+    ]
+    with pytest.raises(UserError, match=f"the last good checkpoint is {last_ckpt(first)}; resume from it"):
+        train(run_dir_cfg(make_cfg, tmp_path, "resumed", resumed), [PoisonStep({4})])
