@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ import mtp
 from mtp.checkpoint_load import DTYPES
 from mtp.config import ModelConfig
 from mtp.decode.generation import GenerationConfig, SettingError
-from mtp.errors import UserError
+from mtp.errors import FULL_DISK, UserError
 
 PACKAGE_DIR = Path(mtp.__file__).resolve().parent
 """The mtp package this process runs; with ``pip install -e .`` it sits in the checkout, beside conf/."""
@@ -46,8 +45,6 @@ GENERATION_FLAGS = {
 }
 """The flag of each GenerationConfig setting, the same in every command that has it (eos_id comes from the
 tokenizer, never from a flag)."""
-
-FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 
 
 def error_sentence(err: UserError | OSError) -> str:

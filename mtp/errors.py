@@ -3,6 +3,11 @@
 Entry points catch :class:`UserError` and print its message as one sentence, without a traceback.
 """
 
+import errno
+
+FULL_DISK = frozenset({errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)})
+"""The errnos of a write that ran out of room (EDQUOT, a quota, is missing on Windows)."""
+
 
 class UserError(Exception):
     """A problem the user can fix; the message names the bad value and the fix."""

@@ -34,7 +34,7 @@ from tokenizers import Tokenizer
 
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, source_identity, split_documents
 from mtp.data.tokenizer import TOKENIZER_KINDS, build_tokenizer, eot_id, is_checkpoint, pretrained_json
-from mtp.errors import UserError
+from mtp.errors import FULL_DISK, UserError
 
 try:
     import fcntl
@@ -43,7 +43,6 @@ except ImportError:  # Windows: concurrent builds are not avoided, but the renam
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "validation")
-FULL_DISK = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 log = logging.getLogger(__name__)
 
 
