@@ -513,8 +513,8 @@ MUTATIONS = [
     ),
     # -- interop
     Mutation(
-        "Meta's q and k rows taken as they are (interleaved rotary read as half-split)",
-        "mtp/interop/meta.py",
+        "Meta's and GGUF's q and k rows taken as they are (interleaved rotary read as half-split)",
+        "mtp/interop/llama.py",
         "return weight.view(n, head_dim // 2, 2, in_features).transpose(1, 2).reshape(out_features, in_features)",
         "return weight",
         (META_LOGITS,),

@@ -100,3 +100,12 @@ def ffn_multiple_for(d_model: int, hidden: int) -> int:
             "model cannot express; import a model whose intermediate size is at least that."
         )
     return next(m for m in range(1, hidden + 1) if hidden % m == 0 and m > hidden - base)
+
+
+def interleaved_to_halves(weight: Tensor, head_dim: int) -> Tensor:
+    """Rows of a q or k projection reordered within each attention head from pairs (2i, 2i + 1) to
+    (i, i + head_dim / 2), so that half-split rotary on the new rows equals interleaved rotary on the old: what
+    Meta's checkpoints and llama.cpp's GGUF files (whose converter permutes the rows the other way) need."""
+    out_features, in_features = weight.shape
+    n = out_features // head_dim
+    return weight.view(n, head_dim // 2, 2, in_features).transpose(1, 2).reshape(out_features, in_features)

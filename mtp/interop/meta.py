@@ -20,7 +20,7 @@ from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.interop import ModelFiles
 from mtp.interop.hf import check_tensors, expected_shapes
-from mtp.interop.llama import ffn_multiple_for
+from mtp.interop.llama import ffn_multiple_for, interleaved_to_halves
 from mtp.interop.tokenizer import directory_tokenizer
 
 DEFAULT_CONTEXT = 4096
@@ -40,14 +40,6 @@ def read_meta(path: Path) -> ModelFiles:
         if name.endswith(("attention.wq.weight", "attention.wk.weight")):
             tensors[name] = interleaved_to_halves(tensors[name], head_dim)
     return ModelFiles(config, tensors, directory_tokenizer(path))
-
-
-def interleaved_to_halves(weight: Tensor, head_dim: int) -> Tensor:
-    """Rows of a q or k projection reordered within each attention head from pairs (2i, 2i + 1) to
-    (i, i + head_dim / 2), so that half-split rotary on the new rows equals interleaved rotary on the old."""
-    out_features, in_features = weight.shape
-    n = out_features // head_dim
-    return weight.view(n, head_dim // 2, 2, in_features).transpose(1, 2).reshape(out_features, in_features)
 
 
 def meta_config(params: dict, tensors: dict[str, Tensor], path: Path) -> ModelConfig:

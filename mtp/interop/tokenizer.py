@@ -1,11 +1,12 @@
-"""The tokenizer of a foreign directory as a ``tokenizers`` JSON: ``tokenizer.json`` as it is, or a sentencepiece
-``tokenizer.model`` (Meta's releases) converted by transformers' own Llama converter."""
+"""The tokenizer of a foreign model as a ``tokenizers`` JSON: a directory's ``tokenizer.json`` as it is, a sentencepiece
+``tokenizer.model`` (Meta's releases) converted by transformers' own Llama converter, or the tokenizer a GGUF file's
+metadata describes, rebuilt with ``tokenizers`` (no transformers needed)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import Tokenizer, normalizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from mtp.errors import UserError
 
@@ -52,4 +53,113 @@ def converted_sentencepiece(path: Path) -> Tokenizer:
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos)]
         )
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------- GGUF
+
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+GGUF_PRE_TOKENIZERS = {
+    # tokenizer.ggml.pre -> the splits llama.cpp applies in turn before byte-level BPE (llama-vocab.cpp)
+    "gpt2": [GPT2_SPLIT],
+    "gpt-2": [GPT2_SPLIT],
+    "smollm": [r"\p{N}", GPT2_SPLIT],
+    "starcoder": [r"\p{N}", GPT2_SPLIT],
+    "refact": [r"\p{N}", GPT2_SPLIT],
+    "codeshell": [r"\p{N}", GPT2_SPLIT],
+    "llama-bpe": [LLAMA3_SPLIT],
+    "llama3": [LLAMA3_SPLIT],
+    "llama-v3": [LLAMA3_SPLIT],
+    "qwen2": [QWEN2_SPLIT],
+}
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
+
+
+def gguf_tokenizer(meta: dict, path: Path) -> str:
+    """The tokenizer a GGUF file's metadata describes, as a ``tokenizers`` JSON with llama.cpp's ids: byte-level BPE
+    (``tokenizer.ggml.model`` gpt2, split as its ``tokenizer.ggml.pre`` says) or sentencepiece BPE (llama: merges
+    from the scores, byte fallback); control tokens are special, user-defined ones added whole; BOS starts every text
+    where ``tokenizer.ggml.add_bos_token`` says so (the default for sentencepiece)."""
+    kind = meta.get("tokenizer.ggml.model")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise UserError(f"{path} carries no tokenizer (no tokenizer.ggml.tokens); convert it with its tokenizer.")
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if kind == "gpt2":
+        tokenizer = _byte_level_bpe(meta, tokens, path)
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    elif kind == "llama":
+        tokenizer = _sentencepiece_bpe(meta, tokens)
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))
+    else:
+        raise UserError(
+            f"{path} has a {kind} tokenizer; mtp reads GGUF tokenizers of the gpt2 (byte-level BPE) and llama "
+            "(sentencepiece) kinds."
+        )
+    typed = list(zip(tokens, types, strict=True))
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in typed if k == CONTROL])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in typed if k == USER_DEFINED])
+    bos_id = meta.get("tokenizer.ggml.bos_token_id")
+    if add_bos and bos_id is not None:
+        bos = tokens[bos_id]
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+        )
+    if tokenizer.get_vocab_size() != len(tokens):
+        raise UserError(f"{path}: its tokenizer does not rebuild to {len(tokens)} distinct tokens; is it damaged?")
+    return tokenizer.to_str()
+
+
+def _byte_level_bpe(meta: dict, tokens: list[str], path: Path) -> Tokenizer:
+    pre = meta.get("tokenizer.ggml.pre", "gpt2")
+    if pre not in GGUF_PRE_TOKENIZERS:
+        raise UserError(
+            f"{path} splits text as tokenizer.ggml.pre={pre!r}, which mtp does not know; known: "
+            f"{', '.join(sorted(GGUF_PRE_TOKENIZERS))}."
+        )
+    merges = [tuple(merge.split(" ", 1)) for merge in meta.get("tokenizer.ggml.merges", [])]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.startswith("llama")))
+    splits = [pre_tokenizers.Split(Regex(pattern), behavior="isolated") for pattern in GGUF_PRE_TOKENIZERS[pre]]
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _sentencepiece_bpe(meta: dict, tokens: list[str]) -> Tokenizer:
+    """Sentencepiece's BPE as Hugging Face's Llama tokenizer computes it: merges ranked by the merged piece's
+    score, unknown bytes as <0xNN> tokens, a space before the text and every space as the visible space."""
+    scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+    vocab = {token: i for i, token in enumerate(tokens)}
+    merges = []
+    for token, score in zip(tokens, scores, strict=True):
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab:
+                merges.append((score, vocab[left], vocab[right], left, right))
+    merges.sort(key=lambda m: (-m[0], m[1], m[2]))
+    unk_id = meta.get("tokenizer.ggml.unknown_token_id", 0)
+    tokenizer = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=[(left, right) for *_, left, right in merges],
+            unk_token=tokens[unk_id],
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
+    prefix = [normalizers.Prepend(SPACE)] if meta.get("tokenizer.ggml.add_space_prefix", True) else []
+    tokenizer.normalizer = normalizers.Sequence([*prefix, normalizers.Replace(" ", SPACE)])
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     return tokenizer
