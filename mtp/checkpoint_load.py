@@ -21,7 +21,7 @@ import torch
 from tokenizers import Tokenizer
 
 from mtp.config import ModelConfig
-from mtp.errors import UserError
+from mtp.errors import UserError, first_line
 from mtp.model import MTPModel
 
 CHECKPOINT_KEY = "mtp"
@@ -52,7 +52,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bo
         checkpoint = torch.load(file, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # torch.load raises many types for damaged files (EOFError, KeyError, BadZipFile, ...)
         raise UserError(
-            f"checkpoint {path} is truncated or not a PyTorch checkpoint ({str(err).splitlines()[0]}); "
+            f"checkpoint {path} is truncated or not a PyTorch checkpoint ({first_line(err)}); "
             "use a complete .ckpt written by scripts/pretrain.py."
         ) from err
     complete = isinstance(checkpoint, dict) and CHECKPOINT_KEY in checkpoint and (sharded or "state_dict" in checkpoint)
@@ -104,20 +104,19 @@ def load_checkpoint(
 
     device = torch.device(device)
     resolve_dtype(dtype, device)  # a bad dtype fails before any reading
-    if foreign_format(path):  # a Hugging Face Llama or Meta directory
+    if foreign_format(path):  # a Hugging Face Llama or Meta directory, or a GGUF file
         files = read_foreign(path)
-        model = MTPModel(files.config)
-        model.load_state_dict(files.weights)
+        model = MTPModel.with_weights(files.config, files.weights)
         loaded = LoadedCheckpoint(model, Tokenizer.from_str(files.tokenizer), files.config, 0, {})
     else:
         checkpoint = read_checkpoint(path, map_location=device)
         meta = checkpoint[CHECKPOINT_KEY]
         config = ModelConfig.from_dict(meta["model_config"])
-        model = MTPModel(config).to(device)
         if Path(path).is_dir():
+            model = MTPModel(config).to(device)
             _load_sharded_weights(Path(path), model)
         else:
-            model.load_state_dict(model_weights(checkpoint))
+            model = MTPModel.with_weights(config, model_weights(checkpoint))
         tokenizer = Tokenizer.from_str(meta["tokenizer"])
         loaded = LoadedCheckpoint(model, tokenizer, config, checkpoint.get("global_step", 0), meta.get("data", {}))
     model.eval()
@@ -144,6 +143,6 @@ def _load_sharded_weights(path: Path, model: MTPModel) -> None:
             dcp.load({"state_dict": state}, storage_reader=dcp.FileSystemReader(path), no_dist=True)
     except Exception as err:  # DCP wraps missing keys and damaged shards alike
         raise UserError(
-            f"checkpoint folder {path} could not be read ({str(err).splitlines()[0]}); "
+            f"checkpoint folder {path} could not be read ({first_line(err)}); "
             "use a complete checkpoint written by scripts/pretrain.py."
         ) from err

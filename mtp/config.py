@@ -39,6 +39,10 @@ class ModelConfig:
     """Causal heads only: one module applied at every depth (decoding may then draft beyond n_future)."""
     medusa_layers: int = 1
     """Medusa heads only: residual blocks per head."""
+    draft_vocab: int = 0
+    """If > 0, heads 2..n score only this many tokens, the training data's most frequent (a reduced draft vocabulary:
+    FR-Spec, EAGLE-3's d2t); head 1 keeps the whole vocabulary, so greedy decoding stays exact and sampling lossless
+    (a draft's proposal has no mass outside the subset). 0: every head scores every token."""
     max_seq_len: int = 4096
     """Longest position the rotary tables cover."""
     rope_theta: float = 10000.0
@@ -100,6 +104,15 @@ class ModelConfig:
             )
         if self.medusa_layers < 1:
             raise UserError(f"model.medusa_layers={self.medusa_layers} must be at least 1.")
+        if not 0 <= self.draft_vocab <= self.vocab_size:
+            raise UserError(
+                f"model.draft_vocab={self.draft_vocab} must lie between 0 (off) and model.vocab_size={self.vocab_size}."
+            )
+        if self.draft_vocab and self.n_future == 1:
+            raise UserError(
+                f"model.draft_vocab={self.draft_vocab} sizes the draft heads' vocabulary, and model.n_future=1 has "
+                "none; set model.n_future > 1 or model.draft_vocab=0."
+            )
         if self.loss not in LOSS_MODES:
             raise UserError(f"model.loss={self.loss!r} is not one of {', '.join(LOSS_MODES)}.")
         heads = HEAD_TYPES[self.head_type]

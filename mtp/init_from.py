@@ -16,6 +16,7 @@ Frozen parameters get no gradient and no optimizer state, and stay bit-identical
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,10 @@ from mtp.model import MTPModel
 FREEZE_MODES = ("none", "trunk", "loaded")
 # settings the trunk's weights fix; the checkpoint's value must be the config's
 SHAPE_SETTINGS = ("vocab_size", "d_model", "n_heads", "n_kv_heads", "ffn_multiple_of", "rope_theta", "norm_eps")
+# settings taken from the checkpoint too, unless the command line sets them: the rotary tables' reach
+CONTEXT_SETTINGS = ("max_seq_len",)
 # settings that change what head 2..n's weights mean: the checkpoint's heads carry over only when all are equal
-HEAD_SETTINGS = ("head_type", "share_depth", "medusa_layers")
+HEAD_SETTINGS = ("head_type", "share_depth", "medusa_layers", "draft_vocab")
 
 
 @dataclass
@@ -112,6 +115,48 @@ class Start:
                     if f"outputs.{i}.weight" not in taken:
                         output.weight.copy_(model.outputs[0].weight)
         return set(taken)
+
+
+def start_config(path: str | Path) -> ModelConfig:
+    """The model config of a checkpoint to start from (any format :class:`Start` reads), without its weights."""
+    from mtp.interop import foreign_format, read_foreign_config
+
+    if foreign_format(path):
+        return read_foreign_config(path)
+    return ModelConfig.from_dict(read_checkpoint(path, mmap=Path(path).is_file())[CHECKPOINT_KEY]["model_config"])
+
+
+def settings_from_checkpoint(path: str | Path, settings: dict[str, Any], explicit: Collection[str]) -> dict[str, Any]:
+    """``settings`` with the shapes of the checkpoint at ``path``: vocabulary, width, heads, key-value heads, SwiGLU
+    width, rope theta, norm eps and context are the checkpoint's, so a user starting from a model names none of them.
+
+    ``explicit``: the model settings the user set on the command line. One that contradicts the checkpoint's weights
+    is a user error naming the override to drop; an explicit context (``max_seq_len``) is kept, as rotary tables
+    reach any length.
+    """
+    trained = start_config(path)
+    contradicted = []
+    for name in SHAPE_SETTINGS:
+        ours = getattr(trained, name)
+        same = settings.get(name, ours) == ours
+        if name == "ffn_multiple_of" and "d_model" not in explicit:  # another multiple giving the same width is fine
+            same = swiglu_width(trained.d_model, settings.get(name, ours)) == trained.ffn_hidden
+        if name in explicit and not same:
+            contradicted.append(name)
+        else:
+            settings = {**settings, name: ours}
+    if contradicted:
+        has = ", ".join(f"model.{name}={getattr(trained, name)}" for name in contradicted)
+        asked = " ".join(f"model.{name}={settings[name]}" for name in contradicted)
+        raise UserError(
+            f"init_from={path} has {has}, which its weights fix, but the command line asks for {asked}; drop "
+            f"{'that override' if len(contradicted) == 1 else 'those overrides'} (init_from takes the shapes from the "
+            "checkpoint)."
+        )
+    for name in CONTEXT_SETTINGS:
+        if name not in explicit:
+            settings = {**settings, name: getattr(trained, name)}
+    return settings
 
 
 def freeze(model: MTPModel, mode: str, loaded: set[str]) -> None:

@@ -21,15 +21,18 @@ from mtp.init_from import Start, check_freeze
 from mtp.init_from import freeze as apply_freeze
 from mtp.loss import cross_entropy, head_logits, mtp_loss, split_window, window_states
 from mtp.metrics import AcceptanceByPosition, ExpectedTokensPerForward
-from mtp.model import MTPModel
+from mtp.model import IGNORE, MTPModel
 from mtp.optim import OptimConfig, parameter_groups, warmup_cosine
 from mtp.parallel import is_sharded, parallelize
+from mtp.trunk_cache import TrunkCache
 
 
 class MTPLitModule(L.LightningModule):
     """Training of an MTP model from plain settings.
 
-    ``init_from`` (a checkpoint) and ``freeze`` start from a trained model: see mtp.init_from.
+    ``init_from`` (a checkpoint) and ``freeze`` start from a trained model: see mtp.init_from. With the trunk frozen,
+    ``trunk_cache_gb`` keeps up to that many GiB of the trunk's outputs of training windows, so that later epochs run
+    only the heads (mtp.trunk_cache).
     ``compile`` and ``activation_checkpointing`` are applied per block in ``configure_model`` (see
     mtp.parallel), together with FSDP2 sharding over every process when the strategy is Lightning's
     ModelParallelStrategy (``trainer=fsdp``).
@@ -45,6 +48,7 @@ class MTPLitModule(L.LightningModule):
         freeze: str = "none",
         val_decode_prompts: int = 4,
         val_decode_tokens: int = 48,
+        trunk_cache_gb: float = 0.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -56,9 +60,19 @@ class MTPLitModule(L.LightningModule):
         self.model = MTPModel(self.config)
         self.start_tokenizer = None
         """The tokenizer JSON of the ``init_from`` checkpoint: the data must be tokenized with it."""
+        self.draft_tokens_loaded = False
+        """Whether the reduced draft vocabulary came with the init_from checkpoint (else the data chooses it)."""
         if start is not None:
-            apply_freeze(self.model, freeze, start.load_into(self.model))
+            loaded = start.load_into(self.model)
+            apply_freeze(self.model, freeze, loaded)
             self.start_tokenizer = start.tokenizer
+            self.draft_tokens_loaded = "draft_tokens" in loaded
+        if trunk_cache_gb < 0:
+            raise UserError(f"trunk_cache_gb={trunk_cache_gb} must be 0 (off) or a positive number of gigabytes.")
+        self.trunk_cache = None
+        if trunk_cache_gb > 0:
+            TrunkCache.check_frozen(self.model)
+            self.trunk_cache = TrunkCache(self.model, int(trunk_cache_gb * 2**30))
         self._parallelized = False
         n, vocab = self.config.n_future, self.config.vocab_size
         self.val_loss = nn.ModuleList(MeanMetric() for _ in range(n))
@@ -73,9 +87,19 @@ class MTPLitModule(L.LightningModule):
         return self.config.n_future
 
     def setup(self, stage: str) -> None:
-        vocab_size = getattr(self.trainer.datamodule, "vocab_size", None)
+        datamodule = self.trainer.datamodule
+        vocab_size = getattr(datamodule, "vocab_size", None)
         if vocab_size is not None:
             self.check_vocab_size(vocab_size)
+        if self.config.draft_vocab and not self.draft_tokens_loaded and hasattr(datamodule, "token_counts"):
+            self.choose_draft_tokens(torch.from_numpy(datamodule.token_counts("train")))
+
+    def choose_draft_tokens(self, counts: Tensor) -> None:
+        """Heads 2..n score the model.draft_vocab most frequent tokens of the training data, (vocab_size,) counts (ties
+        to the lower id, so every process chooses the same); a resumed run's checkpoint restores its own after this."""
+        counts = torch.cat([counts, counts.new_zeros(max(0, self.config.vocab_size - counts.numel()))])
+        most = torch.sort(counts, descending=True, stable=True).indices[: self.config.draft_vocab]
+        self.model.draft_tokens.copy_(most.sort().values)
 
     def configure_model(self) -> None:
         if self._parallelized:  # Lightning calls this again for every later fit/validate on the same module
@@ -112,9 +136,9 @@ class MTPLitModule(L.LightningModule):
             )
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
-        out = mtp_loss(self.model, batch)
+        out = mtp_loss(self.model, batch, trunk=self.trunk_cache)
         self.log("train/loss", out.total, prog_bar=True)
-        for k in range(1, self.n_future + 1):
+        for k in out.heads:  # a head with nothing to train is not computed (a frozen head 1: see trained_heads)
             self.log(f"train/loss_head{k}", out.per_head[k - 1])
         return out.total
 
@@ -124,9 +148,10 @@ class MTPLitModule(L.LightningModule):
         states, targets = window_states(self.model, batch)
         predictions = []
         for k, logits, target in head_logits(self.model, states, targets):
-            self.val_loss[k - 1].update(cross_entropy(logits, target), weight=target.numel())
-            prediction = logits.argmax(dim=-1)  # (B, T)
-            self.val_acc[k - 1].update(prediction.flatten(), target.flatten())
+            # the loss over the tokens head k scores (all, or a reduced draft vocabulary); accuracy over every token
+            self.val_loss[k - 1].update(cross_entropy(logits, target), weight=(target != IGNORE).sum())
+            prediction = self.model.head_tokens(k, logits.argmax(dim=-1))  # (B, T) token ids
+            self.val_acc[k - 1].update(prediction.flatten(), targets[k - 1].flatten())
             predictions.append(prediction)
             del logits  # before the next head's are computed: one head's (B, T, V) alive at a time
         if self.model.heads.conditions_on_tokens and self.n_future > 1:
@@ -147,7 +172,8 @@ class MTPLitModule(L.LightningModule):
         for j in range(1, self.n_future):
             following[j - 1, :, : T - j + 1] = head1[:, j - 1 :]
         states = self.model.head_states(inputs, following=following)
-        return [head1] + [self.model.unembedding(k)(states[k - 1]).argmax(dim=-1) for k in range(2, self.n_future + 1)]
+        heads = range(2, self.n_future + 1)
+        return [head1] + [self.model.head_tokens(k, self.model.head_logits(k, states[k - 1]).argmax(-1)) for k in heads]
 
     def on_validation_epoch_end(self) -> None:
         # exp of head 1's token-weighted mean loss: the perplexity of its logits, without a second pass over them

@@ -24,16 +24,14 @@ width d per token, never n vocabulary-sized logits.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from mtp.model import MTPModel
+from mtp.model import IGNORE, MTPModel
 
 
 @dataclass
@@ -41,7 +39,9 @@ class LossOutput:
     total: Tensor
     """Weighted sum of per-head losses, scalar; differentiable in training."""
     per_head: Tensor
-    """Unweighted mean cross-entropy of each head, (n_future,), detached."""
+    """Unweighted mean cross-entropy of each head, (n_future,), detached; nan for a head not computed."""
+    heads: list[int]
+    """The heads computed (1-based): in training, those with a gradient to give (:func:`trained_heads`)."""
 
 
 def split_window(window: Tensor, n_future: int) -> tuple[Tensor, Tensor]:
@@ -54,39 +54,74 @@ def split_window(window: Tensor, n_future: int) -> tuple[Tensor, Tensor]:
 
 
 def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy in fp32 over all positions; logits (..., V), targets (...)."""
+    """Mean cross-entropy in fp32 over the positions whose target is not IGNORE (0 if none is); logits (..., V),
+    targets (...)."""
     if logits.element_size() < 4:  # bf16/fp16 logits: softmax in fp32
         logits = logits.float()
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+    flat = targets.reshape(-1)
+    total = F.cross_entropy(logits.reshape(-1, logits.size(-1)), flat, ignore_index=IGNORE, reduction="sum")
+    return total / (flat != IGNORE).sum().clamp(min=1)
+
+
+def trained_heads(model: MTPModel, states: list[Tensor]) -> list[int]:
+    """The heads (1-based) whose loss has a gradient to give: under autograd, those whose state or unembedding needs
+    one. A head 1 frozen with the trunk (heads trained on a pretrained model) has none, and its loss would cost an
+    unembedding of every position for a constant; outside autograd (validation), every head."""
+    every = list(range(1, len(states) + 1))
+    if not torch.is_grad_enabled():
+        return every
+    needed = [k for k in every if states[k - 1].requires_grad or model.unembedding(k).weight.requires_grad]
+    return needed or every
 
 
 def head_logits(model: MTPModel, states: list[Tensor], targets: Tensor) -> Iterator[tuple[int, Tensor, Tensor]]:
-    """Head k's logits (B, T, V) and targets (B, T), for k = 1..n in turn, from :func:`window_states`' output.
+    """Head k's logits (B, T, V or K) and targets as indices into them (B, T; IGNORE for a token a reduced draft
+    vocabulary lacks), for k = 1..n in turn, from :func:`window_states`' output.
 
     Each head's logits are computed only when asked for: a caller that drops them before the next (validation)
     keeps one head's alive at a time. The sequential loss does not come through here: it unembeds inside its
     autograd Function, in chunks of positions, computing the gradients as it goes.
     """
     for k, state in enumerate(states, start=1):
-        yield k, model.unembedding(k)(state), targets[k - 1]
+        yield k, model.head_logits(k, state), model.head_targets(k, targets[k - 1])
+
+
+def _per_head(losses: Tensor, heads: list[int], n: int) -> Tensor:
+    per_head = losses.new_full((n,), float("nan"))
+    per_head[torch.tensor(heads, device=losses.device) - 1] = losses
+    return per_head
 
 
 def naive_loss(model: MTPModel, states: list[Tensor], targets: Tensor, weights: list[float]) -> LossOutput:
     """Every head's logits at once, through plain autograd."""
-    losses = torch.stack([cross_entropy(logits, target) for _, logits, target in head_logits(model, states, targets)])
-    total = (losses * losses.new_tensor(weights)).sum()
-    return LossOutput(total, losses.detach())
+    heads = trained_heads(model, states)
+    losses = torch.stack(
+        [cross_entropy(model.head_logits(k, states[k - 1]), model.head_targets(k, targets[k - 1])) for k in heads]
+    )
+    total = (losses * losses.new_tensor([weights[k - 1] for k in heads])).sum()
+    return LossOutput(total, _per_head(losses.detach(), heads, len(states)), heads)
 
 
 def sequential_loss(
     model: MTPModel, states: list[Tensor], targets: Tensor, weights: list[float], chunk: int = 0
 ) -> LossOutput:
     """The same loss as :func:`naive_loss`, with at most one head's (or one chunk's) logits alive at a time."""
-    position = {id(module): i for i, module in enumerate(model.outputs)}  # modules, not parameters: FSDP swaps those
-    which = [position[id(model.unembedding(k))] for k in range(1, len(states) + 1)]
-    unembeddings = [module.weight for module in model.outputs]
-    total, per_head = _HeadsCrossEntropy.apply(targets, weights, which, chunk, len(states), *states, *unembeddings)
-    return LossOutput(total, per_head)
+    heads = trained_heads(model, states)
+    # the distinct matrices the heads score with: one per unembedding module and vocabulary (the rows of a reduced
+    # draft vocabulary are gathered once, by ordinary autograd, which carries their gradient back to the module's)
+    position: dict[tuple[int, bool], int] = {}
+    scored, which = [], []
+    for k in heads:
+        key = (id(model.unembedding(k)), model.head_vocab(k) is not None)  # modules, not parameters: FSDP swaps those
+        if key not in position:
+            position[key] = len(scored)
+            scored.append(model.head_weight(k))
+        which.append(position[key])
+    head_targets = torch.stack([model.head_targets(k, targets[k - 1]) for k in heads])
+    head_states = [states[k - 1] for k in heads]
+    settings = (head_targets, [weights[k - 1] for k in heads], which, chunk, len(heads))
+    total, losses = _HeadsCrossEntropy.apply(*settings, *head_states, *scored)
+    return LossOutput(total, _per_head(losses, heads, len(states)), heads)
 
 
 class _HeadsCrossEntropy(torch.autograd.Function):
@@ -110,25 +145,28 @@ class _HeadsCrossEntropy(torch.autograd.Function):
             T = state.size(1)
             step = chunk if chunk > 0 else T
             loss_sum = state.new_zeros((), dtype=torch.float32)
-            scale = weights[k] / targets[k].numel()
+            counted = (targets[k] != IGNORE).sum().clamp(min=1)  # a tensor: no device sync
+            scale = weights[k] / counted
             for start in range(0, T, step):
                 piece = state[:, start : start + step]  # (B, c, d)
                 piece_targets = targets[k][:, start : start + step, None]  # (B, c, 1)
+                valid = piece_targets != IGNORE  # tokens outside a reduced draft vocabulary count for nothing
+                piece_targets = piece_targets.clamp(min=0)
                 logits = F.linear(piece, weight)  # (B, c, V), in the autocast dtype if one is active
                 compute_dtype = logits.dtype
                 logits = logits.float()
                 log_norm = logits.logsumexp(dim=-1, keepdim=True)  # (B, c, 1)
-                loss_sum += (log_norm - logits.gather(-1, piece_targets)).sum()
+                loss_sum += ((log_norm - logits.gather(-1, piece_targets)) * valid).sum()
                 # d(scale * CE)/d logits = scale * (softmax - one_hot(target)), built in place of the logits
                 grad_logits = logits.sub_(log_norm).exp_()
-                grad_logits.scatter_add_(-1, piece_targets, torch.full_like(log_norm, -1.0)).mul_(scale)
+                grad_logits.scatter_add_(-1, piece_targets, torch.full_like(log_norm, -1.0)).mul_(valid * scale)
                 grad_logits = grad_logits.to(compute_dtype)
                 if grad_states[k] is not None:
                     grad_states[k][:, start : start + step] = grad_logits @ weight
                 if grad_weights[index] is not None:
                     grad_weights[index] += torch.einsum("bcv,bcd->vd", grad_logits, piece)
                 del logits, grad_logits
-            losses.append(loss_sum / targets[k].numel())
+            losses.append(loss_sum / counted)
         per_head = torch.stack(losses)
         total = (per_head * per_head.new_tensor(weights)).sum()
         # Plain attributes, not saved tensors: backward hands them to autograd and drops its own reference, so
@@ -148,19 +186,25 @@ class _HeadsCrossEntropy(torch.autograd.Function):
         return (None, None, None, None, None, *grads)
 
 
-def window_states(model: MTPModel, window: Tensor) -> tuple[list[Tensor], Tensor]:
+def window_states(
+    model: MTPModel, window: Tensor, trunk: Callable[[Tensor], Tensor] | None = None
+) -> tuple[list[Tensor], Tensor]:
     """Every head's normed state (n x (B, T, d)) over a window's inputs, and the targets (n, B, T).
 
     Causal heads condition on the true tokens before the one they predict: head k at t on token t + k - 1.
+    ``trunk(inputs)``: the trunk's output from elsewhere (:class:`mtp.trunk_cache.TrunkCache`); default: the model's.
     """
     inputs, targets = split_window(window, model.config.n_future)
-    return model.head_states(inputs, following=targets[:-1]), targets
+    return model.head_states(inputs, following=targets[:-1], trunk=trunk(inputs) if trunk else None), targets
 
 
-def mtp_loss(model: MTPModel, window: Tensor, mode: str | None = None) -> LossOutput:
-    """Training loss of a token window (B, seq_len + n_future) in the given mode (default: the model config's)."""
+def mtp_loss(
+    model: MTPModel, window: Tensor, mode: str | None = None, trunk: Callable[[Tensor], Tensor] | None = None
+) -> LossOutput:
+    """Training loss of a token window (B, seq_len + n_future) in the given mode (default: the model config's); the
+    trunk's output from ``trunk(inputs)`` if given (see :func:`window_states`)."""
     config = model.config
-    states, targets = window_states(model, window)
+    states, targets = window_states(model, window, trunk)
     mode = mode or config.loss
     if mode == "naive" or not torch.is_grad_enabled():
         return naive_loss(model, states, targets, config.weights)

@@ -20,6 +20,9 @@ from torch import Tensor, nn
 from mtp.config import ModelConfig
 from mtp.heads import HeadType, head_type
 
+IGNORE = -100
+"""A target no loss counts: a token outside a draft head's reduced vocabulary (PyTorch's ignore_index)."""
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -102,10 +105,29 @@ class MTPModel(nn.Module):
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layer_blocks))
         self.heads.build(self)  # extra_heads, outputs, and whatever else the head type adds
         self.norm = RMSNorm(config.d_model, config.norm_eps)
-        cos, sin = rotary_tables(config.d_model // config.n_heads, config.max_seq_len, config.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_cos", None, persistent=False)
+        self.register_buffer("rope_sin", None, persistent=False)
+        self.set_rotary_tables()
+        if config.draft_vocab:  # the ids heads 2..n score; saved with the weights (training sets them from its data)
+            self.register_buffer("draft_tokens", torch.arange(config.draft_vocab))
         self.reset_parameters()
+
+    @classmethod
+    def with_weights(cls, config: ModelConfig, weights: dict[str, Tensor]) -> MTPModel:
+        """A model holding ``weights`` (a full state dict, tensors adopted where they are), built without first
+        initialising the weights they replace: that costs seconds for a model of a hundred million parameters."""
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_state_dict(weights, assign=True)
+        model.set_rotary_tables(next(iter(weights.values())).device)
+        return model
+
+    def set_rotary_tables(self, device: torch.device | str | None = None) -> None:
+        """The rotary cos and sin tables (computed, not saved), in fp32 on ``device`` (default: the current one)."""
+        cos, sin = rotary_tables(
+            self.config.d_model // self.config.n_heads, self.config.max_seq_len, self.config.rope_theta
+        )
+        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
 
     @property
     def heads(self) -> HeadType:
@@ -154,24 +176,63 @@ class MTPModel(nn.Module):
         return self.heads.extra_block(self, k) if self.heads.blocks_per_head else None
 
     def unembedding(self, k: int) -> nn.Linear:
+        """Head k's unembedding module, over the whole vocabulary (see :meth:`head_weight` for what head k scores)."""
         return self.heads.unembedding(self, k)
 
-    def head_states(self, idx: Tensor, following: Tensor | None = None) -> list[Tensor]:
+    def head_vocab(self, k: int) -> Tensor | None:
+        """The token ids head k scores (K,), in the order of its logits; None: the whole vocabulary, in id order."""
+        return self.draft_tokens if k > 1 and self.config.draft_vocab else None
+
+    def head_weight(self, k: int) -> Tensor:
+        """The rows of head k's unembedding it scores: (V, d), or (K, d) for a draft head of a reduced vocabulary."""
+        weight = self.unembedding(k).weight
+        vocab = self.head_vocab(k)
+        return weight if vocab is None else weight[vocab]
+
+    def head_logits(self, k: int, state: Tensor) -> Tensor:
+        """Head k's logits (..., V or K) of its normed state (..., d): over the tokens of :meth:`head_vocab`."""
+        return F.linear(state, self.head_weight(k))
+
+    def head_targets(self, k: int, targets: Tensor) -> Tensor:
+        """Token ids as indices into head k's logits; a token head k does not score becomes ``IGNORE``."""
+        vocab = self.head_vocab(k)
+        if vocab is None:
+            return targets
+        index = torch.full((self.config.vocab_size,), IGNORE, dtype=torch.long, device=targets.device)
+        index[vocab] = torch.arange(vocab.numel(), device=targets.device)
+        return index[targets]
+
+    def head_tokens(self, k: int, indices: Tensor) -> Tensor:
+        """Indices into head k's logits (e.g. its argmax) as token ids."""
+        vocab = self.head_vocab(k)
+        return indices if vocab is None else vocab[indices]
+
+    def full_vocab(self, k: int, logits: Tensor) -> Tensor:
+        """Head k's logits over the whole vocabulary (..., V): -inf for the tokens it does not score."""
+        vocab = self.head_vocab(k)
+        if vocab is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, vocab, logits)
+
+    def head_states(self, idx: Tensor, following: Tensor | None = None, trunk: Tensor | None = None) -> list[Tensor]:
         """What each head's unembedding reads: its hidden state after the shared norm, n_future x (B, T, d_model).
 
         ``following`` (n_future - 1, B, T), following[j-1][b, t] = token t + j: the tokens causal heads condition
-        on (the window's targets in training); other head types ignore it.
+        on (the window's targets in training); other head types ignore it. ``trunk``: :meth:`trunk`'s output for
+        ``idx``, when the caller has it already (a frozen trunk's, kept from an earlier epoch).
 
         Training and evaluation call the model through this one method (the unembedding comes after, one head
         at a time), so a wrapper that hooks a forward method (FSDP2's ``register_fsdp_forward_method``) needs
         only this and ``forward``.
         """
-        return self.heads.states(self, self.trunk(idx), following)
+        return self.heads.states(self, self.trunk(idx) if trunk is None else trunk, following)
 
     def forward(self, idx: Tensor, following: Tensor | None = None) -> Tensor:
-        """Logits of every head, (n_future, B, T, vocab_size); head k at position t predicts token t+k."""
+        """Logits of every head, (n_future, B, T, vocab_size); head k at position t predicts token t+k. A draft head of
+        a reduced vocabulary has -inf for the tokens it does not score."""
         states = self.head_states(idx, following)
-        return torch.stack([self.unembedding(k)(state) for k, state in enumerate(states, start=1)])
+        return torch.stack([self.full_vocab(k, self.head_logits(k, s)) for k, s in enumerate(states, start=1)])
 
     def blocks(self) -> list[Block]:
         """Every block: ``layers`` (the trunk and head 1), then ``extra_heads`` (heads 2..n)."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import hydra
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -23,6 +24,7 @@ from mtp.checkpoint_load import check_checkpoint
 from mtp.checkpoint_save import AtomicCheckpointIO
 from mtp.data.packing import writing_to_cache
 from mtp.errors import UserError
+from mtp.init_from import settings_from_checkpoint
 from mtp.lit import MTPLitModule
 
 
@@ -53,13 +55,17 @@ def build(
     """
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    if cfg.get("init_from"):  # the shapes are the checkpoint's; only the model settings the user typed may differ
+        model = settings_from_checkpoint(cfg.init_from, model, explicit_model_settings(cfg))
     module = MTPLitModule(  # validates the model config before any data work
-        model=OmegaConf.to_container(cfg.model, resolve=True),
+        model=model,
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         compile=bool(cfg.get("compile", False)),
         activation_checkpointing=bool(cfg.get("activation_checkpointing", False)),
         init_from=cfg.get("init_from"),
         freeze=cfg.get("freeze", "none"),
+        trunk_cache_gb=float(cfg.get("trunk_cache_gb", 0.0)),
     )
     if module.start_tokenizer is not None:  # data tokenized as the model it starts from was
         with open_dict(cfg):
@@ -79,6 +85,20 @@ def build(
         plugins=[AtomicCheckpointIO()],
     )
     return datamodule, module, trainer
+
+
+def explicit_model_settings(cfg: DictConfig) -> set[str]:
+    """The ``model.*`` settings the command line set (``model.d_model=512``, ``+model.x=...``), from Hydra's record
+    of the overrides: in the config when composed with ``return_hydra_config``, else in the running Hydra app; a
+    preset's own values (``model=mtp4``, ``size=small``) are not among them."""
+    if "hydra" in cfg:
+        overrides = cfg.hydra.overrides.task
+    elif HydraConfig.initialized():
+        overrides = HydraConfig.get().overrides.task
+    else:
+        overrides = []
+    keys = (override.split("=", 1)[0].lstrip("+~") for override in overrides)
+    return {key.removeprefix("model.") for key in keys if key.startswith("model.")}
 
 
 def save_tokenizer(tokenizer_json: str, cache_dir: str) -> str:

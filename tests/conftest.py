@@ -32,8 +32,9 @@ def shared_cache(tmp_path_factory) -> Path:
 
 
 def compose_train(overrides: list[str]) -> DictConfig:
+    """The composed config, with Hydra's record of the overrides (cfg.hydra), as a run from the command line has."""
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
+        return compose(config_name="train", overrides=overrides, return_hydra_config=True)
 
 
 def tiny_overrides(model: str, corpus_dir: Path, cache: Path) -> list[str]:

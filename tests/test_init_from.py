@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from omegaconf import open_dict
 
 from mtp.checkpoint_load import CHECKPOINT_KEY
 from mtp.config import ModelConfig
@@ -9,7 +10,7 @@ from mtp.errors import UserError
 from mtp.init_from import freeze
 from mtp.loss import mtp_loss
 from mtp.model import MTPModel
-from mtp.train import train
+from mtp.train import build, train
 from tests.test_scripts import assert_one_clear_error, pretrain, tiny_data
 
 
@@ -92,8 +93,18 @@ def test_freeze_stops_exactly_the_gradients_of_its_part(mode):
     [
         ("mtp4", ["init_from={tmp}/missing.ckpt"], "does not exist"),
         ("mtp4", ["init_from={tmp}/bad.ckpt"], "truncated or not a PyTorch checkpoint"),
-        ("mtp4", ["init_from={start}", "model.d_model=48"], "has model.d_model=64 but the config asks for 48"),
-        ("mtp4", ["init_from={start}", "model.vocab_size=1024"], "has model.vocab_size=512"),
+        (
+            "mtp4",
+            ["init_from={start}", "model.d_model=48"],
+            "has model.d_model=64, which its weights fix, but the "
+            "command line asks for model.d_model=48; drop that override",
+        ),
+        (
+            "mtp4",
+            ["init_from={start}", "model.vocab_size=1024", "model.n_heads=2"],
+            "has model.vocab_size=512, model.n_heads=4, which its weights fix, but the command line asks for "
+            "model.vocab_size=1024 model.n_heads=2;",
+        ),
         ("mtp4", ["init_from={start}", "freeze=loaded"], "freeze=loaded leaves nothing to train"),
         ("mtp4", ["freeze=trunk"], "freeze=trunk needs a trained model to start from"),
         ("mtp4", ["init_from={start}", "freeze=heads"], "freeze='heads' is not one of"),
@@ -117,3 +128,17 @@ def test_a_bad_start_exits_2_and_leaves_nothing(corpus_dir, shared_cache, tmp_pa
     assert_one_clear_error(result, "freeze=loaded leaves nothing to train")
     assert result.returncode == 2
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("runs/*"))
+
+
+def test_init_from_takes_every_shape_from_the_checkpoint(make_cfg, tiny_checkpoints):
+    """Values a preset gives (not the command line) give way to the checkpoint's; an explicit context is kept."""
+    start = tiny_checkpoints["mtp4"]
+    trained = ModelConfig.from_dict(torch.load(start, weights_only=True)[CHECKPOINT_KEY]["model_config"])
+    cfg = make_cfg("causal4", [f"init_from={start}", "freeze=loaded", "model.max_seq_len=96"])
+    with open_dict(cfg):  # what another size preset would have set
+        cfg.model.update(d_model=128, n_heads=8, n_kv_heads=8, vocab_size=8192, rope_theta=5e5, norm_eps=1e-6)
+    _, module, _ = build(cfg)
+    for name in ("vocab_size", "d_model", "n_heads", "n_kv_heads", "ffn_hidden", "rope_theta", "norm_eps"):
+        assert getattr(module.config, name) == getattr(trained, name), name
+    assert module.config.max_seq_len == 96 != trained.max_seq_len
+    assert module.config.head_type == "causal"

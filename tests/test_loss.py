@@ -48,13 +48,26 @@ def perturbed(model: MTPModel) -> MTPModel:
     return model
 
 
+def with_draft_vocab(model: MTPModel, seed: int = 0) -> MTPModel:
+    """Heads 2..n on a random subset of the vocabulary (set as training would: in place), if the model has one."""
+    if model.config.draft_vocab:
+        generator = torch.Generator().manual_seed(seed)
+        chosen = torch.randperm(model.config.vocab_size, generator=generator)[: model.config.draft_vocab]
+        model.draft_tokens.copy_(chosen.sort().values)
+    return model
+
+
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 @pytest.mark.parametrize("n_future", [1, 2, 4, 8])
 @pytest.mark.parametrize("loss_chunk", [0, 5])
-def test_sequential_gradients_equal_naive(head_type, n_future, loss_chunk):
+@pytest.mark.parametrize("draft_vocab", [0, 40])
+def test_sequential_gradients_equal_naive(head_type, n_future, loss_chunk, draft_vocab):
+    if draft_vocab and n_future == 1:
+        pytest.skip("a reduced draft vocabulary needs draft heads")
     weights = [1.0 / k for k in range(1, n_future + 1)]
-    settings = {"head_type": head_type, **HEAD_TYPES[head_type]}
+    settings = {"head_type": head_type, **HEAD_TYPES[head_type], "draft_vocab": draft_vocab}
     model = perturbed(make_model(n_future, loss_weights=weights, loss_chunk=loss_chunk, **settings))
+    with_draft_vocab(model)
     window = torch.randint(0, 97, (3, 16 + n_future))
     naive, naive_grads = gradients(model, window, "naive", scale=0.5)
     sequential, sequential_grads = gradients(model, window, "sequential", scale=0.5)
@@ -78,6 +91,58 @@ def test_per_head_loss_is_cross_entropy_of_the_shifted_target():
         expected = -log_probs.gather(-1, target.unsqueeze(-1)).mean()
         torch.testing.assert_close(out.per_head[k - 1].double(), expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out.total, out.per_head.sum())
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "medusa"])
+def test_a_reduced_draft_vocabulary_scores_only_its_tokens(head_type):
+    """Heads 2..n: logits over the K chosen tokens (the full forward gives -inf elsewhere), their loss the
+    cross-entropy of that distribution over the positions whose target is among them; head 1 scores every token."""
+    model = with_draft_vocab(perturbed(make_model(n_future=3, head_type=head_type, draft_vocab=30)))
+    window = torch.randint(0, 97, (2, 27))
+    inputs, targets = split_window(window, 3)
+    with torch.no_grad():
+        logits = model(inputs, following=targets[:-1])  # (3, 2, 24, 97)
+        out = mtp_loss(model, window)
+    chosen = set(model.draft_tokens.tolist())
+    assert torch.isfinite(logits[0]).all()
+    for k in (2, 3):
+        finite = torch.isfinite(logits[k - 1]).all(dim=(0, 1)).nonzero().flatten().tolist()
+        assert set(finite) == chosen and torch.isinf(logits[k - 1]).sum() == 2 * 24 * (97 - 30)
+        counted = torch.tensor([[t in chosen for t in row] for row in targets[k - 1].tolist()])
+        assert 0 < counted.sum() < counted.numel()  # some targets outside the subset: they count for nothing
+        log_probs = F.log_softmax(logits[k - 1].double(), dim=-1)
+        picked = log_probs.gather(-1, targets[k - 1].unsqueeze(-1)).squeeze(-1)
+        expected = -picked[counted].mean()
+        torch.testing.assert_close(out.per_head[k - 1].double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_frozen_head_is_not_computed_in_training():
+    """A head with nothing to train (its state and unembedding frozen: head 1 under a frozen trunk) costs nothing;
+    the other heads' gradients are what they would be with it, and validation still measures every head."""
+    model = perturbed(make_model(n_future=3))
+    window = torch.randint(0, 97, (2, 15))
+    _, reference = gradients(model, window, "naive")
+    trained = {name for name, _ in model.named_parameters() if name.startswith("extra_heads")}
+    for name, p in model.named_parameters():
+        p.requires_grad_(name in trained)
+    for mode in ("naive", "sequential"):
+        model.zero_grad()
+        out = mtp_loss(model, window, mode)
+        out.total.backward()
+        assert out.heads == [2, 3] and torch.isnan(out.per_head[0]) and torch.isfinite(out.per_head[1:]).all()
+        for name, p in model.named_parameters():
+            assert (p.grad is not None) == (name in trained)
+            if name in trained:
+                torch.testing.assert_close(p.grad, reference[name], rtol=1e-5, atol=1e-7)
+    with torch.no_grad():
+        assert mtp_loss(model, window).heads == [1, 2, 3]
+    for name, p in model.named_parameters():  # a frozen state whose unembedding trains is computed
+        p.requires_grad_(name in trained or name == "outputs.0.weight")
+    model.zero_grad()
+    out = mtp_loss(model, window, "sequential")
+    out.total.backward()
+    assert out.heads == [1, 2, 3]
+    torch.testing.assert_close(model.outputs[0].weight.grad, reference["outputs.0.weight"], rtol=1e-5, atol=1e-7)
 
 
 def test_sequential_backward_accumulates_like_autograd():

@@ -50,6 +50,9 @@ DRAFTER_CACHE = (f"{DRAFTERS}::test_draft_model_proposals_follow_the_accepted_to
 DRAFTED_LOSSLESS = f"{DRAFTERS}::test_drafted_sampling_has_the_autoregressive_distribution"
 META_LOGITS = "tests/interop/test_meta.py::test_imported_meta_checkpoint_computes_what_meta_code_computes"
 META_TOKENIZER = "tests/interop/test_meta.py::test_meta_tokenizer_converts_to_the_same_ids_and_text"
+GGUF = "tests/interop/test_gguf.py"
+GGUF_LOGITS = f"{GGUF}::test_logits_and_ids_equal_transformers_gguf_loader[output]"
+GGUF_TIED = f"{GGUF}::test_logits_and_ids_equal_transformers_gguf_loader[tied]"
 HF_ROUND_TRIP = "tests/interop/test_hf.py::test_round_trip_gives_every_tensor_back_and_names_any_lost_one[transformer]"
 RESUME = "tests/test_train.py::test_resume_mid_epoch_continues_the_data_order[validation1]"  # no validation save
 
@@ -350,8 +353,8 @@ MUTATIONS = [
     Mutation(
         "causal heads condition on their own target",
         "mtp/loss.py",
-        "return model.head_states(inputs, following=targets[:-1]), targets",
-        "return model.head_states(inputs, following=targets[1:]), targets",
+        "following=targets[:-1], trunk=",
+        "following=targets[1:], trunk=",
         (f"{LOSS}::test_no_head_sees_its_target",),
     ),
     Mutation(
@@ -389,6 +392,52 @@ MUTATIONS = [
         "parameter.requires_grad_(True)",
         ("tests/test_init_from.py::test_freeze_stops_exactly_the_gradients_of_its_part",),
     ),
+    # -- a reduced draft vocabulary
+    Mutation(
+        "draft logits spread over the wrong token ids",
+        INFERENCE,
+        "return full.index_copy_(-1, self.draft_tokens, logits)",
+        "return full.index_copy_(-1, self.draft_tokens.sort().indices, logits)",
+        (CACHE,),
+    ),
+    Mutation(
+        "targets outside a reduced draft vocabulary still pull on the sequential loss's gradients",
+        "mtp/loss.py",
+        ".mul_(valid * scale)",
+        ".mul_(scale)",
+        (LOSS,),
+    ),
+    Mutation(
+        "a draft head's targets indexed by token id rather than by their place in its vocabulary",
+        "mtp/model.py",
+        "index[vocab] = torch.arange(vocab.numel(), device=targets.device)",
+        "index[vocab] = vocab.flip(0)",
+        (f"{LOSS}::test_a_reduced_draft_vocabulary_scores_only_its_tokens",),
+    ),
+    Mutation(
+        "the draft vocabulary made of the least frequent tokens",
+        "mtp/lit.py",
+        "most = torch.sort(counts, descending=True, stable=True)",
+        "most = torch.sort(counts, descending=False, stable=True)",
+        (
+            "tests/test_train.py::"
+            "test_a_reduced_draft_vocabulary_is_the_training_datas_most_frequent_and_travels_in_the_checkpoint",
+        ),
+    ),
+    Mutation(
+        "a head whose unembedding trains is skipped because its state is frozen",
+        "mtp/loss.py",
+        "needed = [k for k in every if states[k - 1].requires_grad or model.unembedding(k).weight.requires_grad]",
+        "needed = [k for k in every if states[k - 1].requires_grad]",
+        (f"{LOSS}::test_a_frozen_head_is_not_computed_in_training",),
+    ),
+    Mutation(
+        "the trunk cache hands back its rows in the wrong order",
+        "mtp/trunk_cache.py",
+        "return torch.stack([self.outputs[key] for key in keys])",
+        "return torch.stack([self.outputs[key] for key in reversed(keys)])",
+        ("tests/test_trunk_cache.py::test_a_cached_step_computes_exactly_the_uncached_one",),
+    ),
     # -- the loss
     Mutation(
         "head targets shifted by one",
@@ -407,15 +456,15 @@ MUTATIONS = [
     Mutation(
         "the sequential gradients ignore the head weights",
         "mtp/loss.py",
-        "scale = weights[k] / targets[k].numel()",
-        "scale = 1.0 / targets[k].numel()",
+        "scale = weights[k] / counted",
+        "scale = 1.0 / counted",
         (LOSS,),
     ),
     Mutation(
         "the one-hot term of the cross-entropy gradient has the wrong sign",
         "mtp/loss.py",
-        "grad_logits.scatter_add_(-1, piece_targets, torch.full_like(log_norm, -1.0)).mul_(scale)",
-        "grad_logits.scatter_add_(-1, piece_targets, torch.full_like(log_norm, 1.0)).mul_(scale)",
+        "torch.full_like(log_norm, -1.0)",
+        "torch.full_like(log_norm, 1.0)",
         (LOSS,),
     ),
     Mutation(
@@ -435,8 +484,8 @@ MUTATIONS = [
     Mutation(
         "linear heads all read the first unembedding",
         "mtp/loss.py",
-        "which = [position[id(model.unembedding(k))] for k in range(1, len(states) + 1)]",
-        "which = [0 for k in range(1, len(states) + 1)]",
+        "which.append(position[key])",
+        "which.append(0)",
         (LOSS,),
     ),
     # -- metrics and data order
@@ -517,7 +566,7 @@ MUTATIONS = [
         "mtp/interop/llama.py",
         "return weight.view(n, head_dim // 2, 2, in_features).transpose(1, 2).reshape(out_features, in_features)",
         "return weight",
-        (META_LOGITS,),
+        (META_LOGITS, GGUF_LOGITS),
     ),
     Mutation(
         "sentencepiece converted as transformers does it (a leading space dropped)",
@@ -525,6 +574,63 @@ MUTATIONS = [
         "tokenizer.pre_tokenizer = None",
         "return tokenizer",
         (META_TOKENIZER,),
+    ),
+    Mutation(
+        "a GGUF file's own output.weight replaced by the embedding (mtp's name looked up among GGUF's)",
+        "mtp/interop/gguf.py",
+        'if "output.weight" not in tensors:',
+        'if "outputs.0.weight" not in tensors:',
+        (GGUF_LOGITS,),
+    ),
+    Mutation(
+        "a tied GGUF file's unembedding not copied from the embedding",
+        "mtp/interop/gguf.py",
+        'weights["outputs.0.weight"] = weights["tok_embeddings.weight"].clone()',
+        "pass",
+        (GGUF_TIED,),
+    ),
+    Mutation(
+        "GGUF tensors reshaped in GGUF's (columns, rows) order",
+        "mtp/interop/gguf.py",
+        "shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))",
+        "shape = tuple(int(n) for n in tensor.shape.tolist())",
+        (GGUF_LOGITS,),
+    ),
+    Mutation(
+        "the smollm pre-tokenizer without llama.cpp's digit split",
+        "mtp/interop/tokenizer.py",
+        '"smollm": [r"\\p{N}", GPT2_SPLIT],',
+        '"smollm": [GPT2_SPLIT],',
+        (f"{GGUF}::test_byte_level_ids_split_as_llama_cpp_splits[smollm]",),
+    ),
+    Mutation(
+        "a GGUF file's control tokens taken for its unknown ones (type 2), so not matched whole in the text",
+        "mtp/interop/tokenizer.py",
+        "UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4",
+        "UNKNOWN, CONTROL, USER_DEFINED = 2, 2, 4",
+        (f"{GGUF}::test_byte_level_ids_split_as_llama_cpp_splits[gpt2]",),
+    ),
+    Mutation(
+        "a GGUF file's control tokens added as ordinary tokens (kept in decoded text)",
+        "mtp/interop/tokenizer.py",
+        "tokenizer.add_special_tokens(special)",
+        "tokenizer.add_tokens([AddedToken(t.content, special=False, normalized=False) for t in special])",
+        (GGUF_LOGITS,),
+    ),
+    Mutation(
+        "a GGUF sentencepiece vocabulary split as transformers' Metaspace does (no space before a leading space)",
+        "mtp/interop/tokenizer.py",
+        'tokenizer.normalizer = normalizers.Sequence([*prefix, normalizers.Replace(" ", SPACE)])',
+        'tokenizer.normalizer, tokenizer.pre_tokenizer = normalizers.Replace(" ", SPACE), '
+        'pre_tokenizers.Metaspace(prepend_scheme="first", split=False)',
+        (f"{GGUF}::test_sentencepiece_ids_equal_sentencepiece_and_llama_cpp",),
+    ),
+    Mutation(
+        "no BOS for Llama 3's splits when a GGUF file does not say (llama.cpp adds one)",
+        "mtp/interop/tokenizer.py",
+        'meta.get("tokenizer.ggml.pre") in LLAMA3_NAMES',
+        "False",
+        (f"{GGUF}::test_bos_starts_a_text_where_llama_cpp_adds_it[llama-bpe-None-True]",),
     ),
     Mutation(
         "the unembedding taken from the embedding whenever config.json mentions tying",
@@ -586,7 +692,7 @@ MUTATIONS = [
     Mutation(
         "validation weighs each batch equally, not by its tokens",
         "mtp/lit.py",
-        "self.val_loss[k - 1].update(cross_entropy(logits, target), weight=target.numel())",
+        "self.val_loss[k - 1].update(cross_entropy(logits, target), weight=(target != IGNORE).sum())",
         "self.val_loss[k - 1].update(cross_entropy(logits, target))",
         ("tests/test_train.py::test_validation_perplexity_is_exp_of_the_token_weighted_head1_loss",),
     ),

@@ -371,3 +371,20 @@ def test_no_weight_decay_on_norms():
     assert all(p.dim() == 1 for p in no_decay["params"]) and all(p.dim() == 2 for p in decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
     assert any(p is model.norm.weight for p in no_decay["params"])
+
+
+def test_a_reduced_draft_vocabulary_is_the_training_datas_most_frequent_and_travels_in_the_checkpoint(make_cfg):
+    cfg = make_cfg("mtp4", ["model.draft_vocab=64"])
+    metrics = train(cfg)
+    assert {"val/loss_head2", "val/acc_head4", "val/decoded_tokens_per_forward"} <= metrics.keys()
+    loaded = load_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+    datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    counts = datamodule.token_counts("train")
+    chosen = loaded.model.draft_tokens.tolist()
+    assert chosen == sorted(chosen) and len(set(chosen)) == 64 == loaded.config.draft_vocab
+    assert min(counts[chosen]) >= max(counts[[t for t in range(len(counts)) if t not in set(chosen)]])
+    with torch.no_grad():
+        logits = loaded.model(torch.tensor([[1, 2, 3, 4]]))
+    assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[1:]).sum() == 3 * 4 * 64

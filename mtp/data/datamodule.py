@@ -145,6 +145,11 @@ class MTPDataModule(L.LightningDataModule):
         """Plain settings that recover this data's splits: the source and the validation fraction."""
         return {"source": asdict(self.source), "val_fraction": self.val_fraction, "seq_len": self.seq_len}
 
+    def token_counts(self, split: str = "train") -> np.ndarray:
+        """How often each token id occurs in a split, (vocab_size,)."""
+        assert self.packed is not None, "call setup() first"
+        return np.bincount(self.packed.tokens(split), minlength=self.vocab_size)
+
     @property
     def tokenizer(self) -> Tokenizer:
         assert self.packed is not None, "call setup() first"

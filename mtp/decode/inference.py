@@ -122,6 +122,12 @@ class InferenceModel:
         # verification path: the trunk and head 1 (all of `layers`)
         self.path = [PackedBlocks([block], config.n_heads, config.n_kv_heads) for block in model.layers]
         self.head1_output = Unembedding(model.unembedding(1).weight * final_norm)
+        # the draft heads' shared unembedding: head 1's, or its rows of a reduced draft vocabulary (then their logits
+        # are spread back over the whole vocabulary, -inf elsewhere: a proposal with no mass outside the subset)
+        self.vocab_size, self.draft_tokens = config.vocab_size, model.head_vocab(2) if heads > 1 else None
+        self.draft_output = self.head1_output
+        if self.draft_tokens is not None:
+            self.draft_output = Unembedding(model.head_weight(2) * final_norm)
         # rotary angles per position (max_seq_len, head_dim / 2): e^{i theta t} eager (fewest operations), as
         # (cos, sin) pairs (..., 2) compiled (inductor generates no code for complex numbers)
         if compile:
@@ -146,9 +152,10 @@ class InferenceModel:
 
     @classmethod
     def of(cls, model: MTPModel, heads: int, compile: bool = False) -> InferenceModel:
-        """The inference form of ``model`` for ``heads`` heads: built once, reused while the weights stay the same
-        (in place, same version), so repeated ``generate`` calls pay neither the packing nor a recompile."""
-        weights = tuple((p.data_ptr(), p._version, p.dtype) for p in model.parameters())
+        """The inference form of ``model`` for ``heads`` heads: built once, reused while the weights (and buffers, such
+        as a reduced draft vocabulary) stay the same (in place, same version), so repeated ``generate`` calls pay
+        neither the packing nor a recompile."""
+        weights = tuple((t.data_ptr(), t._version, t.dtype) for t in (*model.parameters(), *model.buffers()))
         built = _built.setdefault(model, {})
         key = (heads, compile)
         if key not in built or built[key][0] != weights:
@@ -212,6 +219,17 @@ class InferenceModel:
         """Head 1's logits (..., V) of path outputs x (..., d)."""
         return self.head1_output(F.rms_norm(x, (x.size(-1),), eps=self.eps))
 
+    def draft_logits(self, x: Tensor) -> Tensor:
+        """The logits (..., V) of draft heads that share head 1's unembedding, from their hidden states x (..., d)."""
+        return self.full_vocab(self.draft_output(F.rms_norm(x, (x.size(-1),), eps=self.eps)))
+
+    def full_vocab(self, logits: Tensor) -> Tensor:
+        """Draft logits over the whole vocabulary (..., V), from those over a reduced draft vocabulary (..., K)."""
+        if self.draft_tokens is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_tokens, logits)
+
     def draft(
         self, hidden: Tensor, cache: KVCache, last: Tensor, inputs: Tensor, next_token: Tensor, choose: Chooser
     ) -> Tensor:
@@ -253,7 +271,7 @@ class ParallelBlocks:
         x = hidden.expand(form.heads - 1, -1, -1, -1)  # (h, B, S, d)
         rotation = form.rotations[cache.rotary]
         out = form._blocks(self.blocks, x, rotation, cache, self.slots, last)  # (h, B, d)
-        return choose(form.head1_output(F.rms_norm(out, (out.size(-1),), eps=form.eps)), 0).T
+        return choose(form.draft_logits(out), 0).T
 
 
 class Unembeddings:
@@ -269,9 +287,9 @@ class Unembeddings:
             depth = len(medusa[0].layers)
             self.residual = [torch.stack([medusa[k - 2].layers[i].weight.T for k in heads]) for i in range(depth)]
             self.norm_weight = final_norm  # the residual blocks read the normed state: the weight cannot be folded
-            self.outputs = torch.stack([model.unembedding(k).weight.T for k in heads])  # (h, d, V)
+            self.outputs = torch.stack([model.head_weight(k).T for k in heads])  # (h, d, V or K)
         else:
-            self.outputs = torch.stack([(model.unembedding(k).weight * final_norm).T for k in heads])
+            self.outputs = torch.stack([(model.head_weight(k) * final_norm).T for k in heads])
 
     def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
         x = hidden[torch.arange(hidden.size(0), device=hidden.device), last]  # (B, d)
@@ -280,7 +298,7 @@ class Unembeddings:
             normed = normed * self.norm_weight
             for weight in self.residual:
                 normed = normed + F.silu(torch.bmm(normed, weight))
-        return choose(torch.bmm(normed, self.outputs), 0).T
+        return choose(self.form.full_vocab(torch.bmm(normed, self.outputs)), 0).T
 
 
 class CausalChain:
@@ -346,7 +364,7 @@ class CausalChain:
             if k < form.heads:  # what the next depth reads
                 chain.hidden[k - 1][rows, positions] = out
             at_last = out[rows[:, 0], held + last - positions[:, 0]]  # (B, d)
-            token = choose(form.head1_output(F.rms_norm(at_last, (at_last.size(-1),), eps=eps))[None], k - 2)[0]
+            token = choose(form.draft_logits(at_last)[None], k - 2)[0]
             stream[rows[:, 0], last + k] = token
             drafts.append(token)
             depth_cache.commit(width)

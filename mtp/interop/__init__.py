@@ -68,6 +68,24 @@ def read_foreign(path: str | os.PathLike) -> ModelFiles:
     raise ValueError(f"{path} is neither a Hugging Face nor a Meta directory nor a GGUF file")
 
 
+def read_foreign_config(path: str | os.PathLike) -> ModelConfig:
+    """The model config of a Hugging Face Llama or Meta directory or a GGUF file, without reading its weights."""
+    kind = foreign_format(path)
+    if kind == "meta":
+        from mtp.interop.meta import read_meta_config
+
+        return read_meta_config(Path(path))
+    if kind == "hf":
+        from mtp.interop.hf import read_hf_config
+
+        return read_hf_config(Path(path))
+    if kind == "gguf":
+        from mtp.interop.gguf import read_gguf_config
+
+        return read_gguf_config(Path(path))
+    raise ValueError(f"{path} is neither a Hugging Face nor a Meta directory nor a GGUF file")
+
+
 def read_foreign_tokenizer(path: str | os.PathLike) -> str:
     """The tokenizer JSON of a Hugging Face or Meta directory or a GGUF file, without reading its weights."""
     if foreign_format(path) == "gguf":

@@ -18,6 +18,8 @@ damaged file, a tensor type the installed ``gguf`` cannot dequantize, a missing 
 from __future__ import annotations
 
 import os
+import re
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,9 @@ import torch
 from torch import Tensor
 
 from mtp.config import ModelConfig
-from mtp.errors import UserError
+from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles
-from mtp.interop.hf import check_tensors, expected_shapes
+from mtp.interop.hf import expected_shapes
 from mtp.interop.llama import ffn_multiple_for, interleaved_to_halves
 
 INSTALL_HINT = "install the gguf extra with pip install -e '.[gguf]'"
@@ -51,12 +53,13 @@ TOP_NAMES = {"token_embd.weight": "tok_embeddings.weight", "output_norm.weight":
 
 
 def is_gguf(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a file that starts as a GGUF file does (its magic), whatever its name."""
+    """Whether ``path`` is a file that starts as a GGUF file does (its magic), or one named ``*.gguf``: a damaged or
+    mislabelled one is then reported as such, not as a damaged PyTorch checkpoint."""
     path = Path(path)
     if not path.is_file():
         return False
     with path.open("rb") as file:
-        return file.read(4) == b"GGUF"
+        return file.read(4) == b"GGUF" or path.suffix.lower() == ".gguf"
 
 
 def open_gguf(path: Path) -> Any:
@@ -68,11 +71,13 @@ def open_gguf(path: Path) -> Any:
     try:
         return gguf.GGUFReader(path)
     except Exception as err:  # the reader raises ValueError, KeyError, IndexError... for damaged or cut files
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        if "is not a valid GGMLQuantizationType" in reason:
-            reason = f"a tensor type unknown to gguf {gguf.__version__ if hasattr(gguf, '__version__') else ''}: "
-            reason += str(err).split(" is not")[0]
-            raise UserError(f"{path} holds {reason.strip()}; upgrade gguf (pip install -U gguf).") from err
+        reason = first_line(err)
+        if "is not a valid GGMLQuantizationType" in reason:  # a type id newer than the installed gguf
+            type_id = re.findall(r"\d+", reason.split(" is not")[0])[-1]  # "np.uint32(99) is not a valid ..."
+            raise UserError(
+                f"{path} holds a tensor of type id {type_id}, which gguf {version('gguf')} does not know; upgrade "
+                "gguf (pip install -U gguf) or convert the file to another type."
+            ) from err
         raise UserError(f"{path} is truncated or not a GGUF file ({reason}); download or convert it again.") from err
 
 
@@ -96,21 +101,22 @@ def read_gguf(path: Path) -> ModelFiles:
     meta = metadata(reader)
     tensors = {t.name: t for t in reader.tensors}
     config = gguf_config(meta, tensors, path)
-    weights = {}
-    for name, tensor in tensors.items():
-        ours = mtp_name(name)
-        if ours is None:
-            raise UserError(f"{path} has tensor {name}, which a Llama of mtp's does not have (a different model?).")
-        weights[ours] = dequantized(tensor, path)
-    if "outputs.0.weight" not in weights and "tok_embeddings.weight" in weights:
+    check_gguf_tensors(tensors, config, path)  # from the header: a bad file fails before any dequantizing
+    weights = {mtp_name(name): dequantized(tensor, path) for name, tensor in tensors.items()}
+    if "output.weight" not in tensors:
         weights["outputs.0.weight"] = weights["tok_embeddings.weight"].clone()  # tied: mtp's unembedding is its own
-    check_tensors(weights, expected_shapes(config), path)
     head_dim = config.d_model // config.n_heads
     for i in range(config.n_layers):
         for name in ("wq", "wk"):  # llama.cpp's converter interleaves their rows for its rotary
             key = f"layers.{i}.attention.{name}.weight"
             weights[key] = interleaved_to_halves(weights[key], head_dim)
     return ModelFiles(config, weights, gguf_tokenizer(meta, path))
+
+
+def read_gguf_config(path: Path) -> ModelConfig:
+    """The mtp config of a GGUF file, from its metadata (no tensor is dequantized)."""
+    reader = open_gguf(path)
+    return gguf_config(metadata(reader, skip_arrays=True), {t.name: t for t in reader.tensors}, path)
 
 
 def read_gguf_tokenizer(path: Path) -> str:
@@ -132,16 +138,50 @@ def mtp_name(name: str) -> str | None:
     return None
 
 
+def check_gguf_tensors(tensors: dict[str, Any], config: ModelConfig, path: Path) -> None:
+    """One sentence naming the first tensor, by its GGUF name, that mtp's Llama has no place for, or that is missing
+    or misshapen (``output.weight`` may be missing: the unembedding is then tied to the embedding)."""
+    for name in tensors:
+        if mtp_name(name) is None:
+            raise UserError(f"{path} has tensor {name}, which mtp's Llama has no place for; choose a plain Llama file.")
+    for ours, shape in expected_shapes(config).items():
+        name = gguf_name(ours)
+        if name not in tensors:
+            if name == "output.weight":
+                continue
+            raise UserError(f"{path} lacks tensor {name}; the file is incomplete, download or convert it again.")
+        found = tuple(int(n) for n in reversed(tensors[name].shape.tolist()))  # GGUF shapes are (columns, rows)
+        if found != tuple(shape):
+            raise UserError(
+                f"{path}: tensor {name} has shape {found}, but its metadata needs {tuple(shape)}; the file is damaged, "
+                "download or convert it again."
+            )
+
+
+def gguf_name(ours: str) -> str:
+    """The GGUF name of one of mtp's tensors (the inverse of :func:`mtp_name`)."""
+    if ours == "outputs.0.weight":
+        return "output.weight"
+    for name, mtp in TOP_NAMES.items():
+        if mtp == ours:
+            return name
+    _, index, rest = ours.split(".", 2)
+    return f"blk.{index}.{next(name for name, mtp in BLOCK_NAMES.items() if mtp == rest)}"
+
+
 def gguf_config(meta: dict[str, Any], tensors: dict[str, Any], path: Path) -> ModelConfig:
     """mtp's config of a Llama GGUF file; anything mtp's model does not compute is refused in one sentence."""
     architecture = meta.get("general.architecture")
     if architecture != "llama":
-        raise UserError(f"{path} holds a {architecture or 'model of unknown'} architecture; mtp imports llama only.")
+        raise UserError(
+            f"{path} holds a model of the {architecture or 'unnamed'} architecture, but mtp imports the llama "
+            "architecture only; choose a Llama GGUF file (general.architecture = llama)."
+        )
 
     def get(key: str, default: Any = None) -> Any:
         value = meta.get(f"llama.{key}", default)
         if value is None:
-            raise UserError(f"{path} lacks the metadata llama.{key}; is it a complete llama GGUF file?")
+            raise UserError(f"{path} lacks the metadata llama.{key}; the file is incomplete, convert it again.")
         return value
 
     d_model, n_heads = int(get("embedding_length")), int(get("attention.head_count"))
@@ -159,7 +199,9 @@ def gguf_config(meta: dict[str, Any], tensors: dict[str, Any], path: Path) -> Mo
     }
     found = [name for name, present in unsupported.items() if present]
     if found:
-        raise UserError(f"{path} is a Llama with {', '.join(found)}, which mtp's model does not compute.")
+        raise UserError(
+            f"{path} is a Llama with {', '.join(found)}, which mtp's model does not compute; choose a model without."
+        )
     if "token_embd.weight" not in tensors:
         raise UserError(f"{path} lacks tensor token_embd.weight; the file is incomplete, convert it again.")
     vocab_size = int(tensors["token_embd.weight"].shape[-1])  # GGUF shapes are (columns, rows)

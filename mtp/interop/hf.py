@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from mtp.config import ModelConfig
-from mtp.errors import UserError
+from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles
 from mtp.interop.llama import ffn_multiple_for, head_path_names, llama_config
 from mtp.model import MTPModel
@@ -264,12 +264,8 @@ def read_hf(path: Path) -> ModelFiles:
     from ``mtp_heads.safetensors`` when ``mtp_config.json`` names them (else a one-head model)."""
     from mtp.interop.tokenizer import directory_tokenizer
 
+    config = read_hf_config(path)
     hf = _read_json(path / "config.json")
-    try:
-        check_llama(hf, path)
-        config = _model_config(hf, path)
-    except KeyError as err:
-        raise UserError(f"{path / 'config.json'} lacks {err.args[0]}; is it a Llama config?") from err
     tensors = read_tensors(path)
     if "lm_head.weight" not in tensors and hf.get("tie_word_embeddings") and "model.embed_tokens.weight" in tensors:
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()  # mtp's unembedding is its own
@@ -286,6 +282,17 @@ def read_hf(path: Path) -> ModelFiles:
         check_tensors(heads, rest, heads_file)
         weights.update(heads)
     return ModelFiles(config, weights, directory_tokenizer(path))
+
+
+def read_hf_config(path: Path) -> ModelConfig:
+    """The mtp config of a Hugging Face Llama directory (``config.json``, and ``mtp_config.json`` if present), without
+    reading its weights."""
+    hf = _read_json(path / "config.json")
+    try:
+        check_llama(hf, path)
+        return _model_config(hf, path)
+    except KeyError as err:
+        raise UserError(f"{path / 'config.json'} lacks {err.args[0]}; is it a Llama config?") from err
 
 
 def check_llama(hf: dict[str, Any], path: Path) -> None:
@@ -399,14 +406,14 @@ def _load_safetensors(file: Path) -> dict[str, Tensor]:
     try:
         return load_file(file)
     except Exception as err:  # safetensors raises its own error types for truncated headers and data
-        raise UserError(f"{file} is damaged or not a safetensors file ({str(err).splitlines()[0]}).") from err
+        raise UserError(f"{file} is damaged or not a safetensors file ({first_line(err)}).") from err
 
 
 def _load_bin(file: Path) -> dict[str, Tensor]:
     try:
         return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:
-        raise UserError(f"{file} is damaged or not a PyTorch weights file ({str(err).splitlines()[0]}).") from err
+        raise UserError(f"{file} is damaged or not a PyTorch weights file ({first_line(err)}).") from err
 
 
 def _read_json(file: Path) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from mtp.config import ModelConfig
-from mtp.errors import UserError
+from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles
 from mtp.interop.hf import check_tensors, expected_shapes
 from mtp.interop.llama import ffn_multiple_for, interleaved_to_halves
@@ -25,6 +25,14 @@ from mtp.interop.tokenizer import directory_tokenizer
 
 DEFAULT_CONTEXT = 4096
 """Positions the rotary tables cover when params.json does not say (Meta's 7B multi-token models saw 4096)."""
+
+
+def read_meta_config(path: Path) -> ModelConfig:
+    """The mtp config of a Meta directory; the weights are mapped, not read (two shapes are read off them)."""
+    tensors = _read_consolidated(path)
+    if "output.weight" in tensors:
+        tensors["outputs.0.weight"] = tensors.pop("output.weight")
+    return meta_config(_read_params(path), tensors, path)
 
 
 def read_meta(path: Path) -> ModelFiles:
@@ -92,7 +100,7 @@ def _read_consolidated(path: Path) -> dict[str, Tensor]:
     try:
         state = torch.load(shards[0], map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # torch.load raises many types for damaged files
-        raise UserError(f"{shards[0]} is damaged or not a PyTorch file ({str(err).splitlines()[0]}).") from err
+        raise UserError(f"{shards[0]} is damaged or not a PyTorch file ({first_line(err)}).") from err
     if not isinstance(state, dict):
         raise UserError(f"{shards[0]} does not hold a state dict.")
     return dict(state)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from mtp.errors import UserError
+from mtp.errors import UserError, first_line
 
 BOS = "<s>"
 SPACE = "\u2581"  # sentencepiece's visible space
@@ -41,7 +41,7 @@ def converted_sentencepiece(path: Path) -> Tokenizer:
     try:
         tokenizer = LlamaTokenizerFast.from_pretrained(str(path)).backend_tokenizer
     except Exception as err:  # sentencepiece and the converter raise many types for a damaged model
-        raise UserError(f"{path / 'tokenizer.model'} could not be converted ({str(err).splitlines()[0]}).") from err
+        raise UserError(f"{path / 'tokenizer.model'} could not be converted ({first_line(err)}).") from err
     if tokenizer.get_vocab_size() <= 3:
         raise UserError(f"{path / 'tokenizer.model'} converted to an empty vocabulary; is it a sentencepiece model?")
     # sentencepiece prefixes every text with one space and keeps every space: converters that use Metaspace's
@@ -66,6 +66,7 @@ LLAMA3_SPLIT = (
 QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+LLAMA3_NAMES = ("llama-bpe", "llama3", "llama-v3")
 GGUF_PRE_TOKENIZERS = {
     # tokenizer.ggml.pre -> the splits llama.cpp applies in turn before byte-level BPE (llama-vocab.cpp)
     "gpt2": [GPT2_SPLIT],
@@ -74,19 +75,17 @@ GGUF_PRE_TOKENIZERS = {
     "starcoder": [r"\p{N}", GPT2_SPLIT],
     "refact": [r"\p{N}", GPT2_SPLIT],
     "codeshell": [r"\p{N}", GPT2_SPLIT],
-    "llama-bpe": [LLAMA3_SPLIT],
-    "llama3": [LLAMA3_SPLIT],
-    "llama-v3": [LLAMA3_SPLIT],
+    **{name: [LLAMA3_SPLIT] for name in LLAMA3_NAMES},
     "qwen2": [QWEN2_SPLIT],
 }
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
+UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # llama.cpp's token types
 
 
 def gguf_tokenizer(meta: dict, path: Path) -> str:
     """The tokenizer a GGUF file's metadata describes, as a ``tokenizers`` JSON with llama.cpp's ids: byte-level BPE
     (``tokenizer.ggml.model`` gpt2, split as its ``tokenizer.ggml.pre`` says) or sentencepiece BPE (llama: merges
-    from the scores, byte fallback); control tokens are special, user-defined ones added whole; BOS starts every text
-    where ``tokenizer.ggml.add_bos_token`` says so (the default for sentencepiece)."""
+    from the scores, byte fallback); control and unknown tokens are special, user-defined ones added whole; BOS starts
+    every text where ``tokenizer.ggml.add_bos_token`` says so (by default for sentencepiece and Llama 3's splits)."""
     kind = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
@@ -94,7 +93,8 @@ def gguf_tokenizer(meta: dict, path: Path) -> str:
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     if kind == "gpt2":
         tokenizer = _byte_level_bpe(meta, tokens, path)
-        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+        # llama.cpp starts texts with BOS for Llama 3's splits unless the file says otherwise
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.pre") in LLAMA3_NAMES))
     elif kind == "llama":
         tokenizer = _sentencepiece_bpe(meta, tokens)
         add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))
@@ -104,7 +104,9 @@ def gguf_tokenizer(meta: dict, path: Path) -> str:
             "(sentencepiece) kinds."
         )
     typed = list(zip(tokens, types, strict=True))
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in typed if k == CONTROL])
+    # llama.cpp matches control and unknown tokens whole in the text (when it parses special tokens, as mtp does)
+    special = [AddedToken(t, special=True, normalized=False) for t, k in typed if k in (CONTROL, UNKNOWN)]
+    tokenizer.add_special_tokens(special)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in typed if k == USER_DEFINED])
     bos_id = meta.get("tokenizer.ggml.bos_token_id")
     if add_bos and bos_id is not None:
@@ -121,12 +123,12 @@ def _byte_level_bpe(meta: dict, tokens: list[str], path: Path) -> Tokenizer:
     pre = meta.get("tokenizer.ggml.pre", "gpt2")
     if pre not in GGUF_PRE_TOKENIZERS:
         raise UserError(
-            f"{path} splits text as tokenizer.ggml.pre={pre!r}, which mtp does not know; known: "
-            f"{', '.join(sorted(GGUF_PRE_TOKENIZERS))}."
+            f"{path} splits text as tokenizer.ggml.pre={pre!r}, which mtp does not know (it knows "
+            f"{', '.join(sorted(GGUF_PRE_TOKENIZERS))}); import the model's Hugging Face directory instead."
         )
     merges = [tuple(merge.split(" ", 1)) for merge in meta.get("tokenizer.ggml.merges", [])]
     vocab = {token: i for i, token in enumerate(tokens)}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.startswith("llama")))
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in LLAMA3_NAMES))
     splits = [pre_tokenizers.Split(Regex(pattern), behavior="isolated") for pattern in GGUF_PRE_TOKENIZERS[pre]]
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]

@@ -11,7 +11,11 @@ def tiny_model(n_future: int = 4, vocab_size: int = 40, seed: int = 0, **kwargs)
     config = ModelConfig(
         vocab_size=vocab_size, d_model=32, n_layers=n_future + 2, n_heads=4, n_kv_heads=2, n_future=n_future, **kwargs
     )
-    return MTPModel(config).eval()
+    model = MTPModel(config).eval()
+    if config.draft_vocab:  # a random subset, so that an index taken for a token id shows
+        chosen = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(seed))[: config.draft_vocab]
+        model.draft_tokens.copy_(chosen.sort().values)
+    return model
 
 
 HEAD_TYPES = {

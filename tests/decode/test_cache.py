@@ -63,12 +63,18 @@ def full_forward(model, tokens, length):
 
 
 @pytest.mark.parametrize(
-    ("head_type", "compile"),
-    [*((name, False) for name in HEAD_TYPES), pytest.param("transformer", True, marks=pytest.mark.slow)],
-    ids=[*HEAD_TYPES, "transformer-compiled"],
+    ("head_type", "compile", "draft_vocab"),
+    [
+        *((name, False, 0) for name in HEAD_TYPES),
+        *((name, False, 24) for name in HEAD_TYPES),
+        pytest.param("transformer", True, 0, marks=pytest.mark.slow),
+    ],
+    ids=[*HEAD_TYPES, *(f"{name}-draft-vocab" for name in HEAD_TYPES), "transformer-compiled"],
 )
-def test_cached_steps_equal_the_full_forward_for_ragged_rows(head_type, compile):
-    model = tiny_model(**HEAD_TYPES[head_type])
+def test_cached_steps_equal_the_full_forward_for_ragged_rows(head_type, compile, draft_vocab):
+    """Head 1's logits at every position of a step, the draft heads' at each row's last accepted one; with a reduced
+    draft vocabulary, theirs are -inf outside it, as the full forward's are."""
+    model = tiny_model(draft_vocab=draft_vocab, **HEAD_TYPES[head_type])
     tokens = torch.randint(0, 40, (3, 18), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         full = full_forward(model, tokens, 14)  # (4, 3, 14, 40)

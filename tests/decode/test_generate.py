@@ -31,6 +31,19 @@ def test_greedy_decoding_equals_the_cache_free_reference_on_a_random_model(promp
         assert heads == 1 or stats.drafted[0] > 0
 
 
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_greedy_decoding_with_a_reduced_draft_vocabulary_equals_the_reference(head_type):
+    """Heads 2..n drafting among 20 of the 40 tokens: their drafts pass or fail, head 1's output stays exact."""
+    model = tiny_model(draft_vocab=20, **HEAD_TYPES[head_type])
+    reference = [greedy_without_cache(model, prompt, 24) for prompt in RAGGED]
+    chosen = set(model.draft_tokens.tolist())
+    for heads in (2, 4):
+        out, stats = greedy(model, RAGGED, heads)
+        assert out == reference, f"heads={heads}"
+        assert stats.drafted[0] > 0
+    assert any(token not in chosen for row in reference for token in row)  # head 1 emits tokens no draft can
+
+
 @pytest.mark.parametrize(
     "head_type", ["transformer", "causal", "causal-shared", "medusa"]
 )  # linear: fixed-logits tests

@@ -177,19 +177,23 @@ def test_threshold_shrinks_with_the_sample_size():
 
 
 @pytest.mark.parametrize(
-    ("head_type", "filters"),
+    ("head_type", "filters", "draft_vocab"),
     [
-        ("transformer", {}),
-        ("transformer", {"top_k": 3}),
-        ("transformer", {"top_p": 0.9}),
-        ("causal", {}),
-        ("causal-shared", {"top_p": 0.9}),
+        ("transformer", {}, 0),
+        ("transformer", {"top_k": 3}, 0),
+        ("transformer", {"top_p": 0.9}, 0),
+        ("causal", {}, 0),
+        ("causal-shared", {"top_p": 0.9}, 0),
+        ("transformer", {"top_p": 0.9}, 2),
+        ("medusa", {}, 3),
     ],
-    ids=["plain", "top_k", "top_p", "causal", "causal-shared-top_p"],
+    ids=["plain", "top_k", "top_p", "causal", "causal-shared-top_p", "draft-vocab-top_p", "medusa-draft-vocab"],
 )
-def test_lossless_with_head_blocks(head_type, filters):
-    """The same check on a random model with head blocks, where every context changes the logits."""
-    model = tiny_model(n_future=3, vocab_size=4, seed=3, **HEAD_TYPES[head_type])
+def test_lossless_with_head_blocks(head_type, filters, draft_vocab):
+    """The same check on a random model with head blocks, where every context changes the logits; with a reduced
+    draft vocabulary, the drafts never propose the tokens outside it, which the target still gives."""
+    settings = {**HEAD_TYPES[head_type], "draft_vocab": draft_vocab}
+    model = tiny_model(n_future=3, vocab_size=4, seed=3, **settings)
     with torch.no_grad():
         model.outputs[0].weight.mul_(60)  # peaked distributions, so that heads disagree with head 1
     config = GenerationConfig(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **filters)

@@ -1,0 +1,82 @@
+"""The trunk cache: a frozen trunk's outputs kept from a window's first step, the same step computed either way."""
+
+import pytest
+import torch
+
+from mtp.config import ModelConfig
+from mtp.errors import UserError
+from mtp.init_from import freeze
+from mtp.loss import mtp_loss
+from mtp.model import MTPModel
+from mtp.train import train
+from mtp.trunk_cache import TrunkCache
+
+
+def frozen_model(head_type: str = "causal") -> MTPModel:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=61, d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, head_type=head_type)
+    model = MTPModel(config)
+    freeze(model, "trunk", set())
+    return model
+
+
+def step(model: MTPModel, window: torch.Tensor, trunk=None) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    out = mtp_loss(model, window, trunk=trunk)
+    out.total.backward()
+    return out.total.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "causal", "medusa"])
+def test_a_cached_step_computes_exactly_the_uncached_one(head_type):
+    model = frozen_model(head_type)
+    cache = TrunkCache(model, max_bytes=2**20)
+    windows = torch.randint(0, 61, (2, 3, 14), generator=torch.Generator().manual_seed(1))
+    for window in (windows[0], windows[1], windows[0]):  # the third step reads the first's trunk outputs
+        loss, grads = step(model, window)
+        cached_loss, cached_grads = step(model, window, cache)
+        assert cached_loss == loss
+        assert grads.keys() == cached_grads.keys() and all(torch.equal(grads[n], cached_grads[n]) for n in grads)
+    assert (cache.misses, cache.hits) == (6, 3)  # 2 windows x 3 rows computed, the first read back once
+
+
+def test_the_cache_keeps_no_more_than_its_budget():
+    model = frozen_model()
+    row_bytes = 11 * 32 * 4  # (T, d) fp32
+    cache = TrunkCache(model, max_bytes=2 * row_bytes)
+    window = torch.randint(0, 61, (3, 15))
+    loss, _ = step(model, window, cache)
+    assert len(cache.outputs) == 2 and cache.bytes == 2 * row_bytes
+    assert step(model, window, cache)[0] == loss and cache.hits == 0  # one row missing: the batch is computed again
+
+
+def test_a_trunk_that_trains_cannot_be_cached(make_cfg):
+    with pytest.raises(UserError, match="trunk_cache_gb > 0 keeps the trunk's outputs, which change while the trunk"):
+        TrunkCache.check_frozen(MTPModel(ModelConfig(vocab_size=61, d_model=32, n_layers=6, n_heads=4, n_kv_heads=2)))
+    with pytest.raises(UserError, match="freeze it"):
+        train(make_cfg("mtp4", ["trunk_cache_gb=1"]))
+
+
+def test_training_with_the_cache_ends_with_the_same_weights(make_cfg, tiny_checkpoints):
+    """Two epochs over the same few windows (the second read from the cache): the run's weights equal those of the
+    run without it."""
+    finals = []
+    for gb in (0, 1):
+        cfg = make_cfg(
+            "causal4",
+            [
+                f"init_from={tiny_checkpoints['mtp4']}",
+                "freeze=loaded",
+                f"trunk_cache_gb={gb}",
+                "trainer.max_steps=-1",
+                "trainer.max_epochs=2",
+                "trainer.limit_train_batches=2",
+                "trainer.val_check_interval=null",
+                "+trainer.check_val_every_n_epoch=2",
+            ],
+        )
+        train(cfg)
+        state = torch.load(f"{cfg.paths.output_dir}/checkpoints/last.ckpt", weights_only=True)["state_dict"]
+        finals.append(state)
+    assert finals[0].keys() == finals[1].keys()
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
