@@ -1,0 +1,400 @@
+"""Self-distillation data: a model's own continuations of prompts, to train draft heads on (python
+scripts/distill.py, or mtp-distill once installed: the same arguments).
+
+    python scripts/distill.py MODEL --out data/distill                        # stdlib documents, greedy, 256 tokens
+    python scripts/distill.py MODEL --out data/distill --max-minutes 25       # stops cleanly; rerun to continue
+    python scripts/distill.py MODEL --out d --source files --paths 'corpus/**/*.py' --prompt-tokens 64,256
+    python scripts/distill.py MODEL --out d --source hub --name DATASET --text-field content --max-prompts 5000
+    python scripts/distill.py MODEL.gguf --out d --prompts questions.jsonl --chat-template --temperature 0.7
+    python scripts/pretrain.py data=files 'data.source.paths=[data/distill/*.jsonl]' ...   # train on it
+
+MODEL is anything scripts/decode.py reads: an mtp .ckpt, a Hugging Face Llama or Meta directory, a GGUF file.
+
+Prompts come from the training split of a document source (--source, as data= describes it; --val-fraction as the
+model's training used, so that the held-out documents the benchmarks prompt with are never distilled): from each
+document --prompts-per-document spans of --prompt-tokens MIN,MAX tokens (random, seeded), the first opening the
+document, each ending at the end of a line where one falls in range. Or from --prompts FILE: .jsonl, one JSON object
+per line with the prompt under --prompt-field; .txt, one prompt per block of lines between blank lines. With
+--chat-template each prompt is wrapped as a user message in the model's own chat template (instruct models).
+
+The model continues each prompt by up to --new-tokens tokens (greedy by default: what heads drafting for greedy
+decoding must predict), in batches of prompts of similar length, stopping a row at the model's end token.
+
+--out DIR gets distill-00000.jsonl, ... (rows {"text": prompt + completion, "prompt", "completion", "prompt_ids",
+"completion_ids", "finish": "end"|"length"}; data=files trains on "text"), each written whole every --shard-prompts
+prompts, and settings.json (the settings, each run, running totals). Rerunning the same command continues where the
+last run stopped and writes what one uninterrupted run would have; other settings into the same DIR are refused
+(--force starts over there). Budgets (--max-prompts, --max-tokens: the folder's totals; --max-minutes: this run)
+end a run after a whole batch. The last line: key=value figures of this run, the folder's totals and why it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import itertools
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+from tqdm import tqdm
+
+from mtp.checkpoint_load import load_checkpoint, resolve_dtype
+from mtp.cli import add_device_flag, add_dtype_flag, generation_config, pick_device, run_script
+from mtp.data.sources import SOURCE_KINDS, SourceConfig, source_files
+from mtp.data.tokenizer import eot_id
+from mtp.distill import (
+    Budget,
+    ChatTemplate,
+    DistillFolder,
+    Progress,
+    distill,
+    encode_prompts,
+    file_prompts,
+    model_chat,
+    model_fingerprint,
+    source_prompts,
+)
+from mtp.errors import UserError
+
+BATCHES_PER_SHARD = 4
+"""--shard-prompts' default, in batches: a window of prompts sorted by length fills this many batches."""
+SOURCE_FLAGS = {
+    "data.source.kind": "--source",
+    "data.source.paths": "--paths",
+    "data.source.name": "--name",
+    "data.source.subset": "--subset",
+    "data.source.split": "--split",
+    "data.source.text_field": "--text-field",
+}
+"""The flag of each source setting: mtp.data.sources names them as data= does."""
+SETTING_FLAGS = {
+    "prompts.source.kind": "--source",
+    "prompts.source.paths": "--paths",
+    "prompts.source.name": "--name",
+    "prompts.source.subset": "--subset",
+    "prompts.source.split": "--split",
+    "prompts.source.text_field": "--text-field",
+    "prompts.source.streaming": "--streaming",
+    "prompts.val_fraction": "--val-fraction",
+    "prompts.prompt_tokens": "--prompt-tokens",
+    "prompts.per_document": "--prompts-per-document",
+    "prompts.file": "--prompts",
+    "prompts.prompt_field": "--prompt-field",
+    "chat_template": "--chat-template",
+    "seed": "--seed",
+    "new_tokens": "--new-tokens",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "batch_size": "--batch-size",
+    "shard_prompts": "--shard-prompts",
+    "dtype": "--dtype",
+}
+"""The flag of each setting recorded in settings.json (the model is named by its fingerprint instead)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "checkpoint", type=Path, help="the model: an mtp .ckpt, a Hugging Face / Meta directory, a GGUF"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="the folder of the shards and settings.json")
+    source = parser.add_argument_group("prompts from documents (the training split of a source, as data= has it)")
+    source.add_argument("--source", choices=SOURCE_KINDS, default=None, help="stdlib (default), files or hub")
+    source.add_argument("--paths", nargs="+", default=[], metavar="GLOB", help="files: glob patterns (** allowed)")
+    source.add_argument("--name", default="", help="hub: dataset name, or a local dataset folder")
+    source.add_argument("--subset", default=None, help="hub: configuration name")
+    source.add_argument("--split", default="train", help="hub: the split to read (default train)")
+    source.add_argument("--text-field", default="text", help="files (.jsonl/.json/.parquet) and hub: the text field")
+    source.add_argument("--streaming", action="store_true", help="hub: stream the dataset instead of downloading it")
+    source.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.05,
+        help="documents held out by content hash, never distilled: at least the model's data.val_fraction (0.05)",
+    )
+    source.add_argument(
+        "--prompt-tokens", default="32,192", metavar="MIN,MAX", help="tokens per prompt span (default 32,192)"
+    )
+    source.add_argument(
+        "--prompts-per-document",
+        type=int,
+        default=1,
+        help="spans per document: its opening, then openings of random unindented lines (default 1)",
+    )
+    files = parser.add_argument_group("prompts from a file (instead of a source)")
+    files.add_argument("--prompts", type=Path, help=".jsonl (one object per line) or .txt (blank-line-separated)")
+    files.add_argument("--prompt-field", default="prompt", help=".jsonl: the prompt's field (default prompt)")
+    parser.add_argument(
+        "--chat-template", action="store_true", help="wrap each prompt as a user message in the model's chat template"
+    )
+    decoding = parser.add_argument_group("decoding")
+    decoding.add_argument(
+        "--new-tokens", "--max-new-tokens", dest="new_tokens", type=int, default=256, help="per prompt (default 256)"
+    )
+    decoding.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    decoding.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
+    decoding.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1: off)")
+    decoding.add_argument("--seed", type=int, default=0, help="prompt spans and sampling (row i samples with seed + i)")
+    decoding.add_argument("--batch-size", type=int, default=32, help="prompts decoded at once (default 32)")
+    add_device_flag(decoding)
+    add_dtype_flag(decoding)
+    run = parser.add_argument_group("output and budgets")
+    run.add_argument(
+        "--shard-prompts", type=int, default=None, help=f"prompts per shard (default {BATCHES_PER_SHARD} batches)"
+    )
+    run.add_argument("--max-prompts", type=int, default=0, help="stop at this many prompts in --out (0: all)")
+    run.add_argument("--max-tokens", type=int, default=0, help="stop once --out holds this many tokens (0: no limit)")
+    run.add_argument("--max-minutes", type=float, default=0.0, help="end this run in time, after a batch (0: no limit)")
+    run.add_argument("--force", action="store_true", help="start over in --out, replacing its shards and settings")
+    return parser
+
+
+def prompt_span(text: str) -> tuple[int, int]:
+    """--prompt-tokens MIN,MAX (or one number for both)."""
+    try:
+        low, high = (int(part) for part in (text.split(",") if "," in text else [text, text]))
+    except ValueError:
+        raise UserError(f"--prompt-tokens {text} is not MIN,MAX; pass two token counts, e.g. 32,192.") from None
+    if not 1 <= low <= high:
+        raise UserError(f"--prompt-tokens {text} needs 1 <= MIN <= MAX; pass e.g. 32,192.")
+    return low, high
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """The flags that no settings class checks, before anything is read."""
+    for flag, value, least in [
+        ("--new-tokens", args.new_tokens, 1),
+        ("--batch-size", args.batch_size, 1),
+        ("--prompts-per-document", args.prompts_per_document, 1),
+        ("--shard-prompts", args.shard_prompts if args.shard_prompts is not None else 1, 1),
+        ("--max-prompts", args.max_prompts, 0),
+        ("--max-tokens", args.max_tokens, 0),
+        ("--max-minutes", args.max_minutes, 0),
+    ]:
+        if value < least:
+            raise UserError(f"{flag} {value} must be at least {least}{' (0: no limit)' if least == 0 else ''}.")
+    if not 0 <= args.val_fraction < 1:
+        raise UserError(f"--val-fraction {args.val_fraction} must lie in [0, 1); the default is 0.05.")
+    if args.prompts is not None and (args.source is not None or args.paths or args.name):
+        raise UserError("--prompts replaces the document source; drop --source/--paths/--name, or drop --prompts.")
+    if args.prompts is not None and not args.prompts.is_file():
+        raise UserError(
+            f"prompt file {args.prompts} does not exist; pass an existing .jsonl or .txt file to --prompts."
+        )
+    if args.prompts is not None and args.prompts.suffix not in (".jsonl", ".txt"):
+        suffix = args.prompts.suffix or "a file without suffix"
+        raise UserError(f"--prompts {args.prompts}: cannot read {suffix}; use .jsonl or .txt.")
+    if not args.checkpoint.exists():
+        raise UserError(
+            f"model {args.checkpoint} does not exist; pass an mtp .ckpt, a Hugging Face or Meta directory, or a GGUF "
+            "file."
+        )
+
+
+def source_config(args: argparse.Namespace) -> SourceConfig | None:
+    """The document source of the flags (checked: a files source's globs must match files), or None with --prompts."""
+    if args.prompts is not None:
+        return None
+    config = SourceConfig(
+        kind=args.source or "stdlib",
+        paths=list(args.paths),
+        name=args.name,
+        subset=args.subset,
+        split=args.split,
+        text_field=args.text_field,
+        streaming=args.streaming,
+    )
+    source_files(config)  # files: no match, or only empty files, is one sentence now, not after loading the model
+    return config
+
+
+def settings_of(args: argparse.Namespace, source: SourceConfig | None, dtype: torch.dtype) -> dict[str, Any]:
+    """Everything that decides the data, as settings.json records it (a rerun into the folder must match it)."""
+    if source is not None:
+        described = {key: value for key, value in asdict(source).items() if key != "max_documents"}
+        prompts = {
+            "source": described,
+            "val_fraction": args.val_fraction,
+            "prompt_tokens": list(prompt_span(args.prompt_tokens)),
+            "per_document": args.prompts_per_document,
+        }
+    else:
+        prompts = {"file": str(args.prompts.resolve()), "prompt_field": args.prompt_field}
+    return {
+        "model": model_fingerprint(args.checkpoint),
+        "prompts": prompts,
+        "chat_template": args.chat_template,
+        "seed": args.seed,
+        "new_tokens": args.new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "batch_size": args.batch_size,
+        "shard_prompts": args.shard_prompts or BATCHES_PER_SHARD * args.batch_size,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def describe_setting(key: str, value: Any) -> str:
+    """A setting of settings.json as the flag that sets it: ``--temperature 0.8``, ``no --prompts``."""
+    if key == "model.bytes":
+        return f"a model of {value} bytes"
+    if key == "model.sha256":
+        return f"a model of fingerprint {str(value)[:16]}"
+    flag = SETTING_FLAGS.get(key, key)
+    if value is None or value is False:
+        return f"no {flag}"
+    if value is True:
+        return flag
+    if isinstance(value, list):
+        return f"{flag} {','.join(map(str, value)) if key == 'prompts.prompt_tokens' else ' '.join(map(str, value))}"
+    return f"{flag} {value}"
+
+
+def run_record(args: argparse.Namespace, argv: list[str] | None, device: torch.device) -> dict[str, Any]:
+    """This run, as settings.json lists it: when, with what, where the model was, its budgets."""
+    try:
+        version = importlib.metadata.version("mtp")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        version = "unknown"
+    model = args.checkpoint.resolve()
+    return {
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "argv": list(sys.argv[1:] if argv is None else argv),
+        "model_path": str(model),
+        "model_mtime": datetime.fromtimestamp(model.stat().st_mtime, timezone.utc).isoformat(timespec="seconds"),
+        "mtp_version": version,
+        "torch_version": torch.__version__,
+        "device": device.type,
+        "budget": {"max_prompts": args.max_prompts, "max_tokens": args.max_tokens, "max_minutes": args.max_minutes},
+    }
+
+
+def flags_for_sources(message: str) -> str:
+    """A sentence of mtp.data.sources (written for data=) with the flags of this command instead."""
+    for setting, flag in SOURCE_FLAGS.items():
+        message = message.replace(f"{setting}=", f"{flag} ").replace(setting, flag)
+    return message
+
+
+def check_held_out(args: argparse.Namespace, source: SourceConfig | None, trained_on: dict[str, Any]) -> None:
+    """Refuse to distill documents the model held out: its training recorded (mtp checkpoints do) the source and
+    validation fraction the benchmarks take their prompts from; a smaller --val-fraction on that source would
+    distill some of them (the split keeps a document out when a hash of it falls under the fraction)."""
+    if source is None or not trained_on:
+        return
+    same_source = all(
+        trained_on["source"].get(key) == value
+        for key, value in asdict(source).items()
+        if key in ("kind", "paths", "name", "subset", "split", "text_field")
+    )
+    if same_source and args.val_fraction < trained_on["val_fraction"]:
+        raise UserError(
+            f"--val-fraction {args.val_fraction} is below the {trained_on['val_fraction']} the model held out of this "
+            f"source, so the benchmarks' held-out prompts would be distilled; pass --val-fraction "
+            f"{trained_on['val_fraction']}."
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command on ``argv`` (None: the process's arguments); 0, or 130 when Ctrl-C ended it early."""
+    started = time.monotonic()
+    args = build_parser().parse_args(argv)
+    try:
+        return distill_command(args, argv, started)
+    except UserError as err:
+        raise UserError(flags_for_sources(str(err))) from err
+
+
+def distill_command(args: argparse.Namespace, argv: list[str] | None, started: float) -> int:
+    """The command behind :func:`main`: flags checked, the folder checked, the model loaded, the prompts decoded."""
+    check_flags(args)
+    span = prompt_span(args.prompt_tokens)
+    flags = generation_config(
+        max_new_tokens=args.new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+    )
+    source = source_config(args)
+    device = pick_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    settings = settings_of(args, source, dtype)
+    folder = DistillFolder(args.out, settings, run_record(args, argv, device), args.force, describe_setting)
+
+    loaded = load_checkpoint(args.checkpoint, device, args.dtype)
+    check_held_out(args, source, loaded.data)
+    tokenizer = loaded.tokenizer
+    chat = model_chat(args.checkpoint, tokenizer)
+    template = ChatTemplate(chat, args.checkpoint) if args.chat_template else None
+    end_id = eot_id(tokenizer)
+    declared = tokenizer.token_to_id(chat.eos_token) if chat.eos_token else None
+    end_ids = {end_id} | ({declared} if declared is not None else set())
+    if template is not None and declared is not None:  # a chat turn ends at the model's own end of turn
+        end_id = declared
+    folder.record["runs"][-1].update(
+        end_ids=sorted(end_ids),
+        chat_template_sha256=hashlib.sha256(chat.template.encode()).hexdigest() if template is not None else None,
+    )
+    if source is not None:
+        texts = source_prompts(source, args.val_fraction, tokenizer, span, args.prompts_per_document, args.seed)
+    else:
+        texts = file_prompts(args.prompts, args.prompt_field)
+    prompts = encode_prompts(texts, tokenizer, template)
+    first = next(prompts, None)
+    if first is None:
+        if source is None:
+            raise UserError(f"{args.prompts} holds no prompt; write one per line (.jsonl) or per block (.txt).")
+        raise UserError(
+            f"the training split of the {source.kind} source has no document longer than {span[0]} tokens; point "
+            "--source/--paths at longer documents or lower --prompt-tokens."
+        )
+
+    budget = Budget(args.max_prompts, args.max_tokens, started + 60 * args.max_minutes if args.max_minutes else None)
+    config = generation_config(**{**flags.__dict__, "eos_id": end_id})
+    progress_bar = progress_display(args.max_prompts)
+
+    def show(progress: Progress) -> None:
+        progress_bar.n = progress.totals.prompts
+        # set_postfix_str refreshes the bar, showing n too
+        progress_bar.set_postfix_str(f"tokens={progress.totals.tokens} tokens/s={progress.tokens_per_s:.1f}")
+
+    with progress_bar:
+        result = distill(
+            loaded.model,
+            tokenizer,
+            itertools.chain([first], prompts),
+            folder,
+            config,
+            args.batch_size,
+            settings["shard_prompts"],
+            end_ids,
+            (chat.eos_token or "") if template is not None else "",
+            budget,
+            show,
+        )
+    totals = result.totals
+    print(
+        f"prompts={result.prompts} tokens={result.tokens} seconds={result.seconds:.1f} "
+        f"tokens/s={result.tokens_per_s:.1f} total_prompts={totals.prompts} total_tokens={totals.tokens} "
+        f"stopped={result.stopped} out={args.out}"
+    )
+    return 130 if result.stopped == "interrupted" else 0
+
+
+def progress_display(total: int) -> tqdm:
+    """A progress bar (tqdm, installed with datasets) of the prompts in --out and this run's tokens/s, on stderr."""
+    return tqdm(total=total or None, unit="prompt", desc="distill", dynamic_ncols=True, mininterval=1.0)
+
+
+def entry_point() -> NoReturn:
+    """mtp-distill and scripts/distill.py."""
+    run_script(main)
+
+
+if __name__ == "__main__":
+    entry_point()

@@ -1,0 +1,644 @@
+"""Self-distillation data: a model's own continuations of prompts, the training data of draft heads.
+
+Heads added to a pretrained next-token model (Medusa-2, EAGLE, HASS, FastMTP) learn best from what the model itself
+generates, because that is what they must predict when it decodes. This module makes that data:
+
+- **Prompts** (:func:`source_prompts`, :func:`file_prompts`): from a document source (``mtp.data.sources``), its
+  training split only, so the held-out documents the benchmarks prompt with are never distilled; from each document
+  one or more spans of MIN..MAX tokens (random, seeded per document: the first opens the document, later ones open a
+  random line), each cut at the end of a line where one falls in range. Or prompts read whole from a .jsonl /.txt
+  file. Optionally each is wrapped as a user message in the model's chat template (:func:`model_chat`). The
+  benchmarks' HumanEval prompts are in none of the sources, so they are never distilled unless a user passes them.
+- **Order** (:func:`windows`): the prompts are taken in source order in windows of ``shard_prompts``; a window is
+  sorted by prompt length, so that the rows of a batch (consecutive prompts of a window) pad little. The order is a
+  function of the settings alone, never of budgets or of where an earlier run stopped.
+- **Decoding** (:func:`distill`): mtp's ``generate``, batch after batch; row ``i`` of the whole stream samples with
+  seed ``seed + i`` (greedy ignores it). A row stops at the model's end token (a completion also ends at the first
+  of the model's other end tokens, e.g. an instruct model's end of turn).
+- **Output** (:class:`DistillFolder`): JSON-lines shards ``distill-00000.jsonl``, one per window, each row
+  ``{"text", "prompt", "completion", "prompt_ids", "completion_ids", "finish"}`` (``text`` is what ``data=files``
+  trains on), and ``settings.json``: the settings that made the data, the runs and running totals. Every file is
+  written whole (temporary file, fsync, rename) or not at all.
+- **Resume**: a rerun with the same settings keeps every whole batch already in the shards (checked against the
+  prompts it regenerates) and decodes from there with the same batches, so an interrupted run and its continuation
+  write exactly what one uninterrupted run writes. Different settings in the same folder are refused in one sentence.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
+from mtp.data.tokenizer import prompt_ids
+from mtp.decode import GenerationConfig, generate
+from mtp.errors import UserError
+from mtp.interop import foreign_format
+from mtp.interop.gguf import metadata, open_gguf
+from mtp.model import MTPModel
+
+SHARD_PREFIX = "distill-"
+SHARD_NAME = SHARD_PREFIX + "{:05d}.jsonl"
+SETTINGS_NAME = "settings.json"
+SETTINGS_FORMAT = 1
+FINGERPRINT_BYTES = 1 << 20
+"""A model is identified by its size and a hash of the first and last MiB of each of its files: a GGUF file's first
+MiB is mostly its vocabulary, the same in two fine-tunes of one base, so the last MiB (tensors) is hashed too."""
+CHARS_PER_TOKEN = 8
+"""Characters tokenized ahead per wanted token (code averages 3-4; a shortfall doubles the span and tries again)."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    """The prompt as it enters the data (the chat template applied, if one is)."""
+    ids: list[int]
+    """The token ids the model reads: as documents start in training (mtp.data.tokenizer.prompt_ids), or the
+    rendered chat template's own."""
+    origin: str
+    """Where it comes from, for messages: ``document 12`` or ``prompts.jsonl line 3``."""
+
+
+# ----------------------------------------------------------------------------------------------------------- prompts
+
+
+def opening_span(text: str, tokenizer: Tokenizer, length: int, min_tokens: int) -> str | None:
+    """The opening of ``text`` up to the end of its last non-blank line within ``length`` tokens that keeps
+    ``min_tokens``; without one, its first ``length`` tokens, trailing whitespace dropped. None when ``text`` has no
+    more than ``min_tokens`` tokens (a prompt must leave something to continue) or no opening keeps ``min_tokens``
+    (counted as the opening alone tokenizes).
+
+    The cut falls before the newline, not after it: byte-level BPE merges a newline with the indentation after it
+    (``"\\n    "`` is one token), so a prompt ending in ``"\\n"`` would end in a token the model rarely sees there.
+    """
+    chars = CHARS_PER_TOKEN * (length + 1) + 64
+    while True:
+        piece = text[:chars]
+        encoding = tokenizer.encode(piece, add_special_tokens=False)
+        if len(encoding.ids) > length or chars >= len(text):
+            break
+        chars *= 2
+    if len(encoding.ids) <= min_tokens:
+        return None
+    length = min(length, len(encoding.ids) - 1)
+    ends = [end for _, end in encoding.offsets]
+    line_ends = [match.start() for match in re.finditer(r"(?<=\S)\n", piece[: ends[length - 1] + 1])]
+    # the tokens that end by a line's end are that opening's, as the whole piece tokenizes
+    kept = [end for end in line_ends if bisect.bisect_right(ends, end) >= min_tokens][-1:]
+    for span in [piece[:end] for end in kept] + [piece[: ends[length - 1]].rstrip()]:
+        if len(tokenizer.encode(span, add_special_tokens=False).ids) >= min_tokens:  # alone it may tokenize shorter
+            return span
+    return None
+
+
+def document_prompts(
+    text: str, tokenizer: Tokenizer, rng: random.Random, min_tokens: int, max_tokens: int, count: int
+) -> list[str]:
+    """Up to ``count`` prompt texts of ``min_tokens..max_tokens`` tokens from one document: its opening, then spans
+    opening at random (distinct) lines that start without indentation, in document order; lengths drawn from
+    ``rng``."""
+    starts = [0]
+    if count > 1:
+        lines = [match.end() for match in re.finditer(r"\n(?=\S)", text)]
+        starts += sorted(rng.sample(lines, min(count - 1, len(lines))))
+    spans = []
+    for start in starts:
+        span = opening_span(text[start:], tokenizer, rng.randint(min_tokens, max_tokens), min_tokens)
+        if span is not None:
+            spans.append(span)
+    return spans
+
+
+def source_prompts(
+    source: SourceConfig,
+    val_fraction: float,
+    tokenizer: Tokenizer,
+    prompt_tokens: tuple[int, int],
+    per_document: int,
+    seed: int,
+) -> Iterator[tuple[str, str]]:
+    """(prompt text, origin) from the training split of ``source`` (``split_documents(..., val_fraction)``), in
+    document order; document ``i``'s spans are drawn from a generator seeded with ``(seed, i)`` alone, so the
+    prompts never depend on how many are taken."""
+    train = split_documents(load_documents(source), val_fraction)["train"]
+    index = 0
+    for texts in iter_texts(train):
+        for text in texts:
+            rng = random.Random(f"{seed}:{index}")  # a str seed hashes with sha512: the same in every process
+            for span in document_prompts(text, tokenizer, rng, *prompt_tokens, per_document):
+                yield span, f"document {index}"
+            index += 1
+
+
+def file_prompts(path: Path, field_name: str) -> Iterator[tuple[str, str]]:
+    """(prompt text, origin) from a file: .jsonl, one JSON object per line, the prompt under ``field_name``; .txt,
+    one prompt per block of lines between blank lines (a prompt with blank lines in it needs .jsonl)."""
+    if not path.is_file():
+        raise UserError(f"prompt file {path} does not exist; pass an existing .jsonl or .txt file to --prompts.")
+    if path.suffix == ".txt":
+        block: list[str] = []
+        start = 1
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for number, line in enumerate(lines, 1):
+                if line.strip():
+                    start = number if not block else start
+                    block.append(line)
+                elif block:
+                    yield "".join(block).rstrip("\n"), f"{path.name} line {start}"
+                    block = []
+        if block:
+            yield "".join(block).rstrip("\n"), f"{path.name} line {start}"
+        return
+    if path.suffix != ".jsonl":
+        raise UserError(f"--prompts {path}: cannot read {path.suffix or 'a file without suffix'}; use .jsonl or .txt.")
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UserError(
+                    f"{path} line {number} is not JSON ({err.msg}); write one JSON object per line."
+                ) from None
+            if not isinstance(row, dict) or field_name not in row:
+                fields = ", ".join(row) if isinstance(row, dict) else "none"
+                raise UserError(
+                    f"{path} line {number} has no field {field_name!r} (fields: {fields}); "
+                    "name the prompt's field with --prompt-field."
+                )
+            if not isinstance(row[field_name], str) or not row[field_name]:
+                raise UserError(f"{path} line {number}: {field_name!r} is not a non-empty string; fix that line.")
+            yield row[field_name], f"{path.name} line {number}"
+
+
+# ------------------------------------------------------------------------------------------------------ chat template
+
+
+@dataclass
+class ModelChat:
+    """What a model says about chat: its template (Jinja, as transformers renders it) and special tokens."""
+
+    template: str | None = None
+    bos_token: str = ""
+    eos_token: str | None = None
+    """The token that ends the model's turn (llama.cpp's and transformers' ``eos``): generation stops there too."""
+
+
+def model_chat(path: str | os.PathLike, tokenizer: Tokenizer) -> ModelChat:
+    """The chat template and end token a model declares: a GGUF file's ``tokenizer.chat_template`` and
+    ``tokenizer.ggml.bos/eos_token_id``; a Hugging Face directory's ``tokenizer_config.json`` (or
+    ``chat_template.jinja``); an mtp checkpoint declares none."""
+    path = Path(path)
+    kind = foreign_format(path)
+    if kind == "gguf":
+        meta = metadata(open_gguf(path), skip_arrays=True)
+
+        def token(key: str) -> str | None:
+            return tokenizer.id_to_token(meta[key]) if key in meta else None
+
+        return ModelChat(
+            meta.get("tokenizer.chat_template"),
+            token("tokenizer.ggml.bos_token_id") or "",
+            token("tokenizer.ggml.eos_token_id"),
+        )
+    if kind == "hf":
+        config_file = path / "tokenizer_config.json"
+        config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if template is None and (path / "chat_template.jinja").is_file():
+            template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+
+        def token(key: str) -> str | None:
+            value = config.get(key)
+            return value.get("content") if isinstance(value, dict) else value
+
+        return ModelChat(template, token("bos_token") or "", token("eos_token"))
+    return ModelChat()
+
+
+class ChatTemplate:
+    """A model's chat template, rendered as transformers' ``apply_chat_template`` renders it (a sandboxed Jinja
+    environment with trim_blocks and lstrip_blocks), for one user message and the assistant's turn to come."""
+
+    def __init__(self, chat: ModelChat, model: str | os.PathLike) -> None:
+        if not chat.template:
+            raise UserError(
+                f"--chat-template: {model} declares no chat template (mtp checkpoints carry none; a GGUF file keeps it "
+                "in tokenizer.chat_template, a Hugging Face directory in tokenizer_config.json); drop --chat-template."
+            )
+        try:
+            from jinja2 import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError as err:  # optional: only --chat-template needs it
+            raise UserError("--chat-template renders the model's template with jinja2; pip install jinja2.") from err
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(message)
+
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        environment.globals["raise_exception"] = raise_exception
+        self._error = TemplateError
+        self._bos, self._eos = chat.bos_token, chat.eos_token or ""
+        try:
+            self._template = environment.from_string(chat.template)
+        except TemplateError as err:
+            raise UserError(
+                f"--chat-template: {model}'s chat template does not parse ({err}); drop --chat-template."
+            ) from None
+
+    def render(self, text: str) -> str:
+        """``text`` as a user message, followed by the opening of the assistant's reply."""
+        messages = [{"role": "user", "content": text}]
+        try:
+            return self._template.render(
+                messages=messages, add_generation_prompt=True, bos_token=self._bos, eos_token=self._eos
+            )
+        except self._error as err:
+            raise UserError(
+                f"--chat-template: the model's chat template failed ({err}); drop --chat-template."
+            ) from None
+
+
+def encode_prompts(
+    texts: Iterable[tuple[str, str]], tokenizer: Tokenizer, chat: ChatTemplate | None = None
+) -> Iterator[Prompt]:
+    """Each (text, origin) as a :class:`Prompt`: as documents start in training, or rendered in the chat template
+    (its own special tokens only: a template writes the start token it wants)."""
+    for text, origin in texts:
+        if chat is None:
+            yield Prompt(text, prompt_ids(tokenizer, text), origin)
+        else:
+            rendered = chat.render(text)
+            yield Prompt(rendered, tokenizer.encode(rendered, add_special_tokens=False).ids, origin)
+
+
+def windows(prompts: Iterable[Prompt], size: int) -> Iterator[list[Prompt]]:
+    """Consecutive groups of ``size`` prompts (the last may be shorter), each sorted by length (stably), so that a
+    batch of consecutive prompts pads little."""
+    window: list[Prompt] = []
+    for prompt in prompts:
+        window.append(prompt)
+        if len(window) == size:
+            yield sorted(window, key=lambda p: len(p.ids))
+            window = []
+    if window:
+        yield sorted(window, key=lambda p: len(p.ids))
+
+
+# ------------------------------------------------------------------------------------------------------------ output
+
+
+def model_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
+    """``{"bytes": total size, "sha256": hash of each file's name, size, first and last MiB}`` of a model file or
+    folder: cheap, and different for different weights."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    digest, total = hashlib.sha256(), 0
+    for file in files:
+        size = file.stat().st_size
+        total += size
+        digest.update(f"{file.relative_to(path) if path.is_dir() else file.name}\0{size}\0".encode())
+        with file.open("rb") as f:
+            digest.update(f.read(FINGERPRINT_BYTES))
+            if size > 2 * FINGERPRINT_BYTES:
+                f.seek(size - FINGERPRINT_BYTES)
+                digest.update(f.read())
+    return {"bytes": total, "sha256": digest.hexdigest()}
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole, or keeps what it held: written to a temporary file beside it, fsynced, renamed.
+    A failed write (a full disk) leaves no temporary file."""
+    from mtp.checkpoint_save import sync_directory  # it brings Lightning, seconds a refused run need not spend
+
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+        os.replace(temporary, path)
+        sync_directory(path.parent)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+@dataclass
+class Totals:
+    prompts: int = 0
+    tokens: int = 0
+    """Generated tokens (the completions' ids)."""
+    seconds: float = 0.0
+    """Wall time of the runs that decoded them, summed."""
+    finished: bool = False
+    """Every prompt of the source is in the shards."""
+
+    def as_dict(self) -> dict[str, Any]:
+        rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        return {
+            "prompts": self.prompts,
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 3),
+            "tokens_per_s": round(rate, 2),
+            "finished": self.finished,
+        }
+
+
+def flatten(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
+    flat = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+class DistillFolder:
+    """An output folder: its shards and ``settings.json``.
+
+    Opening it checks that what is there was made with the same ``settings`` (else one sentence naming the first
+    setting that differs, spelled by ``describe(key, value)`` as the user sets it) and removes temporary files a
+    killed run left. Nothing is written until the first shard (``settings.json`` just before it), so a run that
+    fails early leaves the folder as it was. With ``force`` the folder's shards and settings are replaced at that
+    first write.
+    """
+
+    def __init__(
+        self,
+        out: Path,
+        settings: dict[str, Any],
+        run: dict[str, Any],
+        force: bool = False,
+        describe: Callable[[str, Any], str] = lambda key, value: f"{key}={value}",
+    ) -> None:
+        self.out, self.force = out, force
+        out.mkdir(parents=True, exist_ok=True)
+        for torn in out.glob(f".{SHARD_PREFIX}*.tmp"):
+            torn.unlink(missing_ok=True)
+        for torn in out.glob(f".{SETTINGS_NAME}.*.tmp"):
+            torn.unlink(missing_ok=True)
+        self.record: dict[str, Any] = {"format": SETTINGS_FORMAT, "settings": settings, "runs": [], "totals": {}}
+        self.started = False
+        settings_file = out / SETTINGS_NAME
+        if not force and settings_file.is_file():
+            try:
+                old = json.loads(settings_file.read_text(encoding="utf-8"))
+                old_settings = old["settings"]
+            except (ValueError, KeyError, TypeError):
+                raise UserError(
+                    f"{settings_file} is not a settings file of scripts/distill.py; pass --force to start over in "
+                    f"{out} (its shards are replaced) or choose another --out."
+                ) from None
+            new, before = flatten(settings), flatten(old_settings)
+            for key in [*new, *(k for k in before if k not in new)]:
+                if new.get(key) != before.get(key):
+                    raise UserError(
+                        f"{out} holds data made with {describe(key, before.get(key))}, but this run asks for "
+                        f"{describe(key, new.get(key))}; rerun with the same settings to continue it, pass --force "
+                        "to start over there (its shards are replaced), or choose another --out."
+                    )
+            self.record["runs"] = old.get("runs", [])
+            self.started = True
+        elif not force and self.shards():
+            raise UserError(
+                f"{out} holds distillation shards but no {SETTINGS_NAME}; pass --force to start over there (its "
+                "shards are replaced) or choose another --out."
+            )
+        self.record["runs"].append(run)
+
+    def shards(self) -> list[Path]:
+        return sorted(self.out.glob(f"{SHARD_PREFIX}*.jsonl"))
+
+    def rows(self, index: int) -> list[dict[str, Any]]:
+        """The rows of shard ``index`` (none when it does not exist, or with ``force``)."""
+        path = self.out / SHARD_NAME.format(index)
+        if self.force or not path.is_file():
+            return []
+        rows = []
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    raise UserError(
+                        f"{path} line {number} is damaged; delete that shard (it is decoded again) or pass --force."
+                    ) from None
+        return rows
+
+    def write(self, index: int, rows: list[dict[str, Any]], totals: Totals) -> None:
+        """Shard ``index`` holds ``rows``, then settings.json ``totals`` (each file written whole)."""
+        if not self.started:  # the first write of this folder by these settings
+            if self.force:
+                for old in [*self.shards(), self.out / SETTINGS_NAME]:
+                    old.unlink(missing_ok=True)
+                self.force = False
+            # settings first: a shard never lies in the folder without the settings that made it
+            self._write_settings()
+            self.started = True
+        lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        write_atomically(self.out / SHARD_NAME.format(index), lines)
+        self.write_totals(totals)  # after the shard: a failed shard write leaves the totals of what is there
+
+    def write_totals(self, totals: Totals) -> None:
+        """settings.json's totals brought up to date (a folder this run never wrote to keeps its file untouched)."""
+        if self.started:
+            self.record["totals"] = totals.as_dict()
+            self._write_settings()
+
+    def _write_settings(self) -> None:
+        write_atomically(self.out / SETTINGS_NAME, json.dumps(self.record, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------- decoding
+
+
+@dataclass
+class Budget:
+    """When to stop; prompts and tokens count everything in the folder, earlier runs' included."""
+
+    max_prompts: int = 0
+    """0: no limit."""
+    max_tokens: int = 0
+    """Stop once this many tokens are generated (after the batch that reaches it); 0: no limit."""
+    deadline: float | None = None
+    """``time.monotonic()`` after which no batch starts; nor does one the last batch's duration says would end
+    past it."""
+
+
+@dataclass
+class Progress:
+    """What a run did so far (this run's figures; ``totals``: the folder's)."""
+
+    prompts: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    totals: Totals = field(default_factory=Totals)
+    stopped: str = ""
+    """Why the run ended: the source is exhausted, a budget (--max-prompts, --max-tokens, --max-minutes) or an
+    interruption."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def completion_row(
+    prompt: Prompt,
+    output: list[int],
+    tokenizer: Tokenizer,
+    config: GenerationConfig,
+    end_ids: set[int],
+    end_text: str = "",
+) -> dict[str, Any]:
+    """One row of the data: ``output`` cut at the first of ``end_ids``; ``finish`` is ``end`` when the completion
+    ended there (``end_text``, the end of a chat turn, then closes ``text``), ``length`` at the token budget."""
+    cut = next((i for i, token in enumerate(output) if token in end_ids), None)
+    ended = cut is not None or len(output) < config.max_new_tokens
+    ids = output if cut is None else output[:cut]
+    completion = tokenizer.decode(ids, skip_special_tokens=False)
+    text = prompt.text + completion + (end_text if ended else "")
+    return {
+        "text": text,
+        "prompt": prompt.text,
+        "completion": completion,
+        "prompt_ids": prompt.ids,
+        "completion_ids": ids,
+        "finish": "end" if ended else "length",
+    }
+
+
+def whole_batches(rows: int, window: int, batch_size: int) -> int:
+    """The rows of a window's first ``rows`` that make whole batches (batch ``j`` holds window positions
+    ``j * batch_size`` up to the next multiple or the window's end)."""
+    return window if rows >= window else rows - rows % batch_size
+
+
+def distill(
+    model: MTPModel,
+    tokenizer: Tokenizer,
+    prompts: Iterable[Prompt],
+    folder: DistillFolder,
+    config: GenerationConfig,
+    batch_size: int,
+    shard_prompts: int,
+    end_ids: set[int],
+    end_text: str = "",
+    budget: Budget | None = None,
+    on_batch: Callable[[Progress], None] | None = None,
+) -> Progress:
+    """Decode ``prompts`` (in :func:`windows` of ``shard_prompts``, batches of ``batch_size``) into ``folder``: one
+    shard per window, written when the window is done or the run stops.
+
+    Rows already there are kept (whole batches only, each checked against the prompt it must hold) and their prompts
+    skipped, so the batches, and with them the rows, are those of one uninterrupted run. ``config`` holds the
+    decoding settings; its seed is the stream's: row ``i`` of the stream samples with ``seed + i``. ``end_ids`` and
+    ``end_text``: see :func:`completion_row`. Returns this run's figures and the folder's totals. Ctrl-C ends the
+    run after writing the whole batches of the window in progress.
+    """
+    budget = budget or Budget()
+    context = model.config.max_seq_len
+    progress = Progress()
+    totals = progress.totals
+    this_run = folder.record["runs"][-1]
+    earlier_seconds = sum(run.get("seconds", 0.0) for run in folder.record["runs"][:-1])
+    start, last_batch_s = time.monotonic(), 0.0
+
+    def save(index: int, rows: list[dict[str, Any]]) -> None:
+        progress.seconds = time.monotonic() - start
+        this_run.update(prompts=progress.prompts, tokens=progress.tokens, seconds=round(progress.seconds, 3))
+        totals.seconds = earlier_seconds + progress.seconds
+        folder.write(index, rows, totals)
+
+    first = 0  # the stream index of the window's first prompt
+    in_progress: tuple[int, list[dict[str, Any]], int] | None = None  # window index, its rows, rows read back
+    try:
+        for index, window in enumerate(windows(prompts, shard_prompts)):
+            rows = folder.rows(index)
+            for prompt, row in zip(window, rows, strict=False):
+                if row.get("prompt_ids") != prompt.ids:
+                    raise UserError(
+                        f"{folder.out / SHARD_NAME.format(index)} holds other prompts than these settings give "
+                        f"({prompt.origin} differs: the documents changed since); pass --force to start over there "
+                        "or choose another --out."
+                    )
+            if not (budget.max_prompts and totals.prompts + len(rows) == budget.max_prompts):
+                # a batch cut by an earlier run's budget is decoded again, whole (this run's budget cuts it the same)
+                rows = rows[: whole_batches(len(rows), len(window), batch_size)]
+            kept = len(rows)
+            in_progress = (index, rows, kept)
+            totals.prompts += kept
+            totals.tokens += sum(len(row["completion_ids"]) for row in rows)
+            position = kept
+            while position < len(window):
+                if budget.max_prompts and totals.prompts >= budget.max_prompts:
+                    progress.stopped = "--max-prompts"
+                elif budget.max_tokens and totals.tokens >= budget.max_tokens:
+                    progress.stopped = "--max-tokens"
+                elif budget.deadline is not None and time.monotonic() + last_batch_s > budget.deadline:
+                    progress.stopped = "--max-minutes"
+                if progress.stopped:
+                    break
+                end = min(position - position % batch_size + batch_size, len(window))
+                if budget.max_prompts:
+                    end = min(end, position + budget.max_prompts - totals.prompts)
+                batch = window[position:end]
+                for prompt in batch:
+                    if len(prompt.ids) + config.max_new_tokens + 2 > context:  # generate()'s room, as decode.py's
+                        raise UserError(
+                            f"{prompt.origin}: the prompt ({len(prompt.ids)} tokens) plus --new-tokens "
+                            f"{config.max_new_tokens} does not fit the model's context of {context} tokens; lower "
+                            "--new-tokens, or --prompt-tokens / shorten that prompt."
+                        )
+                batch_start = time.monotonic()
+                seeded = GenerationConfig(**{**config.__dict__, "seed": config.seed + first + position})
+                outputs, _ = generate(model, [prompt.ids for prompt in batch], seeded)
+                new = [
+                    completion_row(prompt, output, tokenizer, config, end_ids, end_text)
+                    for prompt, output in zip(batch, outputs, strict=True)
+                ]
+                rows.extend(new)
+                last_batch_s = time.monotonic() - batch_start
+                added = sum(len(row["completion_ids"]) for row in new)
+                totals.prompts, totals.tokens = totals.prompts + len(new), totals.tokens + added
+                progress.prompts, progress.tokens = progress.prompts + len(new), progress.tokens + added
+                progress.seconds = time.monotonic() - start
+                position = end
+                if on_batch is not None:
+                    on_batch(progress)
+            if len(rows) > kept:
+                save(index, rows)
+            in_progress = None
+            if progress.stopped:
+                break
+            first += len(window)
+        else:
+            totals.finished = True
+            progress.stopped = "all-prompts"
+    except KeyboardInterrupt:
+        progress.stopped = "interrupted"
+        if in_progress is not None and len(in_progress[1]) > in_progress[2]:
+            save(*in_progress[:2])
+    progress.seconds = time.monotonic() - start
+    this_run.update(
+        prompts=progress.prompts, tokens=progress.tokens, seconds=round(progress.seconds, 3), stopped=progress.stopped
+    )
+    totals.seconds = earlier_seconds + progress.seconds
+    folder.write_totals(totals)
+    return progress
