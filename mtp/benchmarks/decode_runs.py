@@ -1,6 +1,9 @@
-"""Pieces of the decoding benchmarks: held-out prompts of a checkpoint's own data, and timed runs over them."""
+"""Pieces of the decoding benchmarks: held-out prompts of a checkpoint's own data, timed runs over them, and how a
+method's outputs compare with autoregressive decoding's."""
 
 from __future__ import annotations
+
+from dataclasses import asdict
 
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
 from mtp.data.tokenizer import eot_id
@@ -33,14 +36,23 @@ def held_out_prompts(data: dict, tokenizer, count: int, length: int, skip: int =
 
 
 def run(model, prompts: list[list[int]], config: GenerationConfig, batch_size: int, drafter=None) -> DecodeStats:
-    """Decode all prompts in batches of ``batch_size`` (drafting with ``drafter`` if given); statistics summed over
-    the batches."""
+    """:func:`decode_prompts`'s statistics alone."""
+    return decode_prompts(model, prompts, config, batch_size, drafter)[1]
+
+
+def decode_prompts(
+    model, prompts: list[list[int]], config: GenerationConfig, batch_size: int, drafter=None
+) -> tuple[list[list[int]], DecodeStats]:
+    """Decode all prompts in batches of ``batch_size`` (drafting with ``drafter`` if given): every prompt's new tokens,
+    in the prompts' order, and the statistics summed over the batches."""
     total = DecodeStats(
         rows=0, drafted=[0] * config.drafts, accepted=[0] * config.drafts, prefills=0,
         tree_nodes=config.tree.size if config.tree is not None else 0, acceptance_rule=config.acceptance,
     )  # fmt: skip
+    outputs = []
     for start in range(0, len(prompts), batch_size):
-        _, stats = generate(model, prompts[start : start + batch_size], config, drafter)
+        batch_outputs, stats = generate(model, prompts[start : start + batch_size], config, drafter)
+        outputs += batch_outputs
         total.method, total.method_params = stats.method, stats.method_params
         total.draft_s += stats.draft_s
         total.draft_forwards += stats.draft_forwards
@@ -53,7 +65,22 @@ def run(model, prompts: list[list[int]], config: GenerationConfig, batch_size: i
         total.prefills += stats.prefills
         total.drafted = [a + b for a, b in zip(total.drafted, stats.drafted, strict=True)]
         total.accepted = [a + b for a, b in zip(total.accepted, stats.accepted, strict=True)]
-    return total
+    return outputs, total
+
+
+def output_checks(outputs: list[list[int]], reference: list[list[int]], scorer=None) -> dict:
+    """How a greedy method's outputs compare with mtp autoregressive decoding's (``reference``): the number of
+    prompts whose new tokens are identical and, with a :class:`~mtp.benchmarks.humaneval.HumanEvalScorer`, the
+    outputs' HumanEval pass@1 and every problem's outcome."""
+    checks: dict = {
+        "prompts": len(reference),
+        "identical_outputs": sum(a == b for a, b in zip(outputs, reference, strict=True)),
+    }
+    if scorer is not None:
+        evaluation = scorer.evaluate(outputs)
+        checks["pass_at_1"] = evaluation.pass_at_1
+        checks["humaneval"] = [asdict(o) for o in evaluation.outcomes]
+    return checks
 
 
 FIT_SKIP_DOCUMENTS = 64

