@@ -199,18 +199,15 @@ def test_validation_perplexity_is_exp_of_the_token_weighted_head1_loss():
 
 def test_validation_keeps_one_heads_logits_alive_at_a_time():
     module = tiny_module(n_future=3)
-    unembedding, alive, leaks = module.model.unembedding, [], []
+    head_logits, alive, leaks = module.model.head_logits, [], []
 
-    def watched(k: int):
-        def unembed(state: torch.Tensor) -> torch.Tensor:
-            leaks.extend(k for ref in alive if ref() is not None)  # an earlier head's logits, still referenced
-            logits = unembedding(k)(state)
-            alive.append(weakref.ref(logits))
-            return logits
+    def watched(k: int, state: torch.Tensor) -> torch.Tensor:
+        leaks.extend(k for ref in alive if ref() is not None)  # an earlier head's logits, still referenced
+        logits = head_logits(k, state)
+        alive.append(weakref.ref(logits))
+        return logits
 
-        return unembed
-
-    module.model.unembedding = watched  # the instance attribute shadows the method
+    module.model.head_logits = watched  # the instance attribute shadows the method
     validate(module, [torch.randint(0, 64, (2, 12))])
     assert len(alive) == 3 and leaks == []
 
