@@ -414,7 +414,7 @@ class DistillFolder:
                         f"{describe(key, new.get(key))}; rerun with the same settings to continue it, pass --force "
                         "to start over there (its shards are replaced), or choose another --out."
                     )
-            self.record["runs"] = old.get("runs", [])
+            self.record["runs"], self.record["totals"] = old.get("runs", []), old.get("totals", {})
             self.started = True
         elif not force and self.shards():
             raise UserError(
@@ -640,5 +640,6 @@ def distill(
         prompts=progress.prompts, tokens=progress.tokens, seconds=round(progress.seconds, 3), stopped=progress.stopped
     )
     totals.seconds = earlier_seconds + progress.seconds
-    folder.write_totals(totals)
+    if progress.prompts or folder.record["totals"].get("finished") != totals.finished:
+        folder.write_totals(totals)  # a run that decoded nothing leaves a finished folder's file as it was
     return progress
