@@ -49,6 +49,7 @@ class MTPLitModule(L.LightningModule):
         val_decode_prompts: int = 4,
         val_decode_tokens: int = 48,
         trunk_cache_gb: float = 0.0,
+        trunk_cache_dir: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -72,7 +73,7 @@ class MTPLitModule(L.LightningModule):
         self.trunk_cache = None
         if trunk_cache_gb > 0:
             TrunkCache.check_frozen(self.model)
-            self.trunk_cache = TrunkCache(self.model, int(trunk_cache_gb * 2**30))
+            self.trunk_cache = TrunkCache(self.model, int(trunk_cache_gb * 2**30), trunk_cache_dir)
         self._parallelized = False
         n, vocab = self.config.n_future, self.config.vocab_size
         self.val_loss = nn.ModuleList(MeanMetric() for _ in range(n))
@@ -141,6 +142,10 @@ class MTPLitModule(L.LightningModule):
         for k in out.heads:  # a head with nothing to train is not computed (a frozen head 1: see trained_heads)
             self.log(f"train/loss_head{k}", out.per_head[k - 1])
         return out.total
+
+    def on_train_epoch_end(self) -> None:
+        if self.trunk_cache is not None and self.trainer.world_size == 1:  # processes would share one file
+            self.trunk_cache.save()
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
         if batch_idx == 0:

@@ -6,9 +6,19 @@ heads, the trunk is most of a step's time. The cache keeps each window's output 
 window's own token ids, so the epochs after the first run only the heads. It is bounded: past ``max_bytes`` new
 windows are computed each time, as without it. A cached output is the very tensor the trunk computed (same dtype,
 under the same autocast), so a step computes exactly what it would without the cache.
+
+With a ``folder`` (``trunk_cache_dir``), what the cache holds is also written there after each epoch, under a hash
+of the trunk's weights and the window length, and read back by the next run on the same trunk and windows: heads of
+another type, or other settings, trained on the same data never run the trunk over it again. One file per trunk and
+window length (``trunk-<hash>-T<len>.pt``, written whole: a temporary file renamed into place), read with
+``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -18,11 +28,14 @@ from mtp.model import MTPModel
 
 
 class TrunkCache:
-    def __init__(self, model: MTPModel, max_bytes: int) -> None:
+    def __init__(self, model: MTPModel, max_bytes: int, folder: str | os.PathLike | None = None) -> None:
         self.model, self.max_bytes = model, max_bytes
         self.outputs: dict[bytes, Tensor] = {}
         self.bytes = 0
         self.hits = self.misses = 0
+        self.folder = Path(folder) if folder is not None else None
+        self.file: Path | None = None  # known once the window length is (the first step)
+        self.saved = 0  # rows the file holds
 
     @staticmethod
     def check_frozen(model: MTPModel) -> None:
@@ -37,6 +50,9 @@ class TrunkCache:
     def __call__(self, inputs: Tensor) -> Tensor:
         """The trunk's output (B, T, d) for token ids (B, T): kept rows where every row is kept, else computed (and
         kept while there is room). One host read of the ids per step: the rows' keys."""
+        if self.folder is not None and self.file is None:
+            self.file = self.folder / f"trunk-{trunk_hash(self.model)}-T{inputs.size(1)}.pt"
+            self.load()
         keys = [row.tobytes() for row in inputs.cpu().numpy()]
         if all(key in self.outputs for key in keys):
             self.hits += len(keys)
@@ -45,8 +61,45 @@ class TrunkCache:
         with torch.no_grad():
             trunk = self.model.trunk(inputs)
         for key, row in zip(keys, trunk, strict=True):
-            size = row.numel() * row.element_size()
-            if key not in self.outputs and self.bytes + size <= self.max_bytes:
-                self.outputs[key] = row.clone()  # its own storage: the batch's tensor is not kept alive
-                self.bytes += size
+            self.keep(key, row.clone())  # its own storage: the batch's tensor is not kept alive
         return trunk
+
+    def keep(self, key: bytes, output: Tensor) -> None:
+        size = output.numel() * output.element_size()
+        if key not in self.outputs and self.bytes + size <= self.max_bytes:
+            self.outputs[key] = output
+            self.bytes += size
+
+    def load(self) -> None:
+        """What an earlier run on the same trunk and windows wrote, as far as the budget holds it."""
+        if self.file is None or not self.file.is_file():
+            return
+        try:
+            stored = torch.load(self.file, map_location=self.model.tok_embeddings.weight.device, weights_only=True)
+        except Exception:  # a damaged file is only a lost cache: the trunk computes those windows again
+            return
+        for ids, output in zip(stored["ids"].numpy(), stored["outputs"], strict=True):
+            self.keep(ids.tobytes(), output)
+        self.saved = len(self.outputs)
+
+    def save(self) -> None:
+        """Write what the cache holds, if it holds more than its file (a temporary file renamed into place)."""
+        if self.file is None or len(self.outputs) <= self.saved:
+            return
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        ids = torch.stack([torch.frombuffer(bytearray(key), dtype=torch.long) for key in self.outputs])
+        partial = self.file.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            torch.save({"ids": ids, "outputs": torch.stack(list(self.outputs.values())).cpu()}, partial)
+            os.replace(partial, self.file)
+        finally:
+            partial.unlink(missing_ok=True)
+        self.saved = len(self.outputs)
+
+
+def trunk_hash(model: MTPModel) -> str:
+    """A hash of what decides the trunk's outputs: its weights (embedding, trunk blocks) and rotary settings."""
+    digest = hashlib.sha256(repr((model.config.rope_theta, model.config.norm_eps, len(model.trunk_blocks))).encode())
+    for parameter in [model.tok_embeddings.weight, *model.trunk_blocks.parameters()]:
+        digest.update(parameter.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]

@@ -80,3 +80,21 @@ def test_training_with_the_cache_ends_with_the_same_weights(make_cfg, tiny_check
         finals.append(state)
     assert finals[0].keys() == finals[1].keys()
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+def test_a_cache_folder_serves_the_next_run_on_the_same_trunk_only(tmp_path):
+    model = frozen_model()
+    window = torch.randint(0, 61, (3, 15), generator=torch.Generator().manual_seed(2))
+    first = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
+    loss, grads = step(model, window, first)
+    first.save()
+    assert [p.name for p in tmp_path.iterdir()] == [first.file.name]  # one whole file, no temporary left
+    second = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
+    cached_loss, cached_grads = step(model, window, second)
+    assert (second.hits, second.misses) == (3, 0) and cached_loss == loss
+    assert all(torch.equal(grads[n], cached_grads[n]) for n in grads)
+    with torch.no_grad():
+        model.layers[0].attention.wq.weight.add_(0.01)  # another trunk: another file, nothing read
+    other = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
+    step(model, window, other)
+    assert other.hits == 0 and other.file != first.file
