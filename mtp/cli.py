@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import torch
+from omegaconf.errors import InterpolationResolutionError
 
 import mtp
 from mtp.checkpoint_load import DTYPES
@@ -65,7 +66,12 @@ def errors_reported(cleanup: Callable[[], None] | None = None) -> Iterator[None]
     """Turn a UserError or OSError raised inside into ``error: <sentence>`` on stderr and exit status 2, after
     ``cleanup`` (e.g. removing what a failed run left); any other exception is a bug and keeps its traceback."""
     try:
-        yield
+        try:
+            yield
+        except InterpolationResolutionError as err:  # a config resolver's user error, e.g. ${reference_model:}'s
+            if isinstance(err.__context__, UserError):
+                raise err.__context__ from None
+            raise
     except (UserError, OSError) as err:
         if cleanup is not None:
             cleanup()

@@ -26,6 +26,10 @@ from mtp.data.packing import writing_to_cache
 from mtp.errors import UserError
 from mtp.init_from import settings_from_checkpoint
 from mtp.lit import MTPLitModule
+from mtp.reference import reference_model
+
+# ${reference_model:} in a config: the offline reference model's GGUF file (experiment=pretrained_heads's init_from)
+OmegaConf.register_new_resolver("reference_model", lambda: str(reference_model()), replace=True)
 
 
 def instantiate(node: DictConfig, **kwargs: Any) -> Any:
@@ -66,6 +70,7 @@ def build(
         init_from=cfg.get("init_from"),
         freeze=cfg.get("freeze", "none"),
         trunk_cache_gb=float(cfg.get("trunk_cache_gb", 0.0)),
+        trunk_cache_dir=cfg.get("trunk_cache_dir"),
     )
     if module.start_tokenizer is not None:  # data tokenized as the model it starts from was
         with open_dict(cfg):

