@@ -33,7 +33,6 @@ import os
 import random
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_doc
 from mtp.data.tokenizer import prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
+from mtp.files import write_whole
 from mtp.interop import foreign_format
 from mtp.interop.gguf import metadata, open_gguf
 from mtp.model import MTPModel
@@ -322,20 +322,8 @@ def model_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text`` whole, or keeps what it held: written to a temporary file beside it, fsynced, renamed.
-    A failed write (a full disk) leaves no temporary file."""
-    from mtp.checkpoint_save import sync_directory  # it brings Lightning, seconds a refused run need not spend
-
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(temporary, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-        os.replace(temporary, path)
-        sync_directory(path.parent)
-    finally:
-        temporary.unlink(missing_ok=True)
+    """``path`` holds ``text`` whole, or keeps what it held (:func:`mtp.files.write_whole`)."""
+    write_whole(path, lambda f: f.write(text.encode("utf-8")))
 
 
 @dataclass

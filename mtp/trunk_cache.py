@@ -8,10 +8,10 @@ windows are computed each time, as without it. A cached output is the very tenso
 under the same autocast), so a step computes exactly what it would without the cache.
 
 With a ``folder`` (``trunk_cache_dir``), what the cache holds is also written there after each epoch, under a hash
-of the trunk's weights and the window length, and read back by the next run on the same trunk and windows: heads of
-another type, or other settings, trained on the same data never run the trunk over it again. One file per trunk and
-window length (``trunk-<hash>-T<len>.pt``, written whole: a temporary file renamed into place), read with
-``torch.load(weights_only=True)``.
+of the trunk's weights, the window length and the compute dtype, and read back by the next run on the same trunk
+and windows: heads of another type, or other settings, trained on the same data never run the trunk over it again.
+One file per trunk, window length and dtype (``trunk-<hash>-T<len>-<dtype>.pt``, written whole by
+:func:`mtp.files.write_whole`), read with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from mtp.errors import UserError
+from mtp.files import write_whole
 from mtp.model import MTPModel
 
 
@@ -51,7 +52,11 @@ class TrunkCache:
         """The trunk's output (B, T, d) for token ids (B, T): kept rows where every row is kept, else computed (and
         kept while there is room). One host read of the ids per step: the rows' keys."""
         if self.folder is not None and self.file is None:
-            self.file = self.folder / f"trunk-{trunk_hash(self.model)}-T{inputs.size(1)}.pt"
+            device = inputs.device.type  # outputs differ under autocast: its dtype names the file too
+            dtype = self.model.tok_embeddings.weight.dtype
+            if torch.is_autocast_enabled(device):
+                dtype = torch.get_autocast_dtype(device)
+            self.file = self.folder / f"trunk-{trunk_hash(self.model)}-T{inputs.size(1)}-{str(dtype)[6:]}.pt"
             self.load()
         keys = [row.tobytes() for row in inputs.cpu().numpy()]
         if all(key in self.outputs for key in keys):
@@ -88,12 +93,8 @@ class TrunkCache:
             return
         self.file.parent.mkdir(parents=True, exist_ok=True)
         ids = torch.stack([torch.frombuffer(bytearray(key), dtype=torch.long) for key in self.outputs])
-        partial = self.file.with_suffix(f".{os.getpid()}.tmp")
-        try:
-            torch.save({"ids": ids, "outputs": torch.stack(list(self.outputs.values())).cpu()}, partial)
-            os.replace(partial, self.file)
-        finally:
-            partial.unlink(missing_ok=True)
+        stored = {"ids": ids, "outputs": torch.stack(list(self.outputs.values())).cpu()}
+        write_whole(self.file, lambda f: torch.save(stored, f))
         self.saved = len(self.outputs)
 
 
