@@ -22,7 +22,7 @@ from omegaconf.errors import InterpolationResolutionError
 import mtp
 from mtp.checkpoint_load import DTYPES
 from mtp.config import ModelConfig
-from mtp.decode.generation import GenerationConfig, SettingError
+from mtp.decode.settings import GenerationConfig, SettingError
 from mtp.errors import FULL_DISK, UserError
 
 PACKAGE_DIR = Path(mtp.__file__).resolve().parent

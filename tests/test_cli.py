@@ -18,7 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 from mtp import cli
 from mtp.commands import bench_decode, bench_train, compare_heads, decode, fit_tree, pretrain
 from mtp.decode import GenerationConfig
-from mtp.decode.generation import SettingError
+from mtp.decode.settings import SettingError
 from mtp.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

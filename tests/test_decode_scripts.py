@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mtp.decode import drafter_setup
+from mtp.commands import drafter_setup
 from mtp.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -67,51 +67,53 @@ class Mutation:
     """Tests (pytest node ids or files) of which at least one must fail."""
 
 
-GENERATION = "mtp/decode/generation.py"
+ACCEPTANCE = "mtp/decode/acceptance.py"
+LOOP = "mtp/decode/loop.py"
+PROPOSERS = "mtp/decode/proposers.py"
 HEADS = "mtp/heads.py"
 INFERENCE = "mtp/decode/inference.py"
 MUTATIONS = [
     # -- lossless sampling
     Mutation(
         "accept with probability min(1, q) instead of min(1, q/p)",
-        GENERATION,
+        ACCEPTANCE,
         "return uniforms * proposal < target",
         "return uniforms < target",
         (LOSSLESS,),
     ),
     Mutation(
         "after a rejection, sample from q instead of the residual",
-        GENERATION,
+        ACCEPTANCE,
         "residual = (target - proposal * rejected[:, None]).clamp_(min=0)",
         "residual = target.clone()",
         (LOSSLESS,),
     ),
     Mutation(
         "bonus token from the residual although every draft passed",
-        GENERATION,
+        ACCEPTANCE,
         "residual = (target - proposal * rejected[:, None]).clamp_(min=0)",
         "residual = (target - proposal).clamp_(min=0)",
         (LOSSLESS,),
     ),
     Mutation(
         "temperature / top-k / top-p on the proposal but not on the target",
-        GENERATION,
-        "return processed_probs(head1_logits, config.temperature, config.top_k, config.top_p)",
-        "return processed_probs(head1_logits, 1.0)",
+        ACCEPTANCE,
+        "return processed_probs(logits, c.temperature, c.top_k, c.top_p)",
+        "return processed_probs(logits, 1.0)",
         (LOSSLESS,),
     ),
     Mutation(
         "residual built from the first draft's proposal instead of the rejected one's",
-        GENERATION,
-        "p_first_rejected = draft_probs[rows, accepted.clamp(max=n_drafts - 1)]  # (B, V)",
-        "p_first_rejected = draft_probs[rows, 0]",
+        ACCEPTANCE,
+        "p_first_rejected = proposals[rows, accepted.clamp(max=D - 1)]  # (B, V)",
+        "p_first_rejected = proposals[rows, 0]",
         (LOSSLESS,),
     ),
     Mutation(
         "the token after the drafts reuses the first acceptance uniform",
-        GENERATION,
-        "return accepted, sample_from(q_last, draws[:, _next_token_column(config)])",
-        "return accepted, sample_from(q_last, draws[:, 0])",
+        ACCEPTANCE,
+        "return accepted, sample_from(law, self.layout.next_token(draws))",
+        "return accepted, sample_from(law, draws[:, 0])",
         (LOSSLESS,),
     ),
     Mutation(
@@ -138,29 +140,29 @@ MUTATIONS = [
     # -- greedy exactness
     Mutation(
         "greedy accepts one draft more than match",
-        GENERATION,
-        "accepted = match.long().cumprod(dim=1).sum(dim=1)",
-        "accepted = (match.long().cumprod(dim=1).sum(dim=1) + 1).clamp(max=n_drafts)",
+        ACCEPTANCE,
+        "accepted = accepted_prefix((drafts == choice[:, :-1]) & present)",
+        "accepted = (accepted_prefix((drafts == choice[:, :-1]) & present) + 1).clamp(max=drafts.size(1))",
         GREEDY_EXACT,
     ),
     Mutation(
         "greedy counts every matching draft, not the matching prefix",
-        GENERATION,
-        "accepted = match.long().cumprod(dim=1).sum(dim=1)",
-        "accepted = match.long().sum(dim=1)",
+        ACCEPTANCE,
+        "return passes.long().cumprod(dim=1).sum(dim=1)",
+        "return passes.long().sum(dim=1)",
         (GREEDY_BY_CHANCE,),
     ),
     # -- KV cache
     Mutation(
         "the cache keeps one position too few after verification",
-        GENERATION,
+        LOOP,
         "cache.rollback(kept, held_on_device + base + accepted + 1)",
         "cache.rollback(kept, held_on_device + base + accepted)",
         GREEDY_EXACT,
     ),
     Mutation(
         "the cache's host-side lengths keep one position too few",
-        GENERATION,
+        LOOP,
         "kept = [held[i] + h[0] + 1 + first_base[i] for i, h in enumerate(host)]",
         "kept = [held[i] + h[0] + first_base[i] for i, h in enumerate(host)]",
         GREEDY_EXACT,
@@ -203,37 +205,37 @@ MUTATIONS = [
     ),
     Mutation(
         "a tree node is accepted without its parent",
-        GENERATION,
+        ACCEPTANCE,
         "ok[:, nodes] &= ok[:, parent[nodes]]",
         "ok[:, nodes] &= True",
         TREE_GREEDY,
     ),
     Mutation(
         "siblings are tested against the unnormalized rest of the target",
-        GENERATION,
+        ACCEPTANCE,
         "return uniform * proposal * remaining.sum(dim=-1) < token_probability",
         "return uniform * proposal < token_probability",
         TREE_LOSSLESS,
     ),
     Mutation(
         "a rejected sibling's proposal is not taken out of the target",
-        GENERATION,
+        ACCEPTANCE,
         "return torch.where(rejected[:, None], residual, remaining)",
         "return remaining",
         TREE_LOSSLESS,
     ),
     Mutation(
         "a row that ends at a leaf takes its bonus token from the root's distribution",
-        GENERATION,
+        ACCEPTANCE,
         "at_leaf = slot[node] < 0",
         "at_leaf = slot[node] < -1",
         TREE_LOSSLESS,
     ),
     Mutation(
         "the residual after a rejection applies to a draft that was cut",
-        GENERATION,
-        "q_last = correction_probs(q_last, p_first_rejected, accepted < live)",
-        "q_last = correction_probs(q_last, p_first_rejected, accepted < n_drafts)",
+        ACCEPTANCE,
+        "law = correction_probs(target[rows, accepted], p_first_rejected, accepted < live)",
+        "law = correction_probs(target[rows, accepted], p_first_rejected, accepted < D)",
         TREE_LOSSLESS,
     ),
     # -- the packed inference form
@@ -281,16 +283,16 @@ MUTATIONS = [
     ),
     Mutation(
         "drafts made after the step's first input instead of the last accepted one",
-        GENERATION,
-        "_draft(draft, base + accepted, inputs, next_token, config, draws)",
-        "_draft(draft, base, inputs, next_token, config, draws)",
+        LOOP,
+        "proposer.draft_in_step(hidden, cache, base + accepted, inputs, next_token, draws)",
+        "proposer.draft_in_step(hidden, cache, base, inputs, next_token, draws)",
         (f"{GREEDY}::test_greedy_decoding_equals_the_cache_free_reference_when_drafts_pass",),
     ),
     Mutation(
         "the prompt's step reads head 1 at every position",
-        GENERATION,
-        "read = None if n_drafts else base[:, None]",
-        "read = None",
+        LOOP,
+        "inference.verify(inputs, cache, None if n_drafts else base[:, None])",
+        "inference.verify(inputs, cache, None)",
         GREEDY_EXACT,
     ),
     Mutation(
@@ -534,30 +536,30 @@ MUTATIONS = [
     ),
     Mutation(
         "a draft model keeps one read draft more than the target accepted",
-        "mtp/decode/drafters.py",
+        PROPOSERS,
         "kept = [min(n, self.read_drafts) for n in accepted]",
         "kept = [min(n + 1, self.read_drafts) for n in accepted]",
         DRAFTER_CACHE,
     ),
     Mutation(
         "a draft model keeps the padding of its ragged first forward",
-        "mtp/decode/drafters.py",
+        PROPOSERS,
         "cache.rollback(self.held)  # drop the padding",
         "pass",
         DRAFTER_CACHE,
     ),
     Mutation(
         "prompt lookup's drafts verified as if drawn uniformly",
-        "mtp/decode/drafters.py",
-        "probs = F.one_hot(drafts, self.vocab_size).float() if sampled else None",
-        "probs = torch.full((*drafts.shape, self.vocab_size), 1 / self.vocab_size) if sampled else None",
+        PROPOSERS,
+        "probs = F.one_hot(drafts, self.vocab_size).float() if self.sampled else None",
+        "probs = torch.full((*drafts.shape, self.vocab_size), 1 / self.vocab_size) if self.sampled else None",
         (f"{DRAFTED_LOSSLESS}[lookup]",),
     ),
     Mutation(
         "a drafter's proposals taken from the step's acceptance uniforms",
-        GENERATION,
-        "proposal = draws[:, _next_token_column(config) + 1 :] if draws is not None else None",
-        "proposal = draws if draws is not None else None",
+        LOOP,
+        "rule.layout.drafts(draws) if draws is not None else None",
+        "draws if draws is not None else None",
         (f"{DRAFTED_LOSSLESS}[draft]",),
     ),
     # -- interop
@@ -719,7 +721,7 @@ MUTATIONS = [
     ),
     Mutation(
         "GenerationConfig: top_p 0 accepted",
-        "mtp/decode/generation.py",
+        "mtp/decode/settings.py",
         "        if not 0 < self.top_p <= 1:",
         "        if not 0 <= self.top_p <= 1:",
         ("tests/test_cli.py::test_a_bad_decoding_setting_is_reported_under_its_flag",),

@@ -45,26 +45,12 @@ def decode_prompts(
 ) -> tuple[list[list[int]], DecodeStats]:
     """Decode all prompts in batches of ``batch_size`` (drafting with ``drafter`` if given): every prompt's new tokens,
     in the prompts' order, and the statistics summed over the batches."""
-    total = DecodeStats(
-        rows=0, drafted=[0] * config.drafts, accepted=[0] * config.drafts, prefills=0,
-        tree_nodes=config.tree.size if config.tree is not None else 0, acceptance_rule=config.acceptance,
-    )  # fmt: skip
-    outputs = []
+    outputs, runs = [], []
     for start in range(0, len(prompts), batch_size):
         batch_outputs, stats = generate(model, prompts[start : start + batch_size], config, drafter)
         outputs += batch_outputs
-        total.method, total.method_params = stats.method, stats.method_params
-        total.draft_s += stats.draft_s
-        total.draft_forwards += stats.draft_forwards
-        total.rows += stats.rows
-        total.forwards += stats.forwards
-        total.row_forwards += stats.row_forwards
-        total.tokens += stats.tokens
-        total.wall_time_s += stats.wall_time_s
-        total.prefill_s += stats.prefill_s
-        total.prefills += stats.prefills
-        total.drafted = [a + b for a, b in zip(total.drafted, stats.drafted, strict=True)]
-        total.accepted = [a + b for a, b in zip(total.accepted, stats.accepted, strict=True)]
+        runs.append(stats)
+    total = sum(runs, DecodeStats.empty(runs[0]))
     return outputs, total
 
 

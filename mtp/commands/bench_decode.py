@@ -40,12 +40,12 @@ from mtp.benchmarks.humaneval import HumanEvalScorer, completion_text
 from mtp.benchmarks.report import decode_table, exactness_summary, method_label, pass_cell, plot_decode, same_cell
 from mtp.checkpoint_load import load_checkpoint
 from mtp.cli import add_device_flag, add_dtype_flag, check_heads, generation_config, pick_device, run_script
+from mtp.commands.drafter_setup import load_draft, skip_layers_drafter
 from mtp.config import ModelConfig
 from mtp.data.prompts import humaneval_problems
 from mtp.data.tokenizer import prompt_ids
 from mtp.decode import DecodeStats, GenerationConfig, generate
-from mtp.decode.drafter_setup import load_draft, skip_layers_drafter
-from mtp.decode.drafters import LookupDrafter, draft_model_drafter
+from mtp.decode.proposers import LookupDrafter, draft_model_drafter
 from mtp.decode.tree import read_tree
 from mtp.errors import UserError
 

@@ -28,10 +28,10 @@ from typing import NoReturn
 
 from mtp.checkpoint_load import load_checkpoint
 from mtp.cli import add_device_flag, add_dtype_flag, check_heads, generation_config, pick_device, run_script
+from mtp.commands.drafter_setup import check_drafting_flags, drafting, pick_drafter
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode import GenerationConfig, generate
-from mtp.decode.drafter_setup import check_drafting_flags, drafting, pick_drafter
-from mtp.decode.generation import ACCEPTANCE_RULES
+from mtp.decode.settings import ACCEPTANCE_RULES
 from mtp.decode.tree import read_tree
 from mtp.errors import UserError
 

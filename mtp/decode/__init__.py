@@ -1,6 +1,14 @@
-"""Decoding: KV cache, sampling, and autoregressive / self-speculative generation as plain functions."""
+"""Cached decoding: autoregressive, self-speculative (chains and trees of the heads' drafts) and drafted.
+
+The parts, bottom to top: the engine (:mod:`~mtp.decode.inference`, :mod:`~mtp.decode.cache`), the acceptance rules
+(:mod:`~mtp.decode.acceptance`), the proposers (:mod:`~mtp.decode.proposers`), and the loop
+(:mod:`~mtp.decode.loop`); settings and statistics beside them (:mod:`~mtp.decode.settings`,
+:mod:`~mtp.decode.stats`).
+"""
 
 from mtp.decode.cache import KVCache
-from mtp.decode.generation import DecodeStats, GenerationConfig, generate
+from mtp.decode.loop import generate
+from mtp.decode.settings import GenerationConfig, SettingError
+from mtp.decode.stats import DecodeStats
 
-__all__ = ["DecodeStats", "GenerationConfig", "KVCache", "generate"]
+__all__ = ["DecodeStats", "GenerationConfig", "KVCache", "SettingError", "generate"]

@@ -32,7 +32,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mtp.decode.cache import KVCache
+from mtp.decode.tree import DraftTree
 from mtp.model import Block, MTPModel
+
+LEAVES_UNEMBEDDED_AT_ONCE = 4
+"""On CPU, a tree step unembeds head 1 after every node when the tree has at most this many leaves; with more, after
+the nodes with children, then once more after the accepted node (:meth:`InferenceModel.verify_tree`)."""
 
 _built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(heads, compile): (weights, form)}
 
@@ -214,6 +219,24 @@ class InferenceModel:
             if i == self.draft_input_depth - 1:
                 draft_input = x
         return x, draft_input
+
+    def verify_tree(self, tokens: Tensor, cache: KVCache, tree: DraftTree) -> tuple[Tensor, Tensor, Callable, Tensor]:
+        """A tree step's forward over [root, nodes] (``tokens`` (B, S), the cache begun with the tree's mask): head 1's
+        logits where the step verifies (B, P, V), each node's index among them (S,) (-1: not there), ``after(nodes
+        (B,))`` -> head 1's logits (B, V) after a node of each row, and what the draft heads read (B, S, d).
+
+        One unembedding of all S positions costs on CPU about what one of fewer rows does (the weight streams once),
+        and on other devices one call is cheaper than two; with many leaves on CPU, the rows of the leaves that are
+        not accepted cost more than a second call after the accepted node (a leaf's logits are needed only when it
+        wins)."""
+        x, hidden = self.run_path(tokens, cache)
+        B, S, _ = x.shape
+        rows = torch.arange(B, device=x.device)
+        parents, slot = tree.parents_within(S, x.device)
+        if x.device.type != "cpu" or S - len(parents) <= LEAVES_UNEMBEDDED_AT_ONCE:
+            head1 = self.head1_logits(x)  # (B, S, V)
+            return head1, torch.arange(S, device=x.device), lambda nodes: head1[rows, nodes], hidden
+        return self.head1_logits(x[:, parents]), slot, lambda nodes: self.head1_logits(x[rows, nodes]), hidden
 
     def head1_logits(self, x: Tensor) -> Tensor:
         """Head 1's logits (..., V) of path outputs x (..., d)."""

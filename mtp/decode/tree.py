@@ -171,7 +171,7 @@ def full_tree(width: int, depth: int) -> DraftTree:
 
 def path_counts(tree: DraftTree, accepted_nodes: Counter) -> Counter:
     """How often each path of ``tree`` was accepted (its node or a descendant ended a step), from how often each node
-    ended one (:attr:`mtp.decode.generation.DecodeStats.accepted_nodes`)."""
+    ended one (:attr:`mtp.decode.stats.DecodeStats.accepted_nodes`)."""
     counts: Counter = Counter()
     for node, times in accepted_nodes.items():
         if node:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mtp.decode.generation import GenerationConfig, generate
+from mtp.decode import GenerationConfig, generate
 from mtp.decode.tree import DraftTree, fit_tree, full_tree, path_counts
 from mtp.model import MTPModel
 

@@ -2,14 +2,15 @@
 output, batch 1 and ragged; sampling with the autoregressive distribution, with negative controls that must fail."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from mtp.decode import GenerationConfig, generate
-from mtp.decode import drafters as drafters_module
-from mtp.decode import generation as generation_module
-from mtp.decode.drafters import LookupDrafter, draft_model_drafter, layer_skip_drafter
+from mtp.decode import acceptance as acceptance_module
+from mtp.decode import proposers as drafters_module
+from mtp.decode.proposers import LookupDrafter, draft_model_drafter, layer_skip_drafter
 from tests.decode.helpers import NEVER, fixed_logits_model, head1_logits, tiny_model, train_on_cycles
 from tests.decode.test_lossless import check_real_model, reference_probs, total_variation, tv_threshold
 from tests.decode.test_tree import partly_trained
@@ -72,26 +73,27 @@ class CheckedDrafter(drafters_module.ModelDrafter):
         super().__init__(drafters_module.InferenceModel.of(draft, 1))
         self.draft, self.checked = draft, 0
 
-    def start(self, prompts, max_len):
-        super().start(prompts, max_len)
+    def start(self, prompts, max_len, config=None):
+        super().start(prompts, max_len, config)
         self.truth = [list(p) for p in prompts]
 
     def advance(self, accepted, emitted):
         super().advance(accepted, emitted)
         self.truth = [t + e for t, e in zip(self.truth, emitted, strict=True)]
 
-    def keep_rows(self, rows):
-        super().keep_rows(rows)
+    def keep_rows(self, rows, index):
+        super().keep_rows(rows, index)
         self.truth = [self.truth[r] for r in rows]
 
-    def propose(self, gamma, sampled, config, draws):
-        drafts, probs, counts = super().propose(gamma, sampled, config, draws)
+    def propose(self, gamma, draws):
+        proposal = super().propose(gamma, draws)
+        drafts, probs = proposal.tokens, proposal.probs
         for row, tokens in enumerate(self.truth):
             sequence = torch.tensor([tokens + drafts[row, :-1].tolist()])
             expected = head1_logits(self.draft, sequence)[0, len(tokens) - 1 :].softmax(dim=-1)  # (gamma, V)
             torch.testing.assert_close(probs[row], expected, atol=1e-5, rtol=0, msg=f"row {row} at {len(tokens)}")
             self.checked += 1
-        return drafts, probs, counts
+        return proposal
 
 
 def test_draft_model_proposals_follow_the_accepted_tokens(counting_target):
@@ -105,22 +107,28 @@ def test_draft_model_proposals_follow_the_accepted_tokens(counting_target):
         assert 0 < sum(stats.accepted) < sum(stats.drafted) and drafter.checked > 20
 
 
+def triple(proposal):
+    return proposal.tokens, proposal.probs, proposal.counts
+
+
 def test_lookup_drafts_the_latest_continuation():
     lookup = LookupDrafter(3, 10, "cpu")
     lookup.start([[1, 2, 3, 9, 1, 2, 4, 5, 1, 2], [7, 8]], 64)
-    drafts, probs, counts = lookup.propose(3, False, None, None)
+    drafts, probs, counts = triple(lookup.propose(3, None))
     assert counts == [3, 0]  # (1, 2) occurred twice: the latest was followed by 4, 5, 1; row 2's (7, 8) never before
     assert drafts[0].tolist() == [4, 5, 1] and probs is None
     lookup.advance([0, 0], [[3], [7]])  # row 1 ends in (1, 2, 3), seen at the start; row 2 in 7, seen before 8
-    drafts, probs, counts = lookup.propose(2, True, None, None)
+    lookup.sampled = True  # drafts with their one-hot proposals, as when sampling
+    drafts, probs, counts = triple(lookup.propose(2, None))
     assert counts == [2, 2] and drafts.tolist() == [[9, 1], [8, 7]]  # row 2: 7, 8, 7 -> 8, 7 (period 2)
     assert probs[0, 0].tolist() == [0.0] * 9 + [1.0]  # one-hot: the draft itself
     lookup.advance([0, 0], [[5], [9]])  # row 1: no earlier (2, 3, 5) or (3, 5), but 5 before 1; row 2: 9 is new
-    drafts, _, counts = lookup.propose(2, False, None, None)
+    lookup.sampled = False
+    drafts, _, counts = triple(lookup.propose(2, None))
     assert counts == [2, 0] and drafts[0].tolist() == [1, 2]
     repeating = LookupDrafter(3, 10, "cpu")
     repeating.start([[6, 4, 4, 4], [5, 3, 5, 3, 5]], 64)  # the latest matches end one and two tokens before the end
-    drafts, _, counts = repeating.propose(5, False, None, None)
+    drafts, _, counts = triple(repeating.propose(5, None))
     assert counts == [5, 5] and drafts.tolist() == [[4] * 5, [3, 5, 3, 5, 3]]
 
 
@@ -210,24 +218,24 @@ def test_drafted_sampling_has_the_autoregressive_distribution(case):
 def _flipped(propose):
     """A drafter's ``propose`` whose drafts are verified against another position's proposal."""
 
-    def wrong(self, gamma, sampled, config, draws):
-        drafts, probs, counts = propose(self, gamma, sampled, config, draws)
-        return drafts, probs.flip(1) if probs is not None else None, counts
+    def wrong(self, gamma, draws):
+        proposal = propose(self, gamma, draws)
+        return replace(proposal, probs=proposal.probs.flip(1) if proposal.probs is not None else None)
 
     return wrong
 
 
 def _wrong_drafting():
     def uniform_lookup(propose):  # a lookup draft treated as one drawn uniformly, not as the token itself
-        def wrong(self, gamma, sampled, config, draws):
-            drafts, probs, counts = propose(self, gamma, sampled, config, draws)
-            return drafts, torch.full_like(probs, 1 / probs.size(-1)), counts
+        def wrong(self, gamma, draws):
+            proposal = propose(self, gamma, draws)
+            return replace(proposal, probs=torch.full_like(proposal.probs, 1 / proposal.probs.size(-1)))
 
         return wrong
 
     return {
         "draft_accepted_regardless_of_its_proposal": (
-            "draft", (generation_module, "accept_drafts", lambda u, p, q: u < q)
+            "draft", (acceptance_module, "accept_drafts", lambda u, p, q: u < q)
         ),
         "draft_proposals_of_the_wrong_position": (
             "draft", (drafters_module.ModelDrafter, "propose", _flipped(drafters_module.ModelDrafter.propose))
@@ -236,7 +244,7 @@ def _wrong_drafting():
             "lookup", (drafters_module.LookupDrafter, "propose", uniform_lookup(drafters_module.LookupDrafter.propose))
         ),
         "lookup_no_residual": (
-            "lookup", (generation_module, "correction_probs", lambda target, proposal, rejected: target)
+            "lookup", (acceptance_module, "correction_probs", lambda target, proposal, rejected: target)
         ),
     }  # fmt: skip
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from mtp.decode import GenerationConfig, generate
-from mtp.decode import generation as generation_module
+from mtp.decode import acceptance as acceptance_module
+from mtp.decode import inference as inference_module
 from mtp.decode import sampling as sampling_module
 from mtp.decode.sampling import processed_probs
 from mtp.decode.tree import DraftTree
@@ -142,7 +143,7 @@ def test_autoregressive_sampling_passes_the_same_check():
 
 
 def _wrong_rules():
-    right_correction = generation_module.correction_probs
+    right_correction = acceptance_module.correction_probs
     return {
         # accept with probability min(1, q): ignores how likely the proposal made the draft
         "accept_with_target_probability": ("accept_drafts", lambda u, p, q: u < q),
@@ -159,14 +160,14 @@ def _wrong_rules():
             lambda q, p, rejected: torch.where(rejected[:, None], right_correction(q, p, rejected), p),
         ),
         # temperature and top-p shape the proposal but not the target
-        "unprocessed_target": ("target_probs", lambda logits, config: torch.softmax(logits.float(), dim=-1)),
+        "unprocessed_target": ("Rule.target", lambda self, logits: torch.softmax(logits.float(), dim=-1)),
     }
 
 
 @pytest.mark.parametrize("rule", _wrong_rules().keys())
 def test_each_wrong_rule_fails_the_check(rule, monkeypatch):
     name, wrong = _wrong_rules()[rule]
-    monkeypatch.setattr(generation_module, name, wrong)
+    monkeypatch.setattr(f"mtp.decode.acceptance.{name}", wrong)
     tv, threshold, outside = check(**CASES["3heads_T0.7_topp0.9"])
     assert outside > 0 or tv >= threshold, f"{rule}: total variation {tv:.4f} < {threshold:.4f}"
 
@@ -251,7 +252,7 @@ def test_tree_and_adaptive_sampling_have_the_autoregressive_distribution(case):
 
 def test_tree_sampling_with_leaves_unembedded_apart(monkeypatch):
     """The same check when head 1 is unembedded after the nodes with children, and after an accepted leaf apart."""
-    monkeypatch.setattr(generation_module, "LEAVES_UNEMBEDDED_AT_ONCE", 0)
+    monkeypatch.setattr(inference_module, "LEAVES_UNEMBEDDED_AT_ONCE", 0)
     tv, threshold, outside = check(**DRAFTING["tree"])
     assert outside == 0 and tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
 
@@ -270,7 +271,7 @@ def _wrong_tree_rules():
 @pytest.mark.parametrize("rule", _wrong_tree_rules().keys())
 def test_each_wrong_tree_rule_fails_the_check(rule, monkeypatch):
     name, wrong = _wrong_tree_rules()[rule]
-    monkeypatch.setattr(generation_module, name, wrong)
+    monkeypatch.setattr(acceptance_module, name, wrong)
     tv, threshold, outside = check(**DRAFTING["tree"])
     assert outside > 0 or tv >= threshold, f"{rule}: total variation {tv:.4f} < {threshold:.4f}"
 

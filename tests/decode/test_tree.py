@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
-from mtp.decode import GenerationConfig, generate, generation
+from mtp.decode import GenerationConfig, generate, inference
 from mtp.decode.tree import DraftTree, fit_tree, full_tree, path_counts, read_tree
 from mtp.errors import UserError
 from tests.decode.helpers import HEAD_TYPES, tiny_model, train_on_cycles
@@ -46,7 +46,7 @@ def partly_trained(head_type: str):
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 def test_greedy_tree_decoding_equals_autoregressive(head_type, monkeypatch):
     # head 1 unembedded after every node at once, or after the nodes with children and then the accepted one
-    monkeypatch.setattr(generation, "LEAVES_UNEMBEDDED_AT_ONCE", 100 if head_type in ("linear", "medusa") else 0)
+    monkeypatch.setattr(inference, "LEAVES_UNEMBEDDED_AT_ONCE", 100 if head_type in ("linear", "medusa") else 0)
     model = partly_trained(head_type)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 40, (n,), generator=generator).tolist() for n in (5, 2, 9, 3)]

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from mtp.checkpoint_load import LoadedCheckpoint, load_checkpoint
-from mtp.decode.drafters import Drafter, LookupDrafter, draft_model_drafter, layer_skip_drafter
-from mtp.decode.generation import GenerationConfig, generate
+from mtp.decode import GenerationConfig, generate
+from mtp.decode.proposers import LookupDrafter, Proposer, draft_model_drafter, layer_skip_drafter
 from mtp.errors import UserError
 from mtp.model import MTPModel
 
@@ -97,7 +97,7 @@ def skip_layers_drafter(spec: str, loaded: LoadedCheckpoint, config: GenerationC
     return layer_skip_drafter(loaded.model, skip, compile)
 
 
-def pick_drafter(args, loaded: LoadedCheckpoint, config: GenerationConfig, device: torch.device) -> Drafter | None:
+def pick_drafter(args, loaded: LoadedCheckpoint, config: GenerationConfig, device: torch.device) -> Proposer | None:
     """The drafter of --draft, --skip-layers or --prompt-lookup (None: the heads draft, or nothing does); --skip-layers
     auto searches on held-out prompts of the checkpoint's validation split."""
     if args.draft is not None:

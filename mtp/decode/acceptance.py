@@ -1,0 +1,284 @@
+"""Acceptance rules: which of a step's drafts pass, and the token that follows them, as pure tensor functions.
+
+A rule reads head 1's logits where the drafts are verified, the drafts (a chain, or the nodes of a tree) and, when
+drafts were sampled, the distributions they were drawn from; it never runs the model. Three rules
+(:func:`rule_for` picks one from a :class:`~mtp.decode.settings.GenerationConfig`):
+
+- :class:`Greedy` (temperature 0): a draft passes while it equals head 1's argmax, so the output is token for token
+  that of greedy autoregressive decoding from head 1. A tree's node passes when it is head 1's argmax after its
+  parent; the deepest passing path wins (the highest-ranked among equally deep ones).
+- :class:`Lossless` (sampling): chain drafts pass with probability min(1, q/p) (q: head 1's processed distribution,
+  p: the proposal the draft was drawn from); after a rejection the next token is drawn from normalize(max(0, q - p)),
+  after a fully accepted chain from q (Leviathan et al. 2023; Chen et al. 2023). Trees: multi-candidate speculative
+  sampling (SpecInfer, Miao et al. 2023): the children of the last accepted node are tried in order, child x passes
+  with probability min(1, q(x)/p(x)) under the current target q, which becomes normalize(max(0, q - p)) after each
+  rejected child. The output is distributed as autoregressive sampling from head 1.
+- :class:`Typical` (Medusa's typical acceptance, lossy, sampling only): a draft passes when head 1 gives it
+  probability above min(epsilon, delta * exp(-entropy)); the next token is sampled from head 1 after the longest
+  passing path.
+
+Sampling reads uniform numbers that the caller draws per step and row (:class:`~mtp.decode.sampling.RowUniforms`);
+:class:`RandomLayout` says which number is used for what, in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mtp.decode.sampling import processed_probs, sample_from
+from mtp.decode.settings import GenerationConfig
+from mtp.decode.tree import DraftTree
+
+
+# -- the distributions and tests every lossless rule is built from
+def accept_drafts(uniforms: Tensor, proposal: Tensor, target: Tensor) -> Tensor:
+    """Which drafts pass: each with probability min(1, target / proposal) of its token."""
+    return uniforms * proposal < target
+
+
+def correction_probs(target: Tensor, proposal: Tensor, rejected: Tensor) -> Tensor:
+    """Law of the token that follows the accepted drafts, (B, V).
+
+    Where a draft was rejected (``rejected`` (B,)): normalize(max(0, target - proposal)) of the rejected
+    position, so that accepted and resampled tokens together are distributed as the target. Where every
+    draft passed: the target itself (the bonus token).
+    """
+    residual = (target - proposal * rejected[:, None]).clamp_(min=0)
+    # target == proposal leaves nothing to resample from; then rejection had probability 0 and the target is the law
+    empty = residual.sum(dim=-1, keepdim=True) <= 0
+    return torch.where(empty, target, residual)
+
+
+def sibling_passes(uniform: Tensor, remaining: Tensor, token_probability: Tensor, proposal: Tensor) -> Tensor:
+    """Multi-candidate speculative sampling (SpecInfer): a candidate x drawn from proposal p passes with probability
+    min(1, q(x) / p(x)) under the current target q = normalize(``remaining``) (``token_probability``: remaining(x),
+    ``proposal``: p(x))."""
+    return uniform * proposal * remaining.sum(dim=-1) < token_probability
+
+
+def residual_after_rejection(remaining: Tensor, proposal: Tensor, rejected: Tensor) -> Tensor:
+    """The target after a rejected candidate, unnormalized: max(0, q - p) with q = normalize(remaining), for rows
+    where ``rejected`` (B,); the same target elsewhere."""
+    residual = (remaining - remaining.sum(dim=-1, keepdim=True) * proposal).clamp_(min=0)
+    return torch.where(rejected[:, None], residual, remaining)
+
+
+def typical_passes(target: Tensor, tokens: Tensor, epsilon: float, delta: float) -> Tensor:
+    """Medusa's typical acceptance: head 1's probability of each token (..., after ``target`` (..., V)) exceeds
+    min(epsilon, delta * exp(-entropy of target))."""
+    entropy = -(target * target.clamp(min=1e-30).log()).sum(dim=-1)
+    threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)
+    return target.gather(-1, tokens[..., None]).squeeze(-1) > threshold
+
+
+def accepted_prefix(passes: Tensor) -> Tensor:
+    """How many leading entries of each row of ``passes`` (B, D) are true, (B,)."""
+    return passes.long().cumprod(dim=1).sum(dim=1)
+
+
+@dataclass(frozen=True)
+class RandomLayout:
+    """Which of a step's uniform numbers (one row of :class:`~mtp.decode.sampling.RowUniforms` per step) is used for
+    what, in this order: the acceptance tests (one per chain draft; one per sibling a tree may try at each depth),
+    the token after the accepted drafts, the heads' chain drafts (or a drafter's), then a tree's nodes."""
+
+    tests: int
+    chain_drafts: int
+    tree_nodes: int
+
+    @classmethod
+    def of(cls, config: GenerationConfig) -> RandomLayout:
+        tree = config.tree
+        tests = sum(tree.max_children_at_depth()) if tree is not None else config.drafts
+        return cls(tests, config.heads - 1 + config.gamma, tree.size if tree is not None else 0)
+
+    @property
+    def per_step(self) -> int:
+        return self.tests + 1 + self.chain_drafts + self.tree_nodes
+
+    def acceptance(self, draws: Tensor, first: int, count: int = 1) -> Tensor:
+        """(B, count) uniforms of acceptance tests first .. first + count - 1."""
+        return draws[:, first : first + count]
+
+    def next_token(self, draws: Tensor) -> Tensor:
+        """(B,) the uniform that samples the token after the accepted drafts."""
+        return draws[:, self.tests]
+
+    def drafts(self, draws: Tensor, first: int = 0, count: int | None = None) -> Tensor:
+        """(B, count) uniforms that sample chain drafts first .. first + count - 1 (all from ``first`` by default)."""
+        start = self.tests + 1 + first
+        return draws[:, start : start + (self.chain_drafts - first if count is None else count)]
+
+    def nodes(self, draws: Tensor, first: int, last: int) -> Tensor:
+        """(B, last - first) uniforms that sample tree nodes first + 1 .. last (node indices, the root being 0)."""
+        start = self.tests + 1 + self.chain_drafts
+        return draws[:, start + first : start + last]
+
+
+@dataclass(frozen=True)
+class TreeVerification:
+    """What a tree step gives its rule: head 1's logits (B, P, V) after the root and the nodes with children (``slot``
+    (S,): each node's index among them, -1 for a leaf), ``after(nodes (B,)) -> (B, V)`` head 1's logits after any
+    node, the step's inputs (B, S) (root, then nodes), and how deep each row verifies (B,)."""
+
+    head1: Tensor
+    slot: Tensor
+    after: Callable[[Tensor], Tensor]
+    inputs: Tensor
+    tree: DraftTree
+    live: Tensor
+
+
+class Rule:
+    """An acceptance rule. ``chain`` returns accepted draft counts (B,) and the next token (B,); ``tree`` the accepted
+    depth (B,), the next token (B,) and the accepted path's node indices (B, depth + 1); ``first`` the token after a
+    prompt (no drafts)."""
+
+    name = "exact"
+    samples_drafts = False
+    """Drafts are drawn from their proposals (otherwise the top-ranked tokens are drafted)."""
+
+    def __init__(self, config: GenerationConfig, layout: RandomLayout) -> None:
+        self.config, self.layout = config, layout
+
+    def target(self, logits: Tensor) -> Tensor:
+        """The law autoregressive sampling draws from: head 1's distribution after temperature, top-k and top-p."""
+        c = self.config
+        return processed_probs(logits, c.temperature, c.top_k, c.top_p)
+
+    def first(self, head1: Tensor, draws: Tensor | None) -> Tensor:
+        return sample_from(self.target(head1), self.layout.next_token(draws))
+
+    def chain(
+        self, head1: Tensor, drafts: Tensor, live: Tensor, proposals: Tensor | None, draws: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def tree(
+        self, step: TreeVerification, proposals: Tensor | None, draws: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        raise NotImplementedError
+
+
+def _deepest_path(passes: Tensor, step: TreeVerification) -> tuple[Tensor, Tensor]:
+    """The deepest node (B,) whose path passes entirely (among equally deep ones the first, the highest-ranked) and
+    its depth (B,), given which nodes pass their own test (B, S)."""
+    tree, S = step.tree, step.inputs.size(1)
+    t = tree.tensors(passes.device)
+    depth, parent = t["depth"][:S], t["parent"][:S]
+    ok = passes & (depth <= step.live[:, None])
+    ok[:, 0] = True
+    for d in range(1, tree.depth + 1):  # a node is accepted when it and its parent are
+        nodes = slice(tree.nodes_up_to(d - 1) + 1, min(S, tree.nodes_up_to(d) + 1))
+        ok[:, nodes] &= ok[:, parent[nodes]]
+    score = torch.where(ok, depth * (S + 1) + (S - torch.arange(S, device=passes.device)), -1)
+    best = score.argmax(dim=1)
+    return best, depth[best]
+
+
+def _parent_slot(step: TreeVerification) -> Tensor:
+    """For each node (S,), the index in ``step.head1`` of head 1's logits after its parent."""
+    parent = step.tree.tensors(step.inputs.device)["parent"][: step.inputs.size(1)]
+    return step.slot[parent]
+
+
+class Greedy(Rule):
+    def first(self, head1, draws):
+        return head1.argmax(dim=-1)
+
+    def chain(self, head1, drafts, live, proposals, draws):
+        choice = head1.argmax(dim=-1)  # (B, D + 1): head 1's token after the base and each draft
+        present = torch.arange(drafts.size(1), device=drafts.device) < live[:, None]
+        accepted = accepted_prefix((drafts == choice[:, :-1]) & present)
+        return accepted, choice.gather(1, accepted[:, None]).squeeze(1)
+
+    def tree(self, step, proposals, draws):
+        passes = step.inputs == step.head1.argmax(dim=-1)[:, _parent_slot(step)]
+        best, depth = _deepest_path(passes, step)
+        ancestors = step.tree.tensors(passes.device)["ancestors"]
+        return depth, step.after(best).argmax(dim=-1), ancestors[best]
+
+
+class Typical(Rule):
+    name = "typical"
+
+    def passes(self, target: Tensor, tokens: Tensor) -> Tensor:
+        return typical_passes(target, tokens, self.config.typical_epsilon, self.config.typical_delta)
+
+    def chain(self, head1, drafts, live, proposals, draws):
+        target = self.target(head1)  # (B, D + 1, V)
+        present = torch.arange(drafts.size(1), device=drafts.device) < live[:, None]
+        accepted = accepted_prefix(self.passes(target[:, :-1], drafts) & present)
+        after = target.gather(1, accepted[:, None, None].expand(-1, 1, target.size(-1))).squeeze(1)
+        return accepted, sample_from(after, self.layout.next_token(draws))
+
+    def tree(self, step, proposals, draws):
+        passes = self.passes(self.target(step.head1)[:, _parent_slot(step)], step.inputs)
+        best, depth = _deepest_path(passes, step)
+        ancestors = step.tree.tensors(passes.device)["ancestors"]
+        return depth, sample_from(self.target(step.after(best)), self.layout.next_token(draws)), ancestors[best]
+
+
+class Lossless(Rule):
+    samples_drafts = True
+
+    def chain(self, head1, drafts, live, proposals, draws):
+        D = drafts.size(1)
+        rows = torch.arange(drafts.size(0), device=drafts.device)
+        target = self.target(head1)  # (B, D + 1, V)
+        q = target[:, :D].gather(-1, drafts[..., None]).squeeze(-1)  # (B, D) target probability of each draft
+        p = proposals[:, :D].gather(-1, drafts[..., None]).squeeze(-1)  # its proposal probability
+        present = torch.arange(D, device=drafts.device) < live[:, None]
+        accepted = accepted_prefix(accept_drafts(self.layout.acceptance(draws, 0, D), p, q) & present)
+        p_first_rejected = proposals[rows, accepted.clamp(max=D - 1)]  # (B, V)
+        law = correction_probs(target[rows, accepted], p_first_rejected, accepted < live)
+        return accepted, sample_from(law, self.layout.next_token(draws))
+
+    def tree(self, step, proposals, draws):
+        tree, inputs = step.tree, step.inputs
+        B, S = inputs.shape
+        rows = torch.arange(B, device=inputs.device)
+        t = tree.tensors(inputs.device)
+        depth, children, slot = t["depth"][:S], t["children"][:S], step.slot
+        verified = depth <= step.live[:, None]  # (B, S)
+        target = self.target(step.head1)  # (B, P, V)
+        node = torch.zeros(B, dtype=torch.long, device=inputs.device)
+        remaining = target[:, slot[0]].clone()  # the target after the current node, rejected siblings removed
+        descending = torch.ones(B, dtype=torch.bool, device=inputs.device)
+        test = 0
+        for level, tries in enumerate(tree.max_children_at_depth()):
+            proposal = proposals[:, level]  # (B, V) what every node at this depth was drawn from
+            moved = torch.zeros_like(descending)
+            for j in range(tries):
+                child = children[node, j]
+                exists = (child > 0) & (child < S)
+                child = torch.where(exists, child, 0)
+                trying = descending & ~moved & exists & verified[rows, child]
+                token = inputs[rows, child]
+                q = remaining.gather(1, token[:, None]).squeeze(1)
+                p = proposal.gather(1, token[:, None]).squeeze(1)
+                passes = sibling_passes(self.layout.acceptance(draws, test)[:, 0], remaining, q, p)
+                remaining = residual_after_rejection(remaining, proposal, trying & ~passes)
+                node = torch.where(trying & passes, child, node)
+                moved |= trying & passes
+                test += 1
+            descending = moved
+            # rows that moved start afresh after their new node; the others keep what is left of their target
+            remaining = torch.where(descending[:, None], target[rows, slot[node].clamp(min=0)], remaining)
+        # a row that ended at a leaf takes its bonus token from head 1 after that leaf
+        at_leaf = slot[node] < 0
+        remaining = torch.where(at_leaf[:, None], self.target(step.after(node)), remaining)
+        return depth[node], sample_from(remaining, self.layout.next_token(draws)), t["ancestors"][node]
+
+
+def rule_for(config: GenerationConfig) -> Rule:
+    """The rule ``config`` decodes with: greedy at temperature 0 (whatever ``acceptance`` says), else its
+    ``acceptance``."""
+    layout = RandomLayout.of(config)
+    if config.greedy:
+        return Greedy(config, layout)
+    return Typical(config, layout) if config.acceptance == "typical" else Lossless(config, layout)

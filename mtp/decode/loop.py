@@ -1,0 +1,182 @@
+"""The decoding loop: verify -> accept -> propose -> roll back -> emit -> drop finished rows.
+
+Each step is ONE forward of the target over [last accepted token, pending drafts] per row (the engine,
+:mod:`mtp.decode.inference`). Head 1's outputs there verify the drafts under an acceptance rule
+(:mod:`mtp.decode.acceptance`: greedy-exact, lossless or typical, for a chain or a tree); a proposer
+(:mod:`mtp.decode.proposers`) drafts the next step's tokens: the target's own heads from this step's forward, or a
+drafter (draft model, layer skip, prompt lookup) once the step's tokens are known. The cache is rolled back to the
+accepted length. With ``heads=1`` and no drafter there are no drafts: plain autoregressive decoding on the same cache
+and kernels, the baseline speed-ups are measured against.
+
+With a draft tree (``config.tree``, :mod:`mtp.decode.tree`) a step verifies several candidates per depth at once:
+the input is [the token head 1 chose, the tree's nodes] under a tree attention mask, the longest accepted path wins,
+its keys and values are moved where a sequence would have them, and the heads draft the next tree from its last
+node. ``draft_p_min`` and ``adaptive_drafts`` size each row's drafts from the drafts alone, so greedy output stays
+exact and sampling lossless. The first step is the prompt itself (right-padded to the longest), so prefill also
+drafts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from mtp.decode.acceptance import Rule, TreeVerification, rule_for
+from mtp.decode.cache import KVCache
+from mtp.decode.inference import InferenceModel
+from mtp.decode.proposers import HeadsProposer, Proposal, Proposer
+from mtp.decode.sampling import RowUniforms
+from mtp.decode.settings import GenerationConfig
+from mtp.decode.stats import DecodeStats, SpanTimer
+from mtp.model import MTPModel
+
+
+@torch.inference_mode()
+def generate(
+    model: MTPModel, prompts: list[list[int]], config: GenerationConfig, drafter: Proposer | None = None
+) -> tuple[list[list[int]], DecodeStats]:
+    """Continue every prompt (a list of token ids each) by up to ``max_new_tokens`` tokens; rows are independent.
+    With ``drafter`` (and ``config.gamma`` > 0) the drafts come from it instead of the heads."""
+    if (drafter is not None) != (config.gamma > 0):
+        raise ValueError("pass a drafter together with gamma > 0 (and gamma only with a drafter)")
+    config.check_for(model.config, prompts)
+    device, tree, rule = next(model.parameters()).device, config.tree, rule_for(config)
+    inference = InferenceModel.of(model, tree.depth + 1 if tree is not None else config.heads, config.compile)
+    proposer = drafter or HeadsProposer(inference, config)
+    stats = DecodeStats(
+        rows=len(prompts), drafted=[0] * config.drafts, accepted=[0] * config.drafts,
+        tree_nodes=tree.size if tree is not None else 0, acceptance_rule=config.acceptance, method=proposer.method,
+        method_params={"gamma": str(config.gamma), **proposer.params()} if drafter is not None else {},
+    )  # fmt: skip
+    outputs: list[list[int]] = [[] for _ in prompts]
+    rows = list(range(len(prompts)))  # original index of each live row
+    max_len = config.cache_length(max(map(len, prompts)))
+    cache = inference.new_cache(len(prompts), max_len)
+    steps, per_step = config.max_new_tokens + 1, rule.layout.per_step  # every step emits a token, the prompt's too
+    uniforms = None if config.greedy else RowUniforms(config.seed, len(prompts), steps, per_step, device)
+    planned = [config.drafts] * len(prompts)  # adaptive_drafts: each row's draft count for its next step
+    proposer.start(prompts, max_len, config)  # a drafter's cache allocated outside the timed part, as the target's is
+    draft_timer = SpanTimer(device)
+    start = time.perf_counter()
+
+    # Step 0: the prompts. Every prompt token counts as accepted; the last one is each row's base position.
+    inputs = torch.tensor([p + [0] * (max(map(len, prompts)) - len(p)) for p in prompts], device=device)
+    first_base = [len(p) - 1 for p in prompts]
+    base = torch.tensor(first_base, device=device)
+    n_drafts, proposal, live, verifying = 0, None, None, []  # live: drafts (chain) or depths (tree) each row verifies
+    while rows:
+        held, held_on_device = cache.host_lengths, cache.lengths
+        draws = uniforms.next(per_step) if uniforms is not None else None
+        accepted, next_token, node, inputs, hidden = _verify(
+            inference, cache, rule, tree, inputs, base, n_drafts, live, proposal, draws
+        )
+        proposed = proposer.draft_in_step(hidden, cache, base + accepted, inputs, next_token, draws)
+        proposed = torch.full_like(accepted, config.gamma) if proposed is None else proposed
+        cache.commit(inputs.size(1))
+        stats.forwards, stats.row_forwards = stats.forwards + 1, stats.row_forwards + len(rows)
+        # the one device-to-host transfer of the step: what each row accepted and emitted, and will draft next
+        pending = inputs[:, 1:] if n_drafts else base[:, None]
+        node = node if node is not None else torch.zeros_like(accepted)
+        host = torch.cat([torch.stack([accepted, next_token, proposed, node], 1), pending], 1).tolist()
+        if stats.forwards == 1:
+            stats.prefill_s = time.perf_counter() - start
+        # keep the last accepted input and everything before it: base + accepted + 1 new positions
+        kept = [held[i] + h[0] + 1 + first_base[i] for i, h in enumerate(host)]
+        cache.rollback(kept, held_on_device + base + accepted + 1)  # the same, computed where it is used
+
+        verified = verifying if n_drafts else [0] * len(rows)
+        keep, accepted_counts, emitted_rows, verifying = [], [], [], []
+        for i, (n_accepted, token, next_live, at_node, *path_tokens) in enumerate(host):
+            emitted = (path_tokens[:n_accepted] if n_drafts else []) + [token]
+            stats.record(verified[i], n_accepted, at_node if tree is not None and n_drafts else None)
+            if config.adaptive_drafts and n_drafts:
+                grown = planned[rows[i]] + 2 if n_accepted == verified[i] else planned[rows[i]] - 1
+                planned[rows[i]] = min(config.drafts, max(1, grown))
+            verifying.append(min(next_live, planned[rows[i]]))
+            accepted_counts.append(n_accepted)
+            emitted_rows.append(emitted)
+            if _extend(outputs[rows[i]], emitted, config):
+                keep.append(i)
+        if len(keep) < len(rows):
+            rows = [rows[i] for i in keep]
+            if not rows:
+                break
+            index = torch.tensor(keep, device=device)
+            cache.keep_rows(keep)
+            proposer.keep_rows(keep, index)
+            if uniforms is not None:
+                uniforms.keep_rows(index)
+                draws = draws[index]
+            next_token = next_token[index]
+            verifying, accepted_counts, emitted_rows = (
+                [x[i] for i in keep] for x in (verifying, accepted_counts, emitted_rows)
+            )
+        proposer.advance(accepted_counts, emitted_rows)
+        draft_timer.start()
+        proposal = proposer.propose(max(verifying), rule.layout.drafts(draws) if draws is not None else None)
+        draft_timer.stop()
+        if proposal.counts is not None:
+            verifying = [min(v, n) for v, n in zip(verifying, proposal.counts, strict=True)]
+        # the next step verifies what its deepest row drafts; the rest of its rows only their own
+        reuse = proposal.live is not None and not config.adaptive_drafts  # then it equals verifying, on the device
+        live = proposal.live if reuse else torch.tensor(verifying, device=device)
+        n_drafts = tree.nodes_up_to(max(verifying)) if tree is not None else max(verifying)
+        inputs = torch.cat([next_token[:, None], proposal.tokens[:, :n_drafts]], dim=1)
+        first_base, base = [0] * len(rows), torch.zeros(len(rows), dtype=torch.long, device=device)
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    stats.wall_time_s = time.perf_counter() - start
+    stats.tokens = sum(map(len, outputs))
+    stats.draft_forwards = proposer.forwards
+    stats.draft_s = draft_timer.seconds()
+    return outputs, stats
+
+
+def _verify(
+    inference: InferenceModel,
+    cache: KVCache,
+    rule: Rule,
+    tree,
+    inputs: Tensor,
+    base: Tensor,
+    n_drafts: int,
+    live: Tensor | None,
+    proposal: Proposal | None,
+    draws: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor]:
+    """One forward of the target over the step's ``inputs`` (B, S) and its rule's verdict: accepted drafts (depth)
+    (B,), the token after them (B,), the accepted tree node (B,) (None: a chain), the step's accepted inputs (a tree
+    step's path, which the cache now holds where a sequence would) and what the draft heads read there (B, S', d).
+    ``base`` (B,): each row's last accepted input; the ``n_drafts`` inputs after it are drafts."""
+    probs = proposal.probs if proposal is not None else None
+    if tree is not None and n_drafts:
+        cache.begin(inputs.size(1), tree.tensors(inputs.device))
+        head1, slot, after, hidden = inference.verify_tree(inputs, cache, tree)
+        accepted, next_token, path = rule.tree(TreeVerification(head1, slot, after, inputs, tree, live), probs, draws)
+        cache.keep_path(path, inference.path_slots)
+        inputs = inputs.gather(1, path)  # (B, depth + 1): the accepted path (then its last node repeated)
+        hidden = hidden.gather(1, path[..., None].expand(-1, -1, hidden.size(-1)))
+        cache.begin(inputs.size(1))  # the draft heads read the accepted path as the sequence it is
+        return accepted, next_token, path[:, -1], inputs, hidden
+    cache.begin(inputs.size(1))
+    # head 1's logits where drafts are verified: after the last accepted input (base) and each pending draft
+    head1, hidden = inference.verify(inputs, cache, None if n_drafts else base[:, None])  # (B, n_drafts + 1, V)
+    if n_drafts:
+        accepted, next_token = rule.chain(head1, inputs[:, 1:], live, probs, draws)
+    else:
+        accepted, next_token = torch.zeros_like(base), rule.first(head1[:, 0], draws)
+    return accepted, next_token, None, inputs, hidden
+
+
+def _extend(output: list[int], emitted: list[int], config: GenerationConfig) -> bool:
+    """Append emitted tokens up to EOS or the length budget; True while the row goes on."""
+    for token in emitted:
+        if token == config.eos_id:
+            return False
+        output.append(token)
+        if len(output) >= config.max_new_tokens:
+            return False
+    return True

@@ -1,0 +1,178 @@
+"""What a decoding run is asked to do (:class:`GenerationConfig`), each setting checked where it is defined.
+
+A setting out of its range, or at odds with another, is a :class:`SettingError`: one sentence naming the setting, its
+value and a fix, which the command lines render under their flags (:func:`mtp.cli.generation_config`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mtp.config import ModelConfig
+from mtp.decode.tree import DraftTree
+
+ACCEPTANCE_RULES = ("exact", "typical")
+
+
+class SettingError(ValueError):
+    """A GenerationConfig setting out of its range or at odds with another: one sentence naming the value and the fix.
+
+    ``template`` has a ``{field}`` for each field it names (``values``: field -> its value): ``{top_p}`` shows the
+    field and its value, ``{tree:name}`` the field alone, ``{heads:1}`` the field with the value 1. ``str()`` spells
+    fields as Python does (``top_p=1.5``); a command line renders the same sentence with its flags (``--top-p 1.5``,
+    :func:`mtp.cli.generation_config`).
+    """
+
+    def __init__(self, template: str, **values: object) -> None:
+        self.template, self.values = template, values
+        super().__init__(self.render(str, "="))
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(self.values)
+
+    def render(self, name: Callable[[str], str], joiner: str) -> str:
+        """The sentence with each field spelled ``name(field)``, a shown value after ``joiner``."""
+        return self.template.format_map({f: _Named(name(f), v, joiner) for f, v in self.values.items()})
+
+
+@dataclass
+class _Named:
+    name: str
+    value: object
+    joiner: str
+
+    def __format__(self, spec: str) -> str:
+        if spec == "name":
+            return self.name
+        value = spec or self.value
+        shown = repr(value).removesuffix(".0") if isinstance(value, float) else str(value)  # -1, as typed, not -1.0
+        return f"{self.name}{self.joiner}{shown}"
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    """0 is greedy."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0: all)."""
+    top_p: float = 1.0
+    """Keep the smallest set of most likely tokens whose probability reaches top_p (1: all)."""
+    heads: int = 1
+    """Heads used: 1 decodes autoregressively, k > 1 drafts k - 1 tokens per step with heads 2..k."""
+    eos_id: int | None = None
+    """Stop a row after this token (it is not included in the output)."""
+    seed: int = 0
+    """Row b samples from a generator seeded seed + b."""
+    compile: bool = False
+    """torch.compile the step (the first call compiles; outputs equal eager ones)."""
+    tree: DraftTree | None = None
+    """Verify this tree of candidates per step instead of one chain of drafts (at most heads - 1 deep)."""
+    acceptance: str = "exact"
+    """exact: greedy-exact / lossless sampling; typical: Medusa's typical acceptance (lossy; sampling only)."""
+    typical_epsilon: float = 0.09
+    """Typical acceptance: a draft passes above min(typical_epsilon, typical_delta * exp(-entropy))."""
+    typical_delta: float = 0.3
+    draft_p_min: float = 0.0
+    """Stop drafting deeper than the first draft whose head's top probability is below this (0: off)."""
+    adaptive_drafts: bool = False
+    """Chains: a row's draft count + 2 after a step that accepted all of them, - 1 otherwise (at least 1)."""
+    gamma: int = 0
+    """Drafts per step from the drafter passed to ``generate`` (draft model, layer skip, prompt lookup); 0: none."""
+
+    def __post_init__(self) -> None:
+        """Every setting checked here, the one place that does (the command lines report these under their flags)."""
+        if self.max_new_tokens < 1:
+            raise SettingError("{max_new_tokens} must be at least 1.", max_new_tokens=self.max_new_tokens)
+        if self.temperature < 0:
+            raise SettingError("{temperature} must be 0 (greedy) or positive.", temperature=self.temperature)
+        if self.top_k < 0:
+            raise SettingError("{top_k} must be 0 (off) or positive.", top_k=self.top_k)
+        if not 0 < self.top_p <= 1:
+            raise SettingError("{top_p} must lie in (0, 1]; 1 turns nucleus sampling off.", top_p=self.top_p)
+        if self.heads < 1:
+            raise SettingError("{heads} must be at least 1.", heads=self.heads)
+        if self.acceptance not in ACCEPTANCE_RULES:
+            rules = ", ".join(ACCEPTANCE_RULES)
+            raise SettingError(f"{{acceptance}} must be one of {rules}.", acceptance=self.acceptance)
+        if not 0 <= self.typical_epsilon <= 1:
+            raise SettingError("{typical_epsilon} must lie in [0, 1].", typical_epsilon=self.typical_epsilon)
+        if self.typical_delta < 0:
+            raise SettingError("{typical_delta} must be at least 0.", typical_delta=self.typical_delta)
+        if not 0 <= self.draft_p_min <= 1:
+            raise SettingError("{draft_p_min} must lie in [0, 1]; 0 turns it off.", draft_p_min=self.draft_p_min)
+        if self.tree is not None and self.tree.depth > self.heads - 1:
+            raise SettingError(
+                f"the draft {{tree:name}} is {self.tree.depth} deep but {{heads}} drafts {self.heads - 1}; "
+                "use a shallower tree or more heads.",
+                tree=self.tree,
+                heads=self.heads,
+            )
+        if self.adaptive_drafts and self.tree is not None:
+            raise SettingError(
+                "{adaptive_drafts:name} sizes chains; cut a {tree:name} with {draft_p_min:name} instead.",
+                adaptive_drafts=True,
+                tree=self.tree,
+                draft_p_min=self.draft_p_min,
+            )
+        if self.gamma < 0:
+            raise SettingError("{gamma} must be at least 1 (with a drafter) or 0 (none).", gamma=self.gamma)
+        if self.gamma and (self.heads > 1 or self.tree is not None or self.draft_p_min > 0):
+            raise SettingError(
+                "{gamma} drafts come from a drafter, which replaces the heads' drafts; use {heads:1}, no "
+                "{tree:name} and no {draft_p_min:name} with it.",
+                gamma=self.gamma,
+                heads=self.heads,
+                tree=self.tree,
+                draft_p_min=self.draft_p_min,
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def typical(self) -> bool:
+        """Typical acceptance in force (it only ever applies to sampling)."""
+        return self.acceptance == "typical" and not self.greedy
+
+    @property
+    def samples_drafts(self) -> bool:
+        """Drafts drawn from proposals (sampling, exact acceptance); otherwise top-ranked (greedy, typical)."""
+        return not self.greedy and not self.typical
+
+    @property
+    def drafts(self) -> int:
+        """Draft positions (chain) or depths (tree) a step can verify."""
+        if self.gamma:
+            return self.gamma
+        return self.tree.depth if self.tree is not None else self.heads - 1
+
+    def check_for(self, model: ModelConfig, prompts: list[list[int]]) -> None:
+        """ValueError when ``model`` cannot decode ``prompts`` with these settings: more heads than it has (beyond a
+        shared causal depth), an empty prompt, or prompts and new tokens beyond its context."""
+        if self.heads > model.n_future and not model.share_depth:
+            raise ValueError(
+                f"heads={self.heads} but the model has {model.n_future}; only causal heads trained with "
+                "model.share_depth=true can draft beyond the heads they were trained with"
+            )
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        longest = max(map(len, prompts))
+        if self.positions_needed(longest) > model.max_seq_len:
+            raise ValueError(
+                f"prompt ({longest} tokens) + max_new_tokens ({self.max_new_tokens}) exceeds the "
+                f"model's context of {model.max_seq_len} tokens"
+            )
+
+    def positions_needed(self, longest_prompt: int) -> int:
+        """Positions a row may occupy: the prompt, the new tokens, and room for a step's drafts past the budget and for
+        causal depths' windows (the step's width + k - 2)."""
+        return longest_prompt + self.max_new_tokens + 2 * (self.drafts + 1)
+
+    def cache_length(self, longest_prompt: int) -> int:
+        """The KV cache's length: :meth:`positions_needed`, and a tree step writes every node before keeping a path."""
+        return self.positions_needed(longest_prompt) + (self.tree.size if self.tree is not None else 0)
+

@@ -1,0 +1,202 @@
+"""The acceptance rules on hand-made distributions, drafts and uniforms: every outcome forced (all accepted, none, a
+prefix, a cut draft, a rejected sibling in a tree), for every rule, beside the statistical checks of
+test_lossless.py, which these make readable when they fail."""
+
+import math
+
+import pytest
+import torch
+
+from mtp.decode.acceptance import Greedy, Lossless, RandomLayout, TreeVerification, Typical, rule_for
+from mtp.decode.settings import GenerationConfig
+from mtp.decode.tree import DraftTree
+
+V = 4
+
+
+def logits(*rows: list[float]) -> torch.Tensor:
+    """(1, len(rows), V) logits whose softmax is each given distribution (zeros stay impossible)."""
+    return torch.tensor(rows).log()[None]
+
+
+def one_hot(token: int) -> list[float]:
+    return [float(i == token) for i in range(V)]
+
+
+def draws_for(rule, tests: list[float], next_token: float) -> torch.Tensor:
+    """One row of a step's uniforms: the acceptance tests, then the next token's; everything else 0.5."""
+    draws = torch.full((1, rule.layout.per_step), 0.5)
+    draws[0, : len(tests)] = torch.tensor(tests)
+    draws[0, rule.layout.tests] = next_token
+    return draws
+
+
+def sampling(**settings) -> GenerationConfig:
+    return GenerationConfig(**{"temperature": 1.0, "heads": 5, **settings})
+
+
+def test_the_config_picks_the_rule():
+    assert isinstance(rule_for(GenerationConfig(heads=5)), Greedy)
+    assert isinstance(rule_for(GenerationConfig(heads=5, acceptance="typical")), Greedy)  # greedy ignores typical
+    assert isinstance(rule_for(sampling()), Lossless)
+    assert isinstance(rule_for(sampling(acceptance="typical")), Typical)
+
+
+def test_random_layout_gives_every_number_one_use():
+    tree = DraftTree([(0,), (1,), (0, 0), (0, 1), (1, 0)])
+    for config in (sampling(), sampling(tree=tree), GenerationConfig(temperature=1.0, gamma=3)):
+        layout = RandomLayout.of(config)
+        draws = torch.arange(layout.per_step, dtype=torch.float)[None]
+        used = [*layout.acceptance(draws, 0, layout.tests)[0].tolist(), layout.next_token(draws).item()]
+        used += layout.drafts(draws)[0].tolist()
+        if config.tree is not None:
+            used += layout.nodes(draws, 0, tree.size)[0].tolist()
+        assert sorted(used) == list(range(layout.per_step)), config
+
+
+# -- chains: drafts (1, 4); head 1's logits after the base and each draft (1, 5, V)
+CHAIN = torch.tensor([[1, 2, 3, 0]])
+
+
+def greedy_chain(matching: int, live: int = 4) -> tuple[int, int]:
+    """Head 1's argmax equals the first ``matching`` drafts, then differs (token after position j: 3 - j % 2)."""
+    argmax = [CHAIN[0, j].item() if j < matching else (CHAIN[0, j].item() + 1) % V for j in range(4)] + [2]
+    head1 = logits(*[[0.7 if i == t else 0.1 for i in range(V)] for t in argmax])
+    accepted, token = rule_for(GenerationConfig(heads=5)).chain(head1, CHAIN, torch.tensor([live]), None, None)
+    return accepted.item(), token.item()
+
+
+@pytest.mark.parametrize(
+    ("matching", "live", "expected"),
+    [
+        (4, 4, (4, 2)),  # always accept: the bonus token is head 1's after the last draft
+        (0, 4, (0, 2)),  # never: head 1's token after the base (draft 1 is 1, head 1 says 2)
+        (2, 4, (2, 0)),  # 2 of 4: head 1's after draft 2 (draft 3 is 3, head 1 says 0)
+        (
+            4,
+            2,
+            (2, 3),
+        ),  # a cut draft: only 2 verified, head 1's token after draft 2 follows even though draft 3 matches
+    ],
+    ids=["all", "none", "two", "cut"],
+)
+def test_greedy_chain(matching, live, expected):
+    assert greedy_chain(matching, live) == expected
+
+
+def lossless_chain(targets, proposals, tests, next_uniform, live=4) -> tuple[int, int]:
+    rule = rule_for(sampling())
+    probs = torch.tensor([proposals])  # (1, 4, V)
+    draws = draws_for(rule, tests, next_uniform)
+    accepted, token = rule.chain(logits(*targets), CHAIN, torch.tensor([live]), probs, draws)
+    return accepted.item(), token.item()
+
+
+HALVES = [0.25, 0.25, 0.25, 0.25]
+
+
+def test_lossless_chain_accepts_what_the_target_gives_at_least_the_proposal():
+    targets = [one_hot(1), one_hot(2), one_hot(3), one_hot(0), [0.1, 0.2, 0.3, 0.4]]
+    proposals = [one_hot(1), one_hot(2), one_hot(3), one_hot(0)]
+    # q(x) = p(x) = 1 passes for any uniform; the bonus token is drawn from the target after the last draft
+    assert lossless_chain(targets, proposals, [0.999] * 4, 0.35) == (4, 2)
+
+
+def test_lossless_chain_rejects_a_draft_the_target_rules_out_and_draws_from_the_residual():
+    # draft 1 (token 1) has target probability 0; residual max(0, q - p) with p one-hot on 1: q itself, minus nothing
+    targets = [[0.5, 0.0, 0.25, 0.25], *[HALVES] * 4]
+    proposals = [one_hot(1), *[HALVES] * 3]
+    assert lossless_chain(targets, proposals, [0.0] * 4, 0.6) == (0, 2)  # cdf 0.5, 0.5, 0.75, 1
+
+
+def test_lossless_chain_tests_each_draft_with_min_1_q_over_p():
+    # draft 3 (token 3): q = 0.2, p = 0.8: passes with probability 0.25, so uniform 0.2 passes and 0.3 fails
+    targets = [one_hot(1), one_hot(2), [0.4, 0.0, 0.4, 0.2], HALVES, HALVES]
+    proposals = [one_hot(1), one_hot(2), [0.0, 0.0, 0.2, 0.8], HALVES]
+    assert lossless_chain(targets, proposals, [0.9, 0.9, 0.2, 0.999], 0.5)[0] == 4  # draft 4: q = p
+    accepted, token = lossless_chain(targets, proposals, [0.9, 0.9, 0.3, 0.0], 0.99)
+    # 2 of 4; the residual normalize(max(0, q - p)) = (0.4, 0, 0.2, 0) / 0.6: uniform 0.99 gives token 2, never 3
+    assert (accepted, token) == (2, 2)
+    assert lossless_chain(targets, proposals, [0.9, 0.9, 0.3, 0.0], 0.6)[1] == 0  # 0.6 < 0.4 / 0.6
+
+
+def test_lossless_chain_a_cut_draft_is_not_rejected():
+    """Row verifies 2 drafts (live 2): the token after them comes from the target, not from a residual."""
+    targets = [one_hot(1), one_hot(2), [0.5, 0.5, 0.0, 0.0], HALVES, HALVES]
+    proposals = [one_hot(1), one_hot(2), one_hot(0), HALVES]
+    # the residual after a rejection of token 0 would be one-hot on 1; the target draws 0 with uniform 0.3
+    assert lossless_chain(targets, proposals, [0.0] * 4, 0.3, live=2) == (2, 0)
+    assert lossless_chain(targets, proposals, [0.999, 0.999, 0.999, 0.0], 0.3, live=4) == (2, 1)  # rejected
+
+
+def typical_chain(targets, live=4, next_uniform=0.5) -> tuple[int, int]:
+    rule = rule_for(sampling(acceptance="typical", typical_epsilon=0.3, typical_delta=0.3))
+    accepted, token = rule.chain(logits(*targets), CHAIN, torch.tensor([live]), None, draws_for(rule, [], next_uniform))
+    return accepted.item(), token.item()
+
+
+def test_typical_chain_accepts_above_the_entropy_threshold():
+    confident = [one_hot(1), one_hot(2), one_hot(3), one_hot(0), [0.1, 0.2, 0.3, 0.4]]
+    assert typical_chain(confident, next_uniform=0.35) == (4, 2)  # the next token sampled from head 1
+    # uniform head 1 at draft 3: entropy log 4, threshold min(0.3, 0.3 / 4) = 0.075 < 0.25: passes
+    assert typical_chain([one_hot(1), one_hot(2), HALVES, one_hot(0), HALVES])[0] == 4
+    # draft 3 (token 3) at probability 0.05 under a peaked head 1 (threshold 0.3 exp(-H) > 0.05): rejected
+    peaked = [0.9, 0.04, 0.01, 0.05]
+    assert 0.3 * math.exp(sum(p * math.log(p) for p in peaked)) > 0.05
+    assert typical_chain([one_hot(1), one_hot(2), peaked, one_hot(0), HALVES], next_uniform=0.1) == (2, 0)
+    assert typical_chain(confident, live=1)[0] == 1  # cut
+
+
+# -- trees: root, then (0,) (1,) (0, 0) (1, 0): nodes 1 and 2 at depth 1, 3 under 1, 4 under 2
+TREE = DraftTree([(0,), (1,), (0, 0), (1, 0)])
+
+
+def tree_step(tokens: list[int], head1_rows: list[list[float]], live: int = 2) -> TreeVerification:
+    head1 = logits(*head1_rows)
+    rows = torch.arange(1)
+    return TreeVerification(
+        head1, torch.arange(5), lambda nodes: head1[rows, nodes], torch.tensor([tokens]), TREE, torch.tensor([live])
+    )
+
+
+def test_greedy_tree_takes_the_accepted_sibling_and_its_child():
+    # head 1 after the root: 2 (node 1 drafted 1: rejected; node 2 drafted 2: accepted), after node 2: 3 (node 4 is 3)
+    step = tree_step([0, 1, 2, 0, 3], [one_hot(2), one_hot(0), one_hot(3), one_hot(1), one_hot(1)])
+    depth, token, path = Greedy(GenerationConfig(heads=3), None).tree(step, None, None)
+    assert (depth.item(), token.item(), path[0].tolist()) == (2, 1, [0, 2, 4])
+    cut = tree_step([0, 1, 2, 0, 3], [one_hot(2), one_hot(0), one_hot(3), one_hot(1), one_hot(1)], live=1)
+    depth, token, path = Greedy(GenerationConfig(heads=3), None).tree(cut, None, None)
+    assert (depth.item(), token.item(), path[0].tolist()) == (1, 3, [0, 2, 2])
+    # nothing accepted: head 1's token after the root
+    none = tree_step([0, 1, 2, 0, 3], [one_hot(3), *[one_hot(0)] * 4])
+    depth, token, path = Greedy(GenerationConfig(heads=3), None).tree(none, None, None)
+    assert (depth.item(), token.item(), path[0].tolist()) == (0, 3, [0, 0, 0])
+
+
+def test_lossless_tree_tries_the_next_sibling_against_the_residual():
+    """Node 1 (token 1) is rejected (uniform 0.9 > q/p = 0.5); the target becomes normalize(max(0, q - p)) and
+    node 2 (token 2) is tested against it: it passes with min(1, q'(2) / p(2))."""
+    rule = rule_for(sampling(tree=TREE, heads=3))
+    q_root = [0.0, 0.25, 0.75, 0.0]  # head 1 after the root
+    proposal_depth1 = [0.0, 0.5, 0.5, 0.0]  # both depth-1 nodes drawn from it
+    # after rejecting token 1: max(0, q - p) = (0, 0, 0.25, 0), normalized one-hot on 2: node 2 passes whatever p(2)
+    heads_after = [q_root, HALVES, one_hot(3), HALVES, HALVES]  # after node 2 head 1 says 3; node 4 drafted 3
+    step = tree_step([0, 1, 2, 0, 3], heads_after)
+    probs = torch.tensor([[proposal_depth1, one_hot(3)]])  # (1, depth, V)
+    tests = [0.9, 0.999, 0.5]  # depth 1: node 1, node 2; depth 2: the child of the node reached
+    depth, token, path = rule.tree(step, probs, draws_for(rule, tests, 0.5))
+    assert (depth.item(), path[0].tolist()) == (2, [0, 2, 4])
+    # (without renormalizing, uniform * p < q'(x) with the unnormalized q'(2) = 0.25, node 2 would fail at 0.999)
+    # node 1 accepted instead (uniform 0.1 < 0.5): its subtree is taken, node 2 never tried
+    step = tree_step([0, 1, 2, 0, 3], [q_root, one_hot(0), HALVES, HALVES, HALVES])
+    probs = torch.tensor([[proposal_depth1, one_hot(0)]])
+    depth, token, path = rule.tree(step, probs, draws_for(rule, [0.1, 0.0, 0.5], 0.5))
+    assert (depth.item(), path[0].tolist()) == (2, [0, 1, 3])
+
+
+def test_lossless_tree_bonus_token_after_the_deepest_node_comes_from_head_1_there():
+    rule = rule_for(sampling(tree=TREE, heads=3))
+    step = tree_step([0, 1, 2, 0, 3], [one_hot(1), one_hot(0), HALVES, HALVES, one_hot(2)])
+    probs = torch.tensor([[one_hot(1), one_hot(0)]])
+    depth, token, path = rule.tree(step, probs, draws_for(rule, [0.5, 0.5, 0.5], 0.99))
+    assert (depth.item(), path[0].tolist(), token.item()) == (2, [0, 1, 3], 3)  # after node 3: uniform 0.99 -> 3

@@ -1,0 +1,34 @@
+"""Decoding statistics add up over runs (batches), so that a benchmark's totals are its runs' sums."""
+
+import pytest
+
+from mtp.decode import DecodeStats, GenerationConfig, generate
+from mtp.decode.tree import DraftTree
+from tests.decode.helpers import tiny_model
+
+
+def test_statistics_of_two_runs_add_up():
+    model = tiny_model(4)
+    config = GenerationConfig(max_new_tokens=12, heads=4, tree=DraftTree([(0,), (1,), (0, 0)]))
+    _, a = generate(model, [[1, 2, 3]], config)
+    _, b = generate(model, [[4, 5], [6]], config)
+    total = sum([a, b], DecodeStats.empty(a))
+    assert (total.rows, total.tokens, total.forwards, total.prefills) == (
+        3,
+        a.tokens + b.tokens,
+        a.forwards + b.forwards,
+        2,
+    )
+    assert total.drafted == [x + y for x, y in zip(a.drafted, b.drafted, strict=True)]
+    assert total.accepted == [x + y for x, y in zip(a.accepted, b.accepted, strict=True)]
+    assert total.accepted_nodes == a.accepted_nodes + b.accepted_nodes and total.tree_nodes == 3
+    assert total.wall_time_s == pytest.approx(a.wall_time_s + b.wall_time_s)
+    assert total.tokens_per_forward == pytest.approx((a.tokens + b.tokens) / (a.row_forwards + b.row_forwards))
+
+
+def test_statistics_of_different_settings_do_not_add():
+    model = tiny_model(4)
+    _, chain = generate(model, [[1, 2]], GenerationConfig(max_new_tokens=4, heads=4))
+    _, autoregressive = generate(model, [[1, 2]], GenerationConfig(max_new_tokens=4))
+    with pytest.raises(ValueError, match="same settings"):
+        chain + autoregressive
