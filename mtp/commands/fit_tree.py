@@ -5,9 +5,10 @@
     python scripts/decode.py CKPT --self-speculative --tree results/trees/CKPT-16-greedy.json --prompt "def f("
 
 Decodes held-out prompts of the checkpoint's validation split (documents after the ones the benchmarks use as
-prompts) with a wide tree that tries 4 candidates below every node, counts how often each path of candidates was
-accepted, and keeps the most often accepted paths (each with its parent and earlier siblings). Writes the tree as
-JSON ({"paths": [[0], [1], [0, 0], ...], "expected_tokens_per_step": ..., ...}) for --tree.
+prompts) with a measuring tree of the paths of the smallest rank sums (up to 4 candidates below a node; 256 nodes,
+or --nodes if more), counts how often each path of candidates was accepted, and keeps the most often accepted paths
+(each with its parent and earlier siblings). Writes the tree as JSON ({"paths": [[0], [1], [0, 0], ...],
+"expected_tokens_per_step": ..., ...}) for --tree.
 """
 
 from __future__ import annotations

@@ -383,10 +383,13 @@ class CausalChain:
             x = torch.cat([F.rms_norm(embedded, d, eps=eps), F.rms_norm(previous, d, eps=eps)], dim=-1)
             x = torch.matmul(x, self.inputs[k - 2])  # (B, width, d)
             rotation = form.rotations[depth_cache.rotary]
-            out = form._blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1))[0]  # (B, width, d)
-            if k < form.heads:  # what the next depth reads
+            read = held + last - positions[:, 0]  # (B,) the position each row drafts from, within the window
+            if k < form.heads:  # the next depth reads this one's hidden states at every position of the window
+                out = form._blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1))[0]  # (B, width, d)
                 chain.hidden[k - 1][rows, positions] = out
-            at_last = out[rows[:, 0], held + last - positions[:, 0]]  # (B, d)
+                at_last = out[rows[:, 0], read]  # (B, d)
+            else:  # the last depth: keys and values everywhere, the rest of the block at the one position read
+                at_last = form._blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1), read)[0]
             token = choose(form.draft_logits(at_last)[None], k - 2)[0]
             stream[rows[:, 0], last + k] = token
             drafts.append(token)

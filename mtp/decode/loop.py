@@ -6,7 +6,8 @@ Each step is ONE forward of the target over [last accepted token, pending drafts
 (:mod:`mtp.decode.proposers`) drafts the next step's tokens: the target's own heads from this step's forward, or a
 drafter (draft model, layer skip, prompt lookup) once the step's tokens are known. The cache is rolled back to the
 accepted length. With ``heads=1`` and no drafter there are no drafts: plain autoregressive decoding on the same cache
-and kernels, the baseline speed-ups are measured against.
+and kernels, the baseline speed-ups are measured against. A step too large for the memory available (a huge tree,
+batch or prompt) is refused before anything runs (:func:`mtp.decode.memory.check_step_fits`).
 
 With a draft tree (``config.tree``, :mod:`mtp.decode.tree`) a step verifies several candidates per depth at once:
 the input is [the token head 1 chose, the tree's nodes] under a tree attention mask, the longest accepted path wins,
@@ -26,6 +27,7 @@ from torch import Tensor
 from mtp.decode.acceptance import Rule, TreeVerification, rule_for
 from mtp.decode.cache import KVCache
 from mtp.decode.inference import InferenceModel
+from mtp.decode.memory import check_step_fits
 from mtp.decode.proposers import HeadsProposer, Proposal, Proposer
 from mtp.decode.sampling import RowUniforms
 from mtp.decode.settings import GenerationConfig
@@ -43,6 +45,10 @@ def generate(
         raise ValueError("pass a drafter together with gamma > 0 (and gamma only with a drafter)")
     config.check_for(model.config, prompts)
     device, tree, rule = next(model.parameters()).device, config.tree, rule_for(config)
+    longest, nodes = max(map(len, prompts)), tree.size if tree is not None else 0
+    max_len = config.cache_length(longest)
+    widest = max(longest, 1 + (nodes or config.drafts))  # the prompt's step or a drafting step, per row
+    check_step_fits(model.config, len(prompts), max_len, widest, nodes, device, model.tok_embeddings.weight.dtype)
     inference = InferenceModel.of(model, tree.depth + 1 if tree is not None else config.heads, config.compile)
     proposer = drafter or HeadsProposer(inference, config)
     stats = DecodeStats(
@@ -52,7 +58,6 @@ def generate(
     )  # fmt: skip
     outputs: list[list[int]] = [[] for _ in prompts]
     rows = list(range(len(prompts)))  # original index of each live row
-    max_len = config.cache_length(max(map(len, prompts)))
     cache = inference.new_cache(len(prompts), max_len)
     steps, per_step = config.max_new_tokens + 1, rule.layout.per_step  # every step emits a token, the prompt's too
     uniforms = None if config.greedy else RowUniforms(config.seed, len(prompts), steps, per_step, device)

@@ -175,4 +175,3 @@ class GenerationConfig:
     def cache_length(self, longest_prompt: int) -> int:
         """The KV cache's length: :meth:`positions_needed`, and a tree step writes every node before keeping a path."""
         return self.positions_needed(longest_prompt) + (self.tree.size if self.tree is not None else 0)
-

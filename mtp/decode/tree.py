@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -164,9 +164,45 @@ def read_tree(path: Path, drafts: int, vocab_size: int) -> DraftTree:
 
 
 def full_tree(width: int, depth: int) -> DraftTree:
-    """Every path of ranks below ``width`` up to ``depth`` deep: the tree that measures which candidates pass."""
+    """Every path of ranks below ``width`` up to ``depth`` deep: width ** depth nodes at the last depth alone (a bounded
+    measuring tree: :func:`ranked_tree`)."""
     paths = [p for d in range(1, depth + 1) for p in itertools.product(range(width), repeat=d)]
     return DraftTree(paths)
+
+
+def ranked_tree(width: int, depth: int, max_nodes: int) -> DraftTree:
+    """A measuring tree of at most ``max_nodes`` nodes: the paths of ranks below ``width``, up to ``depth`` deep, in
+    order of their rank sum (then shallower first, then by ranks), as many as the budget holds.
+
+    :func:`full_tree` grows as width ** depth (21,844 nodes for 4 candidates under every node of a 7-deep tree, a step
+    too large for memory), while a path's chance of being accepted falls with every lower-ranked candidate on it: the
+    rank sum ranks paths the way a product of per-rank acceptance rates would. Each path's parent (the same rank sum
+    or less, shorter) and earlier sibling (a smaller rank sum) come before it, so every prefix of this order is a
+    tree. When the full tree fits the budget, this is the full tree (all 84 nodes with 4 heads, so that 4-head models'
+    fitted trees stay what they were)."""
+    if min(width, depth, max_nodes) < 1:
+        raise ValueError(f"width {width}, depth {depth} and max_nodes {max_nodes} must all be at least 1")
+    paths: list[tuple[int, ...]] = []
+    for total in range(depth * (width - 1) + 1):
+        for length in range(1, depth + 1):
+            for path in _paths_summing_to(total, length, width):
+                if len(paths) == max_nodes:
+                    return DraftTree(paths)
+                paths.append(path)
+    return DraftTree(paths)
+
+
+def _paths_summing_to(total: int, length: int, width: int) -> Iterator[tuple[int, ...]]:
+    """Every path of ``length`` ranks below ``width`` whose ranks add up to ``total``, in lexicographic order, one at
+    a time (a deep tree's paths are never all listed)."""
+    if length == 0:
+        if total == 0:
+            yield ()
+        return
+    for first in range(min(width - 1, total) + 1):
+        if total - first <= (length - 1) * (width - 1):
+            for rest in _paths_summing_to(total - first, length - 1, width):
+                yield (first, *rest)
 
 
 def path_counts(tree: DraftTree, accepted_nodes: Counter) -> Counter:

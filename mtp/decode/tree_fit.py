@@ -1,5 +1,5 @@
-"""Fitting a draft tree to a model: decode held-out prompts with a wide tree that measures every candidate, count how
-often each path of candidates was accepted, keep the most often accepted (:func:`mtp.decode.tree.fit_tree`).
+"""Fitting a draft tree to a model: decode held-out prompts with a wide tree that measures the likeliest candidates,
+count how often each path of candidates was accepted, keep the most often accepted (:func:`mtp.decode.tree.fit_tree`).
 
 The counts come from decoding itself (the same acceptance rule, the model's own contexts, causal heads drafting as
 they do), greedy or sampled with the settings the tree will be used with: greedy trees rank candidates, sampling
@@ -11,11 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mtp.decode import GenerationConfig, generate
-from mtp.decode.tree import DraftTree, fit_tree, full_tree, path_counts
+from mtp.decode.tree import DraftTree, fit_tree, path_counts, ranked_tree
 from mtp.model import MTPModel
 
 MEASURE_WIDTH = 4
 """Candidates per node of the measuring tree."""
+MEASURE_NODES = 256
+"""Nodes of the measuring tree (or the fitted tree's budget, if larger): 4 candidates under every node to depth
+heads - 1 is 84 nodes with 4 heads (all measured) but 21,844 with 8, a step of tens of gigabytes; 256 nodes keep the
+likeliest paths of every depth (:func:`mtp.decode.tree.ranked_tree`) in a small step (51 MB measured with the byte8
+checkpoint at the fitting's 8 rows)."""
 
 
 @dataclass
@@ -38,11 +43,13 @@ class FittedTree:
 
 def fit_to_model(model: MTPModel, prompts: list[list[int]], nodes: int, config: GenerationConfig) -> FittedTree:
     """The tree of at most ``nodes`` nodes (at most ``config.heads - 1`` deep) with the most accepted drafts when
-    decoding ``prompts`` with ``config`` (temperature, top-k, top-p, draft_p_min, seed)."""
+    decoding ``prompts`` with ``config`` (temperature, top-k, top-p, draft_p_min, seed). A measuring step too large
+    for the memory available is refused before decoding (:func:`mtp.decode.memory.check_step_fits`, in
+    :func:`~mtp.decode.generate`)."""
     depth = config.heads - 1
-    measuring = full_tree(MEASURE_WIDTH, depth)
+    measuring = ranked_tree(MEASURE_WIDTH, depth, max(MEASURE_NODES, nodes))
     settings = {**config.__dict__, "tree": measuring, "acceptance": "exact", "adaptive_drafts": False}
-    _, stats = generate(model, prompts, GenerationConfig(**settings))
+    _, stats = generate(model, prompts, GenerationConfig(**settings))  # refuses a step too large for memory
     steps = sum(stats.accepted_nodes.values())
     counts = path_counts(measuring, stats.accepted_nodes)
     tree, expected = fit_tree(counts, steps, nodes, depth)

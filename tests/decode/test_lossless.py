@@ -306,12 +306,29 @@ def test_tree_and_cut_sampling_lossless_with_head_blocks(head_type, decoding):
         assert 0 < stats.drafted[1] < stats.drafted[0] < stats.forwards * 12_000
 
 
-@pytest.mark.parametrize("scale", [8.0, 0.5], ids=["nucleus_among_the_top", "nucleus_wider_full_sort"])
+@pytest.mark.parametrize("scale", [8.0, 0.5], ids=["narrow_nucleus", "wide_nucleus"])
 def test_top_p_over_a_large_vocabulary_equals_the_full_sort(scale, monkeypatch):
-    """The CPU partial sort (the nucleus among the 1024 most likely) gives what the full sort gives."""
+    """The CPU nucleus (among NumPy's candidates) is the one a full sort gives (the path of other devices), and the
+    reference's."""
     logits = torch.randn(6, 5000, generator=torch.Generator().manual_seed(0)) * scale
     fast = processed_probs(logits, 0.8, top_p=0.9)
-    monkeypatch.setattr(sampling_module, "NUCLEUS_CANDIDATES", 10**9)
-    torch.testing.assert_close(fast, processed_probs(logits, 0.8, top_p=0.9), rtol=0, atol=0)
-    expected = torch.tensor(reference_probs(logits[0], 0.8, 0, 0.9), dtype=torch.float64)
-    torch.testing.assert_close(fast[0].double(), expected, atol=1e-6, rtol=0)
+    probs = torch.softmax(logits / 0.8, dim=-1)
+    on_cpu = sampling_module.nucleus_floor(probs, 0.9)
+    not_cpu = lambda *_: pytest.fail("not the path other devices take")  # noqa: E731
+    monkeypatch.setattr(sampling_module, "nucleus_candidates", not_cpu)
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("meta")))
+    elsewhere = sampling_module.nucleus_floor(probs, 0.9)
+    monkeypatch.undo()
+    torch.testing.assert_close(on_cpu, elsewhere, rtol=0, atol=0)
+    for row in range(6):
+        expected = torch.tensor(reference_probs(logits[row], 0.8, 0, 0.9), dtype=torch.float64)
+        torch.testing.assert_close(fast[row].double(), expected, atol=1e-6, rtol=0)
+
+
+def test_top_p_keeps_a_tie_at_the_nucleus_edge_whole():
+    """Hand-made: 0.4 + 0.2 reaches top-p 0.55; the other 0.2 is as likely as the last kept token, so it stays too
+    (whatever order a sort leaves the two in); 0.1 and 0.1 go."""
+    probs = processed_probs(torch.tensor([0.4, 0.2, 0.1, 0.2, 0.1]).log(), 1.0, top_p=0.55)
+    torch.testing.assert_close(probs, torch.tensor([0.5, 0.25, 0.0, 0.25, 0.0]))
+    just_over = processed_probs(torch.tensor([0.4, 0.2, 0.1, 0.2, 0.1]).log(), 1.0, top_p=0.39)
+    torch.testing.assert_close(just_over, torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0]))

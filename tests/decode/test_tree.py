@@ -1,13 +1,14 @@
 """Draft trees: their structure, greedy tree decoding equal to greedy autoregressive decoding for every head type
 (rows accepting paths through lower-ranked candidates, at ragged depths), and fitting a tree from rank counts."""
 
+import itertools
 from collections import Counter
 
 import pytest
 import torch
 
-from mtp.decode import GenerationConfig, generate, inference
-from mtp.decode.tree import DraftTree, fit_tree, full_tree, path_counts, read_tree
+from mtp.decode import GenerationConfig, generate, inference, tree_fit
+from mtp.decode.tree import DraftTree, fit_tree, full_tree, path_counts, ranked_tree, read_tree
 from mtp.errors import UserError
 from tests.decode.helpers import HEAD_TYPES, tiny_model, train_on_cycles
 
@@ -100,3 +101,57 @@ def test_a_tree_file_round_trips(tmp_path):
     path = tmp_path / "tree.json"
     path.write_text(TREE.to_json(expected_accepted=1.5))
     assert read_tree(path, drafts=3, vocab_size=40) == TREE
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4])
+def test_the_ranked_tree_keeps_to_its_budget_and_takes_the_lowest_rank_sums(width):
+    for depth in range(1, 9):
+        every = [p for d in range(1, depth + 1) for p in itertools.product(range(width), repeat=d)]
+        for budget in (1, 7, 100, 256):
+            tree = ranked_tree(width, depth, budget)
+            assert tree.size == min(budget, len(every)), (depth, budget)
+            assert tree.depth <= depth and max(max(p) for p in tree.paths) < width
+            kept = set(tree.paths)
+            for p in tree.paths:  # a parent, and an earlier sibling: children are tried in rank order
+                assert len(p) == 1 or p[:-1] in kept
+                assert p[-1] == 0 or (*p[:-1], p[-1] - 1) in kept
+            left_out = [sum(p) for p in every if p not in kept]
+            assert not left_out or max(map(sum, kept)) <= min(left_out), (depth, budget)
+
+
+def test_the_ranked_tree_is_the_full_tree_when_that_fits():
+    assert ranked_tree(4, 3, 256) == full_tree(4, 3)  # 84 nodes: 4-head models are measured as before
+    assert ranked_tree(4, 3, 84) == full_tree(4, 3)
+    assert ranked_tree(4, 3, 83) != full_tree(4, 3)
+    assert ranked_tree(2, 5, 1000) == full_tree(2, 5)
+    assert ranked_tree(4, 7, 7) == DraftTree.chain(7)  # rank sum 0: the chain of top candidates
+    with pytest.raises(ValueError, match="at least 1"):
+        ranked_tree(4, 3, 0)
+
+
+def measuring_trees(monkeypatch) -> list[DraftTree]:
+    """The trees :func:`tree_fit.fit_to_model` decodes with, recorded as it calls generate."""
+    seen = []
+
+    def recording(model, prompts, config):
+        seen.append(config.tree)
+        return generate(model, prompts, config)
+
+    monkeypatch.setattr(tree_fit, "generate", recording)
+    return seen
+
+
+def test_fitting_four_heads_measures_with_the_full_tree(monkeypatch):
+    seen = measuring_trees(monkeypatch)
+    fitted = tree_fit.fit_to_model(partly_trained("transformer"), [[3, 4, 5], [9, 1]], 6, GenerationConfig(12, heads=4))
+    assert seen == [full_tree(4, 3)]
+    assert 1 <= fitted.tree.size <= 6 and fitted.steps > 0
+
+
+def test_fitting_eight_heads_measures_with_a_bounded_tree(monkeypatch):
+    seen = measuring_trees(monkeypatch)
+    model = tiny_model(n_future=8, vocab_size=40, seed=2)
+    fitted = tree_fit.fit_to_model(model, [[3, 4, 5], [9, 1, 7, 2]], 16, GenerationConfig(8, heads=8))
+    assert [t.size for t in seen] == [tree_fit.MEASURE_NODES]  # not 4 + 16 + ... + 4^7 = 21,844
+    assert seen[0].depth == 7
+    assert 1 <= fitted.tree.size <= 16 and fitted.tree.depth <= 7
