@@ -126,9 +126,16 @@ MUTATIONS = [
     Mutation(
         "top-p drops the token that crosses the threshold",
         "mtp/decode/sampling.py",
-        "drop_sorted = before >= top_p",
-        "drop_sorted = before + sorted_probs > top_p",
+        "kept = (before < top_p).sum(dim=-1, keepdim=True)  # at least 1: nothing is ahead of the first",
+        "kept = (before + ordered < top_p).sum(dim=-1, keepdim=True)",
         (PROCESSING,),
+    ),
+    Mutation(
+        "the CPU nucleus' candidates leave out tokens that can be in a nucleus",
+        "mtp/decode/sampling.py",
+        "m = max(1, int((probs > (1 - top_p) / V).sum(dim=-1).max()))",
+        "m = max(1, int((probs > (1 - top_p) / 16).sum(dim=-1).max()))",
+        ("tests/decode/test_lossless.py::test_top_p_over_a_large_vocabulary_equals_the_full_sort",),
     ),
     Mutation(
         "top-k drops the k-th token",
@@ -371,6 +378,13 @@ MUTATIONS = [
         INFERENCE,
         "(positions + k - 1 - held[:, None])",
         "(positions + k - 2 - held[:, None])",
+        (CACHE,),
+    ),
+    Mutation(
+        "the last causal depth drafts from its window's first position instead of the last accepted one",
+        INFERENCE,
+        "at_last = form._blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1), read)[0]",
+        "at_last = form._blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1), read * 0)[0]",
         (CACHE,),
     ),
     Mutation(

@@ -56,12 +56,10 @@ def generate(
         tree_nodes=tree.size if tree is not None else 0, acceptance_rule=config.acceptance, method=proposer.method,
         method_params={"gamma": str(config.gamma), **proposer.params()} if drafter is not None else {},
     )  # fmt: skip
-    outputs: list[list[int]] = [[] for _ in prompts]
-    rows = list(range(len(prompts)))  # original index of each live row
+    rows = _Rows(len(prompts), config)
     cache = inference.new_cache(len(prompts), max_len)
     steps, per_step = config.max_new_tokens + 1, rule.layout.per_step  # every step emits a token, the prompt's too
     uniforms = None if config.greedy else RowUniforms(config.seed, len(prompts), steps, per_step, device)
-    planned = [config.drafts] * len(prompts)  # adaptive_drafts: each row's draft count for its next step
     proposer.start(prompts, max_len, config)  # a drafter's cache allocated outside the timed part, as the target's is
     draft_timer = SpanTimer(device)
     start = time.perf_counter()
@@ -70,8 +68,8 @@ def generate(
     inputs = torch.tensor([p + [0] * (max(map(len, prompts)) - len(p)) for p in prompts], device=device)
     first_base = [len(p) - 1 for p in prompts]
     base = torch.tensor(first_base, device=device)
-    n_drafts, proposal, live, verifying = 0, None, None, []  # live: drafts (chain) or depths (tree) each row verifies
-    while rows:
+    n_drafts, proposal, live = 0, None, None  # live: drafts (chain) or depths (tree) each row verifies, on the device
+    while True:
         held, held_on_device = cache.host_lengths, cache.lengths
         draws = uniforms.next(per_step) if uniforms is not None else None
         accepted, next_token, node, inputs, hidden = _verify(
@@ -80,7 +78,7 @@ def generate(
         proposed = proposer.draft_in_step(hidden, cache, base + accepted, inputs, next_token, draws)
         proposed = torch.full_like(accepted, config.gamma) if proposed is None else proposed
         cache.commit(inputs.size(1))
-        stats.forwards, stats.row_forwards = stats.forwards + 1, stats.row_forwards + len(rows)
+        stats.forwards, stats.row_forwards = stats.forwards + 1, stats.row_forwards + len(rows.index)
         # the one device-to-host transfer of the step: what each row accepted and emitted, and will draft next
         pending = inputs[:, 1:] if n_drafts else base[:, None]
         node = node if node is not None else torch.zeros_like(accepted)
@@ -91,23 +89,10 @@ def generate(
         kept = [held[i] + h[0] + 1 + first_base[i] for i, h in enumerate(host)]
         cache.rollback(kept, held_on_device + base + accepted + 1)  # the same, computed where it is used
 
-        verified = verifying if n_drafts else [0] * len(rows)
-        keep, accepted_counts, emitted_rows, verifying = [], [], [], []
-        for i, (n_accepted, token, next_live, at_node, *path_tokens) in enumerate(host):
-            emitted = (path_tokens[:n_accepted] if n_drafts else []) + [token]
-            stats.record(verified[i], n_accepted, at_node if tree is not None and n_drafts else None)
-            if config.adaptive_drafts and n_drafts:
-                grown = planned[rows[i]] + 2 if n_accepted == verified[i] else planned[rows[i]] - 1
-                planned[rows[i]] = min(config.drafts, max(1, grown))
-            verifying.append(min(next_live, planned[rows[i]]))
-            accepted_counts.append(n_accepted)
-            emitted_rows.append(emitted)
-            if _extend(outputs[rows[i]], emitted, config):
-                keep.append(i)
-        if len(keep) < len(rows):
-            rows = [rows[i] for i in keep]
-            if not rows:
-                break
+        keep, accepted_counts, emitted_rows = rows.emit(host, n_drafts, tree is not None, stats)
+        if not keep:
+            break
+        if len(keep) < len(host):  # finished rows leave the batch
             index = torch.tensor(keep, device=device)
             cache.keep_rows(keep)
             proposer.keep_rows(keep, index)
@@ -115,29 +100,58 @@ def generate(
                 uniforms.keep_rows(index)
                 draws = draws[index]
             next_token = next_token[index]
-            verifying, accepted_counts, emitted_rows = (
-                [x[i] for i in keep] for x in (verifying, accepted_counts, emitted_rows)
-            )
         proposer.advance(accepted_counts, emitted_rows)
         draft_timer.start()
-        proposal = proposer.propose(max(verifying), rule.layout.drafts(draws) if draws is not None else None)
+        proposal = proposer.propose(max(rows.verifying), rule.layout.drafts(draws) if draws is not None else None)
         draft_timer.stop()
         if proposal.counts is not None:
-            verifying = [min(v, n) for v, n in zip(verifying, proposal.counts, strict=True)]
+            rows.verifying = [min(v, n) for v, n in zip(rows.verifying, proposal.counts, strict=True)]
+        verifying = rows.verifying
         # the next step verifies what its deepest row drafts; the rest of its rows only their own
         reuse = proposal.live is not None and not config.adaptive_drafts  # then it equals verifying, on the device
         live = proposal.live if reuse else torch.tensor(verifying, device=device)
         n_drafts = tree.nodes_up_to(max(verifying)) if tree is not None else max(verifying)
         inputs = torch.cat([next_token[:, None], proposal.tokens[:, :n_drafts]], dim=1)
-        first_base, base = [0] * len(rows), torch.zeros(len(rows), dtype=torch.long, device=device)
+        first_base, base = [0] * len(verifying), torch.zeros(len(verifying), dtype=torch.long, device=device)
 
     if device.type == "cuda":
         torch.cuda.synchronize()
     stats.wall_time_s = time.perf_counter() - start
-    stats.tokens = sum(map(len, outputs))
+    stats.tokens = sum(map(len, rows.outputs))
     stats.draft_forwards = proposer.forwards
     stats.draft_s = draft_timer.seconds()
-    return outputs, stats
+    return rows.outputs, stats
+
+
+class _Rows:
+    """The rows on the host: each live row's prompt index and the drafts it verifies in this step; every row's new
+    tokens and draft count for its next step (adaptive drafting's)."""
+
+    def __init__(self, count: int, config: GenerationConfig) -> None:
+        self.config, self.index, self.verifying = config, list(range(count)), [0] * count
+        self.outputs: list[list[int]] = [[] for _ in range(count)]
+        self.planned = [config.drafts] * count
+
+    def emit(
+        self, host: list[list[int]], n_drafts: int, tree: bool, stats: DecodeStats
+    ) -> tuple[list[int], list[int], list[list[int]]]:
+        """Record a step (``host``: per live row its accepted drafts, the token after them, the drafts it has next,
+        its accepted tree node, then the step's pending inputs); returns which live rows go on, and what each of them
+        accepted and emitted. A row ends at EOS or its length budget."""
+        config, keep, accepted, emitted, verifying = self.config, [], [], [], []
+        for i, (n_accepted, token, next_live, at_node, *path_tokens) in enumerate(host):
+            row, verified = self.index[i], self.verifying[i] if n_drafts else 0
+            stats.record(verified, n_accepted, at_node if tree and n_drafts else None)
+            if config.adaptive_drafts and n_drafts:
+                grown = self.planned[row] + 2 if n_accepted == verified else self.planned[row] - 1
+                self.planned[row] = min(config.drafts, max(1, grown))
+            verifying.append(min(next_live, self.planned[row]))
+            accepted.append(n_accepted)
+            emitted.append((path_tokens[:n_accepted] if n_drafts else []) + [token])
+            if _extend(self.outputs[row], emitted[-1], config):
+                keep.append(i)
+        self.index, self.verifying = [self.index[i] for i in keep], [verifying[i] for i in keep]
+        return keep, [accepted[i] for i in keep], [emitted[i] for i in keep]
 
 
 def _verify(
