@@ -65,7 +65,7 @@ def generate(
     start = time.perf_counter()
 
     # Step 0: the prompts. Every prompt token counts as accepted; the last one is each row's base position.
-    inputs = torch.tensor([p + [0] * (max(map(len, prompts)) - len(p)) for p in prompts], device=device)
+    inputs = torch.tensor([p + [0] * (longest - len(p)) for p in prompts], device=device)
     first_base = [len(p) - 1 for p in prompts]
     base = torch.tensor(first_base, device=device)
     n_drafts, proposal, live = 0, None, None  # live: drafts (chain) or depths (tree) each row verifies, on the device
