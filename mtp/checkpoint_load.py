@@ -1,12 +1,6 @@
-"""Checkpoints, read with ``torch.load(weights_only=True)`` and usable without Lightning (writing: mtp.checkpoint_save).
-
-Lightning's checkpoint dict carries, under :data:`CHECKPOINT_KEY`, the model config and the tokenizer JSON,
-so a checkpoint alone is enough to decode. Two layouts are read:
-
-- a single file (every strategy but FSDP's sharded save): the whole dict, weights under ``state_dict``;
-- a directory (``trainer=fsdp``, Lightning's ModelParallelStrategy with ``save_distributed_checkpoint``):
-  the weights and optimizer state as a torch.distributed.checkpoint (DCP) folder, every other entry in
-  ``meta.pt``. Its weights load into a plain model on one process; no process group is needed.
+"""Loading a model from any checkpoint mtp reads: its own format (:mod:`mtp.checkpoint_format`), a Hugging Face
+Llama or Meta multi-token directory, or a GGUF file (the readers of :mod:`mtp.interop`). The one place that
+dispatches on a path's format; the exporters and everything that decodes sit above it.
 """
 
 from __future__ import annotations
@@ -18,59 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from tokenizers import Tokenizer
 
+from mtp.checkpoint_format import CHECKPOINT_KEY, SHARDED_META, model_weights, read_checkpoint
 from mtp.config import ModelConfig
 from mtp.errors import UserError, first_line
+from mtp.interop import ModelFiles, gguf, hf, meta
+from mtp.interop import tokenizer as foreign_tokenizer
 from mtp.model import MTPModel
 
-CHECKPOINT_KEY = "mtp"
-CHECKPOINT_FORMAT = 1
-SHARDED_META = "meta.pt"  # Lightning's name for the non-tensor part of a distributed checkpoint
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
-    """The checkpoint dict, after checking that it exists, is complete and is an mtp checkpoint.
-
-    For a sharded checkpoint (a directory) this is the dict without its tensors (no ``state_dict``).
-    ``mmap=True`` maps tensors instead of reading them: a cheap check of a large file.
-    """
-    path = Path(path)
-    if path.is_dir():
-        file, sharded = path / SHARDED_META, True
-        if not file.is_file():
-            raise UserError(
-                f"checkpoint folder {path} has no {SHARDED_META}; pass a .ckpt file or folder written by "
-                "scripts/pretrain.py, a Hugging Face Llama directory (config.json) or a Meta one (params.json)."
-            )
-    elif path.is_file():
-        file, sharded = path, False
-    else:
-        raise UserError(f"checkpoint {path} does not exist; pass the path of a .ckpt written by scripts/pretrain.py.")
-    try:
-        checkpoint = torch.load(file, map_location=map_location, weights_only=True, mmap=mmap)
-    except Exception as err:  # torch.load raises many types for damaged files (EOFError, KeyError, BadZipFile, ...)
-        raise UserError(
-            f"checkpoint {path} is truncated or not a PyTorch checkpoint ({first_line(err)}); "
-            "use a complete .ckpt written by scripts/pretrain.py."
-        ) from err
-    complete = isinstance(checkpoint, dict) and CHECKPOINT_KEY in checkpoint and (sharded or "state_dict" in checkpoint)
-    if not complete:
-        raise UserError(
-            f"{path} is not an mtp checkpoint (no '{CHECKPOINT_KEY}' entry); use one written by scripts/pretrain.py."
-        )
-    if checkpoint[CHECKPOINT_KEY].get("format") != CHECKPOINT_FORMAT:
-        raise UserError(
-            f"{path} has mtp checkpoint format {checkpoint[CHECKPOINT_KEY].get('format')}, "
-            f"but this version of mtp reads format {CHECKPOINT_FORMAT}; load it with a matching mtp."
-        )
-    return checkpoint
-
-
-def check_checkpoint(path: str | os.PathLike) -> None:
-    """Fail with one sentence if ``path`` is not a complete mtp checkpoint, without reading its tensors."""
-    read_checkpoint(path, mmap=not Path(path).is_dir())
 
 
 @dataclass
@@ -100,8 +52,6 @@ def load_checkpoint(
 
     Rotary tables stay fp32 in every dtype, so that positions are exact.
     """
-    from mtp.interop import foreign_format, read_foreign
-
     device = torch.device(device)
     resolve_dtype(dtype, device)  # a bad dtype fails before any reading
     if foreign_format(path):  # a Hugging Face Llama or Meta directory, or a GGUF file
@@ -125,17 +75,8 @@ def load_checkpoint(
     return loaded
 
 
-def model_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The model's weights in a single-file checkpoint, under the model's own names (the LightningModule's
-    ``model.`` prefix removed)."""
-    prefix = "model."
-    return {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
-
-
 def _load_sharded_weights(path: Path, model: MTPModel) -> None:
     """Fill ``model`` from the ``state_dict`` entries of a DCP folder (the LightningModule's ``model.*`` keys)."""
-    import torch.distributed.checkpoint as dcp
-
     state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
     try:
         with warnings.catch_warnings():  # DCP warns that it loads in one process even when told so (no_dist)
@@ -146,3 +87,65 @@ def _load_sharded_weights(path: Path, model: MTPModel) -> None:
             f"checkpoint folder {path} could not be read ({first_line(err)}); "
             "use a complete checkpoint written by scripts/pretrain.py."
         ) from err
+
+
+def foreign_format(path: str | os.PathLike) -> str | None:
+    """``"hf"`` or ``"meta"`` for a directory in one of those layouts, ``"gguf"`` for a GGUF file; None for anything
+    else."""
+    path = Path(path)
+    if path.is_file():
+        return "gguf" if gguf.is_gguf(path) else None
+    if not path.is_dir():
+        return None
+    if (path / "params.json").is_file():
+        return "meta"
+    if (path / "config.json").is_file():
+        return "hf"
+    return None
+
+
+def read_foreign(path: str | os.PathLike) -> ModelFiles:
+    """The model in a Hugging Face Llama or Meta directory or a GGUF file; a missing or wrong tensor is one sentence
+    naming it."""
+    kind = foreign_format(path)
+    if kind == "meta":
+        return meta.read_meta(Path(path))
+    if kind == "hf":
+        return hf.read_hf(Path(path))
+    if kind == "gguf":
+        return gguf.read_gguf(Path(path))
+    raise ValueError(f"{path} is neither a Hugging Face nor a Meta directory nor a GGUF file")
+
+
+def read_foreign_config(path: str | os.PathLike) -> ModelConfig:
+    """The model config of a Hugging Face Llama or Meta directory or a GGUF file, without reading its weights."""
+    kind = foreign_format(path)
+    if kind == "meta":
+        return meta.read_meta_config(Path(path))
+    if kind == "hf":
+        return hf.read_hf_config(Path(path))
+    if kind == "gguf":
+        return gguf.read_gguf_config(Path(path))
+    raise ValueError(f"{path} is neither a Hugging Face nor a Meta directory nor a GGUF file")
+
+
+def read_foreign_tokenizer(path: str | os.PathLike) -> str:
+    """The tokenizer JSON of a Hugging Face or Meta directory or a GGUF file, without reading its weights."""
+    if foreign_format(path) == "gguf":
+        return gguf.read_gguf_tokenizer(Path(path))
+
+    return foreign_tokenizer.directory_tokenizer(Path(path))
+
+
+def is_model(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names a model (an mtp checkpoint, a Hugging Face or Meta directory, a GGUF file), not a
+    tokenizer.json."""
+    path = Path(path)
+    return path.suffix == ".ckpt" or (path.is_dir() and (path / SHARDED_META).is_file()) or bool(foreign_format(path))
+
+
+def model_tokenizer(path: str | os.PathLike) -> str:
+    """The tokenizer JSON of the model at ``path`` (see :func:`is_model`), read without its tensors."""
+    if foreign_format(path):
+        return read_foreign_tokenizer(path)
+    return read_checkpoint(path, mmap=Path(path).is_file())[CHECKPOINT_KEY]["tokenizer"]

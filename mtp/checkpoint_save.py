@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from mtp.checkpoint_load import read_checkpoint
+from mtp.checkpoint_format import read_checkpoint
 from mtp.errors import UserError
 from mtp.files import write_whole
 

@@ -40,12 +40,12 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from mtp.checkpoint_load import foreign_format
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
 from mtp.data.tokenizer import prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
 from mtp.files import write_whole
-from mtp.interop import foreign_format
 from mtp.interop.gguf import metadata, open_gguf
 from mtp.model import MTPModel
 

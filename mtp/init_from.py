@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from mtp.checkpoint_load import CHECKPOINT_KEY, model_weights, read_checkpoint
+from mtp.checkpoint_format import CHECKPOINT_KEY, model_weights, read_checkpoint
+from mtp.checkpoint_load import foreign_format, read_foreign, read_foreign_config
 from mtp.config import ModelConfig, swiglu_width
 from mtp.errors import UserError
 from mtp.heads import HEAD_TYPES
@@ -50,8 +51,6 @@ class Start:
     @classmethod
     def read(cls, path: str | Path) -> Start:
         """An mtp checkpoint, or a Hugging Face Llama or Meta multi-token directory (:mod:`mtp.interop`)."""
-        from mtp.interop import foreign_format, read_foreign
-
         if foreign_format(path):
             files = read_foreign(path)
             return cls(str(path), files.config, files.weights, files.tokenizer)
@@ -119,8 +118,6 @@ class Start:
 
 def start_config(path: str | Path) -> ModelConfig:
     """The model config of a checkpoint to start from (any format :class:`Start` reads), without its weights."""
-    from mtp.interop import foreign_format, read_foreign_config
-
     if foreign_format(path):
         return read_foreign_config(path)
     return ModelConfig.from_dict(read_checkpoint(path, mmap=Path(path).is_file())[CHECKPOINT_KEY]["model_config"])

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from mtp.checkpoint_load import CHECKPOINT_FORMAT, CHECKPOINT_KEY
+from mtp.checkpoint_format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
 from mtp.config import ModelConfig
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError

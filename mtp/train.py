@@ -17,10 +17,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from mtp.callbacks import ResumableCheckpoint
-from mtp.checkpoint_load import check_checkpoint
+from mtp.checkpoint_format import check_checkpoint
+from mtp.checkpoint_load import is_model, model_tokenizer
 from mtp.checkpoint_save import AtomicCheckpointIO
 from mtp.data.packing import writing_to_cache
 from mtp.errors import UserError
@@ -72,13 +73,7 @@ def build(
         trunk_cache_gb=float(cfg.get("trunk_cache_gb", 0.0)),
         trunk_cache_dir=cfg.get("trunk_cache_dir"),
     )
-    if module.start_tokenizer is not None:  # data tokenized as the model it starts from was
-        with open_dict(cfg):
-            cfg.data.tokenizer = {
-                "kind": "pretrained",
-                "path": save_tokenizer(module.start_tokenizer, cfg.data.cache_dir),
-            }
-    datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule = instantiate(cfg.data, tokenizer=data_tokenizer(cfg, module.start_tokenizer), _convert_="all")
     loggers = instantiate_group(cfg.get("logger"))
     configured = instantiate_group(cfg.get("callbacks"))
     if not loggers:  # logger=null: nothing to monitor the learning rate into (Lightning refuses the monitor then)
@@ -104,6 +99,19 @@ def explicit_model_settings(cfg: DictConfig) -> set[str]:
         overrides = []
     keys = (override.split("=", 1)[0].lstrip("+~") for override in overrides)
     return {key.removeprefix("model.") for key in keys if key.startswith("model.")}
+
+
+def data_tokenizer(cfg: DictConfig, start_tokenizer: str | None) -> dict[str, Any]:
+    """The data's tokenizer settings: the tokenizer of the model training starts from, if any (the data is tokenized
+    as that model was); else ``data.tokenizer``, where a model's path (``data.tokenizer.path=TARGET.ckpt``, a Hugging
+    Face or Meta directory, a GGUF file: a draft for that model) becomes the path of its tokenizer's JSON."""
+    settings = OmegaConf.to_container(cfg.data.tokenizer, resolve=True)
+    if start_tokenizer is None and settings.get("kind") == "pretrained" and settings.get("path"):
+        if is_model(settings["path"]):
+            start_tokenizer = model_tokenizer(settings["path"])
+    if start_tokenizer is None:
+        return settings
+    return {"kind": "pretrained", "path": save_tokenizer(start_tokenizer, cfg.data.cache_dir)}
 
 
 def save_tokenizer(tokenizer_json: str, cache_dir: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from mtp.checkpoint_load import read_foreign_tokenizer
 from mtp.cli import run_script
 from mtp.commands import distill as command
 from mtp.data.sources import SourceConfig, in_validation, iter_texts, load_documents
@@ -30,7 +31,6 @@ from mtp.distill import (
     windows,
 )
 from mtp.errors import UserError
-from mtp.interop import read_foreign_tokenizer
 from mtp.train import train
 
 ROOT = Path(__file__).resolve().parents[1]

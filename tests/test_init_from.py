@@ -4,7 +4,7 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from mtp.checkpoint_load import CHECKPOINT_KEY
+from mtp.checkpoint_format import CHECKPOINT_KEY
 from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.init_from import freeze

@@ -16,7 +16,7 @@ import torch
 from omegaconf import open_dict
 
 from mtp.callbacks import NonFiniteGuard, ResumableCheckpoint
-from mtp.checkpoint_load import read_checkpoint
+from mtp.checkpoint_format import read_checkpoint
 from mtp.errors import UserError
 from mtp.train import Interrupted, train
 from tests.test_scripts import tiny_data

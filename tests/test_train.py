@@ -14,7 +14,8 @@ from omegaconf import OmegaConf, open_dict
 from torch.utils.data import DataLoader
 from torchmetrics.text import Perplexity
 
-from mtp.checkpoint_load import load_checkpoint, read_checkpoint
+from mtp.checkpoint_format import read_checkpoint
+from mtp.checkpoint_load import load_checkpoint
 from mtp.checkpoint_save import AtomicCheckpointIO
 from mtp.config import ModelConfig
 from mtp.errors import UserError

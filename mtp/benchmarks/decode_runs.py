@@ -1,38 +1,11 @@
-"""Pieces of the decoding benchmarks: held-out prompts of a checkpoint's own data, timed runs over them, and how a
-method's outputs compare with autoregressive decoding's."""
+"""Pieces of the decoding benchmarks: timed runs over prompts (held-out ones come from
+:func:`mtp.data.prompts.held_out_prompts`), and how a method's outputs compare with autoregressive decoding's."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
-from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
-from mtp.data.tokenizer import eot_id
 from mtp.decode import DecodeStats, GenerationConfig, generate
-from mtp.errors import UserError
-
-
-def held_out_prompts(data: dict, tokenizer, count: int, length: int, skip: int = 0) -> list[list[int]]:
-    """The first ``length`` tokens of ``count`` validation documents (after end-of-text, as in training), from the
-    ``skip``-th document with that many tokens on."""
-    if not data:
-        data = {"source": {"kind": "stdlib"}, "val_fraction": 0.05}
-        print("note: the checkpoint does not record its training data; using the default corpus's validation split")
-    validation = split_documents(load_documents(SourceConfig(**data["source"])), data["val_fraction"])["validation"]
-    eot = eot_id(tokenizer)
-    prompts = []
-    for texts in iter_texts(validation):
-        for text in texts:
-            ids = tokenizer.encode(text, add_special_tokens=False).ids
-            if len(ids) >= length:
-                if skip:
-                    skip -= 1
-                    continue
-                prompts.append([eot] + ids[:length])
-            if len(prompts) == count:
-                return prompts
-    if not prompts:
-        raise UserError(f"no validation document has {length} tokens; lower --prompt-tokens.")
-    return prompts
 
 
 def run(model, prompts: list[list[int]], config: GenerationConfig, batch_size: int, drafter=None) -> DecodeStats:
@@ -67,27 +40,3 @@ def output_checks(outputs: list[list[int]], reference: list[list[int]], scorer=N
         checks["pass_at_1"] = evaluation.pass_at_1
         checks["humaneval"] = [asdict(o) for o in evaluation.outcomes]
     return checks
-
-
-FIT_SKIP_DOCUMENTS = 64
-"""Validation documents left to the benchmarks' prompts: trees are fitted on the ones after them."""
-
-
-def prompts_beyond_the_benchmarks(loaded, count: int, length: int) -> list[list[int]]:
-    """Held-out prompts for fitting decoding settings (a tree, a skip set) that the benchmarks do not prompt with;
-    on a corpus too small for that, the benchmarks' own, with a note."""
-    try:
-        return held_out_prompts(loaded.data, loaded.tokenizer, count, length, skip=FIT_SKIP_DOCUMENTS)
-    except UserError:
-        print(f"note: fewer than {FIT_SKIP_DOCUMENTS} held-out documents; fitting on the benchmarks' prompts")
-        return held_out_prompts(loaded.data, loaded.tokenizer, count, length)
-
-
-def fitted_tree(loaded, config: GenerationConfig, nodes: int, prompts: int = 16, prompt_tokens: int = 64):
-    """A tree of at most ``nodes`` nodes fitted to a loaded checkpoint for decoding with ``config`` (its temperature,
-    top-k, top-p, heads), on held-out documents the benchmarks do not prompt with (:mod:`mtp.decode.tree_fit`)."""
-    from mtp.decode.tree_fit import fit_to_model
-
-    held_out = prompts_beyond_the_benchmarks(loaded, prompts, prompt_tokens)
-    settings = {**config.__dict__, "eos_id": None, "compile": False, "tree": None, "adaptive_drafts": False}
-    return fit_to_model(loaded.model, held_out, nodes, GenerationConfig(**settings))

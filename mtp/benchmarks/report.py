@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mtp.benchmarks.cli import require_plotting
+
 MIB = 2**20
 
 
@@ -43,10 +45,8 @@ def _ratio(value: float | None) -> str:
 
 
 def plot_memory(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    from mtp.benchmarks.cli import require_plotting
-
     require_plotting()
-    import matplotlib
+    import matplotlib  # optional (the benchmarks extra): imported only when a plot is asked for
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -174,10 +174,8 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     """Speed-up and tokens per forward against the most tokens a step can emit: the heads' chain and the draft model
     as lines (one colour per mode and batch size), the other methods as points in that colour, one legend entry per
     line and per method."""
-    from mtp.benchmarks.cli import require_plotting
-
     require_plotting()
-    import matplotlib
+    import matplotlib  # optional (the benchmarks extra): imported only when a plot is asked for
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -35,18 +35,20 @@ from typing import NoReturn
 import torch
 
 from mtp.benchmarks.cli import int_list, require_plotting
-from mtp.benchmarks.decode_runs import decode_prompts, fitted_tree, held_out_prompts, output_checks
+from mtp.benchmarks.decode_runs import decode_prompts, output_checks
+from mtp.benchmarks.hf_peer import first_divergence, hf_generate, hf_llama, top2_margin
 from mtp.benchmarks.humaneval import HumanEvalScorer, completion_text
 from mtp.benchmarks.report import decode_table, exactness_summary, method_label, pass_cell, plot_decode, same_cell
 from mtp.checkpoint_load import load_checkpoint
 from mtp.cli import add_device_flag, add_dtype_flag, check_heads, generation_config, pick_device, run_script
 from mtp.commands.drafter_setup import load_draft, skip_layers_drafter
 from mtp.config import ModelConfig
-from mtp.data.prompts import humaneval_problems
+from mtp.data.prompts import held_out_prompts, humaneval_problems
 from mtp.data.tokenizer import prompt_ids
 from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.decode.proposers import LookupDrafter, draft_model_drafter
 from mtp.decode.tree import read_tree
+from mtp.decode.tree_fit import fitted_tree
 from mtp.errors import UserError
 
 METHODS = ("chain", "tree", "typical", "adaptive", "draft", "layerskip", "lookup")
@@ -363,16 +365,12 @@ class HFPeer:
     """HF greedy generate and prompt lookup on the same weights and prompts (batch 1), best of the same rounds."""
 
     def __init__(self, model, prompts: list[list[int]], max_new_tokens: int) -> None:
-        from mtp.benchmarks.hf_peer import hf_generate, hf_llama
-
         self.model, self.prompts, self.max_new_tokens = model, prompts, max_new_tokens
         self.llama = hf_llama(model)
         hf_generate(self.llama, prompts[:1], 4)  # warm-up
         self.plain = self.lookup = None
 
     def run_round(self) -> None:
-        from mtp.benchmarks.hf_peer import hf_generate
-
         plain = hf_generate(self.llama, self.prompts, self.max_new_tokens)
         lookup = hf_generate(self.llama, self.prompts, self.max_new_tokens, prompt_lookup=10)
         self.plain = plain if self.plain is None or plain.wall_time_s < self.plain.wall_time_s else self.plain
@@ -382,8 +380,6 @@ class HFPeer:
     def compare(self, rows: list[dict], ours: list[list[int]], scorer: HumanEvalScorer | None = None) -> dict:
         """HF's speed beside mtp's (``rows``), and HF's outputs checked against ``ours``, mtp autoregressive
         decoding's at batch 1 (:func:`~mtp.benchmarks.decode_runs.output_checks`)."""
-        from mtp.benchmarks.hf_peer import first_divergence, top2_margin
-
         model, prompts = self.model, self.prompts
         differences = [
             {"prompt": i, "token": j, "top2_margin": top2_margin(model, prompts[i], ours[i][:j])}

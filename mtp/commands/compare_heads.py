@@ -22,10 +22,12 @@ from typing import NoReturn
 import torch
 
 from mtp.benchmarks.cli import require_plotting, step_in_fresh_process
-from mtp.benchmarks.decode_runs import held_out_prompts, run
+from mtp.benchmarks.decode_runs import run
 from mtp.benchmarks.train_step import StepSpec
-from mtp.checkpoint_load import load_checkpoint, read_checkpoint, resolve_dtype
+from mtp.checkpoint_format import read_checkpoint
+from mtp.checkpoint_load import load_checkpoint, resolve_dtype
 from mtp.cli import add_device_flag, add_dtype_flag, generation_config, pick_device, run_script
+from mtp.data.prompts import held_out_prompts
 from mtp.decode import GenerationConfig
 from mtp.errors import UserError
 

@@ -33,6 +33,7 @@ from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.decode.settings import ACCEPTANCE_RULES
 from mtp.decode.tree import read_tree
+from mtp.decode.tree_fit import fitted_tree
 from mtp.errors import UserError
 
 AUTOREGRESSIVE = {"heads": 1, "tree": None, "draft_p_min": 0.0, "adaptive_drafts": False, "gamma": 0}
@@ -160,8 +161,6 @@ def pick_tree(args: argparse.Namespace, loaded, config: GenerationConfig):
     """The tree of --tree: read from its file, or fitted now (auto) on held-out prompts with the decoding settings."""
     if args.tree != "auto":
         return read_tree(Path(args.tree), config.heads - 1, loaded.config.vocab_size)
-    from mtp.benchmarks.decode_runs import fitted_tree
-
     settings = {**config.__dict__, "max_new_tokens": FIT_NEW_TOKENS}
     fitted = fitted_tree(loaded, GenerationConfig(**settings), args.tree_nodes, FIT_PROMPTS, FIT_PROMPT_TOKENS)
     print(

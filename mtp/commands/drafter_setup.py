@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from mtp.checkpoint_load import LoadedCheckpoint, load_checkpoint
+from mtp.data.prompts import prompts_beyond_the_benchmarks
 from mtp.decode import GenerationConfig, generate
 from mtp.decode.proposers import LookupDrafter, Proposer, draft_model_drafter, layer_skip_drafter
 from mtp.errors import UserError
@@ -90,8 +91,6 @@ def skip_layers_drafter(spec: str, loaded: LoadedCheckpoint, config: GenerationC
     settings on held-out prompts of the checkpoint's validation split, the search's rounds on stderr)."""
     if spec != "auto":
         return layer_skip_drafter(loaded.model, parse_skip_layers(spec, loaded.model), compile)
-    from mtp.benchmarks.decode_runs import prompts_beyond_the_benchmarks
-
     prompts = prompts_beyond_the_benchmarks(loaded, SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS)
     skip, _ = search_skip_layers(loaded.model, prompts, config, log=lambda line: print(line, file=sys.stderr))
     return layer_skip_drafter(loaded.model, skip, compile)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from mtp.cli import run_script
-from mtp.interop.hf import EXPORT_DTYPES, export_hf, verify_export
+from mtp.export import EXPORT_DTYPES, export_hf, verify_export
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -20,9 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
-from mtp.benchmarks.decode_runs import fitted_tree
 from mtp.checkpoint_load import load_checkpoint
 from mtp.cli import add_device_flag, add_dtype_flag, generation_config, pick_device, run_script
+from mtp.decode.tree_fit import fitted_tree
 from mtp.errors import UserError
 
 

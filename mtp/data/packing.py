@@ -33,7 +33,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, source_identity, split_documents
-from mtp.data.tokenizer import TOKENIZER_KINDS, build_tokenizer, eot_id, is_checkpoint, pretrained_json
+from mtp.data.tokenizer import TOKENIZER_KINDS, build_tokenizer, eot_id, pretrained_json
 from mtp.errors import FULL_DISK, UserError
 
 try:
@@ -52,7 +52,8 @@ class TokenizerConfig:
     vocab_size: int = 8192
     """bpe: vocabulary size to train (end-of-text included)."""
     path: str | None = None
-    """pretrained: a tokenizer.json file, or an mtp checkpoint whose tokenizer to use (a draft for that model)."""
+    """pretrained: a tokenizer.json file. A model's path (an mtp checkpoint, a Hugging Face or Meta directory, a GGUF
+    file; a draft for that model) is replaced by its tokenizer's file where the run is assembled (mtp.train)."""
     train_bytes: int = 0
     """bpe: train on at most this many bytes of the training split (0: all of it)."""
 
@@ -65,9 +66,10 @@ class TokenizerConfig:
             return {"kind": "byte"}
         if self.kind == "bpe":
             return {"kind": "bpe", "vocab_size": self.vocab_size, "train_bytes": self.train_bytes}
-        if not self.path or not (Path(self.path).is_file() or is_checkpoint(self.path)):
+        if not self.path or not Path(self.path).is_file():
             raise UserError(
-                f"data.tokenizer.path={self.path!r} is not a tokenizer.json file or an mtp checkpoint; point it at one."
+                f"data.tokenizer.path={self.path!r} is not a tokenizer.json file or a model checkpoint; "
+                "point it at one."
             )
         return {"kind": "pretrained", "sha256": hashlib.sha256(pretrained_json(self.path).encode()).hexdigest()}
 

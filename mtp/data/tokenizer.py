@@ -62,29 +62,13 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def is_checkpoint(path: str | Path) -> bool:
-    """Whether ``path`` names a model (an mtp checkpoint, a Hugging Face or Meta directory), not a tokenizer.json."""
-    from mtp.checkpoint_load import SHARDED_META
-    from mtp.interop import foreign_format
-
-    path = Path(path)
-    return path.suffix == ".ckpt" or (path.is_dir() and (path / SHARDED_META).is_file()) or bool(foreign_format(path))
-
-
 def pretrained_json(path: str | Path) -> str:
-    """The tokenizer JSON of a tokenizer.json file or of a model (read without its tensors)."""
-    from mtp.interop import foreign_format, read_foreign_tokenizer
-
+    """The JSON of a tokenizer.json file. A model's path (a checkpoint, a Hugging Face or Meta directory, a GGUF file)
+    is turned into its tokenizer's file where the run is assembled (:func:`mtp.train.build`), not here."""
     path = Path(path)
-    if foreign_format(path):
-        return read_foreign_tokenizer(path)
-    if is_checkpoint(path):
-        from mtp.checkpoint_load import CHECKPOINT_KEY, read_checkpoint
-
-        return read_checkpoint(path, mmap=path.is_file())[CHECKPOINT_KEY]["tokenizer"]
     if not path.is_file():
         raise UserError(
-            f"tokenizer file {path} does not exist; set data.tokenizer.path to a tokenizer.json or an mtp .ckpt."
+            f"tokenizer file {path} does not exist; set data.tokenizer.path to a tokenizer.json or a model checkpoint."
         )
     return path.read_text(encoding="utf-8", errors="replace")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mtp.data.prompts import prompts_beyond_the_benchmarks
 from mtp.decode import GenerationConfig, generate
 from mtp.decode.tree import DraftTree, fit_tree, path_counts, ranked_tree
 from mtp.model import MTPModel
@@ -54,3 +55,11 @@ def fit_to_model(model: MTPModel, prompts: list[list[int]], nodes: int, config: 
     counts = path_counts(measuring, stats.accepted_nodes)
     tree, expected = fit_tree(counts, steps, nodes, depth)
     return FittedTree(tree, expected, steps, {p: counts[p] / max(1, steps) for p in tree.paths})
+
+
+def fitted_tree(loaded, config: GenerationConfig, nodes: int, prompts: int = 16, prompt_tokens: int = 64):
+    """A tree of at most ``nodes`` nodes fitted to a loaded checkpoint for decoding with ``config`` (its temperature,
+    top-k, top-p, heads), on held-out documents the benchmarks do not prompt with (:func:`fit_to_model`)."""
+    held_out = prompts_beyond_the_benchmarks(loaded, prompts, prompt_tokens)
+    settings = {**config.__dict__, "eos_id": None, "compile": False, "tree": None, "adaptive_drafts": False}
+    return fit_to_model(loaded.model, held_out, nodes, GenerationConfig(**settings))

@@ -32,6 +32,7 @@ from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles
 from mtp.interop.hf import expected_shapes
 from mtp.interop.llama import ffn_multiple_for, interleaved_to_halves
+from mtp.interop.tokenizer import gguf_tokenizer
 
 INSTALL_HINT = "install the gguf extra with pip install -e '.[gguf]'"
 DEFAULT_CONTEXT = 4096
@@ -95,8 +96,6 @@ def metadata(reader: Any, *, skip_arrays: bool = False) -> dict[str, Any]:
 
 def read_gguf(path: Path) -> ModelFiles:
     """The model in a Llama GGUF file as a one-head mtp model (see the module docstring)."""
-    from mtp.interop.tokenizer import gguf_tokenizer
-
     reader = open_gguf(path)
     meta = metadata(reader)
     tensors = {t.name: t for t in reader.tensors}
@@ -121,8 +120,6 @@ def read_gguf_config(path: Path) -> ModelConfig:
 
 def read_gguf_tokenizer(path: Path) -> str:
     """The tokenizer JSON of a GGUF file, without reading its tensors."""
-    from mtp.interop.tokenizer import gguf_tokenizer
-
     return gguf_tokenizer(metadata(open_gguf(path)), path)
 
 

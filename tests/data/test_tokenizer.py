@@ -47,25 +47,32 @@ def test_pretrained_errors(tmp_path):
         load_pretrained(bad)
 
 
-def test_pretrained_reads_the_tokenizer_of_a_checkpoint(tiny_checkpoints, tmp_path):
-    """A draft model for a target trains on the target's own tokens: data.tokenizer.path=TARGET.ckpt."""
+def test_a_model_path_becomes_its_tokenizer_where_the_run_is_built(tiny_checkpoints, tmp_path):
+    """A draft model for a target trains on the target's own tokens: data.tokenizer.path=TARGET.ckpt. The data layer
+    reads tokenizer files only; the run's assembly (mtp.train.data_tokenizer) turns a model's path into its tokenizer's
+    file."""
+    from omegaconf import OmegaConf
+
     from mtp.checkpoint_load import load_checkpoint
     from mtp.data.packing import TokenizerConfig
+    from mtp.train import data_tokenizer
+
+    def resolved(path):
+        tokenizer = {"kind": "pretrained", "path": str(path)}
+        cfg = OmegaConf.create({"data": {"cache_dir": str(tmp_path / "cache"), "tokenizer": tokenizer}})
+        return TokenizerConfig(**data_tokenizer(cfg, None))
 
     target = tiny_checkpoints["mtp4"]
     expected = load_checkpoint(target).tokenizer.to_str()
-    assert load_pretrained(target).to_str() == expected
+    assert load_pretrained(resolved(target).path).to_str() == expected
     as_file = tmp_path / "tokenizer.json"
     as_file.write_text(expected)
+    assert resolved(as_file).path == str(as_file)  # a tokenizer file stays as it is
     # the data cache is keyed by the tokenizer itself, wherever it was read from
-    assert (
-        TokenizerConfig("pretrained", path=str(target)).identity()
-        == TokenizerConfig("pretrained", path=str(as_file)).identity()
-    )
-    assert (
-        TokenizerConfig("pretrained", path=str(tiny_checkpoints["byte8"])).identity()
-        != TokenizerConfig("pretrained", path=str(target)).identity()
-    )
+    assert resolved(target).identity() == resolved(as_file).identity()
+    assert resolved(tiny_checkpoints["byte8"]).identity() != resolved(target).identity()
     with pytest.raises(UserError, match="truncated or not a PyTorch checkpoint"):
         (tmp_path / "cut.ckpt").write_bytes(b"\x00" * 16)
-        load_pretrained(tmp_path / "cut.ckpt")
+        resolved(tmp_path / "cut.ckpt")
+    with pytest.raises(UserError, match="not a valid tokenizer.json"):  # the data layer opens no checkpoint
+        load_pretrained(target)

@@ -16,15 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from tokenizers import Tokenizer, pre_tokenizers
 
-from mtp.checkpoint_load import load_checkpoint
+from mtp.checkpoint_load import load_checkpoint, read_foreign_tokenizer
 from mtp.data.packing import TokenizerConfig, prepare
 from mtp.data.sources import SourceConfig
 from mtp.data.tokenizer import EOT, prompt_ids, train_bpe
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
-from mtp.interop import read_foreign_tokenizer
+from mtp.train import data_tokenizer
 
 gguf = pytest.importorskip("gguf", reason="GGUF files need the gguf extra: pip install -e '.[gguf]'")
 
@@ -404,7 +405,10 @@ def test_data_tokenizer_path_takes_a_gguf(bpe, tmp_path):
     for i, text in enumerate(texts):
         (documents / f"{i}.txt").write_text(text)
     source = SourceConfig(kind="files", paths=[str(documents / "*.txt")])
-    packed = prepare(source, TokenizerConfig(kind="pretrained", path=str(path)), 0.0, tmp_path / "cache")
+    cfg = OmegaConf.create(
+        {"data": {"cache_dir": str(tmp_path / "cache"), "tokenizer": {"kind": "pretrained", "path": str(path)}}}
+    )
+    packed = prepare(source, TokenizerConfig(**data_tokenizer(cfg, None)), 0.0, tmp_path / "cache")
     expected = load_checkpoint(path).tokenizer
     assert packed.tokenizer.to_str() == expected.to_str()
     tokens = np.asarray(packed.tokens("train")).tolist()  # the documents in any order, each ended by end-of-text

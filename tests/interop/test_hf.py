@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp.checkpoint_load import load_checkpoint
+from mtp.checkpoint_load import load_checkpoint, read_foreign
 from mtp.data.tokenizer import byte_tokenizer, prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
-from mtp.interop import read_foreign
-from mtp.interop.hf import MTP_HEADS, export_hf, verify_export
+from mtp.export import export_hf, verify_export
+from mtp.interop.hf import MTP_HEADS
 
 transformers = pytest.importorskip("transformers", reason="interop needs transformers: pip install -e '.[hf]'")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -76,7 +76,7 @@ def test_head_k_export_is_that_heads_path(tiny_checkpoints, tmp_path):
 
 def random_checkpoint(path: Path, **settings) -> Path:
     """An untrained mtp checkpoint in the layout scripts/pretrain.py writes (no training: cheap)."""
-    from mtp.checkpoint_load import CHECKPOINT_FORMAT, CHECKPOINT_KEY
+    from mtp.checkpoint_format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
     from mtp.config import ModelConfig
     from mtp.model import MTPModel
 
@@ -223,12 +223,12 @@ def test_export_refuses_bad_input_and_leaves_nothing_half_written(tiny_checkpoin
     with pytest.raises(UserError, match="head 5 does not exist"):
         export_hf(tiny_checkpoints["mtp4"], tmp_path / "a", head=5)
 
-    import mtp.interop.hf as hf
+    import mtp.export as export
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(hf, "_write_tokenizer", full_disk)
+    monkeypatch.setattr(export, "_write_tokenizer", full_disk)
     with pytest.raises(UserError, match="No space left on device"):
         export_hf(tiny_checkpoints["mtp4"], tmp_path / "a")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt"]  # no partial directory, no output

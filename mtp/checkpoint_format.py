@@ -1,0 +1,78 @@
+"""mtp's checkpoint format, read with ``torch.load(weights_only=True)`` and usable without Lightning (writing:
+:mod:`mtp.checkpoint_save`; loading a model from it or from a foreign format: :mod:`mtp.checkpoint_load`).
+
+The bottom layer of the artifacts: it knows the format's constants and how to check and read a file, and imports
+nothing of mtp but its errors.
+
+Lightning's checkpoint dict carries, under :data:`CHECKPOINT_KEY`, the model config and the tokenizer JSON,
+so a checkpoint alone is enough to decode. Two layouts are read:
+
+- a single file (every strategy but FSDP's sharded save): the whole dict, weights under ``state_dict``;
+- a directory (``trainer=fsdp``, Lightning's ModelParallelStrategy with ``save_distributed_checkpoint``):
+  the weights and optimizer state as a torch.distributed.checkpoint (DCP) folder, every other entry in
+  ``meta.pt``. Its weights load into a plain model on one process; no process group is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtp.errors import UserError, first_line
+
+CHECKPOINT_KEY = "mtp"
+CHECKPOINT_FORMAT = 1
+SHARDED_META = "meta.pt"  # Lightning's name for the non-tensor part of a distributed checkpoint
+
+
+def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint dict, after checking that it exists, is complete and is an mtp checkpoint.
+
+    For a sharded checkpoint (a directory) this is the dict without its tensors (no ``state_dict``).
+    ``mmap=True`` maps tensors instead of reading them: a cheap check of a large file.
+    """
+    path = Path(path)
+    if path.is_dir():
+        file, sharded = path / SHARDED_META, True
+        if not file.is_file():
+            raise UserError(
+                f"checkpoint folder {path} has no {SHARDED_META}; pass a .ckpt file or folder written by "
+                "scripts/pretrain.py, a Hugging Face Llama directory (config.json) or a Meta one (params.json)."
+            )
+    elif path.is_file():
+        file, sharded = path, False
+    else:
+        raise UserError(f"checkpoint {path} does not exist; pass the path of a .ckpt written by scripts/pretrain.py.")
+    try:
+        checkpoint = torch.load(file, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as err:  # torch.load raises many types for damaged files (EOFError, KeyError, BadZipFile, ...)
+        raise UserError(
+            f"checkpoint {path} is truncated or not a PyTorch checkpoint ({first_line(err)}); "
+            "use a complete .ckpt written by scripts/pretrain.py."
+        ) from err
+    complete = isinstance(checkpoint, dict) and CHECKPOINT_KEY in checkpoint and (sharded or "state_dict" in checkpoint)
+    if not complete:
+        raise UserError(
+            f"{path} is not an mtp checkpoint (no '{CHECKPOINT_KEY}' entry); use one written by scripts/pretrain.py."
+        )
+    if checkpoint[CHECKPOINT_KEY].get("format") != CHECKPOINT_FORMAT:
+        raise UserError(
+            f"{path} has mtp checkpoint format {checkpoint[CHECKPOINT_KEY].get('format')}, "
+            f"but this version of mtp reads format {CHECKPOINT_FORMAT}; load it with a matching mtp."
+        )
+    return checkpoint
+
+
+def check_checkpoint(path: str | os.PathLike) -> None:
+    """Fail with one sentence if ``path`` is not a complete mtp checkpoint, without reading its tensors."""
+    read_checkpoint(path, mmap=not Path(path).is_dir())
+
+
+def model_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The model's weights in a single-file checkpoint, under the model's own names (the LightningModule's
+    ``model.`` prefix removed)."""
+    prefix = "model."
+    return {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}

@@ -1,0 +1,235 @@
+"""Exporting an mtp model as a Hugging Face Llama directory, and checking an export against the model it came from
+(the directory's layout: :mod:`mtp.interop.hf`, which reads it back).
+
+Above the loader (:mod:`mtp.checkpoint_load`): it reads any checkpoint mtp reads, and decodes to compare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from mtp.checkpoint_load import load_checkpoint
+from mtp.config import ModelConfig
+from mtp.data.prompts import held_out_prompts
+from mtp.data.tokenizer import eot_id
+from mtp.decode import GenerationConfig, generate
+from mtp.errors import UserError
+from mtp.interop.hf import INSTALL_HINT, MTP_CONFIG, MTP_FORMAT, MTP_HEADS, read_hf
+from mtp.interop.llama import head_path_names, llama_config
+
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Exported:
+    directory: Path
+    files: dict[str, int]
+    """Every file written and its size in bytes."""
+
+
+def export_hf(
+    checkpoint: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    head: int = 1,
+    force: bool = False,
+    max_shard_size: str = "5GB",
+    dtype: str = "float32",
+) -> Exported:
+    """Write ``checkpoint``'s head path as a Hugging Face Llama directory (see the module docstring).
+
+    Everything is written into a temporary directory beside ``out_dir`` and renamed into place at the end, so
+    a failure leaves nothing half-written; an existing non-empty ``out_dir`` is replaced only with ``force``.
+    """
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir, force)
+    if dtype not in EXPORT_DTYPES:
+        raise UserError(f"--dtype {dtype} is not one of {', '.join(EXPORT_DTYPES)}.")
+    shard_bytes = parse_size(max_shard_size)
+    safetensors_torch, transformers = _interop_packages("exporting to Hugging Face")
+    loaded = load_checkpoint(checkpoint, "cpu", "float32")
+    config, model = loaded.config, loaded.model
+    names = head_path_names(config, head)  # refuses heads that are not a Llama
+    weights = model.state_dict()
+    cast = EXPORT_DTYPES[dtype]
+    path_tensors = {hf: weights[ours].to(cast).contiguous() for hf, ours in names.items()}
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    try:
+        _write_weights(partial, path_tensors, shard_bytes, safetensors_torch)
+        eot = _write_tokenizer(partial, loaded.tokenizer, config, transformers)
+        hf_config = transformers.LlamaConfig(
+            **llama_config(config), bos_token_id=eot, eos_token_id=eot, architectures=["LlamaForCausalLM"]
+        )
+        hf_config.dtype = dtype  # what from_pretrained loads the weights as, unless told otherwise
+        hf_config.save_pretrained(partial)
+        # no pad_token_id: prompts start with end-of-text, and generate() would mask a pad id it finds in them
+        transformers.GenerationConfig(bos_token_id=eot, eos_token_id=eot).save_pretrained(partial)
+        if head == 1:
+            on_path = set(names.values())
+            rest = {name: t.to(cast).contiguous() for name, t in weights.items() if name not in on_path}
+            if rest:
+                safetensors_torch.save_file(rest, partial / MTP_HEADS, metadata={"format": "pt"})
+            meta = {
+                "format": MTP_FORMAT,
+                "model_config": config.to_dict(),
+                "head_path": 1,
+                "heads_file": MTP_HEADS if rest else None,
+                "note": "model.safetensors holds head 1's path under Llama names; mtp_heads.safetensors every "
+                "other tensor under mtp's names (mtp.model.MTPModel). Read back with mtp's init_from= or decode.py.",
+            }
+            (partial / MTP_CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
+        mode = 0o666 & ~_umask()  # safetensors creates its files private (0600); give every file the usual mode
+        for file in partial.iterdir():
+            file.chmod(mode)
+        files = {p.name: p.stat().st_size for p in sorted(partial.iterdir())}
+        _move_into_place(partial, out_dir)
+    except OSError as err:
+        raise UserError(f"writing {out_dir} failed ({err.strerror or err}); nothing was left there.") from err
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return Exported(out_dir, files)
+
+
+@dataclass
+class Verified:
+    round_trip_exact: bool
+    max_logit_diff: float
+    tokens_equal: int
+    tokens: int
+    rows_equal: int
+    rows: int
+
+    def line(self) -> str:
+        return (
+            f"round_trip_exact={self.round_trip_exact} max_abs_logit_diff={self.max_logit_diff:.3g} "
+            f"greedy_tokens_equal={self.tokens_equal}/{self.tokens} greedy_rows_equal={self.rows_equal}/{self.rows}"
+        )
+
+
+def verify_export(checkpoint: str | os.PathLike, out_dir: Path, prompts: int = 8, new_tokens: int = 128) -> Verified:
+    """Read the export back with mtp (every tensor equal?) and with transformers (head 1's logits and greedy
+    ``generate`` against mtp's on held-out prompts of the checkpoint's own data)."""
+    _, transformers = _interop_packages("verifying an export")
+    original = load_checkpoint(checkpoint, "cpu", "float32")
+    ours = original.model.state_dict()
+    exact = False
+    if (out_dir / MTP_CONFIG).is_file():
+        back = read_hf(out_dir).weights
+        exact = back.keys() == ours.keys() and all(torch.equal(back[k].float(), ours[k]) for k in ours)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out_dir).float().eval()
+    rows = held_out_prompts(original.data, original.tokenizer, prompts, 256)
+    greedy = GenerationConfig(max_new_tokens=new_tokens, temperature=0.0)
+    diff, equal, total, same_rows = 0.0, 0, 0, 0
+    with torch.no_grad():
+        for row in rows:
+            tokens = torch.tensor([row])
+            diff = max(diff, (original.model(tokens)[0] - theirs(tokens).logits).abs().max().item())
+            prompt = row[:65]
+            expected = generate(original.model, [prompt], greedy)[0][0]
+            got = theirs.generate(torch.tensor([prompt]), max_new_tokens=len(expected), do_sample=False)
+            got = got[0, len(prompt) :].tolist()
+            equal += sum(a == b for a, b in zip(expected, got, strict=False))  # generate may stop at eos
+            total, same_rows = total + len(expected), same_rows + (expected == got)
+    return Verified(exact, diff, equal, total, same_rows, len(rows))
+
+
+def check_output_dir(out_dir: Path, force: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir} is a file; give a directory to export into.")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+        raise UserError(f"{out_dir} exists and is not empty; choose a new directory or pass --force to replace it.")
+
+
+def parse_size(size: str) -> int:
+    """Bytes in a size like 5GB, 500MB or 2000000."""
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    text = str(size).strip().upper()
+    unit = next((u for u in sorted(units, key=len, reverse=True) if text.endswith(u)), "")
+    try:
+        value = float(text[: len(text) - len(unit)]) * units.get(unit, 1)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise UserError(f"--max-shard-size {size} is not a size like 5GB, 500MB or 2000000 (bytes).")
+    return int(value)
+
+
+def _interop_packages(task: str):
+    try:
+        import safetensors.torch as safetensors_torch
+        import transformers
+    except ImportError as err:
+        raise UserError(f"{task} needs transformers and safetensors; {INSTALL_HINT}.") from err
+    return safetensors_torch, transformers
+
+
+def _write_weights(directory: Path, tensors: dict[str, Tensor], shard_bytes: int, safetensors_torch) -> None:
+    """``model.safetensors``, or shards of at most ``shard_bytes`` (a larger tensor gets a shard of its own) and
+    the index transformers reads."""
+    shards: list[dict[str, Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    if len(shards) == 1:
+        safetensors_torch.save_file(shards[0], directory / "model.safetensors", metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, start=1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        safetensors_torch.save_file(shard, directory / file, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _write_tokenizer(directory: Path, tokenizer, config: ModelConfig, transformers) -> int:
+    """tokenizer.json and tokenizer_config.json (end-of-text as eos, bos and pad); returns end-of-text's id."""
+    eot = eot_id(tokenizer)
+    token = tokenizer.id_to_token(eot)
+    wrapped = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=token,
+        bos_token=token,
+        pad_token=token,
+        model_max_length=config.max_seq_len,
+        clean_up_tokenization_spaces=False,
+    )
+    wrapped.save_pretrained(directory)
+    (directory / "tokenizer.json").write_text(tokenizer.to_str())  # mtp's own JSON, byte for byte
+    settings = json.loads((directory / "tokenizer_config.json").read_text())
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every transformers version knows
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    return eot
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _move_into_place(partial: Path, out_dir: Path) -> None:
+    """Rename ``partial`` to ``out_dir``; an existing ``out_dir`` is moved aside first and removed after."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+        os.replace(out_dir, old)
+    os.replace(partial, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

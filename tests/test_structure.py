@@ -1,0 +1,89 @@
+"""The package's parts stay apart: no import circle anywhere in mtp/ (imports inside functions and for type hints
+included), no library module reaching up into the commands or the benchmarks, and nothing in the decoder reaching
+for argument parsing."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mtp"
+TOP = ("mtp.commands", "mtp.benchmarks", "mtp.cli")
+"""The layers above the library: the commands, the benchmarks and the command-line helpers."""
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports anywhere in its text (``from a.b import c`` counts as a.b and as a.b.c)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import; mtp imports by absolute name"
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Module -> the mtp modules it imports (a package's own ``__init__`` is not counted as imported by its
+    modules: Python runs it first, but it is not a dependency they chose)."""
+    return {name: {m for m in imports_of(path) if m in MODULES and m != name} for name, path in MODULES.items()}
+
+
+def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` (module -> modules it imports), or None."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node], stack[len(stack) :] = "open", [node]
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_circle_in_the_package():
+    circle = cycle_in(package_graph())
+    assert circle is None, " -> ".join(circle)
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert cycle_in({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_graph_sees_imports_inside_functions(tmp_path):
+    """A circle hidden by an import inside a function (the usual dodge) is still an edge."""
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from mtp.model import MTPModel\n\n    return MTPModel\n")
+    assert "mtp.model" in imports_of(module)
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if not n.startswith(TOP)])
+def test_the_library_does_not_import_commands_or_benchmarks(name):
+    reaching_up = {m for m in imports_of(MODULES[name]) if m.startswith(TOP)}
+    assert not reaching_up, f"{name} imports {sorted(reaching_up)}"
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith("mtp.decode")])
+def test_the_decoder_does_not_parse_arguments(name):
+    assert "argparse" not in imports_of(MODULES[name]), f"{name} imports argparse"
