@@ -47,7 +47,8 @@ class LossOutput:
 def split_window(window: Tensor, n_future: int) -> tuple[Tensor, Tensor]:
     """Inputs (B, T) and targets (n_future, B, T) from a window (B, T + n_future); targets[k-1] is shifted by k."""
     seq_len = window.size(1) - n_future
-    assert seq_len >= 1, "window must be longer than n_future"
+    if seq_len < 1:
+        raise ValueError(f"a window of {window.size(1)} tokens is not longer than n_future={n_future}")
     inputs = window[:, :seq_len]
     targets = torch.stack([window[:, k : k + seq_len] for k in range(1, n_future + 1)])
     return inputs, targets

@@ -28,6 +28,8 @@ def test_split_window_shifts_each_head_by_k():
     assert inputs.tolist() == [[0, 1, 2, 3, 4, 5, 6]]
     assert targets[0].tolist() == [[1, 2, 3, 4, 5, 6, 7]]
     assert targets[2].tolist() == [[3, 4, 5, 6, 7, 8, 9]]
+    with pytest.raises(ValueError, match="not longer than n_future=3"):  # raised also under python -O
+        split_window(torch.arange(3).unsqueeze(0), 3)
 
 
 HEAD_TYPES = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -751,6 +752,14 @@ def test_each_mutation_applies_to_exactly_one_place():
         assert count == 1, f"{mutation.name!r}: its text occurs {count} times in {mutation.path}; update the entry"
         for guard in mutation.guards:
             assert (ROOT / guard.split("::")[0]).is_file(), f"{mutation.name!r}: no test file {guard}"
+
+
+def test_readme_counts_the_mutations():
+    """README says how many one-line bugs this file plants; an entry added or removed changes that sentence too."""
+    said = re.search(r"applies each of its (\d+) plausible one-line bugs", (ROOT / "README.md").read_text())
+    assert said, "README no longer says how many mutation entries tests/test_power.py has"
+    count = len(MUTATIONS)
+    assert int(said.group(1)) == count, f"README says {said.group(1)} mutation entries; there are {count}"
 
 
 def copy_project(destination: Path) -> Path:

@@ -87,7 +87,10 @@ class KVCache:
 
     def rollback(self, lengths: list[int], device_lengths: Tensor | None = None) -> None:
         """Keep only each row's first ``lengths[b]`` positions (``device_lengths``: the same, already on the device)."""
-        assert all(0 <= n <= held for n, held in zip(lengths, self.host_lengths, strict=True))
+        if len(lengths) != len(self.host_lengths) or not all(
+            0 <= n <= held for n, held in zip(lengths, self.host_lengths, strict=True)
+        ):
+            raise ValueError(f"rollback to lengths {lengths}: each must be between 0 and the {self.host_lengths} held")
         self.host_lengths = list(lengths)
         if device_lengths is None:
             device_lengths = torch.tensor(lengths, dtype=torch.long, device=self.keys.device)

@@ -37,9 +37,6 @@ from mtp.decode.sampling import processed_probs, sample_from, sample_many
 from mtp.decode.settings import GenerationConfig
 from mtp.model import MTPModel
 
-METHODS = ("heads", "draft", "layerskip", "lookup")
-"""How a step's drafts are made: the target's heads, a draft model, the target with blocks skipped, prompt lookup."""
-
 
 @dataclass
 class Proposal:
@@ -72,7 +69,9 @@ class Proposer:
     last proposal, and the tokens each row emitted: the accepted drafts and the token after them), and ``propose``.
     """
 
-    method = "heads"
+    method: str
+    """How the drafts are made, for the statistics: ``heads`` (the target's), ``draft`` (a draft model), ``layerskip``
+    (the target with blocks skipped), ``lookup`` (prompt lookup)."""
     forwards = 0
     """Forwards the proposer's own model ran (0 without one)."""
     context: int | None = None
@@ -109,6 +108,8 @@ class HeadsProposer(Proposer):
     """Heads 2..k of the target: a chain of ``heads - 1`` drafts, or ``config.tree``'s nodes (the nodes at depth d are
     head d + 1's top-ranked tokens, or drawn from its proposal independently when sampling). ``draft_p_min`` cuts a
     row's chain (tree) before the first draft (depth) whose head's top probability is below it."""
+
+    method = "heads"
 
     def __init__(self, inference: InferenceModel, config: GenerationConfig) -> None:
         self.inference, self.layout, self.drafts = inference, RandomLayout.of(config), config.drafts

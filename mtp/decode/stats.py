@@ -33,7 +33,8 @@ class DecodeStats:
     """Tree decoding: how many row-steps ended at each node (0: the root, no draft accepted)."""
     acceptance_rule: str = "exact"
     method: str = "heads"
-    """Who drafts (mtp.decode.proposers.METHODS): the target's heads, a draft model, layer skip, prompt lookup."""
+    """Who drafts (:attr:`mtp.decode.proposers.Proposer.method`): the target's heads (``heads``), a draft model
+    (``draft``), layer skip (``layerskip``), prompt lookup (``lookup``)."""
     method_params: dict[str, str] = field(default_factory=dict)
     draft_s: float = 0.0
     """Wall time a drafter spent proposing (0 for the heads, whose drafts come out of the target's forward)."""

@@ -119,3 +119,15 @@ def test_keep_rows_drops_finished_rows(head_type):
         cache.keep_rows([0, 2])
         head1, drafts = cached_step(inference, tokens[[0, 2], 5:9], cache, [3, 1], tokens[[0, 2]])
     check_step(full[:, [0, 2]], head1, drafts, [5, 5], [3, 1])
+
+
+def test_rollback_refuses_lengths_it_does_not_hold():
+    """A rollback past what a row holds, below 0, or for another number of rows is an error (also under python -O,
+    which drops asserts), not a cache that claims positions it never computed."""
+    cache = InferenceModel.of(tiny_model(), 1).new_cache(2, 16)
+    cache.begin(3)
+    cache.commit(3)
+    cache.rollback([2, 3])
+    for lengths in ([4, 3], [-1, 0], [1]):
+        with pytest.raises(ValueError, match="rollback to lengths"):
+            cache.rollback(lengths)
