@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 from mtp.checkpoint_format import CHECKPOINT_KEY, SHARDED_META, model_weights, read_checkpoint
 from mtp.config import ModelConfig
 from mtp.errors import UserError, first_line
+from mtp.heads import legacy_name
 from mtp.interop import ModelFiles, gguf, hf, meta
 from mtp.interop import tokenizer as foreign_tokenizer
 from mtp.model import MTPModel
@@ -76,9 +77,16 @@ def load_checkpoint(
 
 
 def _load_sharded_weights(path: Path, model: MTPModel) -> None:
-    """Fill ``model`` from the ``state_dict`` entries of a DCP folder (the LightningModule's ``model.*`` keys)."""
-    state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
+    """Fill ``model`` from the ``state_dict`` entries of a DCP folder (the LightningModule's ``model.*`` keys), of
+    today's layout or the earlier one (:func:`mtp.heads.current_names`)."""
     try:
+        stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata  # "state_dict.model.<name>" keys
+        state = {}
+        for name, tensor in model.state_dict().items():
+            old = legacy_name(name)
+            legacy = f"state_dict.model.{name}" not in stored and f"state_dict.model.{old}" in stored
+            stored_as = old if legacy else name
+            state[f"model.{stored_as}"] = tensor
         with warnings.catch_warnings():  # DCP warns that it loads in one process even when told so (no_dist)
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
             dcp.load({"state_dict": state}, storage_reader=dcp.FileSystemReader(path), no_dist=True)

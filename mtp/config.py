@@ -6,9 +6,18 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from mtp.errors import UserError
-from mtp.heads import HEAD_TYPES
 
+HEAD_TYPES = ("transformer", "linear", "causal", "medusa")
+"""What heads 2..n can be (the modules: :mod:`mtp.heads`)."""
 LOSS_MODES = ("sequential", "naive")
+
+
+def head_blocks(head_type: str, n_future: int, share_depth: bool) -> int:
+    """Transformer blocks heads 2..n add (counted in ``n_layers``): one per head for transformer and causal heads
+    (one in all for a shared depth), none for linear and medusa heads."""
+    if head_type not in ("transformer", "causal") or n_future == 1:
+        return 0
+    return 1 if share_depth else n_future - 1
 
 
 def swiglu_width(d_model: int, multiple_of: int) -> int:
@@ -33,8 +42,9 @@ class ModelConfig:
     n_future: int = 4
     """Output heads; head k predicts the token k steps ahead (k = 1..n_future)."""
     head_type: str = "transformer"
-    """What heads 2..n are (mtp.heads): 'transformer' (a block each, in parallel on the trunk), 'linear' (an
-    unembedding each), 'causal' (DeepSeek-V3 modules, each on the previous depth), 'medusa' (residual MLPs)."""
+    """What heads 2..n are (:data:`HEAD_TYPES`; their modules: mtp.heads): 'transformer' (a block each, in parallel
+    on the trunk), 'linear' (an unembedding each), 'causal' (DeepSeek-V3 modules, each on the previous depth),
+    'medusa' (residual MLPs)."""
     share_depth: bool = False
     """Causal heads only: one module applied at every depth (decoding may then draft beyond n_future)."""
     medusa_layers: int = 1
@@ -78,9 +88,20 @@ class ModelConfig:
         return values
 
     @property
+    def head1_block(self) -> bool:
+        """Whether head 1 has a block of its own, the last of ``layers`` (transformer and causal heads); else every
+        block of ``layers`` is trunk and head 1 is the unembedding of the trunk output."""
+        return self.head_type in ("transformer", "causal")
+
+    @property
+    def head_blocks(self) -> int:
+        """Transformer blocks of heads 2..n (:func:`head_blocks`)."""
+        return head_blocks(self.head_type, self.n_future, self.share_depth)
+
+    @property
     def n_layer_blocks(self) -> int:
-        """Blocks in `layers` (shared trunk + head 1)."""
-        return HEAD_TYPES[self.head_type].n_layer_blocks(self)
+        """Blocks in ``layers``: the trunk, and head 1's block where it has one (``n_layers`` counts every block)."""
+        return self.n_layers - self.head_blocks
 
     @property
     def weights(self) -> list[float]:
@@ -97,7 +118,7 @@ class ModelConfig:
             raise UserError(f"model.n_future={self.n_future} must be at least 1 (1 is plain next-token prediction).")
         if self.head_type not in HEAD_TYPES:
             raise UserError(f"model.head_type={self.head_type!r} is not one of {', '.join(HEAD_TYPES)}.")
-        if self.share_depth and not HEAD_TYPES[self.head_type].conditions_on_tokens:  # a depth chain to share
+        if self.share_depth and self.head_type != "causal":  # only causal depths form a chain to share
             raise UserError(
                 f"model.share_depth=true applies to causal heads only, not head_type={self.head_type!r}; "
                 "set model.head_type=causal or drop model.share_depth."
@@ -115,9 +136,8 @@ class ModelConfig:
             )
         if self.loss not in LOSS_MODES:
             raise UserError(f"model.loss={self.loss!r} is not one of {', '.join(LOSS_MODES)}.")
-        heads = HEAD_TYPES[self.head_type]
-        if heads.head1_block and heads.n_layer_blocks(self) < 2:
-            needed = self.n_layers - heads.n_layer_blocks(self) + 2
+        if self.head1_block and self.n_layer_blocks < 2:
+            needed = self.head_blocks + 2
             raise UserError(
                 f"model.n_future={self.n_future} leaves no trunk layer out of model.n_layers={self.n_layers}; "
                 f"use n_layers >= {needed} or fewer heads."

@@ -1,9 +1,10 @@
-"""The head table: what each head type adds to the shared trunk, in one place.
+"""The head types as modules: what each adds to the shared trunk, one class per type.
 
-Every head type answers the same questions (:class:`HeadType`): how many of the ``n_layers`` blocks sit in
-``layers`` (the trunk, plus head 1's block where head 1 has one), which modules heads 2..n add, which
-unembedding each head reads, and how the heads' hidden states follow from the trunk. The model, the loss, the
-metrics and the decoder read this table; nothing else looks at ``head_type``.
+A model holds one of these as ``model.heads``. Each owns its parameters (heads 2..n and every head's
+unembedding), their initialisation, how the heads' hidden states follow from the trunk (:meth:`Heads.states`)
+and what the decoder packs from it (:meth:`Heads.block`, :meth:`Heads.causal_input`, :meth:`Heads.residual_layers`).
+Head 1's block, where it has one, is the last of the model's ``layers`` (the layout of Meta's multi-token
+checkpoints), so the trunk and head 1 read the same under every type.
 
 =============  =====================================================================================================
 transformer    Gloeckle et al.: head k (k >= 2) is its own block on the trunk output, heads in parallel. Head 1 is
@@ -16,28 +17,124 @@ medusa         Cai et al.: every block is trunk; head k (k >= 2) is ``medusa_lay
                x + SiLU(W x) (W zero-initialised) on the normed trunk output, then its own unembedding,
                initialised from head 1's.
 =============  =====================================================================================================
+
+The names here are the type names :data:`mtp.config.HEAD_TYPES` lists; nothing outside the config and this
+module compares them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from mtp.config import ModelConfig
-    from mtp.model import MTPModel
+from mtp.blocks import Block, RMSNorm
+from mtp.config import ModelConfig
+
+
+class Heads(nn.Module):
+    """Heads 2..n of one type and every head's unembedding (``outputs``: one shared, or one per head)."""
+
+    conditions_on_tokens: ClassVar[bool] = False
+    """Head k's state depends on the tokens before the one it predicts (causal): training feeds the true ones,
+    decoding its own drafts."""
+    reads_trunk: ClassVar[bool] = False
+    """Heads 2..n read the trunk output beside head 1's block (parallel blocks), not what head 1 reads from."""
+    own_unembeddings: ClassVar[bool] = False
+    """One unembedding per head (``outputs[k-1]``) rather than one shared by all (``outputs[0]``)."""
+    not_a_llama: ClassVar[str] = ""
+    """Why head k >= 2's path is not a Llama (the trunk, at most one block, the norm, an unembedding); empty when it
+    is one (what Hugging Face export and import can carry as a plain model)."""
+
+    outputs: nn.ModuleList
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_future, self.share_depth = config.n_future, config.share_depth
+
+    def unembedding(self, k: int) -> nn.Linear:
+        """Head k's unembedding (1-based), over the whole vocabulary."""
+        return self.outputs[k - 1 if self.own_unembeddings else 0]
+
+    def block(self, k: int) -> Block | None:
+        """Head k's transformer block (k >= 2), if heads of this type have one."""
+        return None
+
+    def blocks(self) -> list[Block]:
+        """Every transformer block of heads 2..n, each once (what sharding and checkpointing wrap)."""
+        return []
+
+    def causal_input(self, k: int) -> CausalInput:
+        raise TypeError(f"{type(self).__name__} read no earlier depth")
+
+    def residual_layers(self, k: int) -> list[nn.Linear]:
+        """The residual layers x + SiLU(W x) head k (k >= 2) applies to the normed trunk output (medusa)."""
+        return []
+
+    def per_depth_parameters(self) -> int:
+        """Parameters heads 2..n multiply by at each depth besides their blocks and unembeddings (training FLOPs)."""
+        return 0
+
+    def reset_parameters(self) -> None:
+        """Initialisation the head type prescribes, after the model's generic one."""
+
+    def grow(self, head1: Block | None, loaded: set[str]) -> None:
+        """Start the parameters not in ``loaded`` (names within this module) from head 1's: blocks from head 1's
+        block ``head1``, unembeddings from head 1's (a model grown from one with fewer heads, :mod:`mtp.init_from`)."""
+        names = {id(module): name for name, module in self.named_modules()}
+        with torch.no_grad():
+            for block in self.blocks():
+                if head1 is not None and not any(name.startswith(names[id(block)] + ".") for name in loaded):
+                    block.load_state_dict(head1.state_dict())
+            for i, output in enumerate(self.outputs):
+                if f"outputs.{i}.weight" not in loaded:
+                    output.weight.copy_(self.outputs[0].weight)
+
+    def states(
+        self, z: Tensor, head1: Tensor, norm: nn.Module, rotary: tuple[Tensor, Tensor], embed: nn.Embedding,
+        following: Tensor | None,
+    ) -> list[Tensor]:  # fmt: skip
+        """Each head's hidden state after the shared ``norm`` (what its unembedding reads), n_future x (B, T, d).
+
+        ``z``: the trunk output (B, T, d); ``head1``: head 1's hidden state (its block's output, or ``z`` for types
+        without one); ``rotary``: (cos, sin) for T positions; ``embed``: the token embedding; ``following``
+        (n - 1, B, T): following[j-1][b, t] is token t + j (causal heads only)."""
+        raise NotImplementedError
+
+
+def unembeddings(config: ModelConfig, count: int) -> nn.ModuleList:
+    """``count`` unembeddings (d -> V). Each type registers its modules in the order of the earlier layout (blocks,
+    unembeddings, then the rest), so that an optimizer state saved then resumes now (its order is the parameters')."""
+    return nn.ModuleList(nn.Linear(config.d_model, config.vocab_size, bias=False) for _ in range(count))
+
+
+class ParallelHeads(Heads):
+    """transformer: head k (k >= 2) is a block of its own on the trunk output; one unembedding shared by all."""
+
+    reads_trunk = True
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.head_blocks))
+        self.outputs = unembeddings(config, 1)
+
+    def block(self, k: int) -> Block:
+        return self.layers[k - 2]
+
+    def blocks(self) -> list[Block]:
+        return list(self.layers)
+
+    def states(self, z, head1, norm, rotary, embed, following) -> list[Tensor]:
+        return [norm(head1)] + [norm(self.block(k)(z, *rotary)) for k in range(2, self.n_future + 1)]
 
 
 class CausalInput(nn.Module):
     """What depth k's block reads: W_k [RMSNorm(Emb(t)); RMSNorm(h_{k-1})], embedding first (DeepSeek-V3's eh_proj)."""
 
     def __init__(self, config: ModelConfig) -> None:
-        from mtp.model import RMSNorm
-
         super().__init__()
         self.enorm = RMSNorm(config.d_model, config.norm_eps)
         self.hnorm = RMSNorm(config.d_model, config.norm_eps)
@@ -45,6 +142,56 @@ class CausalInput(nn.Module):
 
     def forward(self, embedded: Tensor, hidden: Tensor) -> Tensor:
         return self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))
+
+
+class CausalHeads(Heads):
+    """causal: DeepSeek-V3's MTP depths, each on the previous depth's hidden state and the token before its target;
+    one unembedding shared by all. With ``share_depth`` one depth (input and block) serves every k."""
+
+    conditions_on_tokens = True
+    not_a_llama = "reads the previous depth's state and the tokens before"
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.head_blocks))
+        self.outputs = unembeddings(config, 1)
+        self.inputs = nn.ModuleList(CausalInput(config) for _ in range(config.head_blocks))
+
+    def block(self, k: int) -> Block:
+        """Depth k's block (k >= 2); with ``share_depth`` the one shared block, whatever k."""
+        return self.layers[0 if self.share_depth else k - 2]
+
+    def blocks(self) -> list[Block]:
+        return list(self.layers)
+
+    def causal_input(self, k: int) -> CausalInput:
+        return self.inputs[0 if self.share_depth else k - 2]
+
+    def per_depth_parameters(self) -> int:
+        per_module = sum(p.numel() for p in self.inputs.parameters())
+        return per_module * (self.n_future - 1) if self.share_depth else per_module
+
+    def states(self, z, head1, norm, rotary, embed, following) -> list[Tensor]:
+        if self.n_future > 1 and following is None:
+            raise ValueError("causal heads need the following tokens (n_future - 1, B, T) to condition on")
+        hidden, states = head1, [norm(head1)]
+        for k in range(2, self.n_future + 1):  # depth k reads depth k-1's hidden state and the embedding of t+k-1
+            hidden = self.block(k)(self.causal_input(k)(embed(following[k - 2]), hidden), *rotary)
+            states.append(norm(hidden))
+        return states
+
+
+class LinearHeads(Heads):
+    """linear: every block is trunk; head k is its own unembedding of the trunk output."""
+
+    own_unembeddings = True
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.outputs = unembeddings(config, config.n_future)
+
+    def states(self, z, head1, norm, rotary, embed, following) -> list[Tensor]:
+        return [norm(z)] * self.n_future  # every head reads the trunk output: normalize it once
 
 
 class MedusaHead(nn.Module):
@@ -62,99 +209,66 @@ class MedusaHead(nn.Module):
         return x
 
 
-@dataclass(frozen=True)
-class HeadType:
-    name: str
-    head1_block: bool
-    """Whether head 1 has a block of its own (the last of ``layers``); else every block of ``layers`` is trunk."""
-    blocks_per_head: bool
-    """Whether heads 2..n each have a transformer block (``extra_heads``), counted in ``n_layers``."""
-    own_unembeddings: bool
-    """One unembedding per head (``outputs[k-1]``) rather than one shared by all."""
-    conditions_on_tokens: bool = False
-    """Head k's state depends on the tokens before the one it predicts (causal): training feeds the true ones,
-    decoding its own drafts."""
+class MedusaHeads(Heads):
+    """medusa: head k (k >= 2) is residual blocks on the normed trunk output, then its own unembedding."""
 
-    def extra_blocks(self, n_future: int, share_depth: bool) -> int:
-        """Blocks of heads 2..n (``extra_heads``)."""
-        if not self.blocks_per_head or n_future == 1:
-            return 0
-        return 1 if share_depth else n_future - 1
+    own_unembeddings = True
+    not_a_llama = "reads residual MLPs"
 
-    def n_extra_blocks(self, config: ModelConfig) -> int:
-        return self.extra_blocks(config.n_future, config.share_depth)
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.outputs = unembeddings(config, config.n_future)
+        self.residuals = nn.ModuleList(MedusaHead(config) for _ in range(config.n_future - 1))
 
-    def n_layer_blocks(self, config: ModelConfig) -> int:
-        """Blocks in ``layers``: every block but the heads' own (``n_layers`` counts them all)."""
-        return config.n_layers - self.n_extra_blocks(config)
+    def residual_layers(self, k: int) -> list[nn.Linear]:
+        return list(self.residuals[k - 2].layers)
 
-    def build(self, model: MTPModel) -> None:
-        """Add the modules of heads 2..n to ``model`` (``extra_heads`` always exists, maybe empty)."""
-        from mtp.model import Block
+    def per_depth_parameters(self) -> int:
+        return sum(p.numel() for p in self.residuals.parameters())
 
-        config = model.config
-        model.extra_heads = nn.ModuleList(Block(config) for _ in range(self.n_extra_blocks(config)))
-        n_unembeddings = config.n_future if self.own_unembeddings else 1
-        model.outputs = nn.ModuleList(
-            nn.Linear(config.d_model, config.vocab_size, bias=False) for _ in range(n_unembeddings)
-        )
-        if self.name == "causal":
-            model.extra_inputs = nn.ModuleList(CausalInput(config) for _ in range(self.n_extra_blocks(config)))
-        if self.name == "medusa":
-            model.medusa_heads = nn.ModuleList(MedusaHead(config) for _ in range(config.n_future - 1))
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            for head in self.residuals:
+                for layer in head.layers:
+                    layer.weight.zero_()
+            for output in self.outputs[1:]:
+                output.weight.copy_(self.outputs[0].weight)
 
-    def reset_parameters(self, model: MTPModel) -> None:
-        """Initialisation the head type prescribes, after the model's generic one."""
-        if self.name == "medusa":
-            with torch.no_grad():
-                for head in model.medusa_heads:
-                    for layer in head.layers:
-                        layer.weight.zero_()
-                for output in model.outputs[1:]:
-                    output.weight.copy_(model.outputs[0].weight)
-
-    def unembedding(self, model: MTPModel, k: int) -> nn.Linear:
-        return model.outputs[k - 1] if self.own_unembeddings else model.outputs[0]
-
-    def extra_block(self, model: MTPModel, k: int) -> nn.Module:
-        """Head k's block (k >= 2); with ``share_depth`` the one shared block, whatever k."""
-        return model.extra_heads[0 if model.config.share_depth else k - 2]
-
-    def extra_input(self, model: MTPModel, k: int) -> CausalInput:
-        return model.extra_inputs[0 if model.config.share_depth else k - 2]
-
-    def states(self, model: MTPModel, z: Tensor, following: Tensor | None) -> list[Tensor]:
-        """Each head's hidden state after the shared norm (what its unembedding reads), from the trunk output z
-        (B, T, d); ``following`` (n - 1, B, T): following[j-1][b, t] is token t + j (causal heads only)."""
-        n, norm = model.config.n_future, model.norm
-        cos, sin = model.rotary(z.size(1))
-        if self.name == "linear":  # every head reads the trunk output: normalize it once
-            return [norm(z)] * n
-        if self.name == "medusa":
-            normed = norm(z)
-            return [normed] + [head(normed) for head in model.medusa_heads]
-        hidden = model.layers[-1](z, cos, sin)  # head 1
-        states = [norm(hidden)]
-        if self.name == "transformer":
-            return states + [norm(self.extra_block(model, k)(z, cos, sin)) for k in range(2, n + 1)]
-        if n > 1 and following is None:
-            raise ValueError("causal heads need the following tokens (n_future - 1, B, T) to condition on")
-        for k in range(2, n + 1):  # causal: depth k reads depth k-1's hidden state and the embedding of token t+k-1
-            embedded = model.tok_embeddings(following[k - 2])
-            hidden = self.extra_block(model, k)(self.extra_input(model, k)(embedded, hidden), cos, sin)
-            states.append(norm(hidden))
-        return states
+    def states(self, z, head1, norm, rotary, embed, following) -> list[Tensor]:
+        normed = norm(z)
+        return [normed] + [head(normed) for head in self.residuals]
 
 
-HEAD_TYPES = {
-    "transformer": HeadType("transformer", head1_block=True, blocks_per_head=True, own_unembeddings=False),
-    "linear": HeadType("linear", head1_block=False, blocks_per_head=False, own_unembeddings=True),
-    "causal": HeadType(
-        "causal", head1_block=True, blocks_per_head=True, own_unembeddings=False, conditions_on_tokens=True
-    ),
-    "medusa": HeadType("medusa", head1_block=False, blocks_per_head=False, own_unembeddings=True),
+HEADS: dict[str, Callable[[ModelConfig], Heads]] = {
+    "transformer": ParallelHeads,
+    "linear": LinearHeads,
+    "causal": CausalHeads,
+    "medusa": MedusaHeads,
 }
+"""The module of each type :data:`mtp.config.HEAD_TYPES` names."""
+
+LEGACY_NAMES = {"extra_heads.": "heads.layers.", "extra_inputs.": "heads.inputs.", "medusa_heads.": "heads.residuals."}
+LEGACY_NAMES["outputs."] = "heads.outputs."
+"""Checkpoints written before the head types were modules (up to 58142ae) kept heads 2..n at the model's top level:
+old prefix -> new prefix (:func:`current_names`)."""
 
 
-def head_type(config: ModelConfig) -> HeadType:
-    return HEAD_TYPES[config.head_type]
+def current_names(state: dict[str, Tensor], prefix: str = "") -> dict[str, Tensor]:
+    """``state`` (a model state dict, its keys under ``prefix``) with names of the earlier layout renamed to today's;
+    others unchanged. The load-time key adapter: :class:`mtp.model.MTPModel` applies it to whatever it loads."""
+    renamed = {}
+    for name, tensor in state.items():
+        for old, new in LEGACY_NAMES.items():
+            if name.startswith(prefix + old):
+                name = prefix + new + name[len(prefix + old) :]
+                break
+        renamed[name] = tensor
+    return renamed
+
+
+def legacy_name(name: str) -> str:
+    """The earlier layout's name of a parameter (the inverse of :func:`current_names`; others unchanged)."""
+    for old, new in LEGACY_NAMES.items():
+        if name.startswith(new):
+            return old + name[len(new) :]
+    return name

@@ -25,9 +25,9 @@ import torch
 
 from mtp.checkpoint_format import CHECKPOINT_KEY, model_weights, read_checkpoint
 from mtp.checkpoint_load import foreign_format, read_foreign, read_foreign_config
-from mtp.config import ModelConfig, swiglu_width
+from mtp.config import HEAD_TYPES, ModelConfig, head_blocks, swiglu_width
 from mtp.errors import UserError
-from mtp.heads import HEAD_TYPES
+from mtp.heads import current_names
 from mtp.model import MTPModel
 
 FREEZE_MODES = ("none", "trunk", "loaded")
@@ -53,7 +53,7 @@ class Start:
         """An mtp checkpoint, or a Hugging Face Llama or Meta multi-token directory (:mod:`mtp.interop`)."""
         if foreign_format(path):
             files = read_foreign(path)
-            return cls(str(path), files.config, files.weights, files.tokenizer)
+            return cls(str(path), files.config, current_names(files.weights), files.tokenizer)
         checkpoint = read_checkpoint(path)
         if Path(path).is_dir():
             raise UserError(
@@ -61,7 +61,8 @@ class Start:
                 "first model with another strategy, or convert it with torch.distributed.checkpoint.format_utils)."
             )
         meta = checkpoint[CHECKPOINT_KEY]
-        return cls(str(path), ModelConfig.from_dict(meta["model_config"]), model_weights(checkpoint), meta["tokenizer"])
+        weights = current_names(model_weights(checkpoint))  # a checkpoint of the earlier layout too
+        return cls(str(path), ModelConfig.from_dict(meta["model_config"]), weights, meta["tokenizer"])
 
     def grown(self, settings: dict[str, Any]) -> dict[str, Any]:
         """The model settings to train: ``settings`` with ``n_layers`` grown from the checkpoint's blocks.
@@ -84,11 +85,11 @@ class Start:
                 f"init_from={self.path} has {has} but the config asks for {values}; add the overrides {fix} "
                 "(or choose the size and model presets it was trained with)."
             )
-        heads = HEAD_TYPES.get(settings.get("head_type", ModelConfig.head_type))
-        if heads is None:  # ModelConfig says which types there are
+        head_type = settings.get("head_type", ModelConfig.head_type)
+        if head_type not in HEAD_TYPES:  # ModelConfig's validation says which types there are
             return settings
         n_future, share_depth = settings.get("n_future", ModelConfig.n_future), settings.get("share_depth", False)
-        return {**settings, "n_layers": self.config.n_layer_blocks + heads.extra_blocks(n_future, share_depth)}
+        return {**settings, "n_layers": self.config.n_layer_blocks + head_blocks(head_type, n_future, share_depth)}
 
     def load_into(self, model: MTPModel) -> set[str]:
         """Copy the checkpoint's trunk, head 1 and same-type heads into ``model``; returns the parameter names loaded.
@@ -100,19 +101,13 @@ class Start:
         own = model.state_dict()
         taken = {}
         for name, tensor in self.weights.items():
-            shared = name.startswith(("tok_embeddings.", "layers.", "norm.", "outputs.0."))
+            shared = name.startswith(("tok_embeddings.", "layers.", "norm.", "heads.outputs.0."))
             if (shared or same_heads) and name in own and own[name].shape == tensor.shape:
                 taken[name] = tensor
         model.load_state_dict(taken, strict=False)
-        if model.heads.head1_block and model.heads.blocks_per_head:  # new head blocks start as head 1's block
-            for i, block in enumerate(model.extra_heads):
-                if not any(name.startswith(f"extra_heads.{i}.") for name in taken):
-                    block.load_state_dict(model.layers[-1].state_dict())
-        if model.heads.own_unembeddings:
-            with torch.no_grad():
-                for i, output in enumerate(model.outputs):
-                    if f"outputs.{i}.weight" not in taken:
-                        output.weight.copy_(model.outputs[0].weight)
+        model.heads.grow(
+            model.head_block(1), {name.removeprefix("heads.") for name in taken if name.startswith("heads.")}
+        )
         return set(taken)
 
 

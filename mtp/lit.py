@@ -245,12 +245,9 @@ class MTPLitModule(L.LightningModule):
             return None
         c = self.config
         block = sum(p.numel() for p in self.model.layers[0].parameters())
-        head_blocks = c.n_future - 1 if self.model.heads.blocks_per_head else 0  # a shared depth runs at every depth
+        head_blocks = c.n_future - 1 if c.head_blocks else 0  # a shared depth runs at every depth
         n_blocks = c.n_layer_blocks + head_blocks
-        extras = ("extra_inputs", "medusa_heads")  # causal input projections, medusa residual blocks
-        others = sum(p.numel() for name, p in self.model.named_parameters() if name.startswith(extras))
-        if c.share_depth:
-            others *= c.n_future - 1
+        others = self.model.heads.per_depth_parameters()  # causal input projections, medusa residual blocks
         unembeddings = c.n_future * c.d_model * c.vocab_size
         blocks = n_blocks * block + others
         attention = 6 * n_blocks * c.d_model * seq_len  # QK^T and AV, causal

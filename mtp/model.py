@@ -1,12 +1,13 @@
 """The MTP transformer in pure PyTorch: embeddings -> shared trunk -> n heads -> shared norm -> unembedding.
 
-Layout follows the released multi-token checkpoints of Gloeckle et al. (2024):
+Layout, after the released multi-token checkpoints of Gloeckle et al. (2024):
 
-- ``layers``: ``n_layers - n_future + 1`` blocks; the last one is head 1 (next token), the rest the trunk.
-- ``extra_heads``: ``n_future - 1`` blocks, heads 2..n, each applied in parallel to the trunk output.
-- ``norm`` and ``output``: one final RMSNorm and one unembedding shared by every head.
+- ``layers``: the trunk, then head 1's block where the head type has one (transformer, causal heads);
+- ``heads``: heads 2..n and every head's unembedding, one module of the head type (:mod:`mtp.heads`);
+- ``norm``: one final RMSNorm shared by every head.
 
-Other head types (linear, causal, medusa) change what heads 2..n are; :mod:`mtp.heads` says how, in one table.
+The blocks are :mod:`mtp.blocks`'. Checkpoints of the layout before the heads were a module load as they are
+(:func:`mtp.heads.current_names`, applied to every state dict the model loads).
 """
 
 from __future__ import annotations
@@ -17,84 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mtp.blocks import Block, RMSNorm, rotary_tables
 from mtp.config import ModelConfig
-from mtp.heads import HeadType, head_type
+from mtp.heads import HEADS, Heads, current_names
 
 IGNORE = -100
 """A target no loss counts: a token outside a draft head's reduced vocabulary (PyTorch's ignore_index)."""
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
-
-
-def rotary_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos and sin tables, each (max_seq_len, head_dim // 2)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate pairs (x[..., :d/2], x[..., d/2:]); x is (B, n_head, T, head_dim), cos/sin broadcast to (B, 1, T, d/2)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return rotated.type_as(x)
-
-
-class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.n_heads = config.n_heads
-        self.n_kv_heads = config.n_kv_heads
-        self.head_dim = config.d_model // config.n_heads
-        self.wq = nn.Linear(config.d_model, config.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(config.d_model, config.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(config.d_model, config.n_kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(config.n_heads * self.head_dim, config.d_model, bias=False)
-
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """Causal self-attention over x (B, T, d_model)."""
-        B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv_heads, T, head_dim)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
-        return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, d_model)
-
-
-class FeedForward(nn.Module):
-    """SwiGLU."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(config.d_model, config.ffn_hidden, bias=False)
-        self.w3 = nn.Linear(config.d_model, config.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(config.ffn_hidden, config.d_model, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.attention_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.attention = Attention(config)
-        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.feed_forward = FeedForward(config)
-
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
-        return x + self.feed_forward(self.ffn_norm(x))
 
 
 class MTPModel(nn.Module):
@@ -103,7 +32,7 @@ class MTPModel(nn.Module):
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layer_blocks))
-        self.heads.build(self)  # extra_heads, outputs, and whatever else the head type adds
+        self.heads: Heads = HEADS[config.head_type](config)
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.register_buffer("rope_cos", None, persistent=False)
         self.register_buffer("rope_sin", None, persistent=False)
@@ -111,6 +40,7 @@ class MTPModel(nn.Module):
         if config.draft_vocab:  # the ids heads 2..n score; saved with the weights (training sets them from its data)
             self.register_buffer("draft_tokens", torch.arange(config.draft_vocab))
         self.reset_parameters()
+        self.register_load_state_dict_pre_hook(_current_names)
 
     @classmethod
     def with_weights(cls, config: ModelConfig, weights: dict[str, Tensor]) -> MTPModel:
@@ -129,11 +59,6 @@ class MTPModel(nn.Module):
         )
         self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
 
-    @property
-    def heads(self) -> HeadType:
-        """This model's entry of the head table."""
-        return head_type(self.config)
-
     def reset_parameters(self) -> None:
         std = self.config.init_std
         # Scaled init of the projections that write into the residual stream (GPT-2), by total depth.
@@ -145,7 +70,7 @@ class MTPModel(nn.Module):
                 nn.init.normal_(p, 0.0, residual_std)
             else:
                 nn.init.normal_(p, 0.0, std)
-        self.heads.reset_parameters(self)
+        self.heads.reset_parameters()
 
     @property
     def n_future(self) -> int:
@@ -166,18 +91,18 @@ class MTPModel(nn.Module):
 
     @property
     def trunk_blocks(self) -> nn.ModuleList:
-        return self.layers[:-1] if self.heads.head1_block else self.layers
+        return self.layers[:-1] if self.config.head1_block else self.layers
 
     def head_block(self, k: int) -> Block | None:
         """The block of head k (1-based) for head types whose heads are blocks on the trunk; None for k=1 of
         linear and medusa heads (head 1 is the unembedding of the trunk output)."""
         if k == 1:
-            return self.layers[-1] if self.heads.head1_block else None
-        return self.heads.extra_block(self, k) if self.heads.blocks_per_head else None
+            return self.layers[-1] if self.config.head1_block else None
+        return self.heads.block(k)
 
     def unembedding(self, k: int) -> nn.Linear:
         """Head k's unembedding module, over the whole vocabulary (see :meth:`head_weight` for what head k scores)."""
-        return self.heads.unembedding(self, k)
+        return self.heads.unembedding(k)
 
     def head_vocab(self, k: int) -> Tensor | None:
         """The token ids head k scores (K,), in the order of its logits; None: the whole vocabulary, in id order."""
@@ -226,7 +151,10 @@ class MTPModel(nn.Module):
         at a time), so a wrapper that hooks a forward method (FSDP2's ``register_fsdp_forward_method``) needs
         only this and ``forward``.
         """
-        return self.heads.states(self, self.trunk(idx) if trunk is None else trunk, following)
+        z = self.trunk(idx) if trunk is None else trunk
+        rotary = self.rotary(z.size(1))
+        head1 = self.layers[-1](z, *rotary) if self.config.head1_block else z
+        return self.heads.states(z, head1, self.norm, rotary, self.tok_embeddings, following)
 
     def forward(self, idx: Tensor, following: Tensor | None = None) -> Tensor:
         """Logits of every head, (n_future, B, T, vocab_size); head k at position t predicts token t+k. A draft head of
@@ -235,5 +163,14 @@ class MTPModel(nn.Module):
         return torch.stack([self.full_vocab(k, self.head_logits(k, s)) for k, s in enumerate(states, start=1)])
 
     def blocks(self) -> list[Block]:
-        """Every block: ``layers`` (the trunk and head 1), then ``extra_heads`` (heads 2..n)."""
-        return [*self.layers, *self.extra_heads]
+        """Every block: ``layers`` (the trunk and head 1), then the blocks of heads 2..n."""
+        return [*self.layers, *self.heads.blocks()]
+
+
+def _current_names(module: nn.Module, state: dict[str, Tensor], prefix: str, *args) -> None:
+    """Load-time key adapter (a ``load_state_dict`` pre-hook): a state dict of the earlier layout, renamed in place
+    before any submodule reads it, so that every way in (a checkpoint, a resumed run, init_from) reads both layouts."""
+    renamed = current_names(state, prefix)
+    if renamed.keys() != state.keys():
+        state.clear()
+        state.update(renamed)

@@ -34,8 +34,8 @@ def test_freeze_loaded_trains_only_the_added_causal_heads(make_cfg, tiny_checkpo
     start_meta, meta = torch.load(start, weights_only=True)[CHECKPOINT_KEY], checkpoint[CHECKPOINT_KEY]
     assert meta["tokenizer"] == start_meta["tokenizer"]  # the data was tokenized as the start model's
     assert meta["model_config"]["n_layers"] == start_meta["model_config"]["n_layers"]  # trunk + head 1 + 3 new blocks
-    loaded = [k for k in after if k.startswith(("tok_embeddings", "layers.", "norm.", "outputs.0"))]
-    added = [k for k in after if k.startswith(("extra_heads", "extra_inputs"))]
+    loaded = [k for k in after if k.startswith(("tok_embeddings", "layers.", "norm.", "heads.outputs.0"))]
+    added = [k for k in after if k.startswith(("heads.layers", "heads.inputs"))]
     assert loaded and added and len(loaded) + len(added) == len(after)
     for name in loaded:
         assert torch.equal(after[name], before[name]), name  # bit-identical
@@ -53,9 +53,9 @@ def test_freeze_trunk_trains_head1_and_medusa_heads(make_cfg, tiny_checkpoints):
     for name in after:
         if name.startswith(("tok_embeddings", "layers.")):
             assert torch.equal(after[name], before[name]), name
-    assert not torch.equal(after["outputs.0.weight"], before["outputs.0.weight"])  # head 1 trains
+    assert not torch.equal(after["heads.outputs.0.weight"], before["heads.outputs.0.weight"])  # head 1 trains
     assert not torch.equal(
-        after["medusa_heads.0.layers.0.weight"], torch.zeros_like(after["medusa_heads.0.layers.0.weight"])
+        after["heads.residuals.0.layers.0.weight"], torch.zeros_like(after["heads.residuals.0.layers.0.weight"])
     )
 
 
@@ -63,7 +63,7 @@ def test_freeze_none_takes_the_start_weights_and_trains_them(make_cfg, tiny_chec
     start = tiny_checkpoints["mtp4"]
     path = grow(make_cfg, start, "mtp4", "model.n_future=2", "trainer.max_steps=1", "optim.lr=1e-9")
     before, after = weights(start), weights(path)
-    assert set(after) == {k for k in before if not k.startswith(("extra_heads.1", "extra_heads.2"))}
+    assert set(after) == {k for k in before if not k.startswith(("heads.layers.1", "heads.layers.2"))}
     for name, tensor in after.items():  # started from the checkpoint (a near-zero step moved them a hair)
         torch.testing.assert_close(tensor, before[name], rtol=0, atol=1e-6)
 
@@ -72,7 +72,7 @@ def test_freeze_none_takes_the_start_weights_and_trains_them(make_cfg, tiny_chec
 def test_freeze_stops_exactly_the_gradients_of_its_part(mode):
     model = MTPModel(ModelConfig(vocab_size=61, d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, head_type="causal"))
     loaded = {name for name, _ in model.named_parameters() if name.startswith(("tok_embeddings", "layers.", "norm."))}
-    loaded.add("outputs.0.weight")
+    loaded.add("heads.outputs.0.weight")
     freeze(model, mode, loaded)
     if mode == "loaded":
         expected_frozen = loaded

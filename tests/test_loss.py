@@ -45,7 +45,7 @@ def perturbed(model: MTPModel) -> MTPModel:
     """Zero-initialised weights (medusa's) moved off zero, so that every gradient path carries something."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.startswith("medusa_heads"):
+            if name.startswith("heads.residuals"):
                 p.normal_(0, 0.02)
     return model
 
@@ -124,7 +124,7 @@ def test_a_frozen_head_is_not_computed_in_training():
     model = perturbed(make_model(n_future=3))
     window = torch.randint(0, 97, (2, 15))
     _, reference = gradients(model, window, "naive")
-    trained = {name for name, _ in model.named_parameters() if name.startswith("extra_heads")}
+    trained = {name for name, _ in model.named_parameters() if name.startswith("heads.layers")}
     for name, p in model.named_parameters():
         p.requires_grad_(name in trained)
     for mode in ("naive", "sequential"):
@@ -139,12 +139,14 @@ def test_a_frozen_head_is_not_computed_in_training():
     with torch.no_grad():
         assert mtp_loss(model, window).heads == [1, 2, 3]
     for name, p in model.named_parameters():  # a frozen state whose unembedding trains is computed
-        p.requires_grad_(name in trained or name == "outputs.0.weight")
+        p.requires_grad_(name in trained or name == "heads.outputs.0.weight")
     model.zero_grad()
     out = mtp_loss(model, window, "sequential")
     out.total.backward()
     assert out.heads == [1, 2, 3]
-    torch.testing.assert_close(model.outputs[0].weight.grad, reference["outputs.0.weight"], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(
+        model.heads.outputs[0].weight.grad, reference["heads.outputs.0.weight"], rtol=1e-5, atol=1e-7
+    )
 
 
 def test_sequential_backward_accumulates_like_autograd():

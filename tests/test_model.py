@@ -22,16 +22,16 @@ def test_parameter_count_matches_next_token_model(n_future):
 
 def test_layout_follows_released_checkpoints():
     model = MTPModel(tiny(n_future=4))
-    assert len(model.layers) == 6 and len(model.extra_heads) == 3
+    assert len(model.layers) == 6 and len(model.heads.layers) == 3
     assert model.head_block(1) is model.layers[-1]
-    assert [model.head_block(k) for k in (2, 3, 4)] == list(model.extra_heads)  # heads 2..n in order
-    assert len(model.outputs) == 1 and model.tok_embeddings.weight is not model.outputs[0].weight
+    assert [model.head_block(k) for k in (2, 3, 4)] == list(model.heads.layers)  # heads 2..n in order
+    assert len(model.heads.outputs) == 1 and model.tok_embeddings.weight is not model.heads.outputs[0].weight
 
 
 def test_linear_heads_have_their_own_unembedding():
     model = MTPModel(tiny(n_future=3, head_type="linear"))
-    assert len(model.layers) == 9 and len(model.extra_heads) == 0 and len(model.outputs) == 3
-    assert model.unembedding(2) is model.outputs[1]
+    assert len(model.layers) == 9 and model.heads.blocks() == [] and len(model.heads.outputs) == 3
+    assert model.unembedding(2) is model.heads.outputs[1]
 
 
 @pytest.mark.parametrize("head_type", ["transformer", "linear"])
@@ -64,7 +64,7 @@ def test_grouped_query_attention_matches_repeated_heads():
     cos, sin = model.rotary(5)
     expected_k = attention.wk(x).view(2, 5, 2, 8).repeat_interleave(2, dim=2)
     expected_v = attention.wv(x).view(2, 5, 2, 8).repeat_interleave(2, dim=2)
-    from mtp.model import apply_rotary
+    from mtp.blocks import apply_rotary
 
     q = apply_rotary(attention.wq(x).view(2, 5, 4, 8).transpose(1, 2), cos, sin)
     k = apply_rotary(expected_k.transpose(1, 2), cos, sin)
@@ -77,7 +77,7 @@ def test_causal_heads_follow_deepseek_v3():
     norm and unembedding."""
     model = MTPModel(tiny(n_future=3, head_type="causal")).double()
     with torch.no_grad():
-        for module in model.extra_inputs:  # norm weights away from 1, so that swapped norms show
+        for module in model.heads.inputs:  # norm weights away from 1, so that swapped norms show
             module.enorm.weight.uniform_(0.5, 1.5)
             module.hnorm.weight.uniform_(0.5, 1.5)
     window = torch.randint(0, 61, (2, 9))
@@ -92,21 +92,23 @@ def test_causal_heads_follow_deepseek_v3():
         cos, sin = model.rotary(7)
         hidden = model.layers[-1](model.trunk(inputs), cos, sin)
         for k in (2, 3):
-            module, block = model.extra_inputs[k - 2], model.extra_heads[k - 2]
+            module, block = model.heads.inputs[k - 2], model.heads.layers[k - 2]
             embedded = model.tok_embeddings(following[k - 2])
             w = module.eh_proj.weight
             mixed = rms(embedded, module.enorm.weight) @ w[:, :d].T + rms(hidden, module.hnorm.weight) @ w[:, d:].T
             hidden = block(mixed, cos, sin)
-            expected = rms(hidden, model.norm.weight) @ model.outputs[0].weight.T
+            expected = rms(hidden, model.norm.weight) @ model.heads.outputs[0].weight.T
             torch.testing.assert_close(logits[k - 1], expected)
 
 
 def test_every_head_type_keeps_the_parameter_budget_where_it_counts_blocks():
     """causal heads count their blocks in n_layers like parallel ones; a shared depth is one block."""
-    assert len(MTPModel(tiny(head_type="causal")).extra_heads) == 3
+    assert len(MTPModel(tiny(head_type="causal")).heads.layers) == 3
     shared = MTPModel(tiny(head_type="causal", share_depth=True))
-    assert len(shared.extra_heads) == 1 and len(shared.layers) == 8 and len(shared.extra_inputs) == 1
+    assert len(shared.heads.layers) == 1 and len(shared.layers) == 8 and len(shared.heads.inputs) == 1
     medusa = MTPModel(tiny(head_type="medusa"))
-    assert len(medusa.layers) == 9 and len(medusa.outputs) == 4 and len(medusa.medusa_heads) == 3
-    assert all(torch.equal(o.weight, medusa.outputs[0].weight) for o in medusa.outputs)  # copies of head 1's
-    assert all(layer.weight.abs().sum() == 0 for head in medusa.medusa_heads for layer in head.layers)
+    assert len(medusa.layers) == 9 and len(medusa.heads.outputs) == 4 and len(medusa.heads.residuals) == 3
+    assert all(
+        torch.equal(o.weight, medusa.heads.outputs[0].weight) for o in medusa.heads.outputs
+    )  # copies of head 1's
+    assert all(layer.weight.abs().sum() == 0 for head in medusa.heads.residuals for layer in head.layers)

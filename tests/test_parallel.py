@@ -31,7 +31,7 @@ def build(n_future: int = 4, head_type: str = "transformer", **kwargs) -> MTPMod
     model = MTPModel(config)
     with torch.no_grad():  # medusa's zero-initialised residual weights off zero, so that their gradients carry
         for name, p in model.named_parameters():
-            if name.startswith("medusa_heads"):
+            if name.startswith("heads.residuals"):
                 p.normal_(0, 0.02)
     return model
 
@@ -163,10 +163,10 @@ def test_a_frozen_weight_on_a_head_path_gets_no_gradient(head_type):
     results = {}
     for mode in ("naive", "sequential"):
         model = build(head_type=head_type)
-        model.outputs[0].weight.requires_grad_(False)  # the (first) unembedding
+        model.heads.outputs[0].weight.requires_grad_(False)  # the (first) unembedding
         model.norm.weight.requires_grad_(False)  # the shared norm
         grads = gradients(model, tokens, mode)
-        assert grads["outputs.0.weight"] is None and grads["norm.weight"] is None
+        assert grads["heads.outputs.0.weight"] is None and grads["norm.weight"] is None
         results[mode] = grads
     for name, grad in results["naive"].items():
         if grad is not None:

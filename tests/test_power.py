@@ -37,6 +37,7 @@ GREEDY_EXACT = (  # greedy decoding against the cache-free reference (not the fi
 CACHE = "tests/decode/test_cache.py"
 REFERENCE = "tests/interop/test_llama_reference.py"
 MODEL = "tests/test_model.py"
+LEGACY = "tests/test_legacy_checkpoints.py"
 LOSS = "tests/test_loss.py"
 RELIABILITY = "tests/test_reliability.py"
 CONCURRENT = "tests/data/test_concurrent_prepare.py"
@@ -313,44 +314,72 @@ MUTATIONS = [
     # -- the model against an independent reference
     Mutation(
         "sign of one rotary term flipped",
-        "mtp/model.py",
+        "mtp/blocks.py",
         "x1 * sin + x2 * cos",
         "x1 * sin - x2 * cos",
         (REFERENCE,),
     ),
     Mutation(
         "SwiGLU gate and up projections swapped",
-        "mtp/model.py",
+        "mtp/blocks.py",
         "return self.w2(F.silu(self.w1(x)) * self.w3(x))",
         "return self.w2(F.silu(self.w3(x)) * self.w1(x))",
         (REFERENCE,),
     ),
     Mutation(
         "RMSNorm forgets its weight",
-        "mtp/model.py",
+        "mtp/blocks.py",
         "return normed.type_as(x) * self.weight",
         "return normed.type_as(x)",
         (REFERENCE,),
     ),
     Mutation(
         "attention output without the residual",
-        "mtp/model.py",
+        "mtp/blocks.py",
         "x = x + self.attention(self.attention_norm(x), cos, sin)",
         "x = self.attention(self.attention_norm(x), cos, sin)",
         (REFERENCE,),
     ),
     Mutation(
         "attention is not causal",
-        "mtp/model.py",
+        "mtp/blocks.py",
         "y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)",
         "y = F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=self.n_kv_heads != self.n_heads)",
         (MODEL,),
     ),
     Mutation(
-        "extra heads in reverse order",
+        "parallel heads' blocks in reverse order",
         HEADS,
-        "return model.extra_heads[0 if model.config.share_depth else k - 2]",
-        "return model.extra_heads[0 if model.config.share_depth else -(k - 1)]",
+        "return self.layers[k - 2]",
+        "return self.layers[-(k - 1)]",
+        (MODEL,),
+    ),
+    Mutation(
+        "the key adapter drops the prefix a state dict's keys carry (a resumed run's LightningModule: model.)",
+        HEADS,
+        "name = prefix + new + name[len(prefix + old) :]",
+        "name = new + name[len(prefix + old) :]",
+        (f"{LEGACY}::test_every_legacy_tensor_lands_in_todays_layout",),
+    ),
+    Mutation(
+        "the model does not adapt the keys of checkpoints of the earlier layout",
+        "mtp/model.py",
+        "self.register_load_state_dict_pre_hook(_current_names)",
+        "pass",
+        (f"{LEGACY}::test_a_legacy_checkpoint_decodes_what_it_decoded",),
+    ),
+    Mutation(
+        "a sharded folder of the earlier layout is read under today's names",
+        "mtp/checkpoint_load.py",
+        "stored_as = old if legacy else name",
+        "stored_as = name",
+        (f"{LEGACY}::test_a_legacy_sharded_folder_loads",),
+    ),
+    Mutation(
+        "causal depths' blocks in reverse order",
+        HEADS,
+        "return self.layers[0 if self.share_depth else k - 2]",
+        "return self.layers[0 if self.share_depth else -(k - 1)]",
         (MODEL,),
     ),
     Mutation(
@@ -596,13 +625,13 @@ MUTATIONS = [
         "a GGUF file's own output.weight replaced by the embedding (mtp's name looked up among GGUF's)",
         "mtp/interop/gguf.py",
         'if "output.weight" not in tensors:',
-        'if "outputs.0.weight" not in tensors:',
+        'if "heads.outputs.0.weight" not in tensors:',
         (GGUF_LOGITS,),
     ),
     Mutation(
         "a tied GGUF file's unembedding not copied from the embedding",
         "mtp/interop/gguf.py",
-        'weights["outputs.0.weight"] = weights["tok_embeddings.weight"].clone()',
+        'weights["heads.outputs.0.weight"] = tied',
         "pass",
         (GGUF_TIED,),
     ),

@@ -87,3 +87,21 @@ def test_the_library_does_not_import_commands_or_benchmarks(name):
 @pytest.mark.parametrize("name", [n for n in MODULES if n.startswith("mtp.decode")])
 def test_the_decoder_does_not_parse_arguments(name):
     assert "argparse" not in imports_of(MODULES[name]), f"{name} imports argparse"
+
+
+HEAD_TYPE_OWNERS = ("mtp.config", "mtp.heads")
+"""The modules that may look at a head type's name: the config (which names exist) and the heads (what each is)."""
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n not in HEAD_TYPE_OWNERS])
+def test_only_the_config_and_the_heads_compare_head_type_names(name):
+    """Elsewhere a head type is asked what it does (``model.heads.conditions_on_tokens``, ``config.head1_block``),
+    never compared by name: a new head type is then one class, not a hunt for branches."""
+    from mtp.config import HEAD_TYPES
+
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.Compare):
+            names = {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in HEAD_TYPES}
+            reads = {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+            reads |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            assert not (names and "head_type" in reads), f"{name}:{node.lineno} compares head_type with {names}"

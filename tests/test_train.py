@@ -186,7 +186,7 @@ def test_validation_perplexity_is_exp_of_the_token_weighted_head1_loss():
     logits over all validation tokens (computed here apart), with batches of 64 and 8 tokens whose losses differ."""
     module = tiny_module(n_future=2)
     with torch.no_grad():
-        module.model.outputs[0].weight.mul_(30)  # confident, often wrong: losses far from log(64), unequal
+        module.model.heads.outputs[0].weight.mul_(30)  # confident, often wrong: losses far from log(64), unequal
     batches = [torch.randint(0, 64, (4, 18)), torch.randint(0, 64, (1, 10))]
     metrics = validate(module, batches)
     perplexity = Perplexity()

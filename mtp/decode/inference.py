@@ -141,14 +141,13 @@ class InferenceModel:
             self.rotations = torch.complex(model.rope_cos, model.rope_sin)
         # what the draft heads read: the trunk output (parallel head blocks) or the path's output (head 1's hidden
         # state for causal heads, the trunk output of linear and medusa heads, whose every block is trunk)
-        parallel_blocks = model.heads.blocks_per_head and not model.heads.conditions_on_tokens
-        self.draft_input_depth = len(model.layers) - (1 if parallel_blocks else 0)
+        self.draft_input_depth = len(model.layers) - (1 if model.heads.reads_trunk else 0)
         self.compiled = compile
         self.block_indices: dict[int, Tensor] = {}  # blocks -> (blocks, 1, 1) index of a block_step's cache slots
         self.block_step = compiled_block_step() if compile else block_step
         self.drafter = None
         if heads > 1:
-            if parallel_blocks:
+            if model.heads.reads_trunk:
                 self.drafter = ParallelBlocks(model, self)
             elif model.heads.conditions_on_tokens:
                 self.drafter = CausalChain(model, self)
@@ -304,11 +303,10 @@ class Unembeddings:
         self.form, self.cache_slots = form, 0
         heads = range(2, form.heads + 1)
         final_norm = model.norm.weight
-        medusa = getattr(model, "medusa_heads", None)
+        residual = [model.heads.residual_layers(k) for k in heads]  # medusa's residual blocks; none for linear heads
         self.residual = None
-        if medusa is not None:  # (layers, h, d, d) transposed, so that x @ W^T is one bmm over heads
-            depth = len(medusa[0].layers)
-            self.residual = [torch.stack([medusa[k - 2].layers[i].weight.T for k in heads]) for i in range(depth)]
+        if residual[0]:  # (layers, h, d, d) transposed, so that x @ W^T is one bmm over heads
+            self.residual = [torch.stack([layers[i].weight.T for layers in residual]) for i in range(len(residual[0]))]
             self.norm_weight = final_norm  # the residual blocks read the normed state: the weight cannot be folded
             self.outputs = torch.stack([model.head_weight(k).T for k in heads])  # (h, d, V or K)
         else:
@@ -353,8 +351,8 @@ class CausalChain:
             return (module.eh_proj.weight * norms).T.contiguous()
 
         depths = range(2, form.heads + 1)
-        self.blocks = [pack(model.heads.extra_block(model, k), pack_block) for k in depths]
-        self.inputs = [pack(model.heads.extra_input(model, k), pack_input) for k in depths]
+        self.blocks = [pack(model.heads.block(k), pack_block) for k in depths]
+        self.inputs = [pack(model.heads.causal_input(k), pack_input) for k in depths]
 
     def new_chain(self, batch_size: int, max_len: int) -> ChainCache:
         form = self.form

@@ -23,6 +23,7 @@ import torch
 
 from mtp.config import ModelConfig
 from mtp.errors import UserError
+from mtp.heads import HEADS
 
 FRACTION_OF_AVAILABLE = 0.5
 """A step may use at most this fraction of the memory available when decoding starts: the estimate leaves out the
@@ -69,7 +70,7 @@ def step_bytes(
     head_dim = config.d_model // config.n_heads
     pairs = B * S * span  # (row, position, attended position)
     cache = config.n_layers * 2 * B * max_len * config.n_kv_heads * head_dim * element
-    if config.head_type == "causal":  # each depth's hidden states, read by the next (mtp.decode.inference.ChainCache)
+    if HEADS[config.head_type].conditions_on_tokens:  # each depth's hidden states, read by the next (ChainCache)
         cache += (config.n_future - 1) * B * max_len * config.d_model * element
     widths = config.d_model + (config.n_heads + 2 * config.n_kv_heads) * head_dim + 3 * config.ffn_hidden
     return StepMemory(

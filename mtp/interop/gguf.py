@@ -103,7 +103,8 @@ def read_gguf(path: Path) -> ModelFiles:
     check_gguf_tensors(tensors, config, path)  # from the header: a bad file fails before any dequantizing
     weights = {mtp_name(name): dequantized(tensor, path) for name, tensor in tensors.items()}
     if "output.weight" not in tensors:
-        weights["outputs.0.weight"] = weights["tok_embeddings.weight"].clone()  # tied: mtp's unembedding is its own
+        tied = weights["tok_embeddings.weight"].clone()  # mtp's unembedding is its own tensor
+        weights["heads.outputs.0.weight"] = tied
     head_dim = config.d_model // config.n_heads
     for i in range(config.n_layers):
         for name in ("wq", "wk"):  # llama.cpp's converter interleaves their rows for its rotary
@@ -128,7 +129,7 @@ def mtp_name(name: str) -> str | None:
     if name in TOP_NAMES:
         return TOP_NAMES[name]
     if name == "output.weight":
-        return "outputs.0.weight"
+        return "heads.outputs.0.weight"
     parts = name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in BLOCK_NAMES:
         return f"layers.{parts[1]}.{BLOCK_NAMES[parts[2]]}"
@@ -157,7 +158,7 @@ def check_gguf_tensors(tensors: dict[str, Any], config: ModelConfig, path: Path)
 
 def gguf_name(ours: str) -> str:
     """The GGUF name of one of mtp's tensors (the inverse of :func:`mtp_name`)."""
-    if ours == "outputs.0.weight":
+    if ours == "heads.outputs.0.weight":
         return "output.weight"
     for name, mtp in TOP_NAMES.items():
         if mtp == ours:

@@ -9,8 +9,8 @@ tokenizer (``tokenizer.json``, ``tokenizer_config.json``; end-of-text is eos). T
 
 With head 1, every other tensor of the model goes beside them, so that the directory carries the whole MTP model:
 
-- ``mtp_heads.safetensors``: the tensors not on head 1's path, under mtp's own names (``extra_heads.0.*``,
-  ``outputs.1.weight``, ``extra_inputs.*``, ``medusa_heads.*``);
+- ``mtp_heads.safetensors``: the tensors not on head 1's path, under mtp's own names (``heads.layers.0.*``,
+  ``heads.outputs.1.weight``, ``heads.inputs.*``, ``heads.residuals.*``);
 - ``mtp_config.json``: ``{"format": 1, "model_config": {...}, "head_path": 1, "heads_file": ...}``, the
   model's full config (:class:`mtp.config.ModelConfig`).
 
@@ -28,6 +28,7 @@ from torch import Tensor
 
 from mtp.config import ModelConfig
 from mtp.errors import UserError, first_line
+from mtp.heads import current_names
 from mtp.interop import ModelFiles
 from mtp.interop.llama import ffn_multiple_for, head_path_names, llama_config
 from mtp.interop.tokenizer import directory_tokenizer
@@ -55,7 +56,7 @@ def read_hf(path: Path) -> ModelFiles:
         heads_file = path / MTP_HEADS
         if not heads_file.is_file():
             raise UserError(f"{path} has {MTP_CONFIG} with {config.n_future} heads but no {MTP_HEADS}; export again.")
-        heads = _load_safetensors(heads_file)
+        heads = current_names(_load_safetensors(heads_file))  # exports before the heads were a module too
         check_tensors(heads, rest, heads_file)
         weights.update(heads)
     return ModelFiles(config, weights, directory_tokenizer(path))

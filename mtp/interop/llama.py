@@ -14,7 +14,7 @@ from torch import Tensor
 
 from mtp.config import ModelConfig
 from mtp.errors import UserError
-from mtp.heads import HEAD_TYPES
+from mtp.heads import HEADS
 from mtp.model import MTPModel
 
 BLOCK_NAMES = {
@@ -55,10 +55,10 @@ def check_head_path(config: ModelConfig, k: int) -> None:
     """Fail with one sentence unless head k (1-based) of a model with this config is a Llama."""
     if not 1 <= k <= config.n_future:
         raise UserError(f"head {k} does not exist: the model has heads 1..{config.n_future}.")
-    if k > 1 and config.head_type in ("causal", "medusa"):
-        reads = "the previous depth's state and the tokens before" if config.head_type == "causal" else "residual MLPs"
+    if k > 1 and HEADS[config.head_type].not_a_llama:
         raise UserError(
-            f"head {k} of a {config.head_type}-head model reads {reads}, so it is not a Llama; export head 1 "
+            f"head {k} of a {config.head_type}-head model {HEADS[config.head_type].not_a_llama}, so it is not a "
+            "Llama; export head 1 "
             "(the full model travels with it in mtp_heads.safetensors)."
         )
 
@@ -66,18 +66,17 @@ def check_head_path(config: ModelConfig, k: int) -> None:
 def head_path_names(config: ModelConfig, k: int = 1) -> dict[str, str]:
     """Head k's path (1-based): Hugging Face Llama name -> mtp name (MTPModel's state dict)."""
     check_head_path(config, k)
-    heads = HEAD_TYPES[config.head_type]
-    n_trunk = config.n_layer_blocks - int(heads.head1_block)
+    n_trunk = config.n_layer_blocks - int(config.head1_block)
     blocks = [f"layers.{i}" for i in range(n_trunk)]
-    if k == 1 and heads.head1_block:
+    if k == 1 and config.head1_block:
         blocks.append(f"layers.{n_trunk}")
-    elif k > 1 and heads.blocks_per_head:
-        blocks.append(f"extra_heads.{0 if config.share_depth else k - 2}")
+    elif k > 1 and config.head_blocks:  # a parallel head's block (no other type with blocks is a Llama path)
+        blocks.append(f"heads.layers.{k - 2}")
     names = {"model.embed_tokens.weight": "tok_embeddings.weight"}
     for i, block in enumerate(blocks):
         names.update({f"model.layers.{i}.{hf}": f"{block}.{ours}" for ours, hf in BLOCK_NAMES.items()})
     names["model.norm.weight"] = "norm.weight"
-    names["lm_head.weight"] = f"outputs.{k - 1 if heads.own_unembeddings else 0}.weight"
+    names["lm_head.weight"] = f"heads.outputs.{k - 1 if HEADS[config.head_type].own_unembeddings else 0}.weight"
     return names
 
 

@@ -1,11 +1,12 @@
 """Meta's released multi-token checkpoints (``facebook/multi-token-prediction``): ``params.json`` +
 ``consolidated.00.pth`` + a sentencepiece ``tokenizer.model``.
 
-Their model is mtp's ``transformer`` head type with the same names (``layers`` = trunk + head 1's block,
-``extra_heads`` = heads 2..n, one ``norm``, one ``output``), so the import renames one tensor and converts one
-convention: Meta's rotary rotates interleaved pairs (2i, 2i + 1) of each attention head, mtp's (like Hugging
-Face's) rotates (i, i + head_dim / 2); the rows of ``wq`` and ``wk`` are permuted so that both compute the same
-attention (:func:`interleaved_to_halves`, the permutation of transformers' Llama conversion script).
+Their model is mtp's ``transformer`` head type with the names of mtp's earlier layout (``layers`` = trunk + head 1's
+block, ``extra_heads`` = heads 2..n, one ``norm``, one ``output``), so the import renames the heads' tensors
+(:func:`mtp.heads.current_names`) and converts one convention: Meta's rotary rotates interleaved pairs (2i, 2i + 1)
+of each attention head, mtp's (like Hugging Face's) rotates (i, i + head_dim / 2); the rows of ``wq`` and ``wk`` are
+permuted so that both compute the same attention (:func:`interleaved_to_halves`, the permutation of transformers'
+Llama conversion script).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from mtp.config import ModelConfig
 from mtp.errors import UserError, first_line
+from mtp.heads import current_names
 from mtp.interop import ModelFiles
 from mtp.interop.hf import check_tensors, expected_shapes
 from mtp.interop.llama import ffn_multiple_for, interleaved_to_halves
@@ -30,8 +32,6 @@ DEFAULT_CONTEXT = 4096
 def read_meta_config(path: Path) -> ModelConfig:
     """The mtp config of a Meta directory; the weights are mapped, not read (two shapes are read off them)."""
     tensors = _read_consolidated(path)
-    if "output.weight" in tensors:
-        tensors["outputs.0.weight"] = tensors.pop("output.weight")
     return meta_config(_read_params(path), tensors, path)
 
 
@@ -40,7 +40,8 @@ def read_meta(path: Path) -> ModelFiles:
     tensors = _read_consolidated(path)
     tensors.pop("rope.freqs", None)  # a precomputed table some Llama releases carry; mtp computes its own
     if "output.weight" in tensors:
-        tensors["outputs.0.weight"] = tensors.pop("output.weight")
+        tensors["outputs.0.weight"] = tensors.pop("output.weight")  # the earlier layout's name: renamed below
+    tensors = current_names(tensors)
     config = meta_config(params, tensors, path)
     check_tensors(tensors, expected_shapes(config), path / "consolidated.00.pth")
     head_dim = config.d_model // config.n_heads

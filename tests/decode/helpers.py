@@ -78,5 +78,5 @@ def fixed_logits_model(tables: torch.Tensor) -> MTPModel:
             p.fill_(1.0) if name.endswith("norm.weight") else p.zero_()
         model.tok_embeddings.weight[:, :vocab] = torch.eye(vocab)
         for k in range(n_future):
-            model.outputs[k].weight[:, :vocab] = tables[k].T / d_model**0.5
+            model.heads.outputs[k].weight[:, :vocab] = tables[k].T / d_model**0.5
     return model.eval()

@@ -276,11 +276,11 @@ def real_model_drafter(method: str):
     first block, prompt lookup on unigrams."""
     model = tiny_model(n_future=1, vocab_size=4, seed=3)
     with torch.no_grad():
-        model.outputs[0].weight.mul_(60)  # peaked distributions, so that drafts disagree with the target
+        model.heads.outputs[0].weight.mul_(60)  # peaked distributions, so that drafts disagree with the target
     if method == "draft":
         draft = tiny_model(n_future=1, vocab_size=4, seed=4)
         with torch.no_grad():
-            draft.outputs[0].weight.mul_(30)
+            draft.heads.outputs[0].weight.mul_(30)
         return model, draft_model_drafter(draft)
     if method == "layerskip":
         return model, layer_skip_drafter(model, frozenset({0}))

@@ -196,7 +196,7 @@ def test_lossless_with_head_blocks(head_type, filters, draft_vocab):
     settings = {**HEAD_TYPES[head_type], "draft_vocab": draft_vocab}
     model = tiny_model(n_future=3, vocab_size=4, seed=3, **settings)
     with torch.no_grad():
-        model.outputs[0].weight.mul_(60)  # peaked distributions, so that heads disagree with head 1
+        model.heads.outputs[0].weight.mul_(60)  # peaked distributions, so that heads disagree with head 1
     config = GenerationConfig(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **filters)
     check_real_model(model, config)
 
@@ -296,10 +296,10 @@ def test_tree_and_cut_sampling_lossless_with_head_blocks(head_type, decoding):
     that cuts drafting all matter): four sampled tokens against the exact joint."""
     model = tiny_model(n_future=3, vocab_size=4, seed=3, **HEAD_TYPES[head_type])
     with torch.no_grad():
-        model.outputs[0].weight.mul_(60)  # peaked distributions, so that heads disagree with head 1
+        model.heads.outputs[0].weight.mul_(60)  # peaked distributions, so that heads disagree with head 1
         if head_type == "medusa":  # heads of their own, head 2 surer than head 3: drafting is cut at either depth
-            model.outputs[1].weight.mul_(8)
-            model.outputs[2].weight.mul_(4)
+            model.heads.outputs[1].weight.mul_(8)
+            model.heads.outputs[2].weight.mul_(4)
     config = GenerationConfig(max_new_tokens=4, temperature=1.0, heads=3, seed=5, **decoding)
     stats = check_real_model(model, config)
     if config.draft_p_min:  # the cut happened, at some steps and not at others

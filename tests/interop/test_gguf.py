@@ -195,7 +195,7 @@ def test_logits_and_ids_equal_transformers_gguf_loader(bpe, tmp_path, tied):
     assert torch.equal(state["layers.0.attention.wq.weight"], torch.from_numpy(original["blk.0.attn_q.weight"]))
     k = original["blk.0.attn_k.weight"].astype(np.float16).astype(np.float32)
     assert torch.equal(state["layers.0.attention.wk.weight"], torch.from_numpy(k))
-    assert torch.equal(state["outputs.0.weight"], state["tok_embeddings.weight"]) == tied
+    assert torch.equal(state["heads.outputs.0.weight"], state["tok_embeddings.weight"]) == tied
 
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name).eval()
     tokens = sample_tokens(len(vocab.tokens))

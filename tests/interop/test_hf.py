@@ -173,7 +173,7 @@ def test_new_heads_of_an_imported_llama_start_as_its_last_block(tmp_path):
     start = Start.read(tiny_llama(tmp_path))
     model = MTPModel(ModelConfig(**{**start.grown(start.config.to_dict() | {"n_future": 3}), "n_future": 3}))
     start.load_into(model)
-    for block in model.extra_heads:
+    for block in model.heads.layers:
         for name, tensor in block.state_dict().items():
             assert torch.equal(tensor, start.weights[f"layers.3.{name}"]), name
 
