@@ -14,7 +14,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
+from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
+from mtp.parallel import is_sharded
 
 log = logging.getLogger(__name__)
 
@@ -172,3 +174,37 @@ class TokenThroughputMonitor(ThroughputMonitor):
 
     def trained_tokens(self, batch: Tensor) -> int:
         return batch.size(0) * (batch.size(1) - self.n_future)
+
+
+class DecodeProbe(L.Callback):
+    """After each validation, greedy self-speculative decoding with every head from the openings of the first
+    validation windows: the tokens/forward and chained acceptance by position that decoding measures on the model's
+    own continuation (``val/decoded_*``; the module's teacher-forced ``val/acceptance_pos*`` read the reference text).
+
+    ``prompts`` openings (each half a window) of ``tokens`` new tokens. Skipped for a one-head model and for a sharded
+    (FSDP2) one, whose weights no single process holds.
+    """
+
+    def __init__(self, prompts: int = 4, tokens: int = 48) -> None:
+        if prompts < 0 or tokens < 0:
+            raise UserError(f"callbacks.decode_probe: prompts={prompts} and tokens={tokens} must be 0 (off) or more.")
+        self.prompts, self.tokens = prompts, tokens
+        self._openings: Tensor | None = None
+
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if batch_idx == 0:
+            self._openings = batch[: self.prompts, : batch.size(1) // 2]
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        openings, self._openings = self._openings, None
+        model = pl_module.model
+        n = model.config.n_future
+        if openings is None or n == 1 or not self.prompts or not self.tokens or is_sharded(model):
+            return
+        with torch.autocast(pl_module.device.type, enabled=False):
+            _, stats = generate(model, openings.tolist(), GenerationConfig(max_new_tokens=self.tokens, heads=n))
+        pl_module.log("val/decoded_tokens_per_forward", stats.tokens_per_forward, sync_dist=True)
+        for j, rate in enumerate(stats.acceptance, start=1):
+            pl_module.log(f"val/decoded_acceptance_pos{j}", rate, sync_dist=True)

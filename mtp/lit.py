@@ -1,4 +1,5 @@
-"""LightningModule: builds the MTP model from plain config, runs steps, logs metrics, sets up AdamW + schedule."""
+"""LightningModule: trains the MTP model it is given (built where the run is assembled, :func:`mtp.train.build`):
+steps, metrics, AdamW + schedule, sharding in ``configure_model``."""
 
 from __future__ import annotations
 
@@ -8,66 +9,50 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from mtp.checkpoint_format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
-from mtp.config import ModelConfig
-from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
-from mtp.init_from import Start, check_freeze
-from mtp.init_from import freeze as apply_freeze
 from mtp.loss import cross_entropy, head_logits, mtp_loss, split_window, window_states
 from mtp.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.model import IGNORE, MTPModel
 from mtp.optim import OptimConfig, parameter_groups, warmup_cosine
-from mtp.parallel import is_sharded, parallelize
+from mtp.parallel import parallelize
 from mtp.trunk_cache import TrunkCache
 
 
 class MTPLitModule(L.LightningModule):
-    """Training of an MTP model from plain settings.
+    """Training of the MTP model ``model`` (built, and grown from ``init_from`` and frozen if asked, where the run is
+    assembled: :func:`mtp.train.build`); the rest of the settings come from the config's ``module`` node.
 
-    ``init_from`` (a checkpoint) and ``freeze`` start from a trained model: see mtp.init_from. With the trunk frozen,
-    ``trunk_cache_gb`` keeps up to that many GiB of the trunk's outputs of training windows, so that later epochs run
-    only the heads (mtp.trunk_cache).
-    ``compile`` and ``activation_checkpointing`` are applied per block in ``configure_model`` (see
-    mtp.parallel), together with FSDP2 sharding over every process when the strategy is Lightning's
-    ModelParallelStrategy (``trainer=fsdp``).
+    ``draft_tokens_loaded``: the reduced draft vocabulary came with the model's checkpoint (else the data chooses it).
+    With the trunk frozen, ``trunk_cache_gb`` keeps up to that many GiB of the trunk's outputs of training windows, so
+    that later epochs run only the heads (mtp.trunk_cache). ``compile`` and ``activation_checkpointing`` are applied
+    per block in ``configure_model`` (see mtp.parallel), together with FSDP2 sharding over the strategy's data-parallel
+    mesh when it is Lightning's ModelParallelStrategy (``trainer=fsdp``). Decoding during validation is a callback's
+    (:class:`mtp.callbacks.DecodeProbe`).
     """
 
     def __init__(
         self,
-        model: dict[str, Any],
+        model: MTPModel,
         optim: dict[str, Any] | None = None,
         compile: bool = False,
         activation_checkpointing: bool = False,
-        init_from: str | None = None,
-        freeze: str = "none",
-        val_decode_prompts: int = 4,
-        val_decode_tokens: int = 48,
+        draft_tokens_loaded: bool = False,
         trunk_cache_gb: float = 0.0,
         trunk_cache_dir: str | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        check_freeze(freeze, init_from)
-        start = Start.read(init_from) if init_from else None
-        self.config = ModelConfig.from_dict(start.grown(dict(model)) if start else dict(model))
+        self.save_hyperparameters(ignore=["model"])  # the model's settings travel as its config (on_save_checkpoint)
+        self.model, self.config = model, model.config
         self.optim = OptimConfig(**(optim or {}))
         self.compile_blocks, self.activation_checkpointing = compile, activation_checkpointing
-        self.model = MTPModel(self.config)
-        self.start_tokenizer = None
-        """The tokenizer JSON of the ``init_from`` checkpoint: the data must be tokenized with it."""
-        self.draft_tokens_loaded = False
-        """Whether the reduced draft vocabulary came with the init_from checkpoint (else the data chooses it)."""
-        if start is not None:
-            loaded = start.load_into(self.model)
-            apply_freeze(self.model, freeze, loaded)
-            self.start_tokenizer = start.tokenizer
-            self.draft_tokens_loaded = "draft_tokens" in loaded
+        self.draft_tokens_loaded = draft_tokens_loaded
         if trunk_cache_gb < 0:
             raise UserError(f"trunk_cache_gb={trunk_cache_gb} must be 0 (off) or a positive number of gigabytes.")
         self.trunk_cache = None
@@ -80,8 +65,6 @@ class MTPLitModule(L.LightningModule):
         self.val_acc = nn.ModuleList(MulticlassAccuracy(vocab, average="micro") for _ in range(n))
         self.val_tokens_per_forward = ExpectedTokensPerForward()
         self.val_acceptance = AcceptanceByPosition(n - 1)
-        self.val_decode_prompts, self.val_decode_tokens = val_decode_prompts, val_decode_tokens
-        self._decode_prompts: Tensor | None = None  # openings of the first validation windows, decoded at epoch end
 
     @property
     def n_future(self) -> int:
@@ -116,15 +99,17 @@ class MTPLitModule(L.LightningModule):
         )
 
     def _sharding(self) -> tuple[Any, Any]:
-        """(mesh, mixed-precision policy) for FSDP2 under ModelParallelStrategy, else (None, None)."""
+        """(mesh, mixed-precision policy) for FSDP2 under ModelParallelStrategy, else (None, None): the strategy's
+        data-parallel mesh (mtp.parallel.FullyShardedStrategy puts every process there; mtp uses no tensor
+        parallelism), and bf16 parameters with fp32 gradient reduction when the trainer's precision plugin computes
+        in bf16 (``bf16-mixed``, ``bf16-true``)."""
         if not isinstance(self.trainer.strategy, ModelParallelStrategy):
             return None, None
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy
+        from torch.distributed.fsdp import MixedPrecisionPolicy  # distributed: imported only for a sharded run
 
-        # Shard over every process (Lightning's own mesh splits them into data x tensor parallel; mtp uses no TP)
-        mesh = init_device_mesh(self.trainer.strategy.root_device.type, (self.trainer.world_size,))
-        if str(self.trainer.precision).startswith("bf16"):
+        mesh = self.device_mesh["data_parallel"]
+        plugin = self.trainer.precision_plugin
+        if isinstance(plugin, MixedPrecision | HalfPrecision) and plugin.precision in ("bf16-mixed", "bf16-true"):
             return mesh, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         return mesh, None
 
@@ -148,8 +133,6 @@ class MTPLitModule(L.LightningModule):
             self.trunk_cache.save()
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
-        if batch_idx == 0:
-            self._decode_prompts = batch[: self.val_decode_prompts, : batch.size(1) // 2]
         states, targets = window_states(self.model, batch)
         predictions = []
         for k, logits, target in head_logits(self.model, states, targets):
@@ -186,24 +169,7 @@ class MTPLitModule(L.LightningModule):
         if self.n_future > 1:
             for j, rate in enumerate(self.val_acceptance.compute().reshape(-1).tolist(), start=1):
                 self.log(f"val/acceptance_pos{j}", rate)
-            self.log_decoded_validation()
         self.val_acceptance.reset()
-
-    def log_decoded_validation(self) -> None:
-        """Greedy self-speculative decoding with all heads from the openings of a few validation windows: measured
-        tokens/forward and chained acceptance by position, what decoding gets on the model's own continuation
-        (the teacher-forced estimates above read the reference text instead). Skipped for a sharded (FSDP2) model,
-        whose weights no single process holds."""
-        prompts = self._decode_prompts
-        self._decode_prompts = None
-        if prompts is None or self.val_decode_prompts < 1 or self.val_decode_tokens < 1 or is_sharded(self.model):
-            return
-        config = GenerationConfig(max_new_tokens=self.val_decode_tokens, heads=self.n_future)
-        with torch.autocast(self.device.type, enabled=False):
-            _, stats = generate(self.model, prompts.tolist(), config)
-        self.log("val/decoded_tokens_per_forward", stats.tokens_per_forward, sync_dist=True)
-        for j, rate in enumerate(stats.acceptance, start=1):
-            self.log(f"val/decoded_acceptance_pos{j}", rate, sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = torch.optim.AdamW(

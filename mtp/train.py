@@ -23,10 +23,12 @@ from mtp.callbacks import ResumableCheckpoint
 from mtp.checkpoint_format import check_checkpoint
 from mtp.checkpoint_load import is_model, model_tokenizer
 from mtp.checkpoint_save import AtomicCheckpointIO
+from mtp.config import ModelConfig
 from mtp.data.packing import writing_to_cache
 from mtp.errors import UserError
-from mtp.init_from import settings_from_checkpoint
+from mtp.init_from import Start, check_freeze, freeze, settings_from_checkpoint
 from mtp.lit import MTPLitModule
+from mtp.model import MTPModel
 from mtp.reference import reference_model
 
 # ${reference_model:} in a config: the offline reference model's GGUF file (experiment=pretrained_heads's init_from)
@@ -60,20 +62,10 @@ def build(
     """
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    if cfg.get("init_from"):  # the shapes are the checkpoint's; only the model settings the user typed may differ
-        model = settings_from_checkpoint(cfg.init_from, model, explicit_model_settings(cfg))
-    module = MTPLitModule(  # validates the model config before any data work
-        model=model,
-        optim=OmegaConf.to_container(cfg.optim, resolve=True),
-        compile=bool(cfg.get("compile", False)),
-        activation_checkpointing=bool(cfg.get("activation_checkpointing", False)),
-        init_from=cfg.get("init_from"),
-        freeze=cfg.get("freeze", "none"),
-        trunk_cache_gb=float(cfg.get("trunk_cache_gb", 0.0)),
-        trunk_cache_dir=cfg.get("trunk_cache_dir"),
-    )
-    datamodule = instantiate(cfg.data, tokenizer=data_tokenizer(cfg, module.start_tokenizer), _convert_="all")
+    model, start, loaded = build_model(cfg)  # validates the model config before any data work
+    module = instantiate(cfg.module, model=model, draft_tokens_loaded="draft_tokens" in loaded, _convert_="all")
+    start_tokenizer = start.tokenizer if start is not None else None  # the data is tokenized as that model was
+    datamodule = instantiate(cfg.data, tokenizer=data_tokenizer(cfg, start_tokenizer), _convert_="all")
     loggers = instantiate_group(cfg.get("logger"))
     configured = instantiate_group(cfg.get("callbacks"))
     if not loggers:  # logger=null: nothing to monitor the learning rate into (Lightning refuses the monitor then)
@@ -85,6 +77,26 @@ def build(
         plugins=[AtomicCheckpointIO()],
     )
     return datamodule, module, trainer
+
+
+def build_model(cfg: DictConfig) -> tuple[MTPModel, Start | None, set[str]]:
+    """The model to train, from ``cfg.model``; with ``init_from``, grown from that checkpoint (its shapes: only the
+    model settings the user typed may differ; its weights) and frozen as ``freeze`` asks. Also the checkpoint read,
+    if any, and the names of the parameters loaded from it."""
+    settings, init_from, mode = (
+        OmegaConf.to_container(cfg.model, resolve=True),
+        cfg.get("init_from"),
+        cfg.get("freeze", "none"),
+    )
+    check_freeze(mode, init_from)
+    if not init_from:
+        return MTPModel(ModelConfig.from_dict(settings)), None, set()
+    settings = settings_from_checkpoint(init_from, settings, explicit_model_settings(cfg))  # from its header: cheap
+    start = Start.read(init_from)
+    model = MTPModel(ModelConfig.from_dict(start.grown(settings)))
+    loaded = start.load_into(model)
+    freeze(model, mode, loaded)
+    return model, start, loaded
 
 
 def explicit_model_settings(cfg: DictConfig) -> set[str]:

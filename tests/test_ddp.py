@@ -5,8 +5,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from mtp.config import ModelConfig
 from mtp.data import MTPDataModule
 from mtp.lit import MTPLitModule
+from mtp.model import MTPModel
 
 MODEL = dict(vocab_size=320, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, n_future=3, loss="sequential")
 WINDOWS = torch.randint(0, 320, (4, 19), generator=torch.Generator().manual_seed(0))
@@ -35,7 +37,7 @@ class CaptureFirstGradients(L.Callback):
 def first_step_gradients(tmp_path, devices: int, strategy: str, datamodule=None) -> dict[str, torch.Tensor]:
     path = str(tmp_path / f"grads_{devices}.pt")
     torch.manual_seed(0)
-    module = MTPLitModule(model=MODEL, optim={"warmup_steps": 1})
+    module = MTPLitModule(model=MTPModel(ModelConfig(**MODEL)), optim={"warmup_steps": 1})
     trainer = L.Trainer(
         accelerator="cpu",
         devices=devices,

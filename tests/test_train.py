@@ -23,7 +23,7 @@ from mtp.lit import MTPLitModule
 from mtp.loss import split_window
 from mtp.model import MTPModel
 from mtp.optim import parameter_groups, warmup_cosine
-from mtp.train import instantiate_group, train
+from mtp.train import instantiate, instantiate_group, train
 
 PRESETS = ["mtp1", "mtp2", "mtp4", "mtp8", "byte1", "byte8"]
 
@@ -52,9 +52,10 @@ def test_every_config_group_instantiates_to_its_classes_and_settings(make_cfg):
         "NonFiniteGuard",
         "LearningRateMonitor",
         "TokenThroughputMonitor",
+        "DecodeProbe",
         "ModelSummary",
     ]
-    checkpoint, guard, lr_monitor, throughput, summary = callbacks.values()
+    checkpoint, guard, lr_monitor, throughput, probe, summary = callbacks.values()
     assert isinstance(checkpoint, ModelCheckpoint) and isinstance(throughput, ThroughputMonitor)
     assert type(lr_monitor) is LearningRateMonitor and type(summary) is ModelSummary
     expected = {
@@ -71,7 +72,9 @@ def test_every_config_group_instantiates_to_its_classes_and_settings(make_cfg):
     assert (guard.skip, guard.skipped) == (0, 0)
     assert throughput.n_future == 2 and throughput.kwargs == {"window_size": 20}
     assert throughput.trained_tokens(torch.zeros(4, 34)) == 4 * 32
-    assert summary._max_depth == 1
+    assert summary._max_depth == 1 and (probe.prompts, probe.tokens) == (4, 48)
+    module = instantiate(cfg.module, model=MTPModel(ModelConfig.from_dict(cfg.model)), _convert_="all")
+    assert isinstance(module, MTPLitModule) and module.optim.lr == cfg.optim.lr and module.trunk_cache is None
     assert (lr_monitor.logging_interval, lr_monitor.log_momentum, lr_monitor.log_weight_decay) == ("step", False, False)
 
     (logger,) = instantiate_group(cfg.logger)
@@ -165,7 +168,7 @@ def test_tensorboard_holds_the_documented_curves(make_cfg):
 def tiny_module(n_future: int) -> MTPLitModule:
     torch.manual_seed(0)
     config = {"vocab_size": 64, "d_model": 32, "n_layers": 4, "n_heads": 2, "n_kv_heads": 1, "n_future": n_future}
-    return MTPLitModule(model=config, val_decode_prompts=0)
+    return MTPLitModule(model=MTPModel(ModelConfig(**config)))
 
 
 def validate(module: MTPLitModule, batches: list[torch.Tensor]) -> dict[str, float]:
