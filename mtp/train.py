@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +33,7 @@ from mtp.reference import reference_model
 
 # ${reference_model:} in a config: the offline reference model's GGUF file (experiment=pretrained_heads's init_from)
 OmegaConf.register_new_resolver("reference_model", lambda: str(reference_model()), replace=True)
+log = logging.getLogger(__name__)  # under Hydra: the console and the run folder's <task>.log (conf/hydra/default.yaml)
 
 
 def instantiate(node: DictConfig, **kwargs: Any) -> Any:
@@ -179,7 +180,7 @@ class CtrlCAsSigterm:
         if self.pressed:
             raise KeyboardInterrupt
         self.pressed = True
-        print("\nCtrl-C: stopping after this step and saving last.ckpt (Ctrl-C again: stop now, unsaved)", flush=True)
+        log.warning("Ctrl-C: stopping after this step and saving last.ckpt (Ctrl-C again: stop now, unsaved)")
         os.kill(os.getpid(), signal.SIGTERM)  # Lightning's signal connector takes it from here
 
 
@@ -201,7 +202,7 @@ class Interrupted(SystemExit):
                 if self.checkpoint
                 else "no checkpoint was written (checkpointing is off)"
             )
-            print(f"{name} stopped the run after step {self.step}: {where}", file=sys.stderr, flush=True)
+            log.warning("%s stopped the run after step %d: %s", name, self.step, where)
 
 
 def report(trainer: L.Trainer, metrics: dict[str, float]) -> None:
@@ -209,11 +210,12 @@ def report(trainer: L.Trainer, metrics: dict[str, float]) -> None:
         return
     shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith("val/"))
     if shown:
-        print(f"final validation: {shown}")
+        log.info("final validation: %s", shown)
     checkpoint = trainer.checkpoint_callback and trainer.checkpoint_callback.last_model_path
     if checkpoint and Path(checkpoint).exists():  # a file, or a folder for a sharded checkpoint
-        print(f"checkpoint: {checkpoint}")
+        log.info("checkpoint: %s", checkpoint)
     for logger in trainer.loggers:
         if logger.log_dir is None:
             continue
-        print(f"tensorboard logs: {logger.log_dir}  (view: tensorboard --logdir {Path(logger.log_dir).parent.parent})")
+        runs = Path(logger.log_dir).parent.parent
+        log.info("tensorboard logs: %s  (view: tensorboard --logdir %s)", logger.log_dir, runs)

@@ -220,3 +220,23 @@ def test_an_entry_point_runs(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "--self-speculative" in result.stdout and result.stdout.startswith("usage: mtp-decode")
+
+
+def test_pretrain_silences_two_library_notices_and_nothing_else(caplog):
+    """Lightning's litlogger tip and torch's LeafSpec deprecation, each by its own message."""
+    import logging
+    import warnings
+
+    from mtp.commands.pretrain import LITLOGGER_TIP, quiet_library_notices
+
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        quiet_library_notices()
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning, stacklevel=1)
+        warnings.warn("another deprecation", FutureWarning, stacklevel=1)
+        with caplog.at_level(logging.INFO, logger=rank_zero.name):
+            rank_zero.info(LITLOGGER_TIP + "(https://pypi.org/project/litlogger/) to enable LitLogger, ...")
+            rank_zero.info("GPU available: False, used: False")
+    assert [str(w.message) for w in shown] == ["another deprecation"]
+    assert [r.getMessage() for r in caplog.records] == ["GPU available: False, used: False"]

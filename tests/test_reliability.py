@@ -131,11 +131,12 @@ def test_sigterm_in_a_real_process_at_a_random_moment_resumes_on_the_same_batche
     status = interrupted.wait(timeout=120)
     stop_seconds = time.monotonic() - signalled
     stderr = interrupted.stderr.read()
+    stdout = interrupted.stdout.read()  # the run's messages go through logging: Hydra's console handler is stdout
     assert status == 143, stderr
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"
     stopped_at = read_checkpoint(last)["global_step"]
     assert 0 < stopped_at < steps
-    assert f"SIGTERM stopped the run after step {stopped_at}: wrote {last}; continue with ckpt_path={last}" in stderr
+    assert f"SIGTERM stopped the run after step {stopped_at}: wrote {last}; continue with ckpt_path={last}" in stdout
     assert "Traceback" not in stderr
     first_batches = torch.load(tmp_path / "first" / "batches" / "rank0.pt")
     assert len(first_batches) == stopped_at  # the batch in flight was finished and saved, none trained twice

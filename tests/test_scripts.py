@@ -40,15 +40,35 @@ def assert_one_clear_error(result: subprocess.CompletedProcess, message: str) ->
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["model=mtp3"], "Could not find 'model/mtp3'"),
-        (["model.dmodel=3"], "Could not override 'model.dmodel'"),
+        (["model=mtp5"], "error: model=mtp5 names no config in conf/model/; choose one of byte1, byte8, "),
+        (["model.dmodel=3"], "error: model.dmodel is not a setting of the config (did you mean model.d_model?); "),
+        (["-m", "model=mtp1,mtp5"], "error: model=mtp5 names no config in conf/model/;"),
         (["model.n_future=12"], "error: model.n_future=12 leaves no trunk layer"),
     ],
 )
 def test_bad_config_is_one_sentence(overrides, message, tmp_path):
-    result = pretrain(*overrides, tmp_path=tmp_path)
+    """Hydra's config errors too: exit status 2 and one line, as every other bad input, and no folder left."""
+    multirun = overrides[0] == "-m"  # a sweep writes its folder before composing its jobs
+    result = pretrain(*overrides[multirun:], tmp_path=tmp_path, multirun=multirun)
     assert_one_clear_error(result, message)
-    assert not list((tmp_path / "logs").rglob("*.ckpt"))
+    assert result.returncode == 2 and "HYDRA_FULL_ERROR" not in result.stderr, result.stderr
+    assert len([line for line in result.stderr.splitlines() if line.startswith("error: ")]) == 1
+    assert not [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]
+
+
+@pytest.mark.slow
+def test_a_run_files_its_messages_in_its_log_and_prints_no_library_notices(corpus_dir, tmp_path):
+    """The run's messages (preparing the data, the final report) show on the console and go to the run folder's
+    pretrain.log; Lightning's litlogger tip and torch's LeafSpec deprecation are not shown."""
+    overrides = [*tiny_data(corpus_dir, tmp_path / "cache"), "debug=fdr", "trainer.detect_anomaly=false"]
+    result = pretrain(*overrides, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (log_file,) = (tmp_path / "logs" / "debug" / "runs").glob("*/pretrain.log")
+    logged = log_file.read_text()
+    for said in ("training a BPE tokenizer of", "packed train: ", "data cached at ", "final validation: val/"):
+        assert said in logged and said in result.stdout, said
+    assert "[mtp.data.packing][INFO] - packed train: " in logged  # the file keeps time, logger and level
+    assert "litlogger" not in result.stdout + result.stderr and "LeafSpec" not in result.stdout + result.stderr
 
 
 def test_bad_data_path_and_checkpoint(corpus_dir, shared_cache, tmp_path):

@@ -1,3 +1,4 @@
+import logging
 import math
 import weakref
 from pathlib import Path
@@ -117,12 +118,15 @@ def test_default_config_is_mtp4_on_the_stdlib_corpus():
     assert OmegaConf.to_container(cfg.trainer, resolve=False)["max_steps"] > 0
 
 
-def test_run_logs_metrics_and_writes_a_checkpoint_with_its_tokenizer(make_cfg):
+def test_run_logs_metrics_and_writes_a_checkpoint_with_its_tokenizer(make_cfg, caplog):
     cfg = make_cfg("mtp2")
-    metrics = train(cfg)
+    with caplog.at_level(logging.INFO, logger="mtp"):  # Python logging: Hydra's handlers show and file them
+        metrics = train(cfg)
     run = Path(cfg.paths.output_dir)
     last = run / "checkpoints" / "last.ckpt"
     assert last.is_file()
+    said = [r.getMessage() for r in caplog.records if r.name == "mtp.train"]
+    assert f"checkpoint: {last}" in said and any(m.startswith("final validation: val/") for m in said)
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert {"train/loss", "train/loss_head1", "train/loss_head2", "val/ppl", "val/acc_head2"} <= metrics.keys()
     # Lightning's LearningRateMonitor: one key per parameter group (decayed matrices, then norms), the rate the

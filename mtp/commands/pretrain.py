@@ -8,9 +8,13 @@ under the repository's logs/ unless PROJECT_ROOT names another root (conf/paths/
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
+import re
 import shutil
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,21 +22,97 @@ from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from mtp.cli import checkout_root, errors_reported, run_script
 from mtp.commands import bench_decode, distill
-from mtp.errors import UserError
+from mtp.errors import UserError, first_line
 from mtp.train import train
+
+LITLOGGER_TIP = "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]"
+"""The start of the advertisement Lightning 2.6 logs for every Trainer without a LitLogger."""
+
+FULL_ERROR = "HYDRA_FULL_ERROR"
+"""While set to 1, Hydra raises a config it cannot compose instead of printing its report and exiting 1."""
+_raising_for_mtp = False  # FULL_ERROR was set by config_errors_raised, not by the user
+_sweep_dirs: list[Path] = []  # the sweep folders of multiruns started in this process (SweepFolder)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Compose the config from the overrides in ``argv`` (None: the process's arguments) and train."""
     root = checkout_root()
     os.environ.setdefault("PROJECT_ROOT", str(root))
+    quiet_library_notices()
     task = hydra.main(version_base="1.3", config_path=str(root / "conf"), config_name="train")(train_in_run_dir)
-    with arguments(argv):
+    with arguments(argv), config_errors_raised():
         task()
+
+
+def quiet_library_notices() -> None:
+    """Leave out two notices about the libraries, not the run, that every run would print (the tests filter them in
+    pyproject.toml): Lightning's litlogger tip, and torch 2.13's deprecation of LeafSpec, which Lightning 2.6 still
+    checks for (lightning/pytorch/utilities/_pytree.py)."""
+    warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(not_litlogger_tip)
+
+
+def not_litlogger_tip(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(LITLOGGER_TIP)
+
+
+@contextmanager
+def config_errors_raised() -> Iterator[None]:
+    """A config Hydra cannot compose (an option a group lacks, a key the config lacks, an override it cannot parse)
+    becomes a UserError of one sentence, before any run folder exists. The job itself runs under Hydra's usual
+    reporting (see :func:`train_in_run_dir`); a user who set HYDRA_FULL_ERROR=1 gets Hydra's full report."""
+    global _raising_for_mtp
+    if os.environ.get(FULL_ERROR) == "1":
+        yield
+        return
+    os.environ[FULL_ERROR], _raising_for_mtp = "1", True
+    try:
+        yield
+    except (ConfigCompositionException, OverrideParseException) as err:
+        for sweep_dir in _sweep_dirs:  # a sweep whose jobs did not compose: its folder holds only multirun.yaml
+            if sweep_dir.is_dir() and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}:
+                shutil.rmtree(sweep_dir, ignore_errors=True)
+        raise UserError(config_error_sentence(err)) from None
+    finally:
+        _sweep_dirs.clear()
+        if _raising_for_mtp:
+            os.environ.pop(FULL_ERROR, None)
+            _raising_for_mtp = False
+
+
+def config_error_sentence(err: ConfigCompositionException | OverrideParseException) -> str:
+    """One sentence for a config Hydra could not compose: the bad override and its fix."""
+    if isinstance(err, MissingConfigException) and err.options and err.missing_cfg_file:
+        group, option = err.missing_cfg_file.rsplit("/", 1)
+        return f"{group}={option} names no config in conf/{group}/; choose one of {', '.join(err.options)}."
+    cause = err.__cause__
+    if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:  # a key the config lacks
+        typed = re.search(r"use \+(\S+)", str(err))
+        known = list(cause.parent_node.keys()) if isinstance(cause.parent_node, DictConfig) else []
+        close = difflib.get_close_matches(str(cause.key), [str(k) for k in known], n=1)
+        prefix = cause.full_key[: -len(str(cause.key))]
+        guess = f" (did you mean {prefix}{close[0]}?)" if close else ""
+        add = f", or add it with +{typed.group(1)}" if typed else ""
+        return f"{cause.full_key} is not a setting of the config{guess}; fix the name{add} (--cfg job lists them)."
+    if isinstance(err, OverrideParseException):
+        return f"cannot read the override {err.override!r}: {first_line(err)}; see --help for the override syntax."
+    lines = [line.strip() for line in str(err).split("Config search path:")[0].splitlines() if line.strip()]
+    return f"{' '.join(lines).rstrip('.')}; see --help for the config groups and their options."
+
+
+class SweepFolder(Callback):
+    """Notes the folder a multirun writes its multirun.yaml into before composing its jobs (conf/hydra/default.yaml
+    names this callback), so that a job that does not compose leaves no folder behind."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
+        _sweep_dirs.append(Path(config.hydra.sweep.dir))
 
 
 def train_in_run_dir(cfg: DictConfig) -> None:
@@ -43,6 +123,8 @@ def train_in_run_dir(cfg: DictConfig) -> None:
     earlier run made); one with a ``bench_decode`` node ends with the decoding benchmark of the trained checkpoint
     (``scripts/bench_decode.py`` with those flags, written into the run folder). Both are checked before training.
     """
+    if _raising_for_mtp:  # composed: the job's own errors get Hydra's usual report again
+        os.environ.pop(FULL_ERROR, None)
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     with errors_reported(cleanup=lambda: remove_empty_run_dir(output_dir)):
         bench = None

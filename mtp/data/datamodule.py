@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from mtp.data.packing import PackedData, TokenizerConfig, prepare
 from mtp.data.sources import SourceConfig
 from mtp.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 class TokenWindows(Dataset):
@@ -140,6 +143,11 @@ class MTPDataModule(L.LightningDataModule):
                 f"data.seq_len={self.seq_len} (+{self.n_future} future tokens) is longer than the whole validation "
                 f"split ({val_tokens} tokens); lower data.seq_len or raise data.val_fraction."
             )
+        if self.trainer is None or self.trainer.is_global_zero:
+            train, validation = self.windows("train"), self.windows("validation")
+            log.info(
+                "data: %d training and %d validation windows of %d tokens", len(train), len(validation), window,
+            )  # fmt: skip
 
     def description(self) -> dict[str, Any]:
         """Plain settings that recover this data's splits: the source and the validation fraction."""

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
+from tqdm.auto import tqdm
 
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, source_identity, split_documents
 from mtp.data.tokenizer import TOKENIZER_KINDS, build_tokenizer, eot_id, pretrained_json
@@ -126,7 +128,11 @@ def prepare(source: SourceConfig, tokenizer: TokenizerConfig, val_fraction: floa
             cache_dir.mkdir(parents=True, exist_ok=True)
         with _exclusive(cache_dir / f"{name}.lock", final) as locked:
             if not (final / "meta.json").is_file():  # another process may have built it while this one waited
+                log.info("preparing the data once for these settings (later runs reuse it): %s", final)
                 _build_into_place(final, source, tokenizer, val_fraction, remove_stale=locked)
+                log.info("data cached at %s", final)
+    else:
+        log.info("data: reusing %s", final)
     return open_packed(final)
 
 
@@ -196,18 +202,29 @@ def _build(out: Path, source: SourceConfig, tok_config: TokenizerConfig, val_fra
     with writing_to_cache(out):
         out.mkdir(parents=True)
     splits = split_documents(load_documents(source), val_fraction)
+    if tok_config.kind == "bpe":
+        documents = _count(splits["train"])
+        limit = f" (their first {tok_config.train_bytes:,} bytes)" if tok_config.train_bytes else ""
+        log.info(
+            "training a BPE tokenizer of %d tokens on %s training documents%s",
+            tok_config.vocab_size, "the" if documents is None else documents, limit,
+        )  # fmt: skip
+    start = time.perf_counter()
     tokenizer = build_tokenizer(
         tok_config.kind,
         _training_texts(splits["train"], tok_config.train_bytes),
         tok_config.vocab_size,
         tok_config.path,
     )
+    if tok_config.kind == "bpe":
+        log.info("trained the tokenizer in %.1f s", time.perf_counter() - start)
     dtype = token_dtype(tokenizer.get_vocab_size())
     eot = eot_id(tokenizer)
     counts: dict[str, int] = {}
     documents: dict[str, int] = {}
     for split in SPLITS:
         counts[split], documents[split] = _write_shard(out / f"{split}.bin", splits[split], tokenizer, eot, dtype)
+        log.info("packed %s: %d documents into %d tokens", split, documents[split], counts[split])
     if counts["train"] == 0:
         raise UserError(f"the {source.kind} source gave no training text; point data.source at non-empty documents.")
     _write_text(out / "tokenizer.json", tokenizer.to_str(pretty=True))
@@ -241,11 +258,21 @@ def _training_texts(dataset, max_bytes: int):
                 return
 
 
+def _count(dataset) -> int | None:
+    """The number of documents of a dataset, None for a streamed one (unknown until read)."""
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
 def _write_shard(path: Path, dataset, tokenizer: Tokenizer, eot: int, dtype: str) -> tuple[int, int]:
-    """Encode every document, append end-of-text after each, write as ``dtype``; returns (tokens, documents)."""
+    """Encode every document, append end-of-text after each, write as ``dtype``; returns (tokens, documents). A
+    progress bar on a terminal counts the documents."""
     n_tokens = n_docs = 0
     with writing_to_cache(path):
         f = open(path, "wb")
+    progress = tqdm(total=_count(dataset), desc=f"packing {path.stem}", unit=" docs", disable=None)
     try:
         for texts in iter_texts(dataset, batch_size=512):
             encodings = tokenizer.encode_batch(texts)  # with the tokenizer's own start token, if any
@@ -255,7 +282,9 @@ def _write_shard(path: Path, dataset, tokenizer: Tokenizer, eot: int, dtype: str
                 f.write(array.tobytes())
             n_tokens += array.size
             n_docs += len(texts)
+            progress.update(len(texts))
     finally:
+        progress.close()
         with writing_to_cache(path):  # a full disk may show only here, when the last buffer is flushed
             f.close()
     return n_tokens, n_docs

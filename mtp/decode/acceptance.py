@@ -187,6 +187,8 @@ def _parent_slot(step: TreeVerification) -> Tensor:
 
 
 class Greedy(Rule):
+    name = "greedy"  # whatever acceptance was asked: at temperature 0 no rule but head 1's argmax applies
+
     def first(self, head1, draws):
         return head1.argmax(dim=-1)
 

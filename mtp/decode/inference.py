@@ -416,10 +416,11 @@ class ChainCache:
 def compiled_block_step():
     """:func:`block_step` compiled: one graph for every block of the path, one for the stacked draft heads, with
     dynamic shapes, so that prefill, decoding steps and batch sizes share them (sizes 1 and above compile apart:
-    up to about eight graphs when k and the batch size both vary, hence a higher recompile limit than dynamo's 8).
+    up to about eight graphs when k and the batch size both vary, hence a higher recompile limit than dynamo's 8,
+    set around each call, where dynamo compiles lazily: the process's own setting stays as it was).
     Default mode on every device: CUDA graphs (``mode="reduce-overhead"``) are not used yet."""
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
-    return torch.compile(block_step, dynamic=True, fullgraph=True)
+    limit = torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 32))
+    return limit(torch.compile(block_step, dynamic=True, fullgraph=True))
 
 
 def block_step(

@@ -53,7 +53,7 @@ def generate(
     proposer = drafter or HeadsProposer(inference, config)
     stats = DecodeStats(
         rows=len(prompts), drafted=[0] * config.drafts, accepted=[0] * config.drafts,
-        tree_nodes=tree.size if tree is not None else 0, acceptance_rule=config.acceptance, method=proposer.method,
+        tree_nodes=tree.size if tree is not None else 0, acceptance_rule=rule.name, method=proposer.method,
         method_params={"gamma": str(config.gamma), **proposer.params()} if drafter is not None else {},
     )  # fmt: skip
     rows = _Rows(len(prompts), config)

@@ -32,6 +32,8 @@ class DecodeStats:
     accepted_nodes: Counter = field(default_factory=Counter)
     """Tree decoding: how many row-steps ended at each node (0: the root, no draft accepted)."""
     acceptance_rule: str = "exact"
+    """The rule that ran (:attr:`mtp.decode.acceptance.Rule.name`): ``greedy`` at temperature 0, whatever
+    ``acceptance`` asked; ``exact`` (lossless sampling) or ``typical`` otherwise."""
     method: str = "heads"
     """Who drafts (:attr:`mtp.decode.proposers.Proposer.method`): the target's heads (``heads``), a draft model
     (``draft``), layer skip (``layerskip``), prompt lookup (``lookup``)."""

@@ -1,4 +1,5 @@
 import json
+import logging
 import os
 import shutil
 import sys
@@ -100,3 +101,19 @@ def test_meta_records_settings(source, tmp_path):
 
 def test_large_vocabularies_pack_as_uint32():
     assert packing.token_dtype(65536) == "uint16" and packing.token_dtype(65537) == "uint32"
+
+
+def test_preparing_says_what_it_does_and_where_it_caches(source, tmp_path, caplog):
+    """The first run's long silent minute (tokenizer training, packing) says what it is doing; a rerun says it
+    reuses the cache."""
+    with caplog.at_level(logging.INFO, logger="mtp.data.packing"):
+        packed = prepare(source, TokenizerConfig(kind="bpe", vocab_size=300), 0.2, tmp_path)
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    documents = packed.meta["documents"]
+    assert f"training a BPE tokenizer of 300 tokens on {documents['train']} training documents" in said
+    assert f"packed train: {documents['train']} documents into {packed.meta['tokens']['train']} tokens" in said
+    assert f"data cached at {packed.path}" in said
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mtp.data.packing"):
+        prepare(source, TokenizerConfig(kind="bpe", vocab_size=300), 0.2, tmp_path)
+    assert [r.getMessage() for r in caplog.records] == [f"data: reusing {packed.path}"]

@@ -131,3 +131,38 @@ def test_rollback_refuses_lengths_it_does_not_hold():
     for lengths in ([4, 3], [-1, 0], [1]):
         with pytest.raises(ValueError, match="rollback to lengths"):
             cache.rollback(lengths)
+
+
+def test_compiled_steps_raise_the_recompile_limit_only_while_they_run(monkeypatch):
+    """Dynamo compiles at a call, so the decoder's higher limit must be in force there, and nowhere else: the
+    process's own setting (a user's, another library's) is left as it was. A stand-in for torch.compile records the
+    limit each call runs under."""
+    from mtp.decode import GenerationConfig, generate
+
+    limits = []
+
+    def compile_recording(fn, **options):
+        def step(*args, **kwargs):
+            limits.append(torch._dynamo.config.recompile_limit)
+            return fn(*args, **kwargs)
+
+        return step
+
+    monkeypatch.setattr(torch, "compile", compile_recording)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    generate(helpers.tiny_model(), [[1, 2, 3]], GenerationConfig(max_new_tokens=4, heads=4, compile=True))
+    assert limits and set(limits) == {32}
+    assert torch._dynamo.config.recompile_limit == 8
+
+
+@pytest.mark.slow
+def test_decoding_compiled_leaves_the_recompile_limit_as_it_was():
+    from mtp.decode import GenerationConfig, generate
+
+    before = torch._dynamo.config.recompile_limit
+    model = helpers.tiny_model()
+    config = GenerationConfig(max_new_tokens=4, heads=4)
+    expected, _ = generate(model, [[1, 2, 3], [4]], config)
+    out, _ = generate(model, [[1, 2, 3], [4]], GenerationConfig(max_new_tokens=4, heads=4, compile=True))
+    assert out == expected
+    assert torch._dynamo.config.recompile_limit == before

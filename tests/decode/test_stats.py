@@ -32,3 +32,17 @@ def test_statistics_of_different_settings_do_not_add():
     _, autoregressive = generate(model, [[1, 2]], GenerationConfig(max_new_tokens=4))
     with pytest.raises(ValueError, match="same settings"):
         chain + autoregressive
+
+
+@pytest.mark.parametrize(
+    ("settings", "shown"),
+    [
+        ({"acceptance": "typical"}, "acceptance=greedy"),  # temperature 0 ignores the rule asked for
+        ({}, "acceptance=greedy"),
+        ({"acceptance": "typical", "temperature": 0.8}, "acceptance=typical(lossy)"),
+        ({"temperature": 0.8}, "acceptance=exact"),
+    ],
+)
+def test_the_stats_line_names_the_acceptance_rule_that_ran(settings, shown):
+    _, stats = generate(tiny_model(4), [[1, 2, 3]], GenerationConfig(max_new_tokens=4, heads=4, **settings))
+    assert f" {shown} " in stats.line()
