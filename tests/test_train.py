@@ -24,7 +24,7 @@ from mtp.lit import MTPLitModule
 from mtp.loss import split_window
 from mtp.model import MTPModel
 from mtp.optim import parameter_groups, warmup_cosine
-from mtp.train import instantiate, instantiate_group, train
+from mtp.train import instantiate_group, train
 
 PRESETS = ["mtp1", "mtp2", "mtp4", "mtp8", "byte1", "byte8"]
 
