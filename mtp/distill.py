@@ -242,7 +242,7 @@ class ChatTemplate:
                 "in tokenizer.chat_template, a Hugging Face directory in tokenizer_config.json); drop --chat-template."
             )
         try:
-            from jinja2 import TemplateError
+            from jinja2 import TemplateError  # optional (comes with transformers): only for chat templates
             from jinja2.sandbox import ImmutableSandboxedEnvironment
         except ImportError as err:  # optional: only --chat-template needs it
             raise UserError("--chat-template renders the model's template with jinja2; pip install jinja2.") from err

@@ -166,7 +166,7 @@ def parse_size(size: str) -> int:
 
 def _interop_packages(task: str):
     try:
-        import safetensors.torch as safetensors_torch
+        import safetensors.torch as safetensors_torch  # optional: the hf extra
         import transformers
     except ImportError as err:
         raise UserError(f"{task} needs transformers and safetensors; {INSTALL_HINT}.") from err

@@ -75,7 +75,7 @@ def apply_fsdp(model: MTPModel, mesh: Any, mp_policy: Any = None) -> None:
     The root keeps its parameters gathered from forward to backward (FSDP2's default for the root), so the
     loss can read the unembeddings after ``head_states`` returns.
     """
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method  # distributed: only when sharding
 
     settings = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
     for block in model.blocks():
@@ -86,6 +86,6 @@ def apply_fsdp(model: MTPModel, mesh: Any, mp_policy: Any = None) -> None:
 
 
 def is_sharded(module: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule  # distributed: not every torch build has it
 
     return isinstance(module, FSDPModule)

@@ -29,7 +29,7 @@ class PeerRun:
 
 def hf_llama(model: MTPModel):
     """``transformers.LlamaForCausalLM`` holding ``model``'s next-token path, on its device and in its dtype."""
-    import transformers
+    import transformers  # optional (the hf extra), and slow to import: only when the peer runs
 
     config = transformers.LlamaConfig(**llama_config(model.config))
     parameter = next(model.parameters())

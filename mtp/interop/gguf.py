@@ -66,7 +66,7 @@ def is_gguf(path: str | os.PathLike) -> bool:
 def open_gguf(path: Path) -> Any:
     """A ``gguf.GGUFReader`` over the file (memory-mapped: nothing is read until asked for)."""
     try:
-        import gguf
+        import gguf  # optional: the gguf extra
     except ImportError as err:
         raise UserError(f"reading {path} needs the gguf package; {INSTALL_HINT}.") from err
     try:
@@ -222,7 +222,7 @@ def gguf_config(meta: dict[str, Any], tensors: dict[str, Any], path: Path) -> Mo
 
 def dequantized(tensor: Any, path: Path) -> Tensor:
     """A GGUF tensor as an fp32 torch tensor of mtp's shape (rows, columns)."""
-    from gguf.quants import dequantize
+    from gguf.quants import dequantize  # optional: the gguf extra (open_gguf has checked it is there)
 
     try:
         array = dequantize(tensor.data, tensor.tensor_type)

@@ -178,7 +178,7 @@ def read_tensors(path: Path) -> dict[str, Tensor]:
 
 def _load_safetensors(file: Path) -> dict[str, Tensor]:
     try:
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # optional: the hf extra
     except ImportError as err:
         raise UserError(f"reading {file} needs safetensors; {INSTALL_HINT}.") from err
     try:
