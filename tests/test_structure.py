@@ -105,3 +105,25 @@ def test_only_the_config_and_the_heads_compare_head_type_names(name):
             reads = {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
             reads |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
             assert not (names and "head_type" in reads), f"{name}:{node.lineno} compares head_type with {names}"
+
+
+def imports_in_functions(path: Path) -> list[tuple[int, bool]]:
+    """(line, explained) of every import inside a function of ``path``: explained when a comment on an import line
+    of that function, or a ``try`` around it (an optional dependency), says why it is not at the top."""
+    lines = path.read_text().splitlines()
+    found = []
+    for function in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        tried = {id(n) for t in ast.walk(function) if isinstance(t, ast.Try) for b in t.body for n in ast.walk(b)}
+        imports = [n for n in ast.walk(function) if isinstance(n, ast.Import | ast.ImportFrom)]
+        commented = any("#" in lines[n.lineno - 1] for n in imports)
+        found += [(n.lineno, commented or id(n) in tried) for n in imports]
+    return found
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_an_import_inside_a_function_says_why(name):
+    """Imports sit at the top unless they are optional or slow to load, and then the code says which."""
+    unexplained = [line for line, explained in imports_in_functions(MODULES[name]) if not explained]
+    assert not unexplained, f"{MODULES[name]}: imports inside functions without a reason at lines {unexplained}"
