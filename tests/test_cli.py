@@ -190,6 +190,15 @@ def test_pretrain_os_error_is_one_line_and_leaves_no_run_folder(monkeypatch, tmp
     assert not run_dir.exists()
 
 
+def test_every_constant_of_a_command_is_used():
+    """A module-level constant of mtp/commands/ that nothing in mtp/ reads is dead code (bench_decode had one)."""
+    package = [path.read_text() for path in (ROOT / "mtp").rglob("*.py")]
+    for path in (ROOT / "mtp" / "commands").glob("*.py"):
+        for name in re.findall(r"^([A-Z][A-Z0-9_]+)(?::[^=]*)? =", path.read_text(), flags=re.M):
+            uses = sum(len(re.findall(rf"\b{name}\b", text)) for text in package)
+            assert uses > 1, f"{path.name}: {name} is defined but never used; delete it"
+
+
 def test_no_script_edits_sys_path():
     for path in [*(ROOT / "scripts").glob("*.py"), *(ROOT / "mtp" / "commands").glob("*.py")]:
         assert "sys.path" not in path.read_text(), f"{path} edits sys.path; install with pip install -e . instead"

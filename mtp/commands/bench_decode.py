@@ -52,7 +52,6 @@ from mtp.decode.tree_fit import fitted_tree
 from mtp.errors import UserError
 
 METHODS = ("chain", "tree", "typical", "adaptive", "draft", "layerskip", "lookup")
-DRAFTERS = ("draft", "layerskip", "lookup")
 PROMPT_SETS = ("heldout", "humaneval")
 
 
