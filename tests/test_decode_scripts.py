@@ -119,7 +119,9 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
         (["--skip-layers", "0,1,2,3,4,5"], "must name some but not all of the 6 blocks"),
         (["--skip-layers", "two"], "--skip-layers 'two' must be block indices such as 2,4,5, or auto"),
         (["--self-speculative", "--prompt-lookup", "2"], "replace the heads' drafts; drop --self-speculative"),
-        (["--skip-layers", "1", "--tree", "auto"], "--tree and --draft-p-min apply to the heads' drafts"),
+        (["--skip-layers", "1", "--tree", "auto"], "--prompt-lookup replace the heads' drafts; drop --tree."),
+        (["--prompt-lookup", "2", "--draft-p-min", "0.3"], "--gamma 4 drafts come from a drafter"),
+        (["--self-speculative", "--acceptance", "typical", "--typical-delta", "-1"], "--typical-delta -1 must be at"),
     ],
 )
 def test_bad_flags_are_one_sentence(tiny_checkpoints, args, message):

@@ -26,7 +26,16 @@ from mtp.benchmarks.decode_runs import run
 from mtp.benchmarks.train_step import StepSpec
 from mtp.checkpoint_format import CHECKPOINT_KEY, read_checkpoint
 from mtp.checkpoint_load import load_checkpoint, resolve_dtype
-from mtp.cli import add_device_flag, add_dtype_flag, generation_config, pick_device, run_script
+from mtp.cli import (
+    add_device_flag,
+    add_dtype_flag,
+    add_settings,
+    pick_device,
+    require_at_least,
+    run_script,
+    settings_from,
+    settings_named_by_flags,
+)
 from mtp.config import ModelConfig
 from mtp.data.prompts import held_out_prompts
 from mtp.decode import GenerationConfig
@@ -40,9 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("checkpoints", type=Path, nargs="+")
     parser.add_argument("--prompts", type=int, default=8, help="held-out prompts")
     parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.8, help="for the sampled runs")
-    parser.add_argument("--top-p", type=float, default=0.95, help="for the sampled runs")
+    sampled = {"temperature": "the sampled runs'", "top_p": "the sampled runs'"}
+    add_settings(
+        parser, GenerationConfig, ("max_new_tokens", "temperature", "top_p"), sampled, temperature=0.8, top_p=0.95
+    )
     parser.add_argument("--repeats", type=int, default=2, help="rounds; the fastest round counts")
     parser.add_argument("--train-steps", type=int, default=3, help="timed training steps per checkpoint (0: skip)")
     parser.add_argument("--seq-len", type=int, default=256, help="training step shape (the default data config's)")
@@ -52,9 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_dtype_flag(parser, default="float32")
     parser.add_argument("--out", type=Path, default=Path("results") / "compare_heads")
     args = parser.parse_args(argv)
-    for name in ("prompts", "prompt_tokens", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    require_at_least(args, 1, "prompts", "prompt_tokens", "repeats")
     return args
 
 
@@ -179,7 +187,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    sampled = generation_config(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+    sampled = settings_from(args, GenerationConfig)
     device = pick_device(args.device)
     require_plotting()
     args.out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the comparison runs
@@ -187,7 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     widths = {read_checkpoint(path)[CHECKPOINT_KEY]["model_config"]["d_model"] for path in args.checkpoints}
     if len(widths) > 1:
         raise UserError("the checkpoints have different widths (model.d_model); compare runs of one size.")
-    rows = [compare(path, args, sampled, device) for path in args.checkpoints]
+    with settings_named_by_flags():  # e.g. --prompt-tokens and --max-new-tokens beyond a checkpoint's context
+        rows = [compare(path, args, sampled, device) for path in args.checkpoints]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[resolve_dtype(args.dtype, device)]
     title = (
