@@ -4,48 +4,42 @@
   sentence on stderr, ``error: ...``, and exit status 2, without a traceback;
 - one device choice (``--device auto|cpu|cuda``) and one dtype flag (``--dtype``; its policy is
   :func:`mtp.checkpoint_load.resolve_dtype`'s: auto is bf16 on CUDA, fp32 elsewhere);
-- decoding settings checked by :class:`GenerationConfig` alone, its errors named by the flags the user typed.
+- settings as flags: :func:`add_settings` makes a flag of each field of a settings dataclass (its type, default and
+  attribute docstring: one field with its docstring in :class:`~mtp.decode.settings.GenerationConfig` is a flag of
+  every decoding command), :func:`settings_from` builds it back, and the class alone checks it, its errors
+  (:class:`~mtp.decode.settings.SettingError`) named by the flags, ``--field-name``, that the user typed;
+- one spelling of a number below its floor: :func:`require_at_least`.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
+import itertools
+import re
 import sys
-from collections.abc import Callable, Iterator
+import textwrap
+import types
+import typing
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, Literal, NoReturn, TypeVar
 
 import torch
 from omegaconf.errors import InterpolationResolutionError
 
 import mtp
 from mtp.checkpoint_load import DTYPES
-from mtp.config import ModelConfig
-from mtp.decode.settings import GenerationConfig, SettingError
+from mtp.decode.settings import SettingError
 from mtp.errors import FULL_DISK, UserError
+
+T = TypeVar("T")
 
 PACKAGE_DIR = Path(mtp.__file__).resolve().parent
 """The mtp package this process runs; with ``pip install -e .`` it sits in the checkout, beside conf/."""
-
-GENERATION_FLAGS = {
-    "max_new_tokens": "--max-new-tokens",
-    "temperature": "--temperature",
-    "top_k": "--top-k",
-    "top_p": "--top-p",
-    "heads": "--heads",
-    "seed": "--seed",
-    "compile": "--compile",
-    "tree": "--tree",
-    "acceptance": "--acceptance",
-    "typical_epsilon": "--typical-epsilon",
-    "typical_delta": "--typical-delta",
-    "draft_p_min": "--draft-p-min",
-    "adaptive_drafts": "--adaptive-drafts",
-    "gamma": "--gamma",
-}
-"""The flag of each GenerationConfig setting, the same in every command that has it (eos_id comes from the
-tokenizer, never from a flag)."""
 
 
 def error_sentence(err: UserError | OSError) -> str:
@@ -115,21 +109,103 @@ def add_dtype_flag(parser: argparse.ArgumentParser, default: str = "auto") -> No
     )
 
 
-def generation_config(**settings) -> GenerationConfig:
-    """``GenerationConfig(**settings)``, a bad setting reported as a UserError under its flag."""
+def flag_of(name: str) -> str:
+    """The flag of a setting or an argument: its name in kebab case (``draft_p_min``: ``--draft-p-min``)."""
+    return "--" + name.replace("_", "-")
+
+
+def attribute_docs(cls: type) -> dict[str, str]:
+    """The attribute docstring of each field of ``cls`` that has one: the string literal below it in the class body."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {
+        field.target.id: doc.value.value
+        for field, doc in itertools.pairwise(body)
+        if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+        if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)
+    }
+
+
+def _argument_type(hint: Any, field: str) -> dict[str, Any]:
+    """argparse's type (and choices, or action) of a field annotated ``hint``: bool, int, float, str, a Literal of
+    them, or one of these or None."""
+    options = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in options and len(options) == 2:
+        hint = options[0] if options[1] is type(None) else options[1]
+    if hint is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(hint) is Literal:
+        return {"type": type(typing.get_args(hint)[0]), "choices": typing.get_args(hint)}
+    if hint in (int, float, str):
+        return {"type": hint}
+    raise TypeError(f"{field}: {hint} has no flag; give it a bool, int, float, str or Literal type, or flag=False")
+
+
+def _settings_key(cls: type) -> str:
+    return f"_settings_of_{cls.__qualname__}"
+
+
+def add_settings(
+    parser: argparse._ActionsContainer,
+    cls: type,
+    names: Sequence[str] | None = None,
+    notes: dict[str, str] | None = None,
+    **defaults: Any,
+) -> None:
+    """Add a flag for each field of the dataclass ``cls``: those in ``names``, or every field whose metadata does not
+    say ``flag=False``. A field ``draft_p_min`` is ``--draft-p-min`` (dest ``draft_p_min``), typed as the field (a
+    bool is ``--x/--no-x``, a Literal chooses among its values, ``X | None`` takes an X), its default ``defaults``'
+    or the field's, its help the first sentence of the field's attribute docstring, then ``notes``' for it.
+    :func:`settings_from` builds ``cls`` back from the parsed flags."""
+    hints, docs, notes = typing.get_type_hints(cls), attribute_docs(cls), notes or {}
+    if names is None:
+        chosen = [field for field in fields(cls) if field.metadata.get("flag", True)]
+    else:
+        chosen = [field for field in fields(cls) if field.name in names]
+        if len(chosen) < len(names):
+            raise TypeError(f"{cls.__name__} has no field {', '.join(set(names) - {f.name for f in chosen})}")
+    for field in chosen:
+        if field.name not in docs:
+            raise TypeError(f"{cls.__name__}.{field.name} has no docstring below it to be its flag's help")
+        default = defaults.pop(field.name, field.default)
+        sentence = re.split(r"(?<=\.)\s+(?=[A-Z])", " ".join(docs[field.name].split()))[0].removesuffix(".")
+        text = "; ".join([sentence.replace("``", ""), *([notes[field.name]] if field.name in notes else [])])
+        if default is not None and not isinstance(default, bool):  # BooleanOptionalAction shows its own
+            text += f" (default: {default})"
+        parser.add_argument(
+            flag_of(field.name), dest=field.name, default=default, help=text.replace("%", "%%"),
+            **_argument_type(hints[field.name], field.name),
+        )  # fmt: skip
+    if defaults:
+        raise TypeError(f"defaults for fields that got no flag: {', '.join(defaults)}")
+    key = _settings_key(cls)
+    parser.set_defaults(**{key: (*(parser.get_default(key) or ()), *(f.name for f in chosen))})
+
+
+def settings_from(args: argparse.Namespace, cls: type[T], **values: Any) -> T:
+    """``cls`` made of the flags :func:`add_settings` added and ``values`` (which set other fields or override flags),
+    checked by ``cls`` itself: a :class:`SettingError` becomes a UserError naming the flags."""
+    flags = {name: getattr(args, name) for name in getattr(args, _settings_key(cls), ())}
+    with settings_named_by_flags():
+        return cls(**(flags | values))
+
+
+@contextmanager
+def settings_named_by_flags() -> Iterator[None]:
+    """A :class:`SettingError` raised inside (by a settings class, or by ``generate``'s checks of them) becomes a
+    UserError, the same sentence with each field spelled as its flag: ``--top-p 1.5`` for ``top_p=1.5``."""
     try:
-        return GenerationConfig(**settings)
+        yield
     except SettingError as err:
-        raise UserError(err.render(lambda field: GENERATION_FLAGS.get(field, field), " ")) from None
+        raise UserError(err.render(flag_of, " ")) from None
 
 
-def check_heads(heads: int, config: ModelConfig) -> None:
-    """--heads must lie in 1..n, or above n for causal heads with one shared depth (applied again and again)."""
-    if heads > config.n_future and not config.share_depth:
-        raise UserError(
-            f"--heads {heads} exceeds this checkpoint's {config.n_future} head(s); only causal heads trained with "
-            f"model.share_depth=true draft beyond them; use --heads 1..{config.n_future}."
-        )
+def require_at_least(args: argparse.Namespace, least: int, *names: str) -> None:
+    """Each named argument (None: not given) at least ``least``, or a UserError naming its flag."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < least:
+            limit = " (0: no limit)" if least == 0 else ""
+            raise UserError(f"{flag_of(name)} {value} must be at least {least}{limit}.")
 
 
 def checkout_root() -> Path:

@@ -34,7 +34,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -595,7 +595,7 @@ def distill(
                             "--new-tokens, or --prompt-tokens / shorten that prompt."
                         )
                 batch_start = time.monotonic()
-                seeded = GenerationConfig(**{**config.__dict__, "seed": config.seed + first + position})
+                seeded = replace(config, seed=config.seed + first + position)
                 outputs, _ = generate(model, [prompt.ids for prompt in batch], seeded)
                 new = [
                     completion_row(prompt, output, tokenizer, config, end_ids, end_text)

@@ -1,6 +1,7 @@
 """The one command-line layer (mtp/cli.py, mtp/commands/): one error handler, one device and dtype choice, decoding
 settings checked by GenerationConfig alone and reported under their flags, installed entry points."""
 
+import argparse
 import errno
 import importlib.metadata
 import os
@@ -8,8 +9,9 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
@@ -133,14 +135,62 @@ def test_generation_config_names_its_fields():
         GenerationConfig(max_new_tokens=4, gamma=2, heads=3)
     assert err.value.fields == ("gamma", "heads", "tree", "draft_p_min")
     assert "heads=1" in str(err.value)
-    assert err.value.render(cli.GENERATION_FLAGS.get, " ").startswith("--gamma 2 drafts come from a drafter")
+    assert err.value.render(cli.flag_of, " ").startswith("--gamma 2 drafts come from a drafter")
 
 
-def test_every_decoding_setting_has_a_flag_of_decode():
-    settings = {f.name for f in fields(GenerationConfig)} - {"eos_id"}  # set from the tokenizer, never a flag
-    assert settings == set(cli.GENERATION_FLAGS)
-    options = set(decode.build_parser()._option_string_actions)
-    assert set(cli.GENERATION_FLAGS.values()) <= options
+def test_every_decoding_setting_is_a_flag_of_decode_with_its_docstring_as_help():
+    """No list of flags beside GenerationConfig: each field is decode's --field-name, helped by its docstring (tree is
+    decode's own --tree, a file or auto; eos_id comes from the tokenizer)."""
+    options = decode.build_parser()._option_string_actions
+    docs = cli.attribute_docs(GenerationConfig)
+    for setting in fields(GenerationConfig):
+        flag = cli.flag_of(setting.name)
+        if setting.name == "eos_id":
+            assert flag not in options
+        elif setting.name != "tree":
+            assert options[flag].dest == setting.name
+            assert options[flag].help.startswith(" ".join(docs[setting.name].split()[:3]).replace("``", "")), flag
+    assert options["--adaptive-drafts"].default is False and "--no-adaptive-drafts" in options
+    assert options["--acceptance"].choices == ("exact", "typical")
+
+
+@dataclass
+class Toy:
+    """A settings class the way GenerationConfig is written: typed fields, each with its docstring below it."""
+
+    depth: int = 2
+    """How deep to go. More is slower."""
+    mode: Literal["fast", "exact"] = "exact"
+    """fast or exact (100% of the time)."""
+    verbose: bool = False
+    """Say more."""
+    limit: float | None = None
+    """Stop at this much (None: never)."""
+    secret: object = field(default=None, metadata={"flag": False})
+    """Set by the program, never a flag."""
+
+    def __post_init__(self) -> None:
+        if self.depth < 1:
+            raise SettingError("{depth} must be at least 1; go deeper.", depth=self.depth)
+
+
+def test_a_settings_field_becomes_a_flag_with_help_and_a_field_named_error():
+    parser = argparse.ArgumentParser()
+    cli.add_settings(parser, Toy, notes={"limit": "in seconds"}, depth=3)
+    options = parser._option_string_actions
+    assert set(options) >= {"--depth", "--mode", "--verbose", "--no-verbose", "--limit"} and "--secret" not in options
+    assert options["--depth"].help == "How deep to go (default: 3)" and options["--depth"].type is int
+    assert (
+        options["--mode"].choices == ("fast", "exact")
+        and options["--mode"].help == "fast or exact (100%% of the time) (default: exact)"
+    )
+    assert options["--limit"].type is float and options["--limit"].help == "Stop at this much (None: never); in seconds"
+    args = parser.parse_args(["--verbose", "--limit", "2.5"])
+    assert cli.settings_from(args, Toy, secret=7) == Toy(3, "exact", True, 2.5, 7)
+    with pytest.raises(UserError, match=re.escape("--depth 0 must be at least 1; go deeper.")):
+        cli.settings_from(parser.parse_args(["--depth", "0"]), Toy)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--mode", "slow"])
 
 
 @NO_CUDA
@@ -188,6 +238,15 @@ def test_pretrain_os_error_is_one_line_and_leaves_no_run_folder(monkeypatch, tmp
     )
     assert len(err.splitlines()) == 1, err
     assert not run_dir.exists()
+
+
+def test_every_constant_of_a_command_is_used():
+    """A module-level constant of mtp/commands/ that nothing in mtp/ reads is dead code (bench_decode had one)."""
+    package = [path.read_text() for path in (ROOT / "mtp").rglob("*.py")]
+    for path in (ROOT / "mtp" / "commands").glob("*.py"):
+        for name in re.findall(r"^([A-Z][A-Z0-9_]+)(?::[^=]*)? =", path.read_text(), flags=re.M):
+            uses = sum(len(re.findall(rf"\b{name}\b", text)) for text in package)
+            assert uses > 1, f"{path.name}: {name} is defined but never used; delete it"
 
 
 def test_no_script_edits_sys_path():

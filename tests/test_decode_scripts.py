@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mtp.checkpoint_format import read_checkpoint
 from mtp.commands import drafter_setup
 from mtp.errors import UserError
 
@@ -118,7 +119,9 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
         (["--skip-layers", "0,1,2,3,4,5"], "must name some but not all of the 6 blocks"),
         (["--skip-layers", "two"], "--skip-layers 'two' must be block indices such as 2,4,5, or auto"),
         (["--self-speculative", "--prompt-lookup", "2"], "replace the heads' drafts; drop --self-speculative"),
-        (["--skip-layers", "1", "--tree", "auto"], "--tree and --draft-p-min apply to the heads' drafts"),
+        (["--skip-layers", "1", "--tree", "auto"], "--prompt-lookup replace the heads' drafts; drop --tree."),
+        (["--prompt-lookup", "2", "--draft-p-min", "0.3"], "--gamma 4 drafts come from a drafter"),
+        (["--self-speculative", "--acceptance", "typical", "--typical-delta", "-1"], "--typical-delta -1 must be at"),
     ],
 )
 def test_bad_flags_are_one_sentence(tiny_checkpoints, args, message):
@@ -316,3 +319,46 @@ def test_compare_heads_writes_one_row_per_checkpoint(tiny_checkpoints, tmp_path)
         assert row["train"]["status"] == "ok" and row["train"]["head_type"] == "transformer"
     assert (tmp_path / "heads.png").stat().st_size > 0
     assert (tmp_path / "results.md").read_text().count("| transformer |") == 2
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"head_type": "causal", "share_depth": True},
+        {"head_type": "medusa", "medusa_layers": 2},
+        {"head_type": "transformer", "loss_chunk": 8},
+    ],
+)
+def test_compare_heads_times_the_checkpoints_own_model(model):
+    """The training step compare_heads times is the checkpoint's model, every setting of it, not one rebuilt from a
+    few fields (a shared causal depth or a second medusa layer changes the parameters)."""
+    import torch
+
+    from mtp.config import ModelConfig
+    from mtp.model import MTPModel
+
+    compare_heads = load_script("compare_heads")
+    config = ModelConfig(vocab_size=64, d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, max_seq_len=64, **model)
+    flags = compare_heads.parse_args(["x.ckpt", "--seq-len", "16", "--batch-size", "2", "--train-steps", "1"])
+    timed = compare_heads.step_spec(config, flags, torch.device("cpu")).model_config()
+    assert timed.max_seq_len == 16 and timed.loss_chunk == config.loss_chunk
+    shapes = [{name: value.shape for name, value in MTPModel(c).state_dict().items()} for c in (timed, config)]
+    assert shapes[0] == shapes[1]
+
+
+def test_compare_heads_reads_each_checkpoint_once_before_comparing(tiny_checkpoints, tmp_path, monkeypatch):
+    compare_heads = load_script("compare_heads")
+    reads = []
+    monkeypatch.setattr(compare_heads, "read_checkpoint", lambda path: reads.append(path) or read_checkpoint(path))
+
+    class Compared(Exception):
+        pass
+
+    def compare(*args):
+        raise Compared
+
+    monkeypatch.setattr(compare_heads, "compare", compare)
+    paths = [str(tiny_checkpoints["mtp4"]), str(tiny_checkpoints["byte8"])]
+    with pytest.raises(Compared):
+        compare_heads.main([*paths, "--out", str(tmp_path)])
+    assert [str(path) for path in reads] == paths

@@ -18,6 +18,7 @@ from mtp.cli import run_script
 from mtp.commands import distill as command
 from mtp.data.sources import SourceConfig, in_validation, iter_texts, load_documents
 from mtp.data.tokenizer import byte_tokenizer
+from mtp.decode import GenerationConfig
 from mtp.distill import (
     SETTINGS_NAME,
     ChatTemplate,
@@ -325,7 +326,7 @@ def test_windows_sort_by_length_and_whole_batches():
 def test_a_completion_ends_at_the_first_end_token():
     tokenizer = byte_tokenizer()
     prompt = Prompt("a", [256, 97], "test")
-    config = command.generation_config(max_new_tokens=4)
+    config = GenerationConfig(max_new_tokens=4)
     ended = completion_row(prompt, [98, 5, 99], tokenizer, config, {5, 256}, end_text="<end>")
     assert ended["completion_ids"] == [98] and ended["finish"] == "end" and ended["text"] == "ab<end>"
     full = completion_row(prompt, [98, 99, 100, 101], tokenizer, config, {256})

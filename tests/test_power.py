@@ -759,7 +759,7 @@ MUTATIONS = [
     Mutation(
         "cli: a bad decoding setting named by its field, not its flag",
         "mtp/cli.py",
-        'err.render(lambda field: GENERATION_FLAGS.get(field, field), " ")',
+        'err.render(flag_of, " ")',
         "str(err)",
         ("tests/test_cli.py::test_a_bad_decoding_setting_is_reported_under_its_flag",),
     ),

@@ -71,7 +71,7 @@ def test_the_recipe_distils_trains_and_benchmarks_in_one_command(tiny_checkpoint
 
 def test_a_bad_benchmark_setting_fails_before_any_distillation(tiny_checkpoints, tmp_path):
     result = pretrain(*recipe(tiny_checkpoints["mtp4"], tmp_path, "bench_decode.prompts=0"), tmp_path=tmp_path)
-    assert_one_clear_error(result, "--prompts must be at least 1")
+    assert_one_clear_error(result, "--prompts 0 must be at least 1.")
     assert not (tmp_path / "distilled").exists()
 
 

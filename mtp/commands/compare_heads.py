@@ -24,9 +24,19 @@ import torch
 from mtp.benchmarks.cli import require_plotting, step_in_fresh_process
 from mtp.benchmarks.decode_runs import run
 from mtp.benchmarks.train_step import StepSpec
-from mtp.checkpoint_format import read_checkpoint
+from mtp.checkpoint_format import CHECKPOINT_KEY, read_checkpoint
 from mtp.checkpoint_load import load_checkpoint, resolve_dtype
-from mtp.cli import add_device_flag, add_dtype_flag, generation_config, pick_device, run_script
+from mtp.cli import (
+    add_device_flag,
+    add_dtype_flag,
+    add_settings,
+    pick_device,
+    require_at_least,
+    run_script,
+    settings_from,
+    settings_named_by_flags,
+)
+from mtp.config import ModelConfig
 from mtp.data.prompts import held_out_prompts
 from mtp.decode import GenerationConfig
 from mtp.errors import UserError
@@ -39,9 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("checkpoints", type=Path, nargs="+")
     parser.add_argument("--prompts", type=int, default=8, help="held-out prompts")
     parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.8, help="for the sampled runs")
-    parser.add_argument("--top-p", type=float, default=0.95, help="for the sampled runs")
+    sampled = {"temperature": "the sampled runs'", "top_p": "the sampled runs'"}
+    add_settings(
+        parser, GenerationConfig, ("max_new_tokens", "temperature", "top_p"), sampled, temperature=0.8, top_p=0.95
+    )
     parser.add_argument("--repeats", type=int, default=2, help="rounds; the fastest round counts")
     parser.add_argument("--train-steps", type=int, default=3, help="timed training steps per checkpoint (0: skip)")
     parser.add_argument("--seq-len", type=int, default=256, help="training step shape (the default data config's)")
@@ -51,9 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_dtype_flag(parser, default="float32")
     parser.add_argument("--out", type=Path, default=Path("results") / "compare_heads")
     args = parser.parse_args(argv)
-    for name in ("prompts", "prompt_tokens", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    require_at_least(args, 1, "prompts", "prompt_tokens", "repeats")
     return args
 
 
@@ -74,26 +83,17 @@ def logged_validation(checkpoint: Path) -> dict[str, float]:
     return {tag: value for tag, (_, value) in values.items()}
 
 
-def train_step(checkpoint: Path, args: argparse.Namespace, device: torch.device) -> dict:
-    """Tokens/s and peak memory of training steps with this checkpoint's shapes, in a fresh process (bf16 autocast
-    when the decoding runs in bf16)."""
-    config = read_checkpoint(checkpoint)["mtp"]["model_config"]
-    spec = StepSpec(
-        n_future=config["n_future"],
-        vocab_size=config["vocab_size"],
-        loss=config["loss"],
-        head_type=config["head_type"],
-        d_model=config["d_model"],
-        n_layers=config["n_layers"],
-        n_heads=config["n_heads"],
-        n_kv_heads=config["n_kv_heads"],
+def step_spec(config: ModelConfig, args: argparse.Namespace, device: torch.device) -> StepSpec:
+    """The training step timed for a checkpoint of ``config``: its whole model (shared depth, medusa layers and all)
+    in the step shape of the flags (bf16 autocast when the decoding runs in bf16)."""
+    return StepSpec.of_model(
+        config,
         seq_len=args.seq_len,
         batch_size=args.batch_size,
         steps=args.train_steps,
         device=device.type,
         bf16=resolve_dtype(args.dtype, device) == torch.bfloat16,
     )
-    return step_in_fresh_process(spec)
 
 
 def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, device: torch.device) -> dict:
@@ -130,7 +130,7 @@ def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, dev
             "tokens_per_s": spec.tokens_per_s,
         }
     if args.train_steps:
-        row["train"] = train_step(path, args, device)
+        row["train"] = step_in_fresh_process(step_spec(config, args, device))  # tokens/s and peak memory
     print(f"{path}: {json.dumps({k: v for k, v in row.items() if k != 'validation'})}", flush=True)
     return row
 
@@ -187,15 +187,16 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    sampled = generation_config(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+    sampled = settings_from(args, GenerationConfig)
     device = pick_device(args.device)
     require_plotting()
     args.out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the comparison runs
-    for path in args.checkpoints:
-        read_checkpoint(path)  # every checkpoint checked before any work
-    if len({read_checkpoint(p)["mtp"]["model_config"]["d_model"] for p in args.checkpoints}) > 1:
+    # every checkpoint read (and so checked) once before any work
+    widths = {read_checkpoint(path)[CHECKPOINT_KEY]["model_config"]["d_model"] for path in args.checkpoints}
+    if len(widths) > 1:
         raise UserError("the checkpoints have different widths (model.d_model); compare runs of one size.")
-    rows = [compare(path, args, sampled, device) for path in args.checkpoints]
+    with settings_named_by_flags():  # e.g. --prompt-tokens and --max-new-tokens beyond a checkpoint's context
+        rows = [compare(path, args, sampled, device) for path in args.checkpoints]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[resolve_dtype(args.dtype, device)]
     title = (

@@ -23,16 +23,25 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
 from mtp.checkpoint_load import load_checkpoint
-from mtp.cli import add_device_flag, add_dtype_flag, check_heads, generation_config, pick_device, run_script
+from mtp.cli import (
+    add_device_flag,
+    add_dtype_flag,
+    add_settings,
+    pick_device,
+    require_at_least,
+    run_script,
+    settings_from,
+    settings_named_by_flags,
+)
 from mtp.commands.drafter_setup import check_drafting_flags, drafting, pick_drafter
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode import GenerationConfig, generate
-from mtp.decode.settings import ACCEPTANCE_RULES
-from mtp.decode.tree import read_tree
+from mtp.decode.tree import DraftTree, read_tree
 from mtp.decode.tree_fit import fitted_tree
 from mtp.errors import UserError
 
@@ -53,40 +62,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--self-speculative", action="store_true", help="draft with the extra heads, verify with head 1"
     )
-    parser.add_argument("--heads", type=int, default=None, help="heads to use (default: all with --self-speculative)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
-    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1: off)")
     parser.add_argument("--batch-size", type=int, default=1, help="decode the prompt in this many rows at once")
-    parser.add_argument("--seed", type=int, default=0, help="row b samples with seed + b")
     add_device_flag(parser)
     add_dtype_flag(parser)
-    parser.add_argument(
+    decoding = parser.add_argument_group("decoding settings (GenerationConfig's fields)")
+    add_settings(
+        decoding,
+        GenerationConfig,
+        notes={
+            "heads": "default: all with --self-speculative, else 1",
+            "compile": "a short warm-up decode compiles it before the timed one",
+            "gamma": "here the drafter of --draft, --skip-layers or --prompt-lookup",
+        },
+        heads=None,
+        gamma=4,
+    )
+    decoding.add_argument(
         "--tree",
         help="verify a tree of candidates per step: a JSON file from scripts/fit_tree.py, or 'auto' to fit one now "
         "on the checkpoint's held-out data with these decoding settings",
     )
-    parser.add_argument("--tree-nodes", type=int, default=TREE_NODES, help="nodes of a tree fitted by --tree auto")
-    parser.add_argument(
-        "--acceptance",
-        choices=ACCEPTANCE_RULES,
-        default="exact",
-        help="exact (default): greedy-exact, lossless sampling; typical: Medusa's typical acceptance (lossy, sampling)",
-    )
-    parser.add_argument("--typical-epsilon", type=float, default=0.09, help="typical acceptance's probability cap")
-    parser.add_argument("--typical-delta", type=float, default=0.3, help="typical acceptance's entropy factor")
-    parser.add_argument(
-        "--draft-p-min",
-        type=float,
-        default=0.0,
-        help="stop drafting after a draft whose head's top probability is below",
-    )
-    parser.add_argument(
-        "--adaptive-drafts",
-        action="store_true",
-        help="chains and drafters: a row drafts 2 more after a step that accepted all its drafts, 1 less otherwise",
-    )
+    decoding.add_argument("--tree-nodes", type=int, default=TREE_NODES, help="nodes of a tree fitted by --tree auto")
     drafter = parser.add_mutually_exclusive_group()
     drafter.add_argument(
         "--draft", type=Path, help="draft with this checkpoint (same tokenizer; e.g. a tiny mtp1), verify with CKPT"
@@ -102,13 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="draft what followed the latest earlier occurrence of the last N (down to 1) tokens",
     )
-    parser.add_argument("--gamma", type=int, default=4, help="drafts per step of --draft/--skip-layers/--prompt-lookup")
     parser.add_argument("--compare", action="store_true", help="also decode autoregressively and report the speed-up")
-    parser.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the decoding step; a short warm-up decode compiles it before the timed one",
-    )
     return parser
 
 
@@ -125,44 +115,22 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 
 def check_flags(args: argparse.Namespace) -> None:
-    """The flags that are not decoding settings (those are GenerationConfig's to check), before anything is loaded."""
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size {args.batch_size} must be at least 1.")
-    if args.tree_nodes < 1:
-        raise UserError(f"--tree-nodes {args.tree_nodes} must be at least 1.")
-    if (
-        args.tree is not None and args.adaptive_drafts
-    ):  # before --tree auto fits a tree; GenerationConfig refuses it too
-        raise UserError("--adaptive-drafts sizes chains; cut a --tree with --draft-p-min instead.")
+    """decode's own flags, before anything is loaded (GenerationConfig checks the decoding settings)."""
+    require_at_least(args, 1, "batch_size", "tree_nodes")
+    if args.heads is not None and args.heads > 1 and not args.self_speculative:
+        raise UserError(f"--heads {args.heads} drafts with extra heads; add --self-speculative (or use --heads 1).")
     check_drafting_flags(args)
+    if args.tree is not None and not args.self_speculative:
+        raise UserError("--tree drafts with extra heads; add --self-speculative.")
 
 
-def flag_settings(args: argparse.Namespace) -> GenerationConfig:
-    """The decoding settings of the flags, checked before the checkpoint is loaded; heads and eos_id are set once
-    it is (--self-speculative without --heads drafts with all its heads)."""
-    return generation_config(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        heads=args.heads if args.heads is not None else 1,
-        seed=args.seed,
-        compile=args.compile,
-        acceptance=args.acceptance,
-        typical_epsilon=args.typical_epsilon,
-        typical_delta=args.typical_delta,
-        draft_p_min=args.draft_p_min,
-        adaptive_drafts=args.adaptive_drafts,
-        gamma=args.gamma if drafting(args) else 0,
-    )
-
-
-def pick_tree(args: argparse.Namespace, loaded, config: GenerationConfig):
+def pick_tree(args: argparse.Namespace, loaded, config: GenerationConfig) -> DraftTree:
     """The tree of --tree: read from its file, or fitted now (auto) on held-out prompts with the decoding settings."""
     if args.tree != "auto":
         return read_tree(Path(args.tree), config.heads - 1, loaded.config.vocab_size)
-    settings = {**config.__dict__, "max_new_tokens": FIT_NEW_TOKENS}
-    fitted = fitted_tree(loaded, GenerationConfig(**settings), args.tree_nodes, FIT_PROMPTS, FIT_PROMPT_TOKENS)
+    replace(config, tree=DraftTree.chain(config.heads - 1))  # GenerationConfig's refusals of a tree, before fitting one
+    fitting = replace(config, max_new_tokens=FIT_NEW_TOKENS)
+    fitted = fitted_tree(loaded, fitting, args.tree_nodes, FIT_PROMPTS, FIT_PROMPT_TOKENS)
     print(
         f"note: fitted a {fitted.tree.size}-node tree on {FIT_PROMPTS} held-out prompts "
         f"(expected tokens/step there: {1 + fitted.expected_accepted:.2f})",
@@ -174,43 +142,29 @@ def pick_tree(args: argparse.Namespace, loaded, config: GenerationConfig):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_flags(args)
-    flags = flag_settings(args)
+    heads = args.heads if args.heads is not None else 1  # all heads with --self-speculative, once they are known
+    gamma = args.gamma if drafting(args) else 0
+    settings_from(args, GenerationConfig, heads=heads, gamma=gamma)  # every setting checked before loading
     device = pick_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
-    model, tokenizer, n_future = loaded.model, loaded.tokenizer, loaded.config.n_future
-
-    heads = args.heads if args.heads is not None else (n_future if args.self_speculative else 1)
-    check_heads(heads, loaded.config)
-    if heads > 1 and not args.self_speculative:
-        raise UserError(f"--heads {heads} drafts with extra heads; add --self-speculative (or use --heads 1).")
-
+    model, tokenizer = loaded.model, loaded.tokenizer
+    if args.heads is None and args.self_speculative:
+        heads = loaded.config.n_future
     text = read_prompt(args)
     if not text:
         raise UserError("the prompt is empty; give at least one character.")
     prompt = prompt_ids(tokenizer, text)  # as documents start in training
-    config = generation_config(**{**flags.__dict__, "heads": heads, "eos_id": eot_id(tokenizer)})
-    gamma = config.gamma
-    context = loaded.config.max_seq_len
-    if len(prompt) + args.max_new_tokens + 2 * (max(gamma, heads - 1) + 1) > context:  # generate()'s room for drafts
-        raise UserError(
-            f"the prompt ({len(prompt)} tokens) plus --max-new-tokens {args.max_new_tokens} does not fit the model's "
-            f"context of {context} tokens; shorten the prompt or lower --max-new-tokens."
-        )
-    drafter = pick_drafter(args, loaded, config, device)
-    needed = len(prompt) + args.max_new_tokens + 2 * (gamma + 1)  # what generate() asks of the drafter's cache
-    if drafter is not None and drafter.context is not None and needed > drafter.context:
-        raise UserError(
-            f"the draft model's context of {drafter.context} tokens cannot hold the prompt ({len(prompt)} tokens) "
-            f"plus --max-new-tokens {args.max_new_tokens}; shorten the prompt or lower --max-new-tokens."
-        )
-    if args.tree is not None:
-        if heads == 1:
-            raise UserError("--tree drafts with extra heads; add --self-speculative.")
-        config = generation_config(**{**config.__dict__, "tree": pick_tree(args, loaded, config)})
-    if args.compile:  # compile outside the timed decode: the prompt's step and a drafting step
-        warm_up = GenerationConfig(**{**config.__dict__, "max_new_tokens": min(2, args.max_new_tokens)})
-        generate(model, [prompt] * args.batch_size, warm_up, drafter)
-    outputs, stats = generate(model, [prompt] * args.batch_size, config, drafter)
+    prompts = [prompt] * args.batch_size
+    config = settings_from(args, GenerationConfig, heads=heads, gamma=gamma, eos_id=eot_id(tokenizer))
+    with settings_named_by_flags():
+        config.check_for(loaded.config, prompts)  # before a drafter is searched for or a tree fitted
+        drafter = pick_drafter(args, loaded, config, device)
+        if args.tree is not None:
+            config = replace(config, tree=pick_tree(args, loaded, config))
+        if args.compile:  # compile outside the timed decode: the prompt's step and a drafting step
+            warm_up = replace(config, max_new_tokens=min(2, config.max_new_tokens))
+            generate(model, prompts, warm_up, drafter)
+        outputs, stats = generate(model, prompts, config, drafter)
     for row, output in enumerate(outputs):
         if args.batch_size > 1:
             print(f"--- row {row} ---")
@@ -218,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     shown = f"head_type={loaded.config.head_type} heads={heads} batch={args.batch_size} device={device.type}"
     print(f"{stats.line()} {shown}")
     if args.compare:
-        baseline_config = GenerationConfig(**{**config.__dict__, **AUTOREGRESSIVE})
+        baseline_config = replace(config, **AUTOREGRESSIVE)
         if args.compile:
-            generate(model, [prompt] * args.batch_size, GenerationConfig(**{**warm_up.__dict__, **AUTOREGRESSIVE}))
-        baseline, baseline_stats = generate(model, [prompt] * args.batch_size, baseline_config)
+            generate(model, prompts, replace(warm_up, **AUTOREGRESSIVE))
+        baseline, baseline_stats = generate(model, prompts, baseline_config)
         same = baseline == outputs
         speedup = baseline_stats.wall_time_s / stats.wall_time_s if stats.wall_time_s else float("nan")
         print(

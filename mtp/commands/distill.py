@@ -36,7 +36,7 @@ import importlib.metadata
 import itertools
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
@@ -45,9 +45,18 @@ import torch
 from tqdm import tqdm
 
 from mtp.checkpoint_load import load_checkpoint, resolve_dtype
-from mtp.cli import add_device_flag, add_dtype_flag, generation_config, pick_device, run_script
+from mtp.cli import (
+    add_device_flag,
+    add_dtype_flag,
+    add_settings,
+    pick_device,
+    require_at_least,
+    run_script,
+    settings_from,
+)
 from mtp.data.sources import SOURCE_KINDS, SourceConfig, source_files
 from mtp.data.tokenizer import eot_id
+from mtp.decode import GenerationConfig
 from mtp.distill import (
     Budget,
     ChatTemplate,
@@ -138,9 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_argument(
         "--new-tokens", "--max-new-tokens", dest="new_tokens", type=int, default=256, help="per prompt (default 256)"
     )
-    decoding.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
-    decoding.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
-    decoding.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1: off)")
+    add_settings(decoding, GenerationConfig, ("temperature", "top_k", "top_p"))
     decoding.add_argument("--seed", type=int, default=0, help="prompt spans and sampling (row i samples with seed + i)")
     decoding.add_argument("--batch-size", type=int, default=32, help="prompts decoded at once (default 32)")
     add_device_flag(decoding)
@@ -169,17 +176,8 @@ def prompt_span(text: str) -> tuple[int, int]:
 
 def check_flags(args: argparse.Namespace) -> None:
     """The flags that no settings class checks, before anything is read."""
-    for flag, value, least in [
-        ("--new-tokens", args.new_tokens, 1),
-        ("--batch-size", args.batch_size, 1),
-        ("--prompts-per-document", args.prompts_per_document, 1),
-        ("--shard-prompts", args.shard_prompts if args.shard_prompts is not None else 1, 1),
-        ("--max-prompts", args.max_prompts, 0),
-        ("--max-tokens", args.max_tokens, 0),
-        ("--max-minutes", args.max_minutes, 0),
-    ]:
-        if value < least:
-            raise UserError(f"{flag} {value} must be at least {least}{' (0: no limit)' if least == 0 else ''}.")
+    require_at_least(args, 1, "new_tokens", "batch_size", "prompts_per_document", "shard_prompts")
+    require_at_least(args, 0, "max_prompts", "max_tokens", "max_minutes")
     if not 0 <= args.val_fraction < 1:
         raise UserError(f"--val-fraction {args.val_fraction} must lie in [0, 1); the default is 0.05.")
     if args.prompts is not None and (args.source is not None or args.paths or args.name):
@@ -317,9 +315,7 @@ def distill_command(args: argparse.Namespace, argv: list[str] | None, started: f
     """The command behind :func:`main`: flags checked, the folder checked, the model loaded, the prompts decoded."""
     check_flags(args)
     span = prompt_span(args.prompt_tokens)
-    flags = generation_config(
-        max_new_tokens=args.new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
-    )
+    flags = settings_from(args, GenerationConfig, max_new_tokens=args.new_tokens, seed=args.seed)
     source = source_config(args)
     device = pick_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -355,7 +351,7 @@ def distill_command(args: argparse.Namespace, argv: list[str] | None, started: f
         )
 
     budget = Budget(args.max_prompts, args.max_tokens, started + 60 * args.max_minutes if args.max_minutes else None)
-    config = generation_config(**{**flags.__dict__, "eos_id": end_id})
+    config = replace(flags, eos_id=end_id)
     progress_bar = progress_display(args.max_prompts)
 
     def show(progress: Progress) -> None:

@@ -4,11 +4,13 @@ or searched for, prompt lookup (user errors are one sentence each)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from mtp.checkpoint_load import LoadedCheckpoint, load_checkpoint
+from mtp.cli import require_at_least
 from mtp.data.prompts import prompts_beyond_the_benchmarks
 from mtp.decode import GenerationConfig, generate
 from mtp.decode.proposers import LookupDrafter, Proposer, draft_model_drafter, layer_skip_drafter
@@ -63,8 +65,7 @@ def search_skip_layers(
     blocks = len(model.layers)
     if blocks < 2:
         raise UserError("--skip-layers needs a model with at least 2 blocks in head 1's path; this one has 1.")
-    settings = {**config.__dict__, "eos_id": None, "compile": False, "max_new_tokens": SEARCH_NEW_TOKENS}
-    search = GenerationConfig(**settings)
+    search = replace(config, eos_id=None, compile=False, max_new_tokens=SEARCH_NEW_TOKENS)
 
     def time_per_token(skip: frozenset[int]) -> float:
         drafter = layer_skip_drafter(model, skip)
@@ -115,15 +116,14 @@ def drafting(args) -> bool:
 
 
 def check_drafting_flags(args) -> None:
-    """Ranges and combinations of the drafting flags, before anything is loaded (GenerationConfig checks the decoding
-    settings; it knows no drafters, so --gamma's floor of 1 with one is checked here)."""
-    if args.gamma < 1:
-        raise UserError(f"--gamma {args.gamma} must be at least 1 (drafts per step).")
-    if args.prompt_lookup is not None and args.prompt_lookup < 1:
-        raise UserError(f"--prompt-lookup {args.prompt_lookup} must be at least 1 (the longest n-gram matched).")
-    if drafting(args) and (args.self_speculative or (args.heads or 1) > 1):
+    """The drafting flags' ranges and combinations, before anything is loaded (GenerationConfig checks --gamma against
+    the decoding settings of the heads' drafts, --heads and --draft-p-min; it knows no drafters, so --gamma's floor of
+    1 with one is checked here)."""
+    if not drafting(args):
+        return
+    require_at_least(args, 1, "gamma", "prompt_lookup")
+    given = [flag for flag, value in (("--self-speculative", args.self_speculative), ("--tree", args.tree)) if value]
+    if given:
         raise UserError(
-            "--draft, --skip-layers and --prompt-lookup replace the heads' drafts; drop --self-speculative/--heads."
+            f"--draft, --skip-layers and --prompt-lookup replace the heads' drafts; drop {' and '.join(given)}."
         )
-    if drafting(args) and (args.tree is not None or args.draft_p_min > 0):
-        raise UserError("--tree and --draft-p-min apply to the heads' drafts; drop them with a drafter.")

@@ -21,7 +21,17 @@ from pathlib import Path
 from typing import NoReturn
 
 from mtp.checkpoint_load import load_checkpoint
-from mtp.cli import add_device_flag, add_dtype_flag, generation_config, pick_device, run_script
+from mtp.cli import (
+    add_device_flag,
+    add_dtype_flag,
+    add_settings,
+    pick_device,
+    require_at_least,
+    run_script,
+    settings_from,
+    settings_named_by_flags,
+)
+from mtp.decode import GenerationConfig
 from mtp.decode.tree_fit import fitted_tree
 from mtp.errors import UserError
 
@@ -30,14 +40,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--nodes", type=int, default=16, help="node budget (the root, head 1's token, not counted)")
-    parser.add_argument("--heads", type=int, default=None, help="heads to draft with (default: all): depth heads - 1")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): a tree for greedy decoding")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--prompts", type=int, default=16, help="held-out prompts to decode")
     parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
+    add_settings(
+        parser,
+        GenerationConfig,
+        ("max_new_tokens", "temperature", "top_k", "top_p", "heads", "seed"),
+        notes={"heads": "default: all; the tree is heads - 1 deep", "temperature": "the tree is for this temperature"},
+        heads=None,
+    )
     add_device_flag(parser)
     add_dtype_flag(parser)  # fit in the dtype the tree will decode in: their argmaxes can differ
     parser.add_argument("--out", type=Path, default=None, help="default: results/trees/<ckpt>-<nodes>-<mode>.json")
@@ -46,26 +57,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for name in ("nodes", "prompts", "prompt_tokens"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1.")
-    flags = generation_config(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        heads=args.heads if args.heads is not None else 1,
-        seed=args.seed,
-    )
+    require_at_least(args, 1, "nodes", "prompts", "prompt_tokens")
+    if args.heads is not None and args.heads < 2:
+        raise UserError(f"--heads {args.heads} drafts nothing; a tree needs --heads 2 or more (default: all).")
+    flags = settings_from(args, GenerationConfig, heads=args.heads or 2)  # all heads once the checkpoint is loaded
     device = pick_device(args.device)
     mode = "greedy" if flags.greedy else f"T{args.temperature:g}"
     out = args.out or Path("results") / "trees" / f"{args.checkpoint.stem}-{args.nodes}-{mode}.json"
     out.parent.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the fitting
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
-    heads = args.heads or loaded.config.n_future
-    if not 2 <= heads <= loaded.config.n_future:
-        raise UserError(f"--heads {heads} must lie in 2..{loaded.config.n_future} (this checkpoint's heads).")
-    fitted = fitted_tree(loaded, replace(flags, heads=heads), args.nodes, args.prompts, args.prompt_tokens)
+    settings = replace(flags, heads=args.heads or loaded.config.n_future)
+    if settings.heads < 2:
+        raise UserError(f"{args.checkpoint} has 1 head, which drafts nothing; fit a tree to a checkpoint of 2 or more.")
+    with settings_named_by_flags():  # the heads and context checked by generate() before the fitting decodes
+        fitted = fitted_tree(loaded, settings, args.nodes, args.prompts, args.prompt_tokens)
     with tempfile.NamedTemporaryFile("w", dir=out.parent, suffix=".tmp", delete=False) as tmp:
         tmp.write(fitted.to_json())
     os.replace(tmp.name, out)

@@ -34,7 +34,7 @@ from mtp.decode.acceptance import RandomLayout
 from mtp.decode.cache import KVCache
 from mtp.decode.inference import InferenceModel
 from mtp.decode.sampling import processed_probs, sample_from, sample_many
-from mtp.decode.settings import GenerationConfig
+from mtp.decode.settings import GenerationConfig, SettingError
 from mtp.model import MTPModel
 
 
@@ -193,7 +193,11 @@ class ModelDrafter(Proposer):
     def start(self, prompts: list[list[int]], max_len: int, config: GenerationConfig | None = None) -> None:
         super().start(prompts, max_len, config)
         if max_len > self.context:
-            raise ValueError(f"the draft model's context ({self.context} tokens) is below the {max_len} decoding needs")
+            raise SettingError(
+                f"the draft model's context ({self.context} tokens) is below the {max_len} decoding needs; shorten "
+                "the prompt or lower {max_new_tokens:name}.",
+                max_new_tokens=config.max_new_tokens if config is not None else None,
+            )
         self.cache = self.form.new_cache(len(prompts), max_len)
         self.unread = [list(p) for p in prompts]  # tokens of each row not in the cache yet
         self.held = [0] * len(prompts)  # cache positions that hold accepted tokens

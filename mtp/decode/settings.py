@@ -1,18 +1,20 @@
 """What a decoding run is asked to do (:class:`GenerationConfig`), each setting checked where it is defined.
 
 A setting out of its range, or at odds with another, is a :class:`SettingError`: one sentence naming the setting, its
-value and a fix, which the command lines render under their flags (:func:`mtp.cli.generation_config`).
+value and a fix, which the command lines render under their flags (:func:`mtp.cli.settings_named_by_flags`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from mtp.config import ModelConfig
 from mtp.decode.tree import DraftTree
 
-ACCEPTANCE_RULES = ("exact", "typical")
+Acceptance = Literal["exact", "typical"]
+ACCEPTANCE_RULES: tuple[str, ...] = get_args(Acceptance)
 
 
 class SettingError(ValueError):
@@ -21,7 +23,7 @@ class SettingError(ValueError):
     ``template`` has a ``{field}`` for each field it names (``values``: field -> its value): ``{top_p}`` shows the
     field and its value, ``{tree:name}`` the field alone, ``{heads:1}`` the field with the value 1. ``str()`` spells
     fields as Python does (``top_p=1.5``); a command line renders the same sentence with its flags (``--top-p 1.5``,
-    :func:`mtp.cli.generation_config`).
+    :func:`mtp.cli.settings_named_by_flags`).
     """
 
     def __init__(self, template: str, **values: object) -> None:
@@ -53,34 +55,40 @@ class _Named:
 
 @dataclass
 class GenerationConfig:
+    """How to decode. Each field is a flag of the decoding commands (:func:`mtp.cli.add_settings`: ``top_p`` is
+    ``--top-p``, its docstring's first sentence the flag's help) unless its metadata says ``flag=False``."""
+
     max_new_tokens: int = 128
+    """New tokens per prompt, at most (a row stops early after eos_id)."""
     temperature: float = 0.0
-    """0 is greedy."""
+    """Sampling temperature; 0 is greedy."""
     top_k: int = 0
     """Keep only the k most likely tokens (0: all)."""
     top_p: float = 1.0
     """Keep the smallest set of most likely tokens whose probability reaches top_p (1: all)."""
     heads: int = 1
     """Heads used: 1 decodes autoregressively, k > 1 drafts k - 1 tokens per step with heads 2..k."""
-    eos_id: int | None = None
-    """Stop a row after this token (it is not included in the output)."""
+    eos_id: int | None = field(default=None, metadata={"flag": False})
+    """Stop a row after this token (it is not included in the output); the commands take it from the tokenizer."""
     seed: int = 0
     """Row b samples from a generator seeded seed + b."""
     compile: bool = False
     """torch.compile the step (the first call compiles; outputs equal eager ones)."""
-    tree: DraftTree | None = None
-    """Verify this tree of candidates per step instead of one chain of drafts (at most heads - 1 deep)."""
-    acceptance: str = "exact"
+    tree: DraftTree | None = field(default=None, metadata={"flag": False})
+    """Verify this tree of candidates per step instead of one chain of drafts (at most heads - 1 deep). The commands
+    read it from a file, or fit it, with their own --tree."""
+    acceptance: Acceptance = "exact"
     """exact: greedy-exact / lossless sampling; typical: Medusa's typical acceptance (lossy; sampling only)."""
     typical_epsilon: float = 0.09
     """Typical acceptance: a draft passes above min(typical_epsilon, typical_delta * exp(-entropy))."""
     typical_delta: float = 0.3
+    """Typical acceptance's entropy factor (see typical_epsilon)."""
     draft_p_min: float = 0.0
     """Stop drafting deeper than the first draft whose head's top probability is below this (0: off)."""
     adaptive_drafts: bool = False
-    """Chains: a row's draft count + 2 after a step that accepted all of them, - 1 otherwise (at least 1)."""
+    """Chains and drafters: a row drafts 2 more after a step that accepted all its drafts, 1 less otherwise."""
     gamma: int = 0
-    """Drafts per step from the drafter passed to ``generate`` (draft model, layer skip, prompt lookup); 0: none."""
+    """Drafts per step from a drafter (draft model, layer skip, prompt lookup) passed to ``generate``; 0: none."""
 
     def __post_init__(self) -> None:
         """Every setting checked here, the one place that does (the command lines report these under their flags)."""
@@ -151,20 +159,25 @@ class GenerationConfig:
         return self.tree.depth if self.tree is not None else self.heads - 1
 
     def check_for(self, model: ModelConfig, prompts: list[list[int]]) -> None:
-        """ValueError when ``model`` cannot decode ``prompts`` with these settings: more heads than it has (beyond a
-        shared causal depth), an empty prompt, or prompts and new tokens beyond its context."""
+        """Whether ``model`` can decode ``prompts`` with these settings (:func:`~mtp.decode.generate` asks, and the
+        commands before their work): a SettingError for more heads than it has (beyond a shared causal depth) or
+        prompts and new tokens beyond its context, a ValueError for an empty prompt."""
         if self.heads > model.n_future and not model.share_depth:
-            raise ValueError(
-                f"heads={self.heads} but the model has {model.n_future}; only causal heads trained with "
-                "model.share_depth=true can draft beyond the heads they were trained with"
+            raise SettingError(
+                f"{{heads}} exceeds this checkpoint's {model.n_future} head(s); only causal heads trained with "
+                f"model.share_depth=true draft beyond them; use {{heads:1..{model.n_future}}}.",
+                heads=self.heads,
             )
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         longest = max(map(len, prompts))
         if self.positions_needed(longest) > model.max_seq_len:
-            raise ValueError(
-                f"prompt ({longest} tokens) + max_new_tokens ({self.max_new_tokens}) exceeds the "
-                f"model's context of {model.max_seq_len} tokens"
+            fits = model.max_seq_len - (self.positions_needed(longest) - self.max_new_tokens)
+            fix = f"lower {{max_new_tokens:name}} to {fits} or shorten the prompt" if fits > 0 else "shorten the prompt"
+            raise SettingError(
+                f"the longest prompt ({longest} tokens) plus {{max_new_tokens}} does not fit the model's context of "
+                f"{model.max_seq_len} tokens (with room for a step's drafts); {fix}.",
+                max_new_tokens=self.max_new_tokens,
             )
 
     def positions_needed(self, longest_prompt: int) -> int:

@@ -8,7 +8,7 @@ trees draw them, so the best shapes differ (sampling trees are wider).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mtp.data.prompts import prompts_beyond_the_benchmarks
 from mtp.decode import GenerationConfig, generate
@@ -49,8 +49,8 @@ def fit_to_model(model: MTPModel, prompts: list[list[int]], nodes: int, config: 
     :func:`~mtp.decode.generate`)."""
     depth = config.heads - 1
     measuring = ranked_tree(MEASURE_WIDTH, depth, max(MEASURE_NODES, nodes))
-    settings = {**config.__dict__, "tree": measuring, "acceptance": "exact", "adaptive_drafts": False}
-    _, stats = generate(model, prompts, GenerationConfig(**settings))  # refuses a step too large for memory
+    settings = replace(config, tree=measuring, acceptance="exact", adaptive_drafts=False)
+    _, stats = generate(model, prompts, settings)  # refuses a step too large for memory
     steps = sum(stats.accepted_nodes.values())
     counts = path_counts(measuring, stats.accepted_nodes)
     tree, expected = fit_tree(counts, steps, nodes, depth)
@@ -61,5 +61,5 @@ def fitted_tree(loaded, config: GenerationConfig, nodes: int, prompts: int = 16,
     """A tree of at most ``nodes`` nodes fitted to a loaded checkpoint for decoding with ``config`` (its temperature,
     top-k, top-p, heads), on held-out documents the benchmarks do not prompt with (:func:`fit_to_model`)."""
     held_out = prompts_beyond_the_benchmarks(loaded, prompts, prompt_tokens)
-    settings = {**config.__dict__, "eos_id": None, "compile": False, "tree": None, "adaptive_drafts": False}
-    return fit_to_model(loaded.model, held_out, nodes, GenerationConfig(**settings))
+    settings = replace(config, eos_id=None, compile=False, tree=None, adaptive_drafts=False)
+    return fit_to_model(loaded.model, held_out, nodes, settings)

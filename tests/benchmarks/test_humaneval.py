@@ -250,5 +250,5 @@ def test_bench_decode_refuses_a_humaneval_prompt_beyond_the_context(tiny_checkpo
     from mtp.commands import bench_decode
 
     argv = [str(tiny_checkpoints["mtp4"]), "--prompt-set", "humaneval", "--prompts", "2", "--out", str(tmp_path)]
-    with pytest.raises(UserError, match=r"HumanEval/\d \(\d+ tokens\) plus --max-new-tokens 100000 does not fit"):
+    with pytest.raises(UserError, match=r"the longest prompt \(\d+ tokens\) plus --max-new-tokens 100000 does not fit"):
         bench_decode.main([*argv, "--max-new-tokens", "100000", "--modes", "greedy", "--batch-sizes", "1"])
