@@ -10,6 +10,9 @@ from mtp.errors import UserError
 HEAD_TYPES = ("transformer", "linear", "causal", "medusa")
 """What heads 2..n can be (the modules: :mod:`mtp.heads`)."""
 LOSS_MODES = ("sequential", "naive")
+HEAD_LOSSES = ("ce", "distill", "ce+distill")
+CAUSAL_INPUTS = ("true", "drafts", "mixed")
+WEIGHT_SCHEDULES = ("constant", "steps", "linear")
 
 
 def head_blocks(head_type: str, n_future: int, share_depth: bool) -> int:
@@ -64,6 +67,28 @@ class ModelConfig:
     """Per-head loss weights (length n_future); None means 1.0 for every head."""
     loss_chunk: int = 0
     """If > 0, sequential mode computes each head's unembedding + loss in chunks of this many positions."""
+    head_loss: str = "ce"
+    """What heads 2..n learn from (:data:`HEAD_LOSSES`; head 1 always from the corpus token): 'ce' the corpus token
+    k steps ahead; 'distill' head 1's distribution for that token (HASS: its top ``distill_top_k`` tokens, at the
+    position where head 1 predicts it); 'ce+distill' the sum of both."""
+    distill_top_k: int = 10
+    """Distillation: how many of head 1's most probable tokens its distribution is cut to (then renormalised)."""
+    distill_temperature: float = 1.0
+    """Distillation: both distributions at this temperature (the loss scaled by its square, Hinton et al.)."""
+    causal_inputs: str = "true"
+    """Causal heads only, in training (:data:`CAUSAL_INPUTS`): the token depth k reads before the one it predicts is
+    'true' (the corpus's), 'drafts' (depth k-1's argmax there, what decoding feeds it: EAGLE-3's training-time test)
+    or 'mixed' (the draft at a ``causal_draft_rate`` fraction of positions drawn at random, elsewhere the true one)."""
+    causal_draft_rate: float = 0.5
+    """causal_inputs=mixed: the fraction of positions where depth k reads depth k-1's draft."""
+    loss_weights_schedule: str = "constant"
+    """How the head weights move over training (:data:`WEIGHT_SCHEDULES`): 'constant' (``loss_weights`` throughout),
+    'steps' (``loss_weights`` until ``loss_weights_switch`` of the run, then ``loss_weights_final``: DeepSeek-V3's
+    lambda 0.3 -> 0.1), 'linear' (from ``loss_weights`` to ``loss_weights_final`` over the run)."""
+    loss_weights_final: list[float] | None = None
+    """The head weights at the end of a 'steps' or 'linear' schedule (one per head)."""
+    loss_weights_switch: float = 0.7
+    """'steps' schedule: the fraction of training steps after which ``loss_weights_final`` applies."""
     ffn_hidden: int = field(init=False)
     """Derived: SwiGLU hidden width."""
 
@@ -80,7 +105,10 @@ class ModelConfig:
             raise UserError(
                 f"unknown model setting(s) {', '.join(unknown)}; valid settings are {', '.join(sorted(known))}."
             )
-        return cls(**{k: (list(v) if k == "loss_weights" and v is not None else v) for k, v in values.items()})
+        if values.get("causal_inputs") is True:  # model.causal_inputs=true on Hydra's command line is a boolean
+            values = {**values, "causal_inputs": "true"}
+        lists = ("loss_weights", "loss_weights_final")
+        return cls(**{k: (list(v) if k in lists and v is not None else v) for k, v in values.items()})
 
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)
@@ -106,6 +134,16 @@ class ModelConfig:
     @property
     def weights(self) -> list[float]:
         return list(self.loss_weights) if self.loss_weights is not None else [1.0] * self.n_future
+
+    def weights_at(self, progress: float) -> list[float]:
+        """The head weights at a fraction ``progress`` (0..1) of training, under ``loss_weights_schedule``."""
+        if self.loss_weights_schedule == "constant":
+            return self.weights
+        start, final = self.weights, list(self.loss_weights_final)
+        if self.loss_weights_schedule == "steps":
+            return final if progress >= self.loss_weights_switch else start
+        progress = min(max(progress, 0.0), 1.0)
+        return [a + (b - a) * progress for a, b in zip(start, final, strict=True)]
 
     def validate(self) -> None:
         def positive(name: str) -> None:
@@ -156,5 +194,44 @@ class ModelConfig:
                 )
             if any(w < 0 for w in self.loss_weights) or sum(self.loss_weights) <= 0:
                 raise UserError("model.loss_weights must be non-negative with a positive sum.")
+        for name, value, allowed in (
+            ("head_loss", self.head_loss, HEAD_LOSSES),
+            ("causal_inputs", self.causal_inputs, CAUSAL_INPUTS),
+            ("loss_weights_schedule", self.loss_weights_schedule, WEIGHT_SCHEDULES),
+        ):
+            if value not in allowed:
+                raise UserError(f"model.{name}={value!r} is not one of {', '.join(allowed)}.")
+        if self.distill_top_k < 1:
+            raise UserError(f"model.distill_top_k={self.distill_top_k} must be at least 1 (10 is HASS's).")
+        if not self.distill_temperature > 0:
+            raise UserError(f"model.distill_temperature={self.distill_temperature} must be positive (1.0: as is).")
+        if self.causal_inputs != "true" and self.head_type != "causal":
+            raise UserError(
+                f"model.causal_inputs={self.causal_inputs} applies to causal heads only, not "
+                f"head_type={self.head_type!r}; set model.head_type=causal or drop model.causal_inputs."
+            )
+        if not 0 <= self.causal_draft_rate <= 1:
+            raise UserError(f"model.causal_draft_rate={self.causal_draft_rate} must lie between 0 and 1.")
+        if self.loss_weights_schedule == "constant" and self.loss_weights_final is not None:
+            raise UserError(
+                "model.loss_weights_final is read only by a schedule; set model.loss_weights_schedule=steps or "
+                "linear, or drop model.loss_weights_final."
+            )
+        if self.loss_weights_schedule != "constant":
+            if self.loss_weights_final is None:
+                example = ",".join(["1.0"] + ["0.1"] * (self.n_future - 1))
+                raise UserError(
+                    f"model.loss_weights_schedule={self.loss_weights_schedule} needs the weights to end at: set "
+                    f"model.loss_weights_final (one per head, e.g. [{example}])."
+                )
+            if len(self.loss_weights_final) != self.n_future:
+                raise UserError(
+                    f"model.loss_weights_final has {len(self.loss_weights_final)} entries but n_future="
+                    f"{self.n_future}; give one weight per head."
+                )
+            if any(w < 0 for w in self.loss_weights_final) or sum(self.loss_weights_final) <= 0:
+                raise UserError("model.loss_weights_final must be non-negative with a positive sum.")
+        if not 0 < self.loss_weights_switch <= 1:
+            raise UserError(f"model.loss_weights_switch={self.loss_weights_switch} must lie in (0, 1].")
         if self.loss_chunk < 0:
             raise UserError(f"model.loss_chunk={self.loss_chunk} must be 0 (off) or a positive number of positions.")

@@ -34,6 +34,9 @@ from torch import Tensor, nn
 from mtp.blocks import Block, RMSNorm
 from mtp.config import ModelConfig
 
+Reads = Callable[[int, Tensor, Tensor], Tensor]
+"""What a causal depth reads in training: ``reads(k, state, true)`` -> token ids (B, T) (see :meth:`Heads.states`)."""
+
 
 class Heads(nn.Module):
     """Heads 2..n of one type and every head's unembedding (``outputs``: one shared, or one per head)."""
@@ -95,13 +98,15 @@ class Heads(nn.Module):
 
     def states(
         self, z: Tensor, head1: Tensor, norm: nn.Module, rotary: tuple[Tensor, Tensor], embed: nn.Embedding,
-        following: Tensor | None,
+        following: Tensor | None, reads: Reads | None = None,
     ) -> list[Tensor]:  # fmt: skip
         """Each head's hidden state after the shared ``norm`` (what its unembedding reads), n_future x (B, T, d).
 
         ``z``: the trunk output (B, T, d); ``head1``: head 1's hidden state (its block's output, or ``z`` for types
         without one); ``rotary``: (cos, sin) for T positions; ``embed``: the token embedding; ``following``
-        (n - 1, B, T): following[j-1][b, t] is token t + j (causal heads only)."""
+        (n - 1, B, T): following[j-1][b, t] is token t + j (causal heads only); ``reads(k, state, true)``: the tokens
+        depth k reads instead of the true ones ``true`` (B, T), given depth k-1's normed state (causal heads only;
+        None: the true ones)."""
         raise NotImplementedError
 
 
@@ -127,7 +132,7 @@ class ParallelHeads(Heads):
     def blocks(self) -> list[Block]:
         return list(self.layers)
 
-    def states(self, z, head1, norm, rotary, embed, following) -> list[Tensor]:
+    def states(self, z, head1, norm, rotary, embed, following, reads=None) -> list[Tensor]:
         return [norm(head1)] + [norm(self.block(k)(z, *rotary)) for k in range(2, self.n_future + 1)]
 
 
@@ -171,12 +176,13 @@ class CausalHeads(Heads):
         per_module = sum(p.numel() for p in self.inputs.parameters())
         return per_module * (self.n_future - 1) if self.share_depth else per_module
 
-    def states(self, z, head1, norm, rotary, embed, following) -> list[Tensor]:
+    def states(self, z, head1, norm, rotary, embed, following, reads=None) -> list[Tensor]:
         if self.n_future > 1 and following is None:
             raise ValueError("causal heads need the following tokens (n_future - 1, B, T) to condition on")
         hidden, states = head1, [norm(head1)]
         for k in range(2, self.n_future + 1):  # depth k reads depth k-1's hidden state and the embedding of t+k-1
-            hidden = self.block(k)(self.causal_input(k)(embed(following[k - 2]), hidden), *rotary)
+            tokens = following[k - 2] if reads is None else reads(k, states[-1], following[k - 2])
+            hidden = self.block(k)(self.causal_input(k)(embed(tokens), hidden), *rotary)
             states.append(norm(hidden))
         return states
 
@@ -190,7 +196,7 @@ class LinearHeads(Heads):
         super().__init__(config)
         self.outputs = unembeddings(config, config.n_future)
 
-    def states(self, z, head1, norm, rotary, embed, following) -> list[Tensor]:
+    def states(self, z, head1, norm, rotary, embed, following, reads=None) -> list[Tensor]:
         return [norm(z)] * self.n_future  # every head reads the trunk output: normalize it once
 
 
@@ -234,7 +240,7 @@ class MedusaHeads(Heads):
             for output in self.outputs[1:]:
                 output.weight.copy_(self.outputs[0].weight)
 
-    def states(self, z, head1, norm, rotary, embed, following) -> list[Tensor]:
+    def states(self, z, head1, norm, rotary, embed, following, reads=None) -> list[Tensor]:
         normed = norm(z)
         return [normed] + [head(normed) for head in self.residuals]
 

@@ -122,11 +122,22 @@ class MTPLitModule(L.LightningModule):
             )
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
-        out = mtp_loss(self.model, batch, trunk=self.trunk_cache)
+        weights = self.head_weights()
+        out = mtp_loss(self.model, batch, trunk=self.trunk_cache, weights=weights)
         self.log("train/loss", out.total, prog_bar=True)
         for k in out.heads:  # a head with nothing to train is not computed (a frozen head 1: see trained_heads)
             self.log(f"train/loss_head{k}", out.per_head[k - 1])
+            if self.config.loss_weights_schedule != "constant":
+                self.log(f"train/weight_head{k}", weights[k - 1])
         return out.total
+
+    def head_weights(self) -> list[float]:
+        """The head weights of this step under ``model.loss_weights_schedule``: its place in the run is the optimizer
+        steps taken over the steps the run will take (what the learning-rate schedule reads too)."""
+        if self.config.loss_weights_schedule == "constant":
+            return self.config.weights
+        total = self.trainer.estimated_stepping_batches
+        return self.config.weights_at(self.trainer.global_step / max(1, total))
 
     def on_train_epoch_end(self) -> None:
         if self.trunk_cache is not None and self.trainer.world_size == 1:  # processes would share one file

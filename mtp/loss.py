@@ -64,6 +64,90 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     return total / (flat != IGNORE).sum().clamp(min=1)
 
 
+@dataclass
+class Teacher:
+    """Head 1's distribution at every position, cut to its ``top_k`` most probable tokens and renormalised (HASS's
+    top-K distillation target): what heads 2..n learn under ``model.head_loss=distill``. Computed without a gradient
+    (the teacher is a constant of the step) and one chunk of positions at a time, so that no (B, T, V) tensor stays.
+    The tokens are indices into a draft head's logits (the reduced draft vocabulary's order when there is one: the
+    teacher is head 1's distribution over the tokens a draft head scores)."""
+
+    tokens: Tensor
+    """(B, T, K) the tokens, as indices into a draft head's logits."""
+    probs: Tensor
+    """(B, T, K) their probabilities at the distillation temperature, summing to 1 at each position (fp32)."""
+    entropy: Tensor
+    """(B, T) the entropy of ``probs`` (subtracted, so that the loss reads as a KL divergence, 0 at a perfect head)."""
+    temperature: float
+
+    @classmethod
+    @torch.no_grad()
+    def of_head1(cls, model: MTPModel, state: Tensor, top_k: int, temperature: float, chunk: int = 0) -> Teacher:
+        """The teacher from head 1's normed state (B, T, d)."""
+        vocab = model.head_vocab(2) if model.config.n_future > 1 else None
+        weight = model.unembedding(1).weight
+        weight = weight if vocab is None else weight[vocab]  # head 1's scores of the tokens a draft head scores
+        positions = state.size(1)
+        step = chunk if chunk > 0 else positions
+        tokens, probs = [], []
+        for start in range(0, positions, step):
+            logits = F.linear(state[:, start : start + step], weight).float() / temperature
+            top, index = logits.topk(min(top_k, logits.size(-1)), dim=-1)
+            tokens.append(index)
+            probs.append(top.softmax(dim=-1))  # softmax over the top K: the top K's probabilities, renormalised
+            del logits
+        probs = torch.cat(probs, dim=1)
+        entropy = -(probs * probs.clamp(min=1e-30).log()).sum(dim=-1)
+        return cls(torch.cat(tokens, dim=1), probs, entropy, temperature)
+
+    def for_head(self, k: int) -> Teacher:
+        """What head k at position t learns: head 1's distribution at position t + k - 1 (where head 1 predicts the
+        token head k drafts); the last k - 1 positions, whose head-1 position lies past the window, get none (their
+        ``probs`` are zero, so they count for nothing)."""
+        shift = k - 1
+        if shift == 0:
+            return self
+        T = self.tokens.size(1)
+
+        def moved(x: Tensor) -> Tensor:
+            out = torch.zeros_like(x)
+            if shift < T:
+                out[:, : T - shift] = x[:, shift:]
+            return out
+
+        return Teacher(moved(self.tokens), moved(self.probs), moved(self.entropy), self.temperature)
+
+    @property
+    def valid(self) -> Tensor:
+        """(B, T) the positions with a teacher."""
+        return self.probs.sum(dim=-1) > 0
+
+
+def distill_loss(logits: Tensor, teacher: Teacher) -> Tensor:
+    """Mean over the positions with a teacher of T^2 KL(teacher || softmax(logits / T)), the teacher's support its
+    top K; logits (B, T, V or K) head k's, ``teacher`` already moved to head k (:meth:`Teacher.for_head`)."""
+    t = teacher.temperature
+    log_q = (logits.float() / t).log_softmax(dim=-1)
+    cross = -(teacher.probs * log_q.gather(-1, teacher.tokens)).sum(dim=-1)  # (B, T)
+    valid = teacher.valid
+    return t * t * ((cross - teacher.entropy) * valid).sum() / valid.sum().clamp(min=1)
+
+
+def head_teachers(model: MTPModel, states: list[Tensor], heads: list[int], chunk: int = 0) -> dict[int, Teacher]:
+    """Head k's teacher for every head k >= 2 among ``heads`` that distils (``model.head_loss``); empty under 'ce'."""
+    config = model.config
+    distilled = [k for k in heads if k > 1] if config.head_loss != "ce" else []
+    if not distilled:
+        return {}
+    teacher = Teacher.of_head1(model, states[0], config.distill_top_k, config.distill_temperature, chunk)
+    return {k: teacher.for_head(k) for k in distilled}
+
+
+def uses_ce(model: MTPModel, k: int) -> bool:
+    """Whether head k's loss has the corpus token's cross-entropy (head 1 always; heads 2..n unless 'distill')."""
+    return k == 1 or model.config.head_loss != "distill"
+
+
 def trained_heads(model: MTPModel, states: list[Tensor]) -> list[int]:
     """The heads (1-based) whose loss has a gradient to give: under autograd, those whose state or unembedding needs
     one. A head 1 frozen with the trunk (heads trained on a pretrained model) has none, and its loss would cost an
@@ -96,9 +180,13 @@ def _per_head(losses: Tensor, heads: list[int], n: int) -> Tensor:
 def naive_loss(model: MTPModel, states: list[Tensor], targets: Tensor, weights: list[float]) -> LossOutput:
     """Every head's logits at once, through plain autograd."""
     heads = trained_heads(model, states)
-    losses = torch.stack(
-        [cross_entropy(model.head_logits(k, states[k - 1]), model.head_targets(k, targets[k - 1])) for k in heads]
-    )
+    teachers = head_teachers(model, states, heads)
+    losses = []
+    for k in heads:
+        logits = model.head_logits(k, states[k - 1])
+        loss = cross_entropy(logits, model.head_targets(k, targets[k - 1])) if uses_ce(model, k) else 0.0
+        losses.append(loss + distill_loss(logits, teachers[k]) if k in teachers else loss)
+    losses = torch.stack(losses)
     total = (losses * losses.new_tensor([weights[k - 1] for k in heads])).sum()
     return LossOutput(total, _per_head(losses.detach(), heads, len(states)), heads)
 
@@ -120,7 +208,9 @@ def sequential_loss(
         which.append(position[key])
     head_targets = torch.stack([model.head_targets(k, targets[k - 1]) for k in heads])
     head_states = [states[k - 1] for k in heads]
-    settings = (head_targets, [weights[k - 1] for k in heads], which, chunk, len(heads))
+    teachers = head_teachers(model, states, heads, chunk)
+    terms = [(uses_ce(model, k), teachers.get(k)) for k in heads]
+    settings = (head_targets, [weights[k - 1] for k in heads], which, chunk, len(heads), terms)
     total, losses = _HeadsCrossEntropy.apply(*settings, *head_states, *scored)
     return LossOutput(total, _per_head(losses, heads, len(states)), heads)
 
@@ -135,39 +225,60 @@ class _HeadsCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, targets, weights, which, chunk, n_heads, *tensors):
+    def forward(ctx, targets, weights, which, chunk, n_heads, terms, *tensors):
         states, unembeddings = tensors[:n_heads], tensors[n_heads:]
-        needs_grad = ctx.needs_input_grad[5:]
+        needs_grad = ctx.needs_input_grad[6:]
         grad_states = [torch.empty_like(s) if needs_grad[k] else None for k, s in enumerate(states)]
         grad_weights = [torch.zeros_like(w) if needs_grad[n_heads + i] else None for i, w in enumerate(unembeddings)]
         losses = []
         for k, state in enumerate(states):
             weight, index = unembeddings[which[k]], which[k]
+            ce, teacher = terms[k]  # the cross-entropy term or not; the distillation term's teacher or None
             T = state.size(1)
             step = chunk if chunk > 0 else T
             loss_sum = state.new_zeros((), dtype=torch.float32)
             counted = (targets[k] != IGNORE).sum().clamp(min=1)  # a tensor: no device sync
             scale = weights[k] / counted
+            if teacher is not None:
+                distill_sum = state.new_zeros((), dtype=torch.float32)
+                distill_counted = teacher.valid.sum().clamp(min=1)
+                t = teacher.temperature
+                # d(T^2 KL)/d logits = T (softmax(logits / T) - teacher)
+                distill_scale = weights[k] * t / distill_counted
             for start in range(0, T, step):
                 piece = state[:, start : start + step]  # (B, c, d)
-                piece_targets = targets[k][:, start : start + step, None]  # (B, c, 1)
-                valid = piece_targets != IGNORE  # tokens outside a reduced draft vocabulary count for nothing
-                piece_targets = piece_targets.clamp(min=0)
                 logits = F.linear(piece, weight)  # (B, c, V), in the autocast dtype if one is active
                 compute_dtype = logits.dtype
                 logits = logits.float()
-                log_norm = logits.logsumexp(dim=-1, keepdim=True)  # (B, c, 1)
-                loss_sum += ((log_norm - logits.gather(-1, piece_targets)) * valid).sum()
-                # d(scale * CE)/d logits = scale * (softmax - one_hot(target)), built in place of the logits
-                grad_logits = logits.sub_(log_norm).exp_()
-                grad_logits.scatter_add_(-1, piece_targets, torch.full_like(log_norm, -1.0)).mul_(valid * scale)
+                grad_logits = None
+                if teacher is not None:
+                    part = slice(start, start + step)
+                    tokens, probs, entropy = teacher.tokens[:, part], teacher.probs[:, part], teacher.entropy[:, part]
+                    log_q = (logits / t).log_softmax(dim=-1)
+                    taught = probs.sum(dim=-1, keepdim=True) > 0  # (B, c, 1): the last k - 1 positions have no teacher
+                    cross = -(probs * log_q.gather(-1, tokens)).sum(dim=-1, keepdim=True)
+                    distill_sum += ((cross - entropy[..., None]) * taught).sum()
+                    grad_logits = log_q.exp_().scatter_add_(-1, tokens, -probs).mul_(taught * distill_scale)
+                    del log_q
+                if ce:
+                    piece_targets = targets[k][:, start : start + step, None]  # (B, c, 1)
+                    valid = piece_targets != IGNORE  # tokens outside a reduced draft vocabulary count for nothing
+                    piece_targets = piece_targets.clamp(min=0)
+                    log_norm = logits.logsumexp(dim=-1, keepdim=True)  # (B, c, 1)
+                    loss_sum += ((log_norm - logits.gather(-1, piece_targets)) * valid).sum()
+                    # d(scale * CE)/d logits = scale * (softmax - one_hot(target)), built in place of the logits
+                    grad_ce = logits.sub_(log_norm).exp_()
+                    grad_ce.scatter_add_(-1, piece_targets, torch.full_like(log_norm, -1.0)).mul_(valid * scale)
+                    grad_logits = grad_ce if grad_logits is None else grad_logits.add_(grad_ce)
+                    del grad_ce
                 grad_logits = grad_logits.to(compute_dtype)
                 if grad_states[k] is not None:
                     grad_states[k][:, start : start + step] = grad_logits @ weight
                 if grad_weights[index] is not None:
                     grad_weights[index] += torch.einsum("bcv,bcd->vd", grad_logits, piece)
                 del logits, grad_logits
-            losses.append(loss_sum / counted)
+            loss = loss_sum / counted if ce else loss_sum
+            losses.append(loss + t * t * distill_sum / distill_counted if teacher is not None else loss)
         per_head = torch.stack(losses)
         total = (per_head * per_head.new_tensor(weights)).sum()
         # Plain attributes, not saved tensors: backward hands them to autograd and drops its own reference, so
@@ -184,29 +295,37 @@ class _HeadsCrossEntropy(torch.autograd.Function):
         for g in grads:
             if g is not None:
                 g.mul_(grad_total.to(g.dtype))  # the loss scale: 1, 1/accumulation, or AMP's scale
-        return (None, None, None, None, None, *grads)
+        return (None, None, None, None, None, None, *grads)
 
 
 def window_states(
-    model: MTPModel, window: Tensor, trunk: Callable[[Tensor], Tensor] | None = None
+    model: MTPModel, window: Tensor, trunk: Callable[[Tensor], Tensor] | None = None, causal_inputs: str = "true"
 ) -> tuple[list[Tensor], Tensor]:
     """Every head's normed state (n x (B, T, d)) over a window's inputs, and the targets (n, B, T).
 
-    Causal heads condition on the true tokens before the one they predict: head k at t on token t + k - 1.
+    Causal heads condition on the tokens before the one they predict, head k at t on token t + k - 1: the true ones,
+    or under ``causal_inputs`` drafts/mixed the earlier depth's drafts (training's choice, ``model.causal_inputs``).
     ``trunk(inputs)``: the trunk's output from elsewhere (:class:`mtp.trunk_cache.TrunkCache`); default: the model's.
     """
     inputs, targets = split_window(window, model.config.n_future)
-    return model.head_states(inputs, following=targets[:-1], trunk=trunk(inputs) if trunk else None), targets
+    trunk_output = trunk(inputs) if trunk else None
+    return model.head_states(inputs, targets[:-1], trunk_output, causal_inputs), targets
 
 
 def mtp_loss(
-    model: MTPModel, window: Tensor, mode: str | None = None, trunk: Callable[[Tensor], Tensor] | None = None
+    model: MTPModel,
+    window: Tensor,
+    mode: str | None = None,
+    trunk: Callable[[Tensor], Tensor] | None = None,
+    weights: list[float] | None = None,
 ) -> LossOutput:
     """Training loss of a token window (B, seq_len + n_future) in the given mode (default: the model config's); the
-    trunk's output from ``trunk(inputs)`` if given (see :func:`window_states`)."""
+    trunk's output from ``trunk(inputs)`` if given (see :func:`window_states`); the head weights ``weights`` (default:
+    the config's ``loss_weights``; training passes its schedule's, :meth:`mtp.config.ModelConfig.weights_at`)."""
     config = model.config
-    states, targets = window_states(model, window, trunk)
+    states, targets = window_states(model, window, trunk, config.causal_inputs)
     mode = mode or config.loss
+    weights = config.weights if weights is None else weights
     if mode == "naive" or not torch.is_grad_enabled():
-        return naive_loss(model, states, targets, config.weights)
-    return sequential_loss(model, states, targets, config.weights, config.loss_chunk)
+        return naive_loss(model, states, targets, weights)
+    return sequential_loss(model, states, targets, weights, config.loss_chunk)

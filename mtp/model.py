@@ -13,6 +13,7 @@ The blocks are :mod:`mtp.blocks`'. Checkpoints of the layout before the heads we
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -140,12 +141,16 @@ class MTPModel(nn.Module):
         full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
         return full.index_copy_(-1, vocab, logits)
 
-    def head_states(self, idx: Tensor, following: Tensor | None = None, trunk: Tensor | None = None) -> list[Tensor]:
+    def head_states(
+        self, idx: Tensor, following: Tensor | None = None, trunk: Tensor | None = None, causal_inputs: str = "true"
+    ) -> list[Tensor]:
         """What each head's unembedding reads: its hidden state after the shared norm, n_future x (B, T, d_model).
 
         ``following`` (n_future - 1, B, T), following[j-1][b, t] = token t + j: the tokens causal heads condition
         on (the window's targets in training); other head types ignore it. ``trunk``: :meth:`trunk`'s output for
-        ``idx``, when the caller has it already (a frozen trunk's, kept from an earlier epoch).
+        ``idx``, when the caller has it already (a frozen trunk's, kept from an earlier epoch). ``causal_inputs``:
+        'true' (``following``), 'drafts' or 'mixed' (:attr:`mtp.config.ModelConfig.causal_inputs`; training passes
+        the config's, evaluation the true tokens).
 
         Training and evaluation call the model through this one method (the unembedding comes after, one head
         at a time), so a wrapper that hooks a forward method (FSDP2's ``register_fsdp_forward_method``) needs
@@ -154,7 +159,20 @@ class MTPModel(nn.Module):
         z = self.trunk(idx) if trunk is None else trunk
         rotary = self.rotary(z.size(1))
         head1 = self.layers[-1](z, *rotary) if self.config.head1_block else z
-        return self.heads.states(z, head1, self.norm, rotary, self.tok_embeddings, following)
+        reads = None if causal_inputs == "true" else partial(self.drafted_inputs, causal_inputs == "mixed")
+        return self.heads.states(z, head1, self.norm, rotary, self.tok_embeddings, following, reads)
+
+    def drafted_inputs(self, mixed: bool, k: int, state: Tensor, true: Tensor) -> Tensor:
+        """The tokens causal depth k reads in training under ``causal_inputs`` drafts or mixed: depth k-1's argmax at
+        each position (what greedy decoding feeds it; no gradient flows through the choice), or under mixed that at
+        a ``causal_draft_rate`` fraction of positions drawn at random and ``true`` (B, T) elsewhere. ``state``: depth
+        k-1's normed state (B, T, d)."""
+        with torch.no_grad():
+            drafted = self.head_tokens(k - 1, self.head_logits(k - 1, state).argmax(dim=-1))
+        if not mixed:
+            return drafted
+        chosen = torch.rand(true.shape, device=true.device) < self.config.causal_draft_rate
+        return torch.where(chosen, drafted, true)
 
     def forward(self, idx: Tensor, following: Tensor | None = None) -> Tensor:
         """Logits of every head, (n_future, B, T, vocab_size); head k at position t predicts token t+k. A draft head of

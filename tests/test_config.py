@@ -27,11 +27,26 @@ def test_derived_values():
         ({"loss_weights": [1.0, 1.0]}, "one weight per head"),
         ({"loss_weights": [1.0, -1.0, 1.0, 1.0]}, "non-negative"),
         ({"vocab_size": 0}, "vocab_size=0 must be at least 1"),
+        ({"head_loss": "kl"}, "head_loss='kl' is not one of ce, distill, ce\\+distill"),
+        ({"distill_top_k": 0}, "distill_top_k=0 must be at least 1"),
+        ({"distill_temperature": 0.0}, "distill_temperature=0.0 must be positive"),
+        ({"causal_inputs": "drafts"}, "applies to causal heads only.*set model.head_type=causal"),
+        ({"head_type": "causal", "causal_inputs": "sampled"}, "causal_inputs='sampled' is not one of"),
+        ({"head_type": "causal", "causal_draft_rate": 1.5}, "causal_draft_rate=1.5 must lie between 0 and 1"),
+        ({"loss_weights_schedule": "cosine"}, "loss_weights_schedule='cosine' is not one of"),
+        ({"loss_weights_schedule": "steps"}, r"set model.loss_weights_final .*\[1.0,0.1,0.1,0.1\]"),
+        ({"loss_weights_schedule": "linear", "loss_weights_final": [1.0]}, "has 1 entries but n_future=4"),
+        ({"loss_weights_final": [1.0, 0.1, 0.1, 0.1]}, "read only by a schedule"),
     ],
 )
 def test_bad_values_name_the_problem(kwargs, message):
     with pytest.raises(UserError, match=message):
         ModelConfig(**kwargs)
+
+
+def test_causal_inputs_true_from_the_command_line_is_the_word():
+    """Hydra reads model.causal_inputs=true as a boolean."""
+    assert ModelConfig.from_dict({"head_type": "causal", "causal_inputs": True}).causal_inputs == "true"
 
 
 def test_unknown_key_is_named():
@@ -86,6 +101,14 @@ def test_every_model_preset_composes_to_its_recorded_settings(preset):
         "loss": "sequential",
         "loss_weights": None,
         "loss_chunk": 0,
+        "head_loss": "ce",
+        "distill_top_k": 10,
+        "distill_temperature": 1.0,
+        "causal_inputs": "true",
+        "causal_draft_rate": 0.5,
+        "loss_weights_schedule": "constant",
+        "loss_weights_final": None,
+        "loss_weights_switch": 0.7,
         **SMALL,
     }
     composed = compose_train([f"model={preset}"])

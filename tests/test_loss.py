@@ -1,3 +1,4 @@
+import math
 import weakref
 
 import pytest
@@ -216,3 +217,150 @@ def test_head_logits_yields_every_head_in_turn_one_alive_at_a_time(head_type):
             earlier.append(weakref.ref(logits))
             del logits
     assert len(earlier) == 4
+
+
+# -- heads trained for acceptance: distillation from head 1, drafted causal inputs, weight schedules
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+@pytest.mark.parametrize("head_loss", ["distill", "ce+distill"])
+@pytest.mark.parametrize("loss_chunk", [0, 5])
+@pytest.mark.parametrize("draft_vocab", [0, 40])
+def test_distilled_sequential_gradients_equal_naive(head_type, head_loss, loss_chunk, draft_vocab):
+    weights = [1.0, 0.5, 0.25, 0.125]
+    settings = {"head_type": head_type, **HEAD_TYPES[head_type], "draft_vocab": draft_vocab}
+    settings |= {"head_loss": head_loss, "distill_top_k": 7, "distill_temperature": 1.5}
+    model = perturbed(make_model(4, loss_weights=weights, loss_chunk=loss_chunk, **settings))
+    with_draft_vocab(model)
+    window = torch.randint(0, 97, (3, 16 + 4))
+    naive, naive_grads = gradients(model, window, "naive", scale=0.5)
+    sequential, sequential_grads = gradients(model, window, "sequential", scale=0.5)
+    torch.testing.assert_close(sequential.total, naive.total, rtol=1e-5, atol=0)
+    torch.testing.assert_close(sequential.per_head, naive.per_head, rtol=1e-5, atol=0)
+    for name, grad in naive_grads.items():
+        relative = (sequential_grads[name] - grad).norm() / grad.norm()
+        assert relative < 1e-5, f"{name}: relative difference {relative:.2e}"
+
+
+def reference_distillation(model, window, k, top_k, temperature, draft_tokens=None):
+    """T^2 KL(p || q) by its definition, in float64: p head 1's distribution at position t + k - 1 cut to its top K
+    and renormalised, q head k's at t, both at temperature T, averaged over the positions where t + k - 1 < T."""
+    n = model.config.n_future
+    inputs, targets = split_window(window, n)
+    with torch.no_grad():
+        logits = model(inputs, following=targets[:-1]).double()  # (n, B, T, V), -inf where a draft head scores none
+    head1, head_k = logits[0] / temperature, logits[k - 1] / temperature
+    if draft_tokens is not None:
+        head1, head_k = head1[..., draft_tokens], head_k[..., draft_tokens]
+    T = inputs.size(1)
+    total, count = 0.0, 0
+    for b in range(inputs.size(0)):
+        for t in range(T - k + 1):
+            p = head1[b, t + k - 1].softmax(-1)
+            top = p.topk(top_k)
+            p_cut = top.values / top.values.sum()
+            log_q = head_k[b, t].log_softmax(-1)[top.indices]
+            total += (p_cut * (p_cut.log() - log_q)).sum()
+            count += 1
+    return temperature**2 * total / count
+
+
+@pytest.mark.parametrize("draft_vocab", [0, 40])
+def test_distillation_is_the_kl_from_head1s_top_k_at_the_position_it_predicts_the_same_token(draft_vocab):
+    model = make_model(4, head_loss="distill", distill_top_k=5, distill_temperature=2.0, draft_vocab=draft_vocab)
+    with_draft_vocab(model)
+    window = torch.randint(0, 97, (2, 12 + 4))
+    out = mtp_loss(model, window, "sequential")
+    tokens = model.draft_tokens if draft_vocab else None
+    for k in (2, 3, 4):
+        expected = reference_distillation(model, window, k, 5, 2.0, tokens)
+        torch.testing.assert_close(out.per_head[k - 1].double(), expected, rtol=1e-4, atol=1e-6)
+    assert out.per_head[1:].min() > 0  # a KL, of heads that have not learnt head 1's distribution
+
+
+def test_distillation_with_hand_made_logits():
+    """The loss of logits and teachers written out: zero where the head already has the teacher's distribution;
+    where the teacher splits its mass between tokens 0 and 1 and the head's logits are (30, -30, -30, -30),
+    KL = 1/2 log(1/2 / 1) + 1/2 log(1/2 / e^-60) = 30 - log 2; past the window, no teacher."""
+    from mtp.loss import Teacher, distill_loss
+
+    big = 30.0
+    teacher_logits = torch.tensor([[[0.0, 0.0, -big, -big], [0.0, -big, -big, -big], [0.0, 0.0, 0.0, 0.0]]])
+    top, index = teacher_logits.topk(2, dim=-1)
+    probs = top.softmax(-1)
+    teacher = Teacher(index, probs, -(probs * probs.log()).sum(-1), 1.0)
+    same = torch.tensor([[[0.0, 0.0, -big, -big]]])
+    assert distill_loss(same, Teacher(index[:, :1], probs[:, :1], teacher.entropy[:, :1], 1.0)) < 1e-6
+    one_sided = torch.tensor([[[big, -big, -big, -big]]])
+    halved = distill_loss(one_sided, Teacher(index[:, :1], probs[:, :1], teacher.entropy[:, :1], 1.0))
+    assert halved.item() == pytest.approx(big - math.log(2), abs=1e-4)
+    moved = teacher.for_head(3)  # head 3 at t learns head 1's distribution at t + 2: only t = 0 has one
+    assert moved.valid.tolist() == [[True, False, False]]
+    assert moved.tokens[0, 0].tolist() == index[0, 2].tolist()
+
+
+@pytest.mark.parametrize("share_depth", [False, True])
+def test_drafted_causal_inputs_are_each_depths_argmax_fed_to_the_next(share_depth):
+    """causal_inputs=drafts: depth k reads depth k-1's argmax at the same position, what greedy decoding feeds it;
+    built here depth by depth through the true-token path."""
+    model = make_model(4, head_type="causal", share_depth=share_depth, causal_inputs="drafts")
+    window = torch.randint(0, 97, (2, 10 + 4))
+    inputs, targets = split_window(window, 4)
+    with torch.no_grad():
+        drafted = model.head_states(inputs, targets[:-1], causal_inputs="drafts")
+        following = targets[:-1].clone()
+        for k in range(2, 5):
+            states = model.head_states(inputs, following)
+            following[k - 2] = model.head_logits(k - 1, states[k - 2]).argmax(-1)
+        expected = model.head_states(inputs, following)
+    for k in range(4):
+        torch.testing.assert_close(drafted[k], expected[k])
+    assert not torch.equal(following, targets[:-1])  # the drafts differ from the text somewhere
+
+
+def test_mixed_causal_inputs_read_drafts_at_the_rate_asked():
+    model = make_model(4, head_type="causal", causal_inputs="mixed", causal_draft_rate=0.5)
+    window = torch.randint(0, 97, (4, 64 + 4))
+    inputs, targets = split_window(window, 4)
+    state = torch.randn(4, 64, 32)
+    drafted = model.drafted_inputs(False, 2, state, targets[0])
+    differs = drafted != targets[0]
+    torch.manual_seed(0)
+    mixed = model.drafted_inputs(True, 2, state, targets[0])
+    from_drafts = (mixed == drafted) & differs
+    from_text = (mixed == targets[0]) & differs
+    assert torch.equal(from_drafts | from_text, differs)  # every position reads one or the other
+    share = from_drafts.sum() / differs.sum()
+    assert 0.35 < share < 0.65
+    for rate, expected in ((0.0, targets[0]), (1.0, drafted)):
+        model.config.causal_draft_rate = rate
+        assert torch.equal(model.drafted_inputs(True, 2, state, targets[0]), expected)
+
+
+@pytest.mark.parametrize("causal_inputs", ["drafts", "mixed"])
+@pytest.mark.parametrize("share_depth", [False, True])
+def test_drafted_causal_inputs_sequential_gradients_equal_naive(causal_inputs, share_depth):
+    model = make_model(4, head_type="causal", share_depth=share_depth, causal_inputs=causal_inputs, loss_chunk=5)
+    window = torch.randint(0, 97, (3, 16 + 4))
+    torch.manual_seed(1)
+    naive, naive_grads = gradients(model, window, "naive")
+    torch.manual_seed(1)
+    sequential, sequential_grads = gradients(model, window, "sequential")
+    torch.testing.assert_close(sequential.per_head, naive.per_head, rtol=1e-5, atol=0)
+    for name, grad in naive_grads.items():
+        relative = (sequential_grads[name] - grad).norm() / grad.norm()
+        assert relative < 1e-5, f"{name}: relative difference {relative:.2e}"
+    true = mtp_loss(make_model(4, head_type="causal", share_depth=share_depth), window)
+    assert not torch.allclose(true.per_head[1:], naive.per_head[1:])  # the drafts changed what depths 2..4 read
+
+
+def test_weight_schedules():
+    steps = ModelConfig(
+        n_future=3, loss_weights=[1, 0.3, 0.3], loss_weights_schedule="steps", loss_weights_final=[1, 0.1, 0.1]
+    )
+    assert steps.weights_at(0.0) == [1, 0.3, 0.3] and steps.weights_at(0.69) == [1, 0.3, 0.3]
+    assert steps.weights_at(0.7) == [1, 0.1, 0.1]
+    linear = ModelConfig(n_future=2, loss_weights_schedule="linear", loss_weights_final=[1.0, 0.0])
+    assert linear.weights_at(0.0) == [1.0, 1.0] and linear.weights_at(0.25) == [1.0, 0.75]
+    assert linear.weights_at(1.0) == [1.0, 0.0]
+    assert ModelConfig(n_future=2, loss_weights=[1.0, 0.5]).weights_at(0.9) == [1.0, 0.5]

@@ -393,3 +393,20 @@ def test_a_reduced_draft_vocabulary_is_the_training_datas_most_frequent_and_trav
     with torch.no_grad():
         logits = loaded.model(torch.tensor([[1, 2, 3, 4]]))
     assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[1:]).sum() == 3 * 4 * 64
+
+
+def test_training_follows_the_head_weight_schedule_and_distils(make_cfg):
+    """A run of 4 steps with the linear schedule from 1 to 0: the last step (step 3 of 4) trains heads 2..n with
+    weight 1/4, logged beside the losses; the distilled heads' loss (a KL) is logged too."""
+    extra = [
+        "model.loss_weights_schedule=linear",
+        "model.loss_weights_final=[1.0,0.0,0.0,0.0]",
+        "model.head_loss=ce+distill",
+        "model.distill_top_k=4",
+    ]
+    metrics = train(make_cfg("mtp4", extra))
+    assert metrics["train/weight_head1"] == 1.0
+    assert metrics["train/weight_head2"] == metrics["train/weight_head4"] == pytest.approx(0.25)
+    assert metrics["train/loss"] == pytest.approx(
+        metrics["train/loss_head1"] + 0.25 * sum(metrics[f"train/loss_head{k}"] for k in (2, 3, 4)), rel=1e-5
+    )

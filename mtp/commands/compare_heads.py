@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -96,6 +96,20 @@ def step_spec(config: ModelConfig, args: argparse.Namespace, device: torch.devic
     )
 
 
+def training_choices(config: ModelConfig) -> str:
+    """How the heads were trained where it is not the default (what they learn from, what causal depths read, how
+    the head weights moved), e.g. ", head_loss=distill, causal_inputs=drafts"; empty for the defaults."""
+    default = {f.name: f.default for f in fields(ModelConfig)}
+    names = ("head_loss", "distill_top_k", "distill_temperature", "causal_inputs", "causal_draft_rate")
+    names += ("loss_weights", "loss_weights_schedule", "loss_weights_final", "loss_weights_switch")
+    changed = [name for name in names if getattr(config, name) != default[name]]
+    if config.causal_inputs != "mixed":
+        changed = [name for name in changed if name != "causal_draft_rate"]
+    if config.head_loss == "ce":
+        changed = [name for name in changed if not name.startswith("distill_")]
+    return "".join(f", {name}={getattr(config, name)}".replace(" ", "").replace(",", ", ", 1) for name in changed)
+
+
 def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, device: torch.device) -> dict:
     """One checkpoint's row: greedy and ``sampled`` decoding with all heads against one head, and a training step."""
     loaded = load_checkpoint(path, device, args.dtype)
@@ -115,7 +129,7 @@ def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, dev
                 best[key] = stats
     row = {
         "checkpoint": str(path),
-        "head_type": config.head_type + (" (shared depth)" if config.share_depth else ""),
+        "head_type": config.head_type + (" (shared depth)" if config.share_depth else "") + training_choices(config),
         "n_future": config.n_future,
         "parameters": sum(p.numel() for p in model.parameters()),
         "global_step": loaded.global_step,
