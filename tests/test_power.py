@@ -392,8 +392,8 @@ MUTATIONS = [
     Mutation(
         "causal heads condition on their own target",
         "mtp/loss.py",
-        "following=targets[:-1], trunk=",
-        "following=targets[1:], trunk=",
+        "model.head_states(inputs, targets[:-1], trunk_output, causal_inputs)",
+        "model.head_states(inputs, targets[1:], trunk_output, causal_inputs)",
         (f"{LOSS}::test_no_head_sees_its_target",),
     ),
     Mutation(
@@ -533,6 +533,77 @@ MUTATIONS = [
         "which.append(position[key])",
         "which.append(0)",
         (LOSS,),
+    ),
+    # -- heads trained for acceptance
+    Mutation(
+        "head k learns head 1's distribution at its own position instead of where head 1 predicts the same token",
+        "mtp/loss.py",
+        "shift = k - 1",
+        "shift = k - 2",
+        (f"{LOSS}::test_distillation_is_the_kl_from_head1s_top_k_at_the_position_it_predicts_the_same_token",),
+    ),
+    Mutation(
+        "the teacher's top K not renormalised",
+        "mtp/loss.py",
+        "probs.append(top.softmax(dim=-1))",
+        "probs.append(logits.softmax(dim=-1).gather(-1, index))",
+        (f"{LOSS}::test_distillation_is_the_kl_from_head1s_top_k_at_the_position_it_predicts_the_same_token",),
+    ),
+    Mutation(
+        "the sequential distillation gradient misses the temperature's factor",
+        "mtp/loss.py",
+        "distill_scale = weights[k] * t / distill_counted",
+        "distill_scale = weights[k] / distill_counted",
+        (f"{LOSS}::test_distilled_sequential_gradients_equal_naive",),
+    ),
+    Mutation(
+        "positions past the window still pull on the distillation gradient",
+        "mtp/loss.py",
+        ".mul_(taught * distill_scale)",
+        ".mul_(distill_scale)",
+        (f"{LOSS}::test_distilled_sequential_gradients_equal_naive",),
+    ),
+    Mutation(
+        "every causal depth reads head 1's draft instead of the previous depth's",
+        HEADS,
+        "reads(k, states[-1], following[k - 2])",
+        "reads(k, states[0], following[k - 2])",
+        (f"{LOSS}::test_drafted_causal_inputs_are_each_depths_argmax_fed_to_the_next",),
+    ),
+    Mutation(
+        "mixed causal inputs ignore the rate asked",
+        "mtp/model.py",
+        "torch.rand(true.shape, device=true.device) < self.config.causal_draft_rate",
+        "torch.rand(true.shape, device=true.device) < 0.5",
+        (f"{LOSS}::test_mixed_causal_inputs_read_drafts_at_the_rate_asked",),
+    ),
+    Mutation(
+        "training ignores the head weight schedule",
+        "mtp/lit.py",
+        "out = mtp_loss(self.model, batch, trunk=self.trunk_cache, weights=weights)",
+        "out = mtp_loss(self.model, batch, trunk=self.trunk_cache)",
+        ("tests/test_train.py::test_training_follows_the_head_weight_schedule_and_distils",),
+    ),
+    Mutation(
+        "online updates train head 1's unembedding too",
+        "mtp/online.py",
+        "return [p for p in model.heads.parameters() if p is not head1]",
+        "return list(model.heads.parameters())",
+        ("tests/test_online.py::test_updates_raise_acceptance_and_leave_the_output_what_head_1_decodes",),
+    ),
+    Mutation(
+        "online rejections compare a draft with the token before the one it drafts",
+        "mtp/online.py",
+        "rejected[k - 2, t] = drafts[t] != tokens[t + k]",
+        "rejected[k - 2, t] = drafts[t] != tokens[t + k - 1]",
+        ("tests/test_online.py::test_rejections_are_where_a_heads_draft_differs_from_the_emitted_token",),
+    ),
+    Mutation(
+        "online updates never step the optimizer",
+        "mtp/online.py",
+        "            self.optimizer.step()",
+        "            self.optimizer.zero_grad()",
+        ("tests/test_online.py::test_updates_raise_acceptance_and_leave_the_output_what_head_1_decodes",),
     ),
     # -- metrics and data order
     Mutation(

