@@ -56,6 +56,8 @@ class Observed:
     """(L,) prompt and completion."""
     rejected: Tensor
     """(n - 1, L) bool: rejected[k-2, t] when head k's draft at t differs from token t + k (the completion's)."""
+    trunk: Tensor
+    """(1, L, d) the trunk's output (frozen: kept, so that an update runs only head 1's block and the heads)."""
 
 
 class OnlineHeads:
@@ -91,7 +93,8 @@ class OnlineHeads:
         device = next(model.parameters()).device
         tokens = torch.tensor(prompt + completion, device=device)
         inputs, following = self.window(tokens)
-        states = model.head_states(inputs[None], following[:, None])
+        trunk = model.trunk(inputs[None])
+        states = model.head_states(inputs[None], following[:, None], trunk)
         L = tokens.numel()
         rejected = torch.zeros(n - 1, L, dtype=torch.bool, device=device)
         first = len(prompt)  # the first emitted token's position
@@ -99,7 +102,7 @@ class OnlineHeads:
             drafts = model.head_tokens(k, model.head_logits(k, states[k - 1][0]).argmax(-1))  # (L,): for t + k
             t = torch.arange(max(0, first - k), L - k, device=device)  # drafted token t + k in the completion
             rejected[k - 2, t] = drafts[t] != tokens[t + k]
-        return Observed(tokens, rejected)
+        return Observed(tokens, rejected, trunk)
 
     def window(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """The inputs (L,) and, for causal heads, the tokens each depth reads (n - 1, L): token t + j, 0 past the end
@@ -132,7 +135,7 @@ class OnlineHeads:
         model, n = self.model, self.model.config.n_future
         inputs, following = self.window(observed.tokens)
         with torch.enable_grad():
-            states = model.head_states(inputs[None], following[:, None])
+            states = model.head_states(inputs[None], following[:, None], observed.trunk)
             teacher = Teacher.of_head1(model, states[0].detach(), self.settings.online_top_k, 1.0)
             total = states[0].new_zeros((), dtype=torch.float32)
             for k in range(2, n + 1):
