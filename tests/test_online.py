@@ -126,9 +126,9 @@ def test_decode_streams_a_prompts_file_one_json_line_each(tiny_checkpoints, tmp_
     from test_decode_scripts import decode
 
     prompts = ["def f(x):\n", "import os\n", "class A:\n", "for i in range(3):\n"]
-    path = write_prompts(tmp_path / ("p.jsonl.gz" if compress else "p.jsonl"), prompts, compress)
+    path = write_prompts(tmp_path / ("p.jsonl.gz" if compress else "p.jsonl"), [*prompts, "never read"], compress)
     checkpoint = str(tiny_checkpoints["mtp4"])
-    args = [checkpoint, "--self-speculative", "--prompts", str(path), "--max-new-tokens", "12"]
+    args = [checkpoint, "--self-speculative", "--prompts", str(path), "--max-new-tokens", "12", "--prompt-count", "4"]
     assert decode.main([*args, "--online", "2", "--online-steps", "2"]) == 0
     captured = capsys.readouterr()
     lines = [json.loads(line) for line in captured.out.splitlines()]
@@ -150,6 +150,7 @@ def test_decode_streams_a_prompts_file_one_json_line_each(tiny_checkpoints, tmp_
         (['{"prompt": "x"}', "{oops"], ["--self-speculative"], "line 2 of"),
         (['{"text": "x"}'], ["--self-speculative"], "line 1 of"),
         ([""], ["--self-speculative"], "holds no prompts"),
+        (['{"prompt": "x"}'], ["--prompt-count", "0"], "--prompt-count 0 must be at least 1"),
     ],
 )
 def test_bad_streams_are_one_sentence(tiny_checkpoints, tmp_path, lines, args, message):
@@ -161,8 +162,12 @@ def test_bad_streams_are_one_sentence(tiny_checkpoints, tmp_path, lines, args, m
         decode.main([str(tiny_checkpoints["mtp4"]), "--prompts", str(path), *args])
 
 
-def test_online_without_a_stream_is_refused(tiny_checkpoints):
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--online", "2"], "give them with --prompts F"), (["--prompt-count", "2"], "give one, or drop --prompt-count")],
+)
+def test_stream_flags_without_a_stream_are_refused(tiny_checkpoints, flags, message):
     from test_decode_scripts import decode
 
-    with pytest.raises(UserError, match="give them with --prompts F"):
-        decode.main([str(tiny_checkpoints["mtp4"]), "--self-speculative", "--prompt", "x", "--online", "2"])
+    with pytest.raises(UserError, match=message):
+        decode.main([str(tiny_checkpoints["mtp4"]), "--self-speculative", "--prompt", "x", *flags])

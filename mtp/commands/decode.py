@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         help='a JSON-lines file (.jsonl or .jsonl.gz) of {"prompt": TEXT, ...} objects, decoded in turn: one JSON line '
         "out per prompt",
     )
+    parser.add_argument("--prompt-count", type=int, help="with --prompts: only the file's first this many")
     parser.add_argument(
         "--self-speculative", action="store_true", help="draft with the extra heads, verify with head 1"
     )
@@ -133,7 +134,9 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 def check_flags(args: argparse.Namespace) -> None:
     """decode's own flags, before anything is loaded (GenerationConfig checks the decoding settings)."""
-    require_at_least(args, 1, "batch_size", "tree_nodes")
+    require_at_least(args, 1, "batch_size", "tree_nodes", "prompt_count")
+    if args.prompt_count is not None and args.prompts is None:
+        raise UserError("--prompt-count counts the prompts of a --prompts file; give one, or drop --prompt-count.")
     if args.heads is not None and args.heads > 1 and not args.self_speculative:
         raise UserError(f"--heads {args.heads} drafts with extra heads; add --self-speculative (or use --heads 1).")
     check_drafting_flags(args)
@@ -237,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         heads = loaded.config.n_future
     if args.prompts is not None:
         config = settings_from(args, GenerationConfig, heads=heads, gamma=gamma, eos_id=eot_id(loaded.tokenizer))
-        records = read_prompts(args.prompts)
+        records = read_prompts(args.prompts)[: args.prompt_count]
         prompts = [prompt_ids(loaded.tokenizer, record["prompt"]) for record in records]
         with settings_named_by_flags():
             config.check_for(loaded.config, prompts)  # every prompt fits, before the first is decoded
