@@ -40,6 +40,7 @@ class StepSpec:
     seq_len: int = 128
     batch_size: int = 4
     loss_chunk: int = 0
+    head_loss: str = "ce"
     steps: int = 3
     warmup: int = 1
     device: str = "cpu"
@@ -73,6 +74,7 @@ class StepSpec:
             max_seq_len=self.seq_len,
             loss=self.loss,
             loss_chunk=self.loss_chunk,
+            head_loss=self.head_loss,
         )
 
 

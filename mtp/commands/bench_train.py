@@ -22,7 +22,7 @@ from mtp.benchmarks.cli import int_list, require_plotting, step_in_fresh_process
 from mtp.benchmarks.report import add_ratios_to_n1, markdown_table, write_results
 from mtp.benchmarks.train_step import StepSpec
 from mtp.cli import add_device_flag, pick_device, run_script
-from mtp.config import HEAD_TYPES
+from mtp.config import HEAD_LOSSES, HEAD_TYPES
 
 # Defaults per device: the CPU grid finishes in minutes on 2 cores; the GPU one keeps an H100 busy.
 DEFAULTS = {
@@ -43,6 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("d-model", "n-layers", "n-heads", "n-kv-heads", "seq-len", "batch-size", "steps", "warmup"):
         parser.add_argument(f"--{name}", type=int, default=None)
     parser.add_argument("--loss-chunk", type=int, default=0, help="sequential: positions per unembedding chunk")
+    parser.add_argument(
+        "--head-loss", choices=HEAD_LOSSES, default="ce", help="what heads 2..n learn from (model.head_loss)"
+    )
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in backward")
     parser.add_argument("--compile", action="store_true", help="torch.compile each block (warm-up steps compile)")
     parser.add_argument("--quick", action="store_true", help="tiny grid (n 1,2; vocab 256,2048) for a smoke test")
@@ -89,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
                     loss=mode,
                     head_type=args.head_type,
                     loss_chunk=args.loss_chunk if mode == "sequential" else 0,
+                    head_loss=args.head_loss,
                     device=args.device,
                     bf16=args.bf16,
                     activation_checkpointing=args.activation_checkpointing,
@@ -107,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         "dtype": "bf16 autocast" if args.bf16 else "fp32",
         "head_type": args.head_type,
         "loss_chunk": args.loss_chunk,
+        "head_loss": args.head_loss,
         "activation_checkpointing": args.activation_checkpointing,
         "compile": args.compile,
         **s,
@@ -115,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Training step, {setup['device']}, {setup['dtype']}: d_model={s['d_model']}, n_layers={s['n_layers']} "
         f"(all heads included), {args.head_type} heads, batch {s['batch_size']} x {s['seq_len']} tokens"
         + (f", loss_chunk={args.loss_chunk}" if args.loss_chunk else "")
+        + (f", head_loss={args.head_loss}" if args.head_loss != "ce" else "")
         + (", activation checkpointing" if args.activation_checkpointing else "")
         + (", compiled blocks" if args.compile else "")
     )
