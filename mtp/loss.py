@@ -1,4 +1,4 @@
-"""Multi-token targets and the two loss implementations.
+"""Multi-token targets and the two loss implementations (and what heads 2..n learn: the corpus or head 1).
 
 Head k at position t predicts token t+k. A window of ``seq_len + n_future`` tokens gives every head
 ``seq_len`` targets. The total loss is the weighted sum of the heads' mean cross-entropies.
@@ -16,6 +16,11 @@ Every head type fits this form, causal heads too: depth k's state depends on dep
 so the backward from the deepest depth carries the gradient of h_{k-1} down to the trunk, and what stays alive
 between forward and backward is n hidden states of width d and the blocks' activations, never more than one
 head's logits: peak O(V + n d) per token.
+
+Under ``model.head_loss=distill`` (or ``ce+distill``) heads 2..n learn head 1's distribution cut to its top K
+(:class:`Teacher`, computed without a gradient, one chunk at a time) instead of (or beside) the corpus token; the
+same Function computes that term's gradient T (softmax(logits / T) - teacher) piece by piece, so the peak stays
+O(V + n d) per token, plus K indices and probabilities per position and head.
 
 Head blocks keep their activations until the backward, as every block of a next-token model does; since
 mtpN has as many blocks as mtp1, that costs no more than mtp1. What n heads add is n hidden states of
@@ -219,9 +224,10 @@ class _HeadsCrossEntropy(torch.autograd.Function):
     """sum_k weight_k * CE(state_k @ W_k^T, targets_k), computing its gradients piece by piece in the forward.
 
     Inputs after the settings: the n head states (B, T, d) and the distinct unembedding weights (V, d);
-    ``which[k]`` picks head k+1's weight. Ops run under the caller's autocast, like the autograd graph they
-    replace: the matmuls in the autocast dtype, the softmax in fp32; the weight gradients accumulate in the
-    weights' dtype over heads and chunks.
+    ``which[k]`` picks head k+1's weight; ``terms[k]`` is (whether its loss has the cross-entropy term, its
+    :class:`Teacher` or None), the distillation term adding T^2 KL(teacher || softmax(logits / T)). Ops run under
+    the caller's autocast, like the autograd graph they replace: the matmuls in the autocast dtype, the softmax in
+    fp32; the weight gradients accumulate in the weights' dtype over heads and chunks.
     """
 
     @staticmethod
