@@ -410,3 +410,15 @@ def test_training_follows_the_head_weight_schedule_and_distils(make_cfg):
     assert metrics["train/loss"] == pytest.approx(
         metrics["train/loss_head1"] + 0.25 * sum(metrics[f"train/loss_head{k}"] for k in (2, 3, 4)), rel=1e-5
     )
+
+
+def test_distilling_while_the_trunk_trains_is_warned_about(make_cfg, caplog):
+    from mtp.train import build_model
+
+    with caplog.at_level(logging.WARNING, logger="mtp"):
+        build_model(make_cfg("mtp2", ["model.head_loss=distill"]))
+    assert any("collapsed head 1" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mtp"):
+        build_model(make_cfg("mtp2"))
+    assert not caplog.records
