@@ -5,9 +5,9 @@
 
 Per checkpoint: parameters, the final validation metrics its run logged (val/loss_head1, the teacher-forced
 val/expected_tokens_per_forward and val/acceptance_pos{j}, read from its TensorBoard log), decoding on held-out
-prompts (or HumanEval's, --prompt-set humaneval) with all heads, greedy and sampled (tokens/forward, chained acceptance by draft position, speed-up over
-autoregressive decoding in the same rounds, batch 1), and a training step of the same shapes measured in a fresh
-process (tokens/s, peak memory). Writes results.json, results.md and heads.png. On the CPU in fp32 unless
+prompts (or HumanEval's, --prompt-set humaneval) with all heads, greedy and sampled (tokens/forward, chained
+acceptance by draft position, speed-up over autoregressive decoding in the same rounds, batch 1), and a training
+step of the same shapes measured in a fresh process (tokens/s, peak memory). Writes results.json, results.md and heads.png. On the CPU in fp32 unless
 --device and --dtype say otherwise.
 """
 

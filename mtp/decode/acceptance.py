@@ -13,6 +13,13 @@ drafts were sampled, the distributions they were drawn from; it never runs the m
   sampling (SpecInfer, Miao et al. 2023): the children of the last accepted node are tried in order, child x passes
   with probability min(1, q(x)/p(x)) under the current target q, which becomes normalize(max(0, q - p)) after each
   rejected child. The output is distributed as autoregressive sampling from head 1.
+- :class:`SpecTr` (``acceptance="spectr"``, sampling): SpecTr's k-sequential selection (Sun et al. 2023, "SpecTr:
+  Fast Speculative Decoding via Optimal Transport", Algorithm 3): a step's candidates at a depth, k i.i.d. draws from
+  the proposal p, are tried in order, each passing with probability min(1, q(x) / (rho p(x))) for the smallest rho in
+  [1, k] that leaves a valid residual; if none passes, the token comes from the residual
+  q - min(p, q / rho) (1 - (1 - beta)^k) / beta, beta = sum min(p, q / rho). It accepts one of k drafts with
+  probability 1 - (1 - beta)^k, within 1 - 1/e of the best any coupling allows. Candidates are the children of every
+  node whose tokens equal the accepted prefix (SpecTr's draft sequences that agree with it), not only of one node.
 - :class:`Typical` (Medusa's typical acceptance, lossy, sampling only): a draft passes when head 1 gives it
   probability above min(epsilon, delta * exp(-entropy)); the next token is sampled from head 1 after the longest
   passing path.
@@ -67,6 +74,43 @@ def residual_after_rejection(remaining: Tensor, proposal: Tensor, rejected: Tens
     return torch.where(rejected[:, None], residual, remaining)
 
 
+RHO_BISECTIONS = 30
+"""Halvings of [1, k] when solving for SpecTr's rho: (k - 1) / 2^30 from the smallest valid rho."""
+
+
+def spectr_rho(proposal: Tensor, target: Tensor, k: Tensor) -> Tensor:
+    """SpecTr's rho (B,) for ``k`` (B,) i.i.d. candidates from ``proposal`` (B, V) and ``target`` (B, V): the smallest
+    rho in [1, k] with sum min(rho p, q) >= 1 - (1 - beta)^k, beta = sum min(p, q / rho), the condition for the
+    residual of :func:`spectr_residual` to be non-negative. The left side grows with rho and the right side falls,
+    so the valid rhos form an interval [rho*, k], found by bisection; the upper end is returned (always valid)."""
+    k = k.to(target.dtype).clamp(min=1)
+    low, high = torch.ones_like(k), k.clone()
+    for _ in range(RHO_BISECTIONS):
+        middle = (low + high) / 2
+        covered = torch.minimum(middle[:, None] * proposal, target).sum(dim=-1)  # rho * beta
+        valid = covered >= 1 - (1 - covered / middle) ** k
+        high, low = torch.where(valid, middle, high), torch.where(valid, low, middle)
+    return high
+
+
+def spectr_passes(uniform: Tensor, rho: Tensor, proposal: Tensor, target: Tensor) -> Tensor:
+    """SpecTr's test of a candidate x: it passes with probability min(1, q(x) / (rho p(x))) (``proposal``: p(x),
+    ``target``: q(x))."""
+    return uniform * rho * proposal < target
+
+
+def spectr_residual(proposal: Tensor, target: Tensor, rho: Tensor, k: Tensor) -> Tensor:
+    """The law (B, V) of the token after k candidates that all failed SpecTr's test, unnormalized:
+    q - min(p, q / rho) (1 - (1 - beta)^k) / beta, so that the accepted candidate or this token is distributed as q."""
+    k = k.to(target.dtype)
+    accepted = torch.minimum(proposal, target / rho[:, None])  # (B, V): the mass one candidate passes with
+    beta = accepted.sum(dim=-1, keepdim=True)
+    tries = torch.where(beta > 0, (1 - (1 - beta) ** k[:, None]) / beta.clamp(min=1e-30), k[:, None])
+    residual = (target - accepted * tries).clamp_(min=0)
+    # nothing left: the candidates could not all fail (probability 0), and the target is the law
+    return torch.where(residual.sum(dim=-1, keepdim=True) <= 0, target, residual)
+
+
 def typical_passes(target: Tensor, tokens: Tensor, epsilon: float, delta: float) -> Tensor:
     """Medusa's typical acceptance: head 1's probability of each token (..., after ``target`` (..., V)) exceeds
     min(epsilon, delta * exp(-entropy of target))."""
@@ -83,22 +127,29 @@ def accepted_prefix(passes: Tensor) -> Tensor:
 @dataclass(frozen=True)
 class RandomLayout:
     """Which of a step's uniform numbers (one row of :class:`~mtp.decode.sampling.RowUniforms` per step) is used for
-    what, in this order: the acceptance tests (one per chain draft; one per sibling a tree may try at each depth),
-    the token after the accepted drafts, the heads' chain drafts (or a drafter's), then a tree's nodes."""
+    what, in this order: the acceptance tests (one per chain draft; one per sibling a tree may try at each depth, or
+    with SpecTr's rule one per node, since every node of a depth may be a candidate), the token after the accepted
+    drafts, the heads' chain drafts, a drafter's drafts (one per node of its tree), then the heads' tree nodes."""
 
     tests: int
     chain_drafts: int
     tree_nodes: int
+    drafter_drafts: int = 0
 
     @classmethod
     def of(cls, config: GenerationConfig) -> RandomLayout:
-        tree = config.tree
-        tests = sum(tree.max_children_at_depth()) if tree is not None else config.drafts
-        return cls(tests, config.heads - 1 + config.gamma, tree.size if tree is not None else 0)
+        tree = config.step_tree
+        if tree is None:
+            tests = config.drafts
+        else:
+            tests = tree.size if config.acceptance == "spectr" else sum(tree.max_children_at_depth())
+        drafter = (tree.size if tree is not None else config.gamma) if config.gamma else 0
+        heads_tree = tree.size if tree is not None and not config.gamma else 0
+        return cls(tests, config.heads - 1, heads_tree, drafter)
 
     @property
     def per_step(self) -> int:
-        return self.tests + 1 + self.chain_drafts + self.tree_nodes
+        return self.tests + 1 + self.chain_drafts + self.drafter_drafts + self.tree_nodes
 
     def acceptance(self, draws: Tensor, first: int, count: int = 1) -> Tensor:
         """(B, count) uniforms of acceptance tests first .. first + count - 1."""
@@ -109,13 +160,20 @@ class RandomLayout:
         return draws[:, self.tests]
 
     def drafts(self, draws: Tensor, first: int = 0, count: int | None = None) -> Tensor:
-        """(B, count) uniforms that sample chain drafts first .. first + count - 1 (all from ``first`` by default)."""
+        """(B, count) uniforms that sample the heads' chain drafts first .. first + count - 1 (all from ``first`` by
+        default)."""
         start = self.tests + 1 + first
         return draws[:, start : start + (self.chain_drafts - first if count is None else count)]
 
-    def nodes(self, draws: Tensor, first: int, last: int) -> Tensor:
-        """(B, last - first) uniforms that sample tree nodes first + 1 .. last (node indices, the root being 0)."""
+    def drafter(self, draws: Tensor) -> Tensor:
+        """(B, drafter_drafts) uniforms of a drafter's drafts: its chain's, or one per node of its tree."""
         start = self.tests + 1 + self.chain_drafts
+        return draws[:, start : start + self.drafter_drafts]
+
+    def nodes(self, draws: Tensor, first: int, last: int) -> Tensor:
+        """(B, last - first) uniforms that sample the heads' tree nodes first + 1 .. last (node indices, the root being
+        0)."""
+        start = self.tests + 1 + self.chain_drafts + self.drafter_drafts
         return draws[:, start + first : start + last]
 
 
@@ -131,6 +189,22 @@ class TreeVerification:
     inputs: Tensor
     tree: DraftTree
     live: Tensor
+
+
+@dataclass(frozen=True)
+class NodeLaws:
+    """The laws a sampled tree's nodes were drawn from: ``probs`` (B, L, V) and, per node 1..N, the index of its law
+    (``index`` (N,)); without an index node i's law is its depth's, ``probs[:, depth(i) - 1]`` (the heads draw every
+    node of a depth from that depth's head; a draft model draws each node from its own context)."""
+
+    probs: Tensor
+    index: Tensor | None = None
+
+    def of(self, nodes: Tensor, tree: DraftTree) -> Tensor:
+        """(B, V) the law of node ``nodes[b]`` (B,) of each row (nodes >= 1)."""
+        laws = self.index if self.index is not None else tree.tensors(nodes.device)["depth"][1:] - 1
+        rows = torch.arange(nodes.size(0), device=nodes.device)
+        return self.probs[rows, laws[(nodes - 1).clamp(min=0)]]
 
 
 class Rule:
@@ -159,7 +233,7 @@ class Rule:
         raise NotImplementedError
 
     def tree(
-        self, step: TreeVerification, proposals: Tensor | None, draws: Tensor | None
+        self, step: TreeVerification, laws: NodeLaws | None, draws: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
 
@@ -198,7 +272,7 @@ class Greedy(Rule):
         accepted = accepted_prefix((drafts == choice[:, :-1]) & present)
         return accepted, choice.gather(1, accepted[:, None]).squeeze(1)
 
-    def tree(self, step, proposals, draws):
+    def tree(self, step, laws, draws):
         passes = step.inputs == step.head1.argmax(dim=-1)[:, _parent_slot(step)]
         best, depth = _deepest_path(passes, step)
         ancestors = step.tree.tensors(passes.device)["ancestors"]
@@ -218,7 +292,7 @@ class Typical(Rule):
         after = target.gather(1, accepted[:, None, None].expand(-1, 1, target.size(-1))).squeeze(1)
         return accepted, sample_from(after, self.layout.next_token(draws))
 
-    def tree(self, step, proposals, draws):
+    def tree(self, step, laws, draws):
         passes = self.passes(self.target(step.head1)[:, _parent_slot(step)], step.inputs)
         best, depth = _deepest_path(passes, step)
         ancestors = step.tree.tensors(passes.device)["ancestors"]
@@ -240,7 +314,7 @@ class Lossless(Rule):
         law = correction_probs(target[rows, accepted], p_first_rejected, accepted < live)
         return accepted, sample_from(law, self.layout.next_token(draws))
 
-    def tree(self, step, proposals, draws):
+    def tree(self, step, laws, draws):
         tree, inputs = step.tree, step.inputs
         B, S = inputs.shape
         rows = torch.arange(B, device=inputs.device)
@@ -252,14 +326,14 @@ class Lossless(Rule):
         remaining = target[:, slot[0]].clone()  # the target after the current node, rejected siblings removed
         descending = torch.ones(B, dtype=torch.bool, device=inputs.device)
         test = 0
-        for level, tries in enumerate(tree.max_children_at_depth()):
-            proposal = proposals[:, level]  # (B, V) what every node at this depth was drawn from
+        for tries in tree.max_children_at_depth():
             moved = torch.zeros_like(descending)
             for j in range(tries):
                 child = children[node, j]
                 exists = (child > 0) & (child < S)
                 child = torch.where(exists, child, 0)
                 trying = descending & ~moved & exists & verified[rows, child]
+                proposal = laws.of(child, tree)  # (B, V) what this child was drawn from
                 token = inputs[rows, child]
                 q = remaining.gather(1, token[:, None]).squeeze(1)
                 p = proposal.gather(1, token[:, None]).squeeze(1)
@@ -277,10 +351,63 @@ class Lossless(Rule):
         return depth[node], sample_from(remaining, self.layout.next_token(draws)), t["ancestors"][node]
 
 
+class SpecTr(Lossless):
+    """SpecTr's k-sequential selection on a tree's candidates; a chain (one candidate per depth) is Lossless's."""
+
+    name = "spectr"
+
+    def tree(self, step, laws, draws):
+        tree, inputs = step.tree, step.inputs
+        B, S = inputs.shape
+        rows = torch.arange(B, device=inputs.device)
+        t = tree.tensors(inputs.device)
+        depth, parent, slot = t["depth"][:S], t["parent"][:S], step.slot
+        node = torch.zeros(B, dtype=torch.long, device=inputs.device)  # the deepest accepted node
+        agrees = torch.zeros(B, S, dtype=torch.bool, device=inputs.device)  # nodes whose tokens are the accepted ones
+        agrees[:, 0] = True
+        descending = torch.ones(B, dtype=torch.bool, device=inputs.device)
+        rejected = torch.zeros_like(descending)
+        law = None  # the residual of rows whose every candidate failed
+        for first, last in tree.depth_nodes():
+            nodes = torch.arange(first + 1, min(last, S - 1) + 1, device=inputs.device)
+            if not len(nodes):
+                break
+            tokens = inputs[:, nodes]  # (B, n)
+            # the candidates: nodes of this depth below a node that agrees with the accepted prefix, all drawn from
+            # one law (the children of equal prefixes: their parent's), verified by this row
+            candidates = agrees[:, parent[nodes]] & (depth[nodes] <= step.live[:, None]) & descending[:, None]
+            k = candidates.sum(dim=1)
+            present = k > 0
+            first_candidate = nodes[candidates.long().argmax(dim=1)]
+            proposal = laws.of(first_candidate, tree)  # (B, V)
+            target = self.target(step.head1[rows, slot[node].clamp(min=0)])  # after the accepted node
+            rho = spectr_rho(proposal, target, k)
+            uniforms = self.layout.acceptance(draws, first, len(nodes))
+            p, q = proposal.gather(1, tokens), target.gather(1, tokens)
+            passes = candidates & spectr_passes(uniforms, rho[:, None], p, q)
+            moved = passes.any(dim=1)
+            chosen = nodes[passes.long().argmax(dim=1)]
+            failed = present & ~moved
+            if failed.any():
+                residual = spectr_residual(proposal, target, rho, k)
+                law = residual if law is None else torch.where(failed[:, None], residual, law)
+            rejected |= failed
+            token = inputs[rows, chosen]
+            agrees = torch.zeros_like(agrees)
+            agrees[:, nodes] = candidates & (tokens == token[:, None]) & moved[:, None]
+            node = torch.where(moved, chosen, node)
+            descending = moved
+        # rows that stopped without a failed test (no candidate left, or past the deepest node): head 1 after the node
+        after = self.target(step.after(node))
+        law = after if law is None else torch.where(rejected[:, None], law, after)
+        return depth[node], sample_from(law, self.layout.next_token(draws)), t["ancestors"][node]
+
+
 def rule_for(config: GenerationConfig) -> Rule:
     """The rule ``config`` decodes with: greedy at temperature 0 (whatever ``acceptance`` says), else its
     ``acceptance``."""
     layout = RandomLayout.of(config)
     if config.greedy:
         return Greedy(config, layout)
-    return Typical(config, layout) if config.acceptance == "typical" else Lossless(config, layout)
+    rules = {"typical": Typical, "spectr": SpecTr, "exact": Lossless}
+    return rules[config.acceptance](config, layout)

@@ -98,6 +98,19 @@ class KVCache:
         if self.chain is not None:
             self.chain.rollback(lengths, device_lengths)
 
+    def repeated(self, times: int) -> KVCache:
+        """A copy of this cache with every row repeated ``times`` times (row b's copies at b * times ..): branches
+        that continue the same context apart (a drafter's independent sequences). Causal chains are not copied."""
+        assert self.chain is None, "causal heads' chains are not branched"
+        copy = object.__new__(KVCache)
+        copy.__dict__.update(self.__dict__)
+        copy.keys = self.keys.repeat_interleave(times, dim=1)
+        copy.values = self.values.repeat_interleave(times, dim=1)
+        copy.lengths = self.lengths.repeat_interleave(times)
+        copy.host_lengths = [n for n in self.host_lengths for _ in range(times)]
+        copy.positions = copy.rotary = copy.rows = copy.mask = None
+        return copy
+
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every row not in ``rows`` (finished ones), so that they stop costing compute."""
         index = torch.tensor(rows, dtype=torch.long, device=self.keys.device)

@@ -24,11 +24,11 @@ import time
 import torch
 from torch import Tensor
 
-from mtp.decode.acceptance import Rule, TreeVerification, rule_for
+from mtp.decode.acceptance import NodeLaws, Rule, TreeVerification, rule_for
 from mtp.decode.cache import KVCache
 from mtp.decode.inference import InferenceModel
 from mtp.decode.memory import check_step_fits
-from mtp.decode.proposers import HeadsProposer, Proposal, Proposer
+from mtp.decode.proposers import HeadsProposer, HybridProposer, ModelDrafter, Proposal, Proposer
 from mtp.decode.sampling import RowUniforms
 from mtp.decode.settings import GenerationConfig
 from mtp.decode.stats import DecodeStats, SpanTimer
@@ -44,13 +44,18 @@ def generate(
     if (drafter is not None) != (config.gamma > 0):
         raise ValueError("pass a drafter together with gamma > 0 (and gamma only with a drafter)")
     config.check_for(model.config, prompts)
-    device, tree, rule = next(model.parameters()).device, config.tree, rule_for(config)
+    device, tree, rule = next(model.parameters()).device, config.step_tree, rule_for(config)
     longest, nodes = max(map(len, prompts)), tree.size if tree is not None else 0
     max_len = config.cache_length(longest)
     widest = max(longest, 1 + (nodes or config.drafts))  # the prompt's step or a drafting step, per row
     check_step_fits(model.config, len(prompts), max_len, widest, nodes, device, model.tok_embeddings.weight.dtype)
-    inference = InferenceModel.of(model, tree.depth + 1 if tree is not None else config.heads, config.compile)
+    heads_tree = tree is not None and not config.gamma  # the heads draft the tree (else a drafter, or a hybrid)
+    inference = InferenceModel.of(model, tree.depth + 1 if heads_tree else config.heads, config.compile)
     proposer = drafter or HeadsProposer(inference, config)
+    if drafter is not None and config.hybrid:
+        if not isinstance(drafter, ModelDrafter):
+            raise ValueError(f"a {drafter.method} drafter does not draft beside the heads; only a model drafter does")
+        proposer = HybridProposer(drafter, HeadsProposer(inference, config))
     stats = DecodeStats(
         rows=len(prompts), drafted=[0] * config.drafts, accepted=[0] * config.drafts,
         tree_nodes=tree.size if tree is not None else 0, acceptance_rule=rule.name, method=proposer.method,
@@ -76,7 +81,7 @@ def generate(
             inference, cache, rule, tree, inputs, base, n_drafts, live, proposal, draws
         )
         proposed = proposer.draft_in_step(hidden, cache, base + accepted, inputs, next_token, draws)
-        proposed = torch.full_like(accepted, config.gamma) if proposed is None else proposed
+        proposed = torch.full_like(accepted, config.drafts) if proposed is None else proposed
         cache.commit(inputs.size(1))
         stats.forwards, stats.row_forwards = stats.forwards + 1, stats.row_forwards + len(rows.index)
         # the one device-to-host transfer of the step: what each row accepted and emitted, and will draft next
@@ -102,7 +107,7 @@ def generate(
             next_token = next_token[index]
         proposer.advance(accepted_counts, emitted_rows)
         draft_timer.start()
-        proposal = proposer.propose(max(rows.verifying), rule.layout.drafts(draws) if draws is not None else None)
+        proposal = proposer.propose(max(rows.verifying), rule.layout.drafter(draws) if draws is not None else None)
         draft_timer.stop()
         if proposal.counts is not None:
             rows.verifying = [min(v, n) for v, n in zip(rows.verifying, proposal.counts, strict=True)]
@@ -174,7 +179,8 @@ def _verify(
     if tree is not None and n_drafts:
         cache.begin(inputs.size(1), tree.tensors(inputs.device))
         head1, slot, after, hidden = inference.verify_tree(inputs, cache, tree)
-        accepted, next_token, path = rule.tree(TreeVerification(head1, slot, after, inputs, tree, live), probs, draws)
+        laws = NodeLaws(probs, proposal.law_index) if probs is not None else None
+        accepted, next_token, path = rule.tree(TreeVerification(head1, slot, after, inputs, tree, live), laws, draws)
         cache.keep_path(path, inference.path_slots)
         inputs = inputs.gather(1, path)  # (B, depth + 1): the accepted path (then its last node repeated)
         hidden = hidden.gather(1, path[..., None].expand(-1, -1, hidden.size(-1)))

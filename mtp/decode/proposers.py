@@ -50,6 +50,8 @@ class Proposal:
     """(B,) on the device: drafts (chain) or depths (tree) each row has, before a draft too unlikely to verify."""
     counts: list[int] | None = None
     """The same on the host, from proposers that know it there (the drafters)."""
+    law_index: Tensor | None = None
+    """(N,) for a tree whose nodes were not drawn one law per depth: the index in ``probs`` of each node's law."""
 
     def rows(self, index: Tensor, rows: list[int]) -> Proposal:
         """This proposal for the rows ``index`` (``rows`` on the host) only."""
@@ -58,6 +60,7 @@ class Proposal:
             None if self.probs is None else self.probs[index],
             None if self.live is None else self.live[index],
             None if self.counts is None else [self.counts[r] for r in rows],
+            self.law_index,
         )
 
 
@@ -112,14 +115,17 @@ class HeadsProposer(Proposer):
     method = "heads"
 
     def __init__(self, inference: InferenceModel, config: GenerationConfig) -> None:
-        self.inference, self.layout, self.drafts = inference, RandomLayout.of(config), config.drafts
+        # in a hybrid step the heads draft their own chain of heads - 1, beside a drafter's
+        self.inference, self.layout = inference, RandomLayout.of(config)
+        self.drafts = config.heads - 1 if config.gamma else config.drafts
 
     def start(self, prompts: list[list[int]], max_len: int, config: GenerationConfig | None = None) -> None:
         super().start(prompts, max_len, config)
         self.pending: Proposal | None = None
 
     def draft_in_step(self, hidden, cache, last, inputs, next_token, draws):
-        config, tree, B = self.config, self.config.tree, inputs.size(0)
+        config, B = self.config, inputs.size(0)
+        tree = None if config.gamma else config.step_tree  # in a hybrid step the heads draft one chain of the tree
         if config.heads == 1:
             live = torch.zeros(B, dtype=torch.long, device=inputs.device)
             self.pending = Proposal(inputs.new_empty(B, 0), None, live)
@@ -180,7 +186,9 @@ class HeadsProposer(Proposer):
 
 class ModelDrafter(Proposer):
     """Autoregressive drafting with head 1 of an inference form (a draft model's, or the target's with blocks
-    skipped) on a KV cache of its own."""
+    skipped) on a KV cache of its own. With ``drafts_per_step`` k > 1 it drafts k independent sequences (SpecTr's
+    draft sequences: k samples, or greedily the k likeliest first tokens each continued greedily), on k copies of
+    each row's cache made for the proposal, and the step verifies them as the tree of k chains."""
 
     def __init__(self, form: InferenceModel, method: str = "draft", params: dict[str, str] | None = None) -> None:
         self.form, self.method, self._params = form, method, params or {}
@@ -203,6 +211,10 @@ class ModelDrafter(Proposer):
         self.held = [0] * len(prompts)  # cache positions that hold accepted tokens
         self.read_drafts = 0  # drafts the last proposal read into the cache (all but its last)
         self.forwards = 0
+        self.branches = config.drafts_per_step if config is not None else 1
+        # a step that verifies a tree (k chains, or a hybrid's) keeps none of the drafts read: which chain the accepted
+        # tokens came from is not known here
+        self.tree = config.step_tree if config is not None else None
 
     def advance(self, accepted: list[int], emitted: list[list[int]]) -> None:
         kept = [min(n, self.read_drafts) for n in accepted]  # the drafts read that the target accepted stay
@@ -216,7 +228,17 @@ class ModelDrafter(Proposer):
         self.held = [self.held[r] for r in rows]
 
     def propose(self, gamma: int, draws: Tensor | None) -> Proposal:
-        form, cache, config = self.form, self.cache, self.config
+        tokens, probs = self.draft_chains(gamma if self.tree is None else self.config.gamma, draws)
+        counts = [gamma] * tokens.size(0)
+        if self.tree is None:
+            return Proposal(tokens, probs, counts=counts)
+        order = torch.tensor(self.tree.branch_order(), device=self.device)
+        return Proposal(tokens[:, order], probs, counts=counts, law_index=order)
+
+    def draft_chains(self, gamma: int, draws: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """``drafts_per_step`` chains of ``gamma`` drafts per row, chain after chain (B, k gamma), and the law each
+        draft was drawn from (B, k gamma, V) when sampling (chain i's draft j with ``draws[:, i gamma + j]``)."""
+        form, cache, config, k = self.form, self.cache, self.config, self.branches
         widths = [len(tokens) for tokens in self.unread]
         width = max(widths)
         inputs = torch.tensor([t + [0] * (width - len(t)) for t in self.unread], device=self.device)
@@ -227,21 +249,79 @@ class ModelDrafter(Proposer):
         self.held = [h + w for h, w in zip(self.held, widths, strict=True)]
         cache.rollback(self.held)  # drop the padding
         self.unread = [[] for _ in widths]
+        B = len(widths)
+        branches = cache.repeated(k) if k > 1 else cache  # (B k) rows: row b's chain i at b k + i
+        if k > 1:
+            logits = logits.repeat_interleave(k, dim=0)
+            if self.sampled:  # chain i's draft j: draws[:, i gamma + j]
+                draws = draws[:, : k * gamma].reshape(B, k, gamma).reshape(B * k, gamma)
         drafts, proposals = [], []
         for j in range(gamma):
             if j:
-                cache.begin(1)
-                logits = form.verify(drafts[-1][:, None], cache)[0][:, 0]
-                cache.commit(1)
+                branches.begin(1)
+                logits = form.verify(drafts[-1][:, None], branches)[0][:, 0]
+                branches.commit(1)
             if self.sampled:
                 proposals.append(processed_probs(logits, config.temperature, config.top_k, config.top_p))
                 drafts.append(sample_from(proposals[-1], draws[:, j]))
+            elif j == 0 and k > 1:  # greedy chains start from the k likeliest tokens
+                drafts.append(logits.view(B, k, -1)[:, 0].topk(k, dim=-1).indices.reshape(B * k))
             else:
                 drafts.append(logits.argmax(dim=-1))
         self.forwards += gamma
-        self.read_drafts = gamma - 1
-        probs = torch.stack(proposals, dim=1) if self.sampled else None
-        return Proposal(torch.stack(drafts, dim=1), probs, counts=[gamma] * len(widths))
+        self.read_drafts = gamma - 1 if self.tree is None else 0
+        if self.tree is not None and k == 1:
+            cache.rollback(self.held)  # the drafts read are not kept (see start)
+        tokens = torch.stack(drafts, dim=1).view(B, k * gamma)
+        probs = torch.stack(proposals, dim=1).view(B, k * gamma, -1) if self.sampled else None
+        return tokens, probs
+
+
+class HybridProposer(Proposer):
+    """A drafter's chains and the target's own heads' chain, verified as one tree (``config.step_tree``: the drafter's
+    ``drafts_per_step`` chains of gamma, then the heads' chain of heads - 1 as one more branch from the root). The heads
+    cost nothing to draft (they come out of the step's own forward), so where the drafter's first token is wrong the
+    heads' may still be right, and the other way round."""
+
+    method = "hybrid"
+
+    def __init__(self, drafter: ModelDrafter, heads: HeadsProposer) -> None:
+        self.drafter, self.heads = drafter, heads
+        self.context = drafter.context
+
+    def params(self) -> dict[str, str]:
+        return {"drafter": self.drafter.method, **self.drafter.params()}
+
+    @property
+    def forwards(self) -> int:  # type: ignore[override]
+        return self.drafter.forwards
+
+    def start(self, prompts: list[list[int]], max_len: int, config: GenerationConfig | None = None) -> None:
+        assert config is not None and config.hybrid, "a hybrid proposer drafts with a drafter and the heads"
+        super().start(prompts, max_len, config)
+        self.drafter.start(prompts, max_len, config)
+        self.heads.start(prompts, max_len, config)
+        self.order = torch.tensor(config.step_tree.branch_order(), device=self.drafter.device)
+
+    def draft_in_step(self, hidden, cache, last, inputs, next_token, draws):
+        self.heads.draft_in_step(hidden, cache, last, inputs, next_token, draws)
+        return torch.full((inputs.size(0),), self.config.drafts, dtype=torch.long, device=inputs.device)
+
+    def advance(self, accepted: list[int], emitted: list[list[int]]) -> None:
+        self.drafter.advance(accepted, emitted)
+
+    def keep_rows(self, rows: list[int], index: Tensor) -> None:
+        self.drafter.keep_rows(rows, index)
+        self.heads.keep_rows(rows, index)
+
+    def propose(self, gamma: int, draws: Tensor | None) -> Proposal:
+        tokens, probs = self.drafter.draft_chains(self.config.gamma, draws)
+        heads = self.heads.pending  # its chain of heads - 1 drafts (B, heads - 1) and their laws
+        tokens = torch.cat([tokens, heads.tokens], dim=1)[:, self.order]
+        if probs is not None:
+            probs = torch.cat([probs, heads.probs], dim=1)
+        counts = [self.config.drafts] * tokens.size(0)
+        return Proposal(tokens, probs, counts=counts, law_index=self.order if probs is not None else None)
 
 
 def draft_model_drafter(draft: MTPModel, compile: bool = False) -> ModelDrafter:
@@ -275,6 +355,13 @@ class LookupDrafter(Proposer):
         return {"ngram": str(self.ngram)}
 
     def start(self, prompts: list[list[int]], max_len: int, config: GenerationConfig | None = None) -> None:
+        if config is not None and config.step_tree is not None:
+            raise SettingError(
+                "prompt lookup drafts one continuation per row, which no tree is made of; use {drafts_per_step:1} "
+                "and no {heads:name} above 1 with it.",
+                drafts_per_step=config.drafts_per_step,
+                heads=config.heads,
+            )
         super().start(prompts, max_len, config)
         self.tokens = [list(p) for p in prompts]
         self.follows = [{} for _ in prompts]  # n-gram -> where the tokens after its latest occurrence start

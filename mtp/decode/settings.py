@@ -13,7 +13,7 @@ from typing import Literal, get_args
 from mtp.config import ModelConfig
 from mtp.decode.tree import DraftTree
 
-Acceptance = Literal["exact", "typical"]
+Acceptance = Literal["exact", "typical", "spectr"]
 ACCEPTANCE_RULES: tuple[str, ...] = get_args(Acceptance)
 
 
@@ -78,7 +78,8 @@ class GenerationConfig:
     """Verify this tree of candidates per step instead of one chain of drafts (at most heads - 1 deep). The commands
     read it from a file, or fit it, with their own --tree."""
     acceptance: Acceptance = "exact"
-    """exact: greedy-exact / lossless sampling; typical: Medusa's typical acceptance (lossy; sampling only)."""
+    """exact: greedy-exact / lossless sampling; spectr: lossless, SpecTr's k-sequential selection among a step's
+    candidates (--drafts-per-step); typical: Medusa's typical acceptance (lossy; sampling only)."""
     typical_epsilon: float = 0.09
     """Typical acceptance: a draft passes above min(typical_epsilon, typical_delta * exp(-entropy))."""
     typical_delta: float = 0.3
@@ -89,6 +90,10 @@ class GenerationConfig:
     """Chains and drafters: a row drafts 2 more after a step that accepted all its drafts, 1 less otherwise."""
     gamma: int = 0
     """Drafts per step from a drafter (draft model, layer skip, prompt lookup) passed to ``generate``; 0: none."""
+    drafts_per_step: int = 1
+    """Independent draft sequences per step (SpecTr's k): a tree of k chains, verified together; 1: one chain."""
+    step_tree: DraftTree | None = field(default=None, init=False, repr=False, compare=False, metadata={"flag": False})
+    """The tree a step verifies, derived from the settings (:meth:`draft_tree`); None: a chain."""
 
     def __post_init__(self) -> None:
         """Every setting checked here, the one place that does (the command lines report these under their flags)."""
@@ -127,15 +132,51 @@ class GenerationConfig:
             )
         if self.gamma < 0:
             raise SettingError("{gamma} must be at least 1 (with a drafter) or 0 (none).", gamma=self.gamma)
-        if self.gamma and (self.heads > 1 or self.tree is not None or self.draft_p_min > 0):
+        if self.gamma and (self.tree is not None or self.draft_p_min > 0):
             raise SettingError(
-                "{gamma} drafts come from a drafter, which replaces the heads' drafts; use {heads:1}, no "
-                "{tree:name} and no {draft_p_min:name} with it.",
+                "{gamma} drafts come from a drafter, which drafts chains, not a {tree:name} of the heads' candidates; "
+                "use no {tree:name} and no {draft_p_min:name} with it.",
                 gamma=self.gamma,
-                heads=self.heads,
                 tree=self.tree,
                 draft_p_min=self.draft_p_min,
             )
+        if self.drafts_per_step < 1:
+            raise SettingError("{drafts_per_step} must be at least 1.", drafts_per_step=self.drafts_per_step)
+        if self.drafts_per_step > 1 and (self.tree is not None or self.adaptive_drafts):
+            raise SettingError(
+                "{drafts_per_step} verifies a tree of independent chains; it does not combine with a {tree:name} or "
+                "{adaptive_drafts:name}.",
+                drafts_per_step=self.drafts_per_step,
+                tree=self.tree,
+                adaptive_drafts=self.adaptive_drafts,
+            )
+        if self.drafts_per_step > 1 and self.drafts == 0:
+            raise SettingError(
+                "{drafts_per_step} needs drafts: use {heads:name} above 1 or a drafter.",
+                drafts_per_step=self.drafts_per_step,
+                heads=self.heads,
+            )
+        if self.acceptance == "spectr" and self.hybrid:
+            raise SettingError(
+                "{acceptance} selects among independent drafts of one proposer, and a hybrid step ({gamma} drafts "
+                "beside {heads}) mixes two; use {acceptance:exact} with it.",
+                acceptance=self.acceptance,
+                gamma=self.gamma,
+                heads=self.heads,
+            )
+        self.step_tree = self.draft_tree()
+
+    def draft_tree(self) -> DraftTree | None:
+        """The tree a step verifies: ``tree``; else, with ``drafts_per_step`` k > 1, k chains of the drafter's gamma
+        drafts or of the heads' k - 1; with a drafter and heads (a hybrid), the drafter's chains and the heads' chain
+        as one more branch; None: one chain."""
+        if self.tree is not None:
+            return self.tree
+        heads = self.heads - 1
+        if self.gamma and heads:
+            return DraftTree.branches([self.gamma] * self.drafts_per_step + [heads])
+        length = self.gamma or heads
+        return DraftTree.branches([length] * self.drafts_per_step) if self.drafts_per_step > 1 else None
 
     @property
     def greedy(self) -> bool:
@@ -154,9 +195,14 @@ class GenerationConfig:
     @property
     def drafts(self) -> int:
         """Draft positions (chain) or depths (tree) a step can verify."""
-        if self.gamma:
-            return self.gamma
-        return self.tree.depth if self.tree is not None else self.heads - 1
+        if self.tree is not None:
+            return self.tree.depth
+        return max(self.gamma, self.heads - 1)
+
+    @property
+    def hybrid(self) -> bool:
+        """A drafter's chains and the heads' chain verified together as one tree."""
+        return self.gamma > 0 and self.heads > 1
 
     def check_for(self, model: ModelConfig, prompts: list[list[int]]) -> None:
         """Whether ``model`` can decode ``prompts`` with these settings (:func:`~mtp.decode.generate` asks, and the
@@ -187,4 +233,4 @@ class GenerationConfig:
 
     def cache_length(self, longest_prompt: int) -> int:
         """The KV cache's length: :meth:`positions_needed`, and a tree step writes every node before keeping a path."""
-        return self.positions_needed(longest_prompt) + (self.tree.size if self.tree is not None else 0)
+        return self.positions_needed(longest_prompt) + (self.step_tree.size if self.step_tree is not None else 0)

@@ -65,6 +65,21 @@ class DraftTree:
     def chain(cls, drafts: int) -> DraftTree:
         return cls([(0,) * d for d in range(1, drafts + 1)])
 
+    @classmethod
+    def branches(cls, lengths: Sequence[int]) -> DraftTree:
+        """Independent chains from the root, chain i ``lengths[i]`` deep: its first node is the root's child i (rank
+        i), every node below it its parent's only child. k chains of one drafter are SpecTr's k draft sequences; a
+        hybrid step puts a draft model's chains and the heads' chain side by side."""
+        return cls([(i,) + (0,) * (d - 1) for i, length in enumerate(lengths) for d in range(1, length + 1)])
+
+    def branch_order(self) -> list[int]:
+        """For a tree of :meth:`branches`: the index of each node (1..N, in node order) among the chains' tokens
+        listed chain after chain (chain 0's first to last, then chain 1's, ...)."""
+        lengths = Counter(p[0] for p in self.paths)
+        offsets = {b: sum(lengths[c] for c in range(b)) for b in lengths}
+        assert all(p[1:] == (0,) * (len(p) - 1) for p in self.paths), "not a tree of independent chains"
+        return [offsets[p[0]] + len(p) - 1 for p in self.paths]
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DraftTree) and self.paths == other.paths
 

@@ -7,7 +7,15 @@ import math
 import pytest
 import torch
 
-from mtp.decode.acceptance import Greedy, Lossless, RandomLayout, TreeVerification, Typical, rule_for
+from mtp.decode.acceptance import (
+    Greedy,
+    Lossless,
+    NodeLaws,
+    RandomLayout,
+    TreeVerification,
+    Typical,
+    rule_for,
+)
 from mtp.decode.settings import GenerationConfig
 from mtp.decode.tree import DraftTree
 
@@ -42,16 +50,29 @@ def test_the_config_picks_the_rule():
     assert isinstance(rule_for(sampling(acceptance="typical")), Typical)
 
 
-def test_random_layout_gives_every_number_one_use():
-    tree = DraftTree([(0,), (1,), (0, 0), (0, 1), (1, 0)])
-    for config in (sampling(), sampling(tree=tree), GenerationConfig(temperature=1.0, gamma=3)):
-        layout = RandomLayout.of(config)
-        draws = torch.arange(layout.per_step, dtype=torch.float)[None]
-        used = [*layout.acceptance(draws, 0, layout.tests)[0].tolist(), layout.next_token(draws).item()]
-        used += layout.drafts(draws)[0].tolist()
-        if config.tree is not None:
-            used += layout.nodes(draws, 0, tree.size)[0].tolist()
-        assert sorted(used) == list(range(layout.per_step)), config
+@pytest.mark.parametrize(
+    "config",
+    [
+        sampling(),
+        sampling(tree=DraftTree([(0,), (1,), (0, 0), (0, 1), (1, 0)])),
+        GenerationConfig(temperature=1.0, gamma=3),
+        sampling(drafts_per_step=3, acceptance="spectr"),
+        GenerationConfig(temperature=1.0, gamma=3, drafts_per_step=2),
+        GenerationConfig(temperature=1.0, gamma=3, heads=3, drafts_per_step=2, acceptance="spectr"),  # hybrid
+    ],
+    ids=["chain", "tree", "drafter", "spectr-heads", "drafter-sequences", "hybrid"],
+)
+def test_random_layout_gives_every_number_one_use(config):
+    layout = RandomLayout.of(config)
+    draws = torch.arange(layout.per_step, dtype=torch.float)[None]
+    used = [*layout.acceptance(draws, 0, layout.tests)[0].tolist(), layout.next_token(draws).item()]
+    used += layout.drafts(draws)[0].tolist() + layout.drafter(draws)[0].tolist()
+    tree = config.step_tree
+    if tree is not None and not config.gamma:
+        used += layout.nodes(draws, 0, tree.size)[0].tolist()
+    assert sorted(used) == list(range(layout.per_step)), config
+    if tree is not None and config.acceptance == "spectr":
+        assert layout.tests == tree.size  # every node of a depth may be a candidate
 
 
 # -- chains: drafts (1, 4); head 1's logits after the base and each draft (1, 5, V)
@@ -184,13 +205,13 @@ def test_lossless_tree_tries_the_next_sibling_against_the_residual():
     step = tree_step([0, 1, 2, 0, 3], heads_after)
     probs = torch.tensor([[proposal_depth1, one_hot(3)]])  # (1, depth, V)
     tests = [0.9, 0.999, 0.5]  # depth 1: node 1, node 2; depth 2: the child of the node reached
-    depth, token, path = rule.tree(step, probs, draws_for(rule, tests, 0.5))
+    depth, token, path = rule.tree(step, NodeLaws(probs), draws_for(rule, tests, 0.5))
     assert (depth.item(), path[0].tolist()) == (2, [0, 2, 4])
     # (without renormalizing, uniform * p < q'(x) with the unnormalized q'(2) = 0.25, node 2 would fail at 0.999)
     # node 1 accepted instead (uniform 0.1 < 0.5): its subtree is taken, node 2 never tried
     step = tree_step([0, 1, 2, 0, 3], [q_root, one_hot(0), HALVES, HALVES, HALVES])
     probs = torch.tensor([[proposal_depth1, one_hot(0)]])
-    depth, token, path = rule.tree(step, probs, draws_for(rule, [0.1, 0.0, 0.5], 0.5))
+    depth, token, path = rule.tree(step, NodeLaws(probs), draws_for(rule, [0.1, 0.0, 0.5], 0.5))
     assert (depth.item(), path[0].tolist()) == (2, [0, 1, 3])
 
 
@@ -198,5 +219,5 @@ def test_lossless_tree_bonus_token_after_the_deepest_node_comes_from_head_1_ther
     rule = rule_for(sampling(tree=TREE, heads=3))
     step = tree_step([0, 1, 2, 0, 3], [one_hot(1), one_hot(0), HALVES, HALVES, one_hot(2)])
     probs = torch.tensor([[one_hot(1), one_hot(0)]])
-    depth, token, path = rule.tree(step, probs, draws_for(rule, [0.5, 0.5, 0.5], 0.99))
+    depth, token, path = rule.tree(step, NodeLaws(probs), draws_for(rule, [0.5, 0.5, 0.5], 0.99))
     assert (depth.item(), path[0].tolist(), token.item()) == (2, [0, 1, 3], 3)  # after node 3: uniform 0.99 -> 3

@@ -150,8 +150,10 @@ def test_bad_drafter_settings_are_refused(counting_target):
         layer_skip_drafter(counting_target, frozenset(range(len(counting_target.layers))))
     with pytest.raises(ValueError, match="some but not all"):
         layer_skip_drafter(counting_target, frozenset({len(counting_target.layers)}))
-    with pytest.raises(ValueError, match="heads=1"):
-        GenerationConfig(8, heads=2, gamma=2)
+    with pytest.raises(ValueError, match="no draft_p_min"):
+        GenerationConfig(8, gamma=2, draft_p_min=0.5)
+    with pytest.raises(ValueError, match="drafts_per_step=2 needs drafts"):
+        GenerationConfig(8, drafts_per_step=2)
     with pytest.raises(ValueError, match="drafter together with gamma"):
         generate(counting_target, [[1]], GenerationConfig(8, gamma=2))
     with pytest.raises(ValueError, match="ngram"):
@@ -187,13 +189,21 @@ def draft_tables() -> torch.Tensor:
 
 
 def check_drafter(
-    drafter, gamma: int = 2, temperature: float = 1.0, top_p: float = 1.0, seed: int = 11, rows: int = N_SAMPLES
+    drafter,
+    gamma: int = 2,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 11,
+    rows: int = N_SAMPLES,
+    tables: torch.Tensor | None = None,
+    **decoding,
 ):
     """(total variation, threshold, samples outside the support, statistics) of gamma + 2 tokens sampled with
-    ``drafter``."""
+    ``drafter`` from a target of logit ``tables`` (default :func:`target_tables`; head 1's are the target), with more
+    GenerationConfig settings ``decoding`` (heads of a hybrid step, several draft sequences)."""
     length = gamma + 2  # the prompt step's token, gamma verified drafts, the token after them
-    config = GenerationConfig(length, temperature, top_p=top_p, gamma=gamma, seed=seed)
-    tables = target_tables()
+    config = GenerationConfig(length, temperature, top_p=top_p, gamma=gamma, seed=seed, **decoding)
+    tables = target_tables() if tables is None else tables
     step = [reference_probs(tables[0, a], temperature, 0, top_p) for a in range(VOCAB)]
     joint: dict[tuple[int, ...], float] = {}
 

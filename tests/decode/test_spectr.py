@@ -1,0 +1,304 @@
+"""Several draft sequences per step (SpecTr's k-sequential selection, and SpecInfer's rule on the same trees) and the
+hybrid of a draft model with the target's heads: the rule on hand-made distributions (its rho, its residual, every
+outcome forced), greedy output equal to autoregressive output, and sampling with the autoregressive distribution,
+with negative controls that must fail the same check."""
+
+import math
+
+import pytest
+import torch
+
+from mtp.decode import GenerationConfig, generate
+from mtp.decode import acceptance as acceptance_module
+from mtp.decode.acceptance import NodeLaws, SpecTr, TreeVerification, rule_for, spectr_residual, spectr_rho
+from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter
+from mtp.decode.tree import DraftTree
+from tests.decode.helpers import HEAD_TYPES, fixed_logits_model, tiny_model
+from tests.decode.test_drafters import check_drafter, draft_tables, drafter_for
+from tests.decode.test_lossless import check, check_real_model, counting_tables
+from tests.decode.test_tree import partly_trained
+
+V = 4
+
+
+# -- the rule on hand-made distributions
+def test_rho_and_residual_of_two_candidates_by_hand():
+    """p = (1/2, 1/2, 0, 0), q = (1/4, 1/4, 1/2, 0), k = 2: beta(rho) = 1 / (2 rho), and rho beta >= 1 - (1 - beta)^2
+    holds from (1 - 1 / (2 rho))^2 >= 1/2, rho* = 1 + 1/sqrt(2). Then one of the two candidates passes with
+    probability 1 - (1 - beta)^2 = 1/2, the most any coupling allows (q(0) + q(1)), and the residual is token 2."""
+    p = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
+    q = torch.tensor([[0.25, 0.25, 0.5, 0.0]])
+    rho = spectr_rho(p, q, torch.tensor([2]))
+    assert rho.item() == pytest.approx(1 + 1 / math.sqrt(2), abs=1e-6)
+    beta = torch.minimum(p, q / rho).sum().item()
+    assert 1 - (1 - beta) ** 2 == pytest.approx(0.5, abs=1e-6)
+    torch.testing.assert_close(spectr_residual(p, q, rho, torch.tensor([2])), torch.tensor([[0.0, 0.0, 0.5, 0.0]]))
+
+
+@pytest.mark.parametrize(
+    ("p", "q"),
+    [
+        ([0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.5, 0.0]),
+        ([0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4]),  # p = q: every candidate passes, rho 1
+        ([1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5]),  # disjoint: nothing passes, the residual is q
+        ([0.7, 0.1, 0.1, 0.1], [0.05, 0.05, 0.45, 0.45]),
+    ],
+)
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_one_candidate_of_k_or_the_residual_is_distributed_as_the_target(p, q, k):
+    """Exactly, by enumerating the k candidates: P(output x) = sum over candidate draws of the rule's acceptance
+    probabilities, plus P(all fail) times the normalized residual, must equal q(x); and rho = 1 for one candidate."""
+    p, q = torch.tensor([p], dtype=torch.float64), torch.tensor([q], dtype=torch.float64)
+    count = torch.tensor([k])
+    rho = spectr_rho(p, q, count)
+    if k == 1:
+        assert rho.item() == pytest.approx(1.0)
+    passes = torch.minimum(torch.ones_like(p), q / (rho[:, None] * p)).nan_to_num(0.0)  # min(1, q / (rho p))
+    once = (p * passes)[0]  # (V,) probability that one candidate is x and passes
+    fail = 1 - once.sum()
+    accepted = once * sum(fail**i for i in range(k))  # the first passing candidate is x
+    residual = spectr_residual(p, q, rho, count)[0]
+    output = accepted + fail**k * residual / residual.sum()
+    torch.testing.assert_close(output, q[0], atol=1e-6, rtol=0)
+
+
+# root, then (0,) (1,) (0, 0) (1, 0): nodes 1 and 2 at depth 1, 3 under 1, 4 under 2
+TREE = DraftTree([(0,), (1,), (0, 0), (1, 0)])
+HALVES = [0.5, 0.5, 0.0, 0.0]
+
+
+def one_hot(token: int) -> list[float]:
+    return [float(i == token) for i in range(V)]
+
+
+def spectr_step(tokens, head1_rows, depth_laws, tests, next_uniform=0.5, live=2):
+    rule = rule_for(GenerationConfig(temperature=1.0, heads=3, tree=TREE, acceptance="spectr"))
+    assert isinstance(rule, SpecTr) and rule.layout.tests == TREE.size
+    head1 = torch.tensor(head1_rows).log()[None]
+    rows = torch.arange(1)
+    step = TreeVerification(
+        head1, torch.arange(5), lambda nodes: head1[rows, nodes], torch.tensor([tokens]), TREE, torch.tensor([live])
+    )
+    draws = torch.full((1, rule.layout.per_step), 0.5)
+    draws[0, : len(tests)] = torch.tensor(tests)
+    draws[0, rule.layout.tests] = next_uniform
+    depth, token, path = rule.tree(step, NodeLaws(torch.tensor([depth_laws])), draws)
+    return depth.item(), token.item(), path[0].tolist()
+
+
+def test_spectr_takes_a_child_of_any_node_that_agrees_with_the_accepted_token():
+    """Nodes 1 and 2 both drafted token 1; node 1 passes. At depth 2 the candidates are node 3 (under node 1, token 0)
+    and node 4 (under node 2, token 3): head 1 after token 1 gives only 3, so node 3 fails and node 4 passes, and the
+    path runs through node 2, whose keys equal node 1's."""
+    after_one = one_hot(3)
+    depth, token, path = spectr_step(
+        [0, 1, 1, 0, 3], [HALVES, after_one, after_one, HALVES, one_hot(2)], [HALVES, HALVES], [0.1, 0.9, 0.5, 0.9]
+    )
+    assert (depth, path, token) == (2, [0, 2, 4], 2)  # the bonus token: head 1 after node 4
+
+
+def test_spectr_every_candidate_failing_samples_the_residual():
+    """q = (1/4, 1/4, 1/2, 0) after the root, both depth-1 candidates drafted from p = (1/2, 1/2, 0, 0): each passes
+    with probability q / (rho p) = 1/2 / rho ~ 0.29; with uniforms 0.9 both fail, and the token comes from the
+    residual, which is token 2 alone."""
+    q_root = [0.25, 0.25, 0.5, 0.0]
+    depth, token, path = spectr_step([0, 0, 1, 0, 0], [q_root, *[HALVES] * 4], [HALVES, HALVES], [0.9, 0.9, 0.0, 0.0])
+    assert (depth, token, path) == (0, 2, [0, 0, 0])
+    # the second candidate passes where the first fails (0.25 < 1/2 / rho): node 2's subtree is taken
+    depth, token, path = spectr_step(
+        [0, 0, 1, 0, 3], [q_root, HALVES, one_hot(3), HALVES, one_hot(1)], [HALVES, one_hot(3)], [0.9, 0.25, 0.9, 0.1]
+    )
+    assert (depth, path, token) == (2, [0, 2, 4], 1)
+
+
+def test_spectr_verifies_no_deeper_than_a_row_asks():
+    depth, token, path = spectr_step(
+        [0, 1, 1, 0, 3],
+        [HALVES, one_hot(3), one_hot(3), HALVES, HALVES],
+        [HALVES, HALVES],
+        [0.1, 0.1, 0.0, 0.0],
+        live=1,
+    )
+    assert (depth, path, token) == (1, [0, 1, 1], 3)  # head 1 after node 1, though node 4 would pass
+
+
+def test_branches_tree_and_its_chain_order():
+    tree = DraftTree.branches([2, 2, 1])
+    assert tree.paths == [(0,), (1,), (2,), (0, 0), (1, 0)]
+    assert tree.branch_order() == [0, 2, 4, 1, 3]  # chain 0: 0, 1; chain 1: 2, 3; chain 2: 4
+    assert GenerationConfig(heads=4, drafts_per_step=3).step_tree == DraftTree.branches([3, 3, 3])
+    assert GenerationConfig(gamma=2, drafts_per_step=2).step_tree == DraftTree.branches([2, 2])
+    assert GenerationConfig(gamma=3, heads=3).step_tree == DraftTree.branches([3, 2])  # hybrid: + the heads' chain
+    assert GenerationConfig(heads=4).step_tree is None
+
+
+def test_bad_settings_of_several_drafts_are_refused():
+    with pytest.raises(ValueError, match="drafts_per_step=0 must be at least 1"):
+        GenerationConfig(heads=3, drafts_per_step=0)
+    with pytest.raises(ValueError, match="does not combine with a tree or adaptive_drafts"):
+        GenerationConfig(heads=3, drafts_per_step=2, tree=DraftTree.chain(2))
+    with pytest.raises(ValueError, match="does not combine"):
+        GenerationConfig(heads=3, drafts_per_step=2, adaptive_drafts=True)
+    with pytest.raises(ValueError, match=r"hybrid step \(gamma=2 drafts beside heads=3\) mixes two"):
+        GenerationConfig(temperature=1.0, gamma=2, heads=3, acceptance="spectr")
+    with pytest.raises(ValueError, match="acceptance=other must be one of exact, typical, spectr"):
+        GenerationConfig(heads=3, acceptance="other")
+
+
+# -- greedy: every way of drafting several sequences decodes autoregressive decoding's tokens
+@pytest.fixture(scope="module")
+def counting_target():
+    return partly_trained("transformer")
+
+
+PROMPTS = [[3, 9, 1, 4, 4], [7, 30], [2, 2, 2, 30, 31, 5, 6, 8, 11], [5]]
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "causal", "medusa"])
+def test_greedy_sequences_of_the_heads_equal_autoregressive(head_type):
+    model = partly_trained(head_type)
+    reference, _ = generate(model, PROMPTS, GenerationConfig(24))
+    out, stats = generate(model, PROMPTS, GenerationConfig(24, heads=4, drafts_per_step=3))
+    assert out == reference
+    assert stats.tree_nodes == 9 and 0 < stats.accepted[-1] < stats.drafted[-1]
+
+
+@pytest.mark.parametrize("method", ["draft", "layerskip"])
+@pytest.mark.parametrize("decoding", [dict(drafts_per_step=3), dict(heads=4), dict(heads=3, drafts_per_step=2)])
+def test_greedy_draft_sequences_and_hybrids_equal_autoregressive(method, decoding, counting_target):
+    model = counting_target
+    reference, _ = generate(model, PROMPTS, GenerationConfig(32))
+    drafter = drafter_for(method, model, 40)
+    out, stats = generate(model, PROMPTS, GenerationConfig(32, gamma=3, **decoding), drafter)
+    assert out == reference, decoding
+    assert 0 < sum(stats.accepted) < sum(stats.drafted)
+    assert stats.method == ("hybrid" if decoding.get("heads", 1) > 1 else method)
+    alone, _ = generate(model, PROMPTS[1:2], GenerationConfig(32, gamma=3, **decoding), drafter)
+    assert alone == reference[1:2]
+
+
+def test_a_hybrid_accepts_the_heads_drafts_where_the_draft_model_is_wrong(counting_target):
+    """A draft model that never drafts the right token (a random one) next to the target's trained heads: the hybrid
+    step accepts the heads' drafts, so it beats the draft model alone."""
+    model = counting_target
+    draft = draft_model_drafter(tiny_model(n_future=1, vocab_size=40, seed=9))
+    _, alone = generate(model, PROMPTS, GenerationConfig(32, gamma=3), draft)
+    _, hybrid = generate(model, PROMPTS, GenerationConfig(32, gamma=3, heads=4), draft)
+    assert hybrid.tokens_per_forward > alone.tokens_per_forward + 0.2
+
+
+# -- sampling: the exact joint against many rows
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(heads=3, drafts_per_step=2, acceptance="spectr"),
+        dict(heads=3, drafts_per_step=4, acceptance="spectr", temperature=0.7, top_p=0.9),
+        dict(heads=3, drafts_per_step=3),  # SpecInfer's rule on the same trees
+        dict(heads=4, tree=DraftTree([(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]), acceptance="spectr"),
+    ],
+    ids=["spectr-k2", "spectr-k4-T0.7-topp0.9", "specinfer-k3", "spectr-tree"],
+)
+def test_several_sequences_of_the_heads_sample_the_autoregressive_distribution(case):
+    tv, threshold, outside = check(**case)
+    assert outside == 0, "sampled a continuation the target gives probability 0"
+    assert tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
+
+
+def test_spectr_accepts_more_tokens_per_forward_with_more_sequences():
+    """Sampled from the fixed tables (heads that propose far from the target): k sequences accept more per step
+    than one chain, and SpecTr's rule at least as much as SpecInfer's on the same tree."""
+    model = fixed_logits_model(counting_tables(3))
+
+    def tokens_per_forward(**decoding) -> float:
+        config = GenerationConfig(16, temperature=1.0, heads=3, seed=3, **decoding)
+        return generate(model, [[1]] * 2000, config)[1].tokens_per_forward
+
+    chain = tokens_per_forward()
+    k2, k4 = (tokens_per_forward(drafts_per_step=k, acceptance="spectr") for k in (2, 4))
+    assert chain + 0.1 < k2 < k4
+    assert k4 >= tokens_per_forward(drafts_per_step=4) - 0.02
+
+
+def _wrong_spectr_rules():
+    return {
+        # every candidate tested with min(1, q / p): k tries over-accept the likeliest drafts
+        "rho_fixed_at_one": ("spectr_rho", lambda proposal, target, k: torch.ones_like(target[:, 0])),
+        # after every candidate failed, the token drawn from the target instead of the residual
+        "residual_is_the_target": ("spectr_residual", lambda proposal, target, rho, k: target),
+        # the residual of one candidate (k = 1) after k failed ones
+        "residual_of_one_candidate": (
+            "spectr_residual",
+            lambda proposal, target, rho, k: acceptance_module.correction_probs(
+                target, proposal, torch.ones_like(k, dtype=torch.bool)
+            ),
+        ),
+    }
+
+
+@pytest.mark.parametrize("rule", _wrong_spectr_rules().keys())
+def test_each_wrong_spectr_rule_fails_the_check(rule, monkeypatch):
+    name, wrong = _wrong_spectr_rules()[rule]
+    monkeypatch.setattr(acceptance_module, name, wrong)
+    tv, threshold, outside = check(heads=3, drafts_per_step=4, acceptance="spectr")
+    assert outside > 0 or tv >= threshold, f"{rule}: total variation {tv:.4f} < {threshold:.4f}"
+
+
+@pytest.mark.parametrize(
+    "decoding",
+    [
+        dict(drafts_per_step=3, acceptance="spectr"),
+        dict(drafts_per_step=2),
+        dict(heads=3),  # hybrid: the draft model's chain and the heads' chain, SpecInfer's rule
+        dict(heads=3, drafts_per_step=2, temperature=0.7, top_p=0.9),
+    ],
+    ids=["draft-spectr-k3", "draft-specinfer-k2", "hybrid", "hybrid-k2-T0.7-topp0.9"],
+)
+def test_draft_sequences_and_hybrids_sample_the_autoregressive_distribution(decoding):
+    drafter = draft_model_drafter(fixed_logits_model(draft_tables()))
+    tables = counting_tables(3) if decoding.get("heads", 1) > 1 else None  # head 1: the same target
+    tv, threshold, outside, stats = check_drafter(drafter, tables=tables, **decoding)
+    assert sum(stats.accepted) > 0.2 * sum(stats.drafted)
+    assert outside == 0, "sampled a continuation the target gives probability 0"
+    assert tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
+
+
+def test_draft_sequences_sharing_their_draws_fail_the_check(monkeypatch):
+    """A negative control: every draft sequence drawn with the first sequence's uniforms (so all k are one) but tested
+    as k independent candidates."""
+    from mtp.decode import proposers
+
+    chains = proposers.ModelDrafter.draft_chains
+
+    def shared(self, gamma, draws):
+        if draws is not None:
+            draws = draws[:, :gamma].repeat(1, self.branches)
+        return chains(self, gamma, draws)
+
+    monkeypatch.setattr(proposers.ModelDrafter, "draft_chains", shared)
+    drafter = draft_model_drafter(fixed_logits_model(draft_tables()))
+    tv, threshold, outside, _ = check_drafter(drafter, rows=15_000, drafts_per_step=3, acceptance="spectr")
+    assert outside > 0 or tv >= threshold, f"total variation {tv:.4f} < {threshold:.4f}"
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "causal", "medusa"])
+def test_spectr_lossless_with_head_blocks(head_type):
+    """On a random model whose every context changes the logits (the tree mask, the kept path through an agreeing
+    node and the drafts all matter)."""
+    model = tiny_model(n_future=3, vocab_size=4, seed=3, **HEAD_TYPES[head_type])
+    with torch.no_grad():
+        model.heads.outputs[0].weight.mul_(60)
+    config = GenerationConfig(
+        max_new_tokens=4, temperature=1.0, heads=3, seed=5, drafts_per_step=3, acceptance="spectr"
+    )
+    check_real_model(model, config)
+
+
+@pytest.mark.parametrize("decoding", [dict(drafts_per_step=2, acceptance="spectr"), dict(heads=3)])
+def test_draft_sequences_and_hybrids_lossless_on_real_models(decoding):
+    model = tiny_model(n_future=3, vocab_size=4, seed=3)
+    with torch.no_grad():
+        model.heads.outputs[0].weight.mul_(60)
+    drafter = layer_skip_drafter(model, frozenset({0}))
+    config = GenerationConfig(max_new_tokens=4, temperature=1.0, gamma=2, seed=5, **decoding)
+    stats = check_real_model(model, config, drafter=drafter)
+    assert 0 < sum(stats.accepted) < sum(stats.drafted)
