@@ -7,8 +7,8 @@ Per checkpoint: parameters, the final validation metrics its run logged (val/los
 val/expected_tokens_per_forward and val/acceptance_pos{j}, read from its TensorBoard log), decoding on held-out
 prompts (or HumanEval's, --prompt-set humaneval) with all heads, greedy and sampled (tokens/forward, chained
 acceptance by draft position, speed-up over autoregressive decoding in the same rounds, batch 1), and a training
-step of the same shapes measured in a fresh process (tokens/s, peak memory). Writes results.json, results.md and heads.png. On the CPU in fp32 unless
---device and --dtype say otherwise.
+step of the same shapes measured in a fresh process (tokens/s, peak memory). Writes results.json, results.md and
+heads.png. On the CPU in fp32 unless --device and --dtype say otherwise.
 """
 
 from __future__ import annotations
