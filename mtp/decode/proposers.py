@@ -24,16 +24,16 @@ drafted and no distribution is returned.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtp.decode.acceptance import RandomLayout
+from mtp.decode.acceptance import Greedy, Lossless, RandomLayout
 from mtp.decode.cache import KVCache
 from mtp.decode.inference import InferenceModel
-from mtp.decode.sampling import processed_probs, sample_from, sample_many
+from mtp.decode.sampling import RowUniforms, processed_probs, sample_from, sample_many
 from mtp.decode.settings import GenerationConfig, SettingError
 from mtp.model import MTPModel
 
@@ -209,7 +209,7 @@ class ModelDrafter(Proposer):
         self.cache = self.form.new_cache(len(prompts), max_len)
         self.unread = [list(p) for p in prompts]  # tokens of each row not in the cache yet
         self.held = [0] * len(prompts)  # cache positions that hold accepted tokens
-        self.read_drafts = 0  # drafts the last proposal read into the cache (all but its last)
+        self.read_drafts = [0] * len(prompts)  # drafts the last proposal read into each row's cache
         self.forwards = 0
         self.branches = config.drafts_per_step if config is not None else 1
         # a step that verifies a tree (k chains, or a hybrid's) keeps none of the drafts read: which chain the accepted
@@ -217,7 +217,8 @@ class ModelDrafter(Proposer):
         self.tree = config.step_tree if config is not None else None
 
     def advance(self, accepted: list[int], emitted: list[list[int]]) -> None:
-        kept = [min(n, self.read_drafts) for n in accepted]  # the drafts read that the target accepted stay
+        # the drafts read that the target accepted stay
+        kept = [min(n, read) for n, read in zip(accepted, self.read_drafts, strict=True)]
         self.held = [h + n for h, n in zip(self.held, kept, strict=True)]
         self.unread = [unread + tokens[n:] for unread, tokens, n in zip(self.unread, emitted, kept, strict=True)]
         self.cache.rollback(self.held)
@@ -226,6 +227,7 @@ class ModelDrafter(Proposer):
         self.cache.keep_rows(rows)
         self.unread = [self.unread[r] for r in rows]
         self.held = [self.held[r] for r in rows]
+        self.read_drafts = [self.read_drafts[r] for r in rows]
 
     def propose(self, gamma: int, draws: Tensor | None) -> Proposal:
         tokens, probs = self.draft_chains(gamma if self.tree is None else self.config.gamma, draws)
@@ -269,12 +271,146 @@ class ModelDrafter(Proposer):
             else:
                 drafts.append(logits.argmax(dim=-1))
         self.forwards += gamma
-        self.read_drafts = gamma - 1 if self.tree is None else 0
+        self.read_drafts = [gamma - 1 if self.tree is None else 0] * B
         if self.tree is not None and k == 1:
             cache.rollback(self.held)  # the drafts read are not kept (see start)
         tokens = torch.stack(drafts, dim=1).view(B, k * gamma)
         probs = torch.stack(proposals, dim=1).view(B, k * gamma, -1) if self.sampled else None
         return tokens, probs
+
+
+STAGED_SEED_OFFSET = 1_000_003
+"""A staged drafter's own uniforms come from generators seeded seed + this + row: apart from the step's."""
+
+
+class StagedDrafter(ModelDrafter):
+    """Staged speculative decoding (Spector & Re 2023): a draft model whose own gamma drafts are decoded
+    speculatively, from prompt lookup over the row's tokens (``inner="lookup"``) or from the draft model's own heads
+    (``inner="heads"``, a draft trained as mtp2 or mtp4), verified by the draft's head 1 with the exact rules (greedy,
+    or lossless sampling). The drafts are then exactly the draft model's autoregressive ones (greedy), or distributed
+    as them (sampling), in fewer draft forwards, and the law of each is the draft's head-1 distribution after the ones
+    before it: what the target's step verifies them against."""
+
+    method = "staged"
+
+    def __init__(self, form: InferenceModel, inner: str, ngram: int = 3) -> None:
+        if inner not in ("lookup", "heads"):
+            raise ValueError(f"inner={inner!r} must be lookup or heads")
+        if inner == "heads" and form.heads < 2:
+            raise ValueError("a staged draft that drafts with its heads needs a draft model with more than one head")
+        super().__init__(form, "staged", {"inner": inner})
+        self.inner, self.ngram = inner, ngram
+
+    def start(self, prompts: list[list[int]], max_len: int, config: GenerationConfig | None = None) -> None:
+        config = config or GenerationConfig(gamma=1)
+        if config.drafts_per_step > 1:
+            raise SettingError(
+                "a staged draft decodes one sequence of its own; use {drafts_per_step:1} with it.",
+                drafts_per_step=config.drafts_per_step,
+            )
+        super().start(prompts, max_len, config)
+        self.sequence = [list(p) for p in prompts]  # each row's accepted tokens: what lookup searches
+        heads = self.form.heads if self.inner == "heads" else 1
+        inner = replace(
+            config, heads=heads, gamma=0, tree=None, acceptance="exact", draft_p_min=0.0, adaptive_drafts=False
+        )
+        width = heads - 1 if self.inner == "heads" else config.gamma  # drafts an inner step verifies at most
+        layout = RandomLayout(tests=width, chain_drafts=heads - 1, tree_nodes=0)
+        self.rule = Greedy(inner, layout) if inner.greedy else Lossless(inner, layout)
+        self.heads = HeadsProposer(self.form, inner) if self.inner == "heads" else None
+        if self.heads is not None:
+            self.heads.start(prompts, max_len, inner)
+        steps = (config.max_new_tokens + 1) * (config.gamma + 1)  # inner steps: each emits a token at least
+        self.uniforms = None
+        if self.sampled:
+            seed = config.seed + STAGED_SEED_OFFSET
+            self.uniforms = RowUniforms(seed, len(prompts), steps, layout.per_step, self.device)
+
+    def advance(self, accepted: list[int], emitted: list[list[int]]) -> None:
+        super().advance(accepted, emitted)
+        for sequence, tokens in zip(self.sequence, emitted, strict=True):
+            sequence.extend(tokens)
+
+    def keep_rows(self, rows: list[int], index: Tensor) -> None:
+        super().keep_rows(rows, index)
+        self.sequence = [self.sequence[r] for r in rows]
+        if self.uniforms is not None:
+            self.uniforms.keep_rows(index)
+
+    def draft_chains(self, gamma: int, draws: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        form, cache, rule, B = self.form, self.cache, self.rule, len(self.unread)
+        out: list[list[int]] = [[] for _ in range(B)]
+        laws: list[list[Tensor]] = [[] for _ in range(B)]
+        pending: list[list[int]] = [[] for _ in range(B)]  # inner drafts each row verifies next
+        pending_laws: Tensor | None = None  # (B, drafts, V) their proposals, when sampled
+        first_held = [h + len(u) for h, u in zip(self.held, self.unread, strict=True)]  # once the unread are read
+        while min(map(len, out)) < gamma:
+            widths = [len(u) + len(d) for u, d in zip(self.unread, pending, strict=True)]
+            width, most = max(widths), max(map(len, pending))
+            inputs = torch.tensor(
+                [u + d + [0] * (width - len(u) - len(d)) for u, d in zip(self.unread, pending, strict=True)],
+                device=self.device,
+            )
+            base = torch.tensor([len(u) - 1 for u in self.unread], device=self.device)  # each row's last read token
+            read = base[:, None] + torch.arange(most + 1, device=self.device)  # after it and each inner draft
+            cache.begin(width)
+            head1, hidden = form.verify(inputs, cache, read.clamp(max=width - 1))  # (B, most + 1, V)
+            inner_draws = self.uniforms.next(rule.layout.per_step) if self.uniforms is not None else None
+            if most:
+                positions = base[:, None] + 1 + torch.arange(most, device=self.device)
+                drafts = inputs.gather(1, positions.clamp(max=width - 1))
+                live = torch.tensor([len(d) for d in pending], device=self.device)
+                accepted, token = rule.chain(head1, drafts, live, pending_laws, inner_draws)
+            else:
+                accepted, token = torch.zeros_like(base), rule.first(head1[:, 0], inner_draws)
+            target = rule.target(head1) if self.sampled else None  # the draft's law after each read position
+            if self.heads is not None:
+                self.heads.draft_in_step(hidden, cache, base + accepted, inputs, token, inner_draws)
+            cache.commit(width)
+            self.forwards += 1
+            host = torch.stack([accepted, token], dim=1).tolist()
+            next_drafts = self.heads.pending.tokens.tolist() if self.heads is not None else None
+            for b, (a, t) in enumerate(host):
+                if len(out[b]) >= gamma:  # a row with its drafts waits for the others: nothing of this step stays
+                    pending[b] = []
+                    continue
+                emitted = pending[b][:a] + [t]
+                out[b] += emitted
+                if target is not None:
+                    laws[b] += list(target[b, : a + 1])
+                self.held[b] += len(self.unread[b]) + a  # the read tokens and the accepted inner drafts
+                self.unread[b] = [t]
+                if next_drafts is not None:
+                    pending[b] = next_drafts[b]
+                else:
+                    pending[b] = lookup_continuation(self.sequence[b] + out[b], self.ngram, gamma)
+            cache.rollback(self.held)
+            if self.heads is not None:
+                pending_laws = self.heads.pending.probs
+            elif self.sampled:
+                most = max(map(len, pending))
+                padded = torch.tensor([d + [0] * (most - len(d)) for d in pending], device=self.device)
+                pending_laws = F.one_hot(padded.view(B, most), form.vocab_size).float()  # a lookup draft: itself
+        # keep in the cache what the step may accept of the drafts (the first gamma - 1), as a chain drafter does
+        self.read_drafts = [min(len(o) - 1, gamma - 1) for o in out]
+        self.held = first_held  # as a chain drafter leaves it: the drafts read are counted once accepted (advance)
+        cache.rollback([h + r for h, r in zip(first_held, self.read_drafts, strict=True)])
+        self.unread = [[] for _ in range(B)]
+        tokens = torch.tensor([o[:gamma] for o in out], device=self.device)
+        probs = torch.stack([torch.stack(row[:gamma]) for row in laws]) if self.sampled else None
+        return tokens, probs
+
+
+def lookup_continuation(tokens: list[int], ngram: int, gamma: int) -> list[int]:
+    """Up to ``gamma`` tokens that followed the latest earlier occurrence of the last n tokens (n from ``ngram`` down
+    to 1), copied with overlap past the end (:class:`LookupDrafter`'s drafts, without its index)."""
+    for n in range(min(ngram, len(tokens) - 1), 0, -1):
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == tail:
+                period = len(tokens) - (start + n)
+                return [tokens[start + n + i % period] for i in range(gamma)]
+    return []
 
 
 class HybridProposer(Proposer):
@@ -327,6 +463,13 @@ class HybridProposer(Proposer):
 def draft_model_drafter(draft: MTPModel, compile: bool = False) -> ModelDrafter:
     """Speculative sampling with ``draft`` (head 1 of any mtp model on the target's tokenizer)."""
     return ModelDrafter(InferenceModel.of(draft, 1, compile), "draft")
+
+
+def staged_drafter(draft: MTPModel, inner: str, compile: bool = False) -> StagedDrafter:
+    """Staged speculative decoding with ``draft``, its own drafts from prompt lookup (``inner="lookup"``) or from its
+    heads (``inner="heads"``: all of them)."""
+    heads = draft.config.n_future if inner == "heads" else 1
+    return StagedDrafter(InferenceModel.of(draft, heads, compile), inner)
 
 
 def layer_skip_drafter(model: MTPModel, skip: frozenset[int], compile: bool = False) -> ModelDrafter:

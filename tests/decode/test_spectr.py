@@ -11,9 +11,9 @@ import torch
 from mtp.decode import GenerationConfig, generate
 from mtp.decode import acceptance as acceptance_module
 from mtp.decode.acceptance import NodeLaws, SpecTr, TreeVerification, rule_for, spectr_residual, spectr_rho
-from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter
+from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter, staged_drafter
 from mtp.decode.tree import DraftTree
-from tests.decode.helpers import HEAD_TYPES, fixed_logits_model, tiny_model
+from tests.decode.helpers import HEAD_TYPES, fixed_logits_model, tiny_model, train_on_cycles
 from tests.decode.test_drafters import check_drafter, draft_tables, drafter_for
 from tests.decode.test_lossless import check, check_real_model, counting_tables
 from tests.decode.test_tree import partly_trained
@@ -302,3 +302,38 @@ def test_draft_sequences_and_hybrids_lossless_on_real_models(decoding):
     config = GenerationConfig(max_new_tokens=4, temperature=1.0, gamma=2, seed=5, **decoding)
     stats = check_real_model(model, config, drafter=drafter)
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
+
+
+# -- staged: a draft model decoded speculatively (its own drafts from lookup or its heads)
+@pytest.fixture(scope="module")
+def small_drafts():
+    """Small draft models trained on counting windows: one head (drafts by lookup), two heads (drafts by its heads)."""
+    return {
+        inner: train_on_cycles(tiny_model(n_future=2 if inner == "heads" else 1, vocab_size=40, seed=7), steps=15)
+        for inner in ("lookup", "heads")
+    }
+
+
+@pytest.mark.parametrize("inner", ["lookup", "heads"])
+def test_staged_drafts_are_the_draft_models_own_greedy_drafts(inner, counting_target, small_drafts):
+    """Greedy, a staged draft drafts exactly what the same draft model drafts autoregressively (so the target accepts
+    the same), in fewer draft forwards (a batch's inner steps last until its slowest row has its drafts); and the
+    output is autoregressive decoding's, alone and in a hybrid."""
+    model, draft = counting_target, small_drafts[inner]
+    reference, _ = generate(model, PROMPTS, GenerationConfig(32))
+    staged = staged_drafter(draft, inner)
+    out, stats = generate(model, PROMPTS, GenerationConfig(32, gamma=4), staged)
+    assert out == reference
+    _, plain = generate(model, PROMPTS, GenerationConfig(32, gamma=4), draft_model_drafter(draft))
+    assert (stats.drafted, stats.accepted) == (plain.drafted, plain.accepted)
+    assert stats.method == "staged" and stats.method_params["inner"] == inner
+    # the draft's own heads, trained on the same counting, pass often; lookup finds little in counting sequences
+    assert (
+        stats.draft_forwards < plain.draft_forwards
+        if inner == "heads"
+        else stats.draft_forwards <= plain.draft_forwards
+    )
+    hybrid, _ = generate(model, PROMPTS, GenerationConfig(32, gamma=4, heads=3), staged)
+    assert hybrid == reference
+    alone, _ = generate(model, PROMPTS[1:2], GenerationConfig(32, gamma=4), staged)
+    assert alone == reference[1:2]
