@@ -96,7 +96,8 @@ def method_label(r: dict[str, Any]) -> str:
     """A row's method with its parameters: 'chain', 'tree (16 nodes)', 'draft (gamma 4)', 'layerskip (gamma 4, skip
     2,5)', 'lookup (gamma 4, ngram 3)'."""
     method = r.get("method", "chain")
-    params = [f"{r['tree_nodes']} nodes"] if r.get("tree_nodes") else []
+    params = [f"{r['sequences']} sequences"] if r.get("sequences", 1) > 1 else []
+    params += [f"{r['tree_nodes']} nodes"] if r.get("tree_nodes") and not params else []
     params += [f"gamma {r['gamma']}"] if r.get("gamma") else []
     params += [f"{key} {value}" for key, value in r.get("drafter", {}).items() if key != "gamma"]
     params += ["lossy"] if method == "typical" else []

@@ -58,13 +58,15 @@ from mtp.cli import (
     settings_from,
     settings_named_by_flags,
 )
-from mtp.commands.drafter_setup import load_draft, skip_layers_drafter
+from mtp.commands.drafter_setup import load_draft, skip_layers_drafter, staged_draft
 from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.decode.proposers import LookupDrafter, draft_model_drafter
 from mtp.decode.tree import read_tree
 from mtp.decode.tree_fit import fitted_tree
 
-METHODS = ("chain", "tree", "typical", "adaptive", "draft", "layerskip", "lookup")
+METHODS = ("chain", "tree", "typical", "adaptive", "spectr", "draft", "hybrid", "staged", "layerskip", "lookup")
+DRAFT_METHODS = ("draft", "hybrid", "staged")
+"""The methods that need --draft."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,7 +80,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tree-nodes", type=int_list, default=[16], help="node budgets of the fitted trees: one tree row each"
     )
-    parser.add_argument("--draft", type=Path, help="for draft: a draft checkpoint on the same tokenizer")
+    parser.add_argument(
+        "--draft", type=Path, help="for draft, hybrid and staged: a draft checkpoint on the same tokenizer"
+    )
+    parser.add_argument(
+        "--sequences",
+        type=int_list,
+        default=[2, 4],
+        help="for spectr: draft sequences per step (SpecTr's k), one row each (with draft: the draft model's too)",
+    )
+    parser.add_argument(
+        "--staged",
+        choices=("lookup", "heads"),
+        default="lookup",
+        help="for staged: where the draft model's own drafts come from (heads: a draft trained with several heads)",
+    )
     parser.add_argument("--gammas", type=int_list, default=list(range(1, 9)), help="for draft: drafts per step")
     parser.add_argument("--gamma", type=int, default=4, help="for layerskip and lookup: drafts per step")
     parser.add_argument("--skip-layers", default="auto", help="for layerskip: blocks to skip (2,4,5), or auto per mode")
@@ -109,8 +125,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--methods {','.join(args.methods)}: each method must be one of {', '.join(METHODS)}")
     if "chain" not in args.methods:
         args.methods.insert(0, "chain")  # the baseline rows
-    if "draft" in args.methods and args.draft is None:
-        parser.error("--methods draft needs --draft DRAFT.ckpt (a model trained on this checkpoint's tokenizer)")
+    needing = [m for m in DRAFT_METHODS if m in args.methods]
+    if needing and args.draft is None:
+        parser.error(
+            f"--methods {','.join(needing)} needs --draft DRAFT.ckpt (a model trained on this checkpoint's tokenizer)"
+        )
     if args.hf and importlib.util.find_spec("transformers") is None:
         parser.error("--hf needs transformers: pip install -e '.[hf]'")
     if args.hf and ("greedy" not in args.modes or 1 not in args.batch_sizes):
@@ -284,10 +303,22 @@ def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tup
     def drafted(gamma: int) -> GenerationConfig:
         return replace(chain, heads=1, gamma=gamma)
 
-    if "draft" in args.methods:
+    if "spectr" in args.methods:  # k sequences of the heads, SpecTr's rule (greedy: the k likeliest first drafts)
+        variants += [("spectr", replace(chain, drafts_per_step=k, acceptance="spectr"), None) for k in args.sequences]
+    if set(DRAFT_METHODS) & set(args.methods):
         device = next(loaded.model.parameters()).device
         draft = load_draft(args.draft, loaded, device, args.dtype)
-        variants += [("draft", drafted(g), draft_model_drafter(draft.model, args.compile)) for g in args.gammas]
+        draft_model = draft_model_drafter(draft.model, args.compile)
+    if "draft" in args.methods:
+        variants += [("draft", drafted(g), draft_model) for g in args.gammas]
+        if "spectr" in args.methods:
+            spectr = replace(drafted(args.gamma), acceptance="spectr")
+            variants += [("draft spectr", replace(spectr, drafts_per_step=k), draft_model) for k in args.sequences]
+    if "hybrid" in args.methods:  # the draft model's chain and the heads' chain, one tree
+        variants.append(("hybrid", replace(chain, gamma=args.gamma), draft_model))
+    if "staged" in args.methods:
+        staged = staged_draft(args.draft, draft, args.staged, args.compile)
+        variants.append(("staged", drafted(args.gamma), staged))
     if "layerskip" in args.methods:
         layer_skip = skip_layers_drafter(args.skip_layers, loaded, drafted(args.gamma), args.compile)
         variants.append(("layerskip", drafted(args.gamma), layer_skip))
@@ -312,6 +343,7 @@ def result_row(mode: str, batch_size: int, method: str, config: GenerationConfig
         "ms_per_forward": stats.ms_per_forward,
         "wall_time_s": stats.wall_time_s,
         "gamma": config.gamma,
+        "sequences": config.drafts_per_step,
         "drafter": stats.method_params,
         "draft_share": stats.draft_share,
         "draft_ms_per_forward": 1000 * stats.draft_s / stats.draft_forwards if stats.draft_forwards else 0.0,

@@ -46,7 +46,7 @@ from mtp.cli import (
     settings_from,
     settings_named_by_flags,
 )
-from mtp.commands.drafter_setup import check_drafting_flags, drafting, pick_drafter
+from mtp.commands.drafter_setup import check_drafting_flags, check_staged_flag, drafting, pick_drafter
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.decode.tree import DraftTree, read_tree
@@ -54,7 +54,9 @@ from mtp.decode.tree_fit import fitted_tree
 from mtp.errors import UserError
 from mtp.online import OnlineHeads, OnlineSettings
 
-AUTOREGRESSIVE = {"heads": 1, "tree": None, "draft_p_min": 0.0, "adaptive_drafts": False, "gamma": 0}
+AUTOREGRESSIVE = {
+    "heads": 1, "tree": None, "draft_p_min": 0.0, "adaptive_drafts": False, "gamma": 0, "drafts_per_step": 1
+}  # fmt: skip
 """Settings that turn a decoding configuration into the autoregressive baseline of --compare."""
 TREE_NODES = 16
 """Nodes of a tree fitted with --tree auto."""
@@ -108,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="draft with this model minus these blocks of head 1's path (0-based, e.g. 2,4,5; the last is head 1's "
         "own block), or auto: the set that decodes held-out prompts fastest",
     )
+    parser.add_argument(
+        "--staged",
+        choices=("lookup", "heads"),
+        help="with --draft: decode the draft model speculatively too, its own drafts from prompt lookup or from its "
+        "heads (a draft trained as mtp2 or mtp4)",
+    )
     drafter.add_argument(
         "--prompt-lookup",
         type=int,
@@ -140,6 +148,7 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.heads is not None and args.heads > 1 and not args.self_speculative:
         raise UserError(f"--heads {args.heads} drafts with extra heads; add --self-speculative (or use --heads 1).")
     check_drafting_flags(args)
+    check_staged_flag(args)
     if args.tree is not None and not args.self_speculative:
         raise UserError("--tree drafts with extra heads; add --self-speculative.")
     if args.prompts is not None:

@@ -13,7 +13,14 @@ from mtp.checkpoint_load import LoadedCheckpoint, load_checkpoint
 from mtp.cli import require_at_least
 from mtp.data.prompts import prompts_beyond_the_benchmarks
 from mtp.decode import GenerationConfig, generate
-from mtp.decode.proposers import LookupDrafter, Proposer, draft_model_drafter, layer_skip_drafter
+from mtp.decode.proposers import (
+    LookupDrafter,
+    Proposer,
+    StagedDrafter,
+    draft_model_drafter,
+    layer_skip_drafter,
+    staged_drafter,
+)
 from mtp.errors import UserError
 from mtp.model import MTPModel
 
@@ -38,6 +45,17 @@ def load_draft(path: Path, target: LoadedCheckpoint, device: torch.device, dtype
             f"{target.config.vocab_size}; train the draft with model.vocab_size={target.config.vocab_size}."
         )
     return draft
+
+
+def staged_draft(path: Path, draft: LoadedCheckpoint, inner: str, compile: bool = False) -> StagedDrafter:
+    """The staged drafter of --draft ``path`` --staged ``inner``: the draft model's own drafts from prompt lookup or
+    from its heads, which it must have."""
+    if inner == "heads" and draft.config.n_future < 2:
+        raise UserError(
+            f"--staged heads drafts with the draft model's own heads, and --draft {path} has one; train the draft with "
+            "model=mtp2 (or mtp4), or use --staged lookup."
+        )
+    return staged_drafter(draft.model, inner, compile)
 
 
 def parse_skip_layers(text: str, model: MTPModel) -> frozenset[int]:
@@ -102,12 +120,20 @@ def pick_drafter(args, loaded: LoadedCheckpoint, config: GenerationConfig, devic
     auto searches on held-out prompts of the checkpoint's validation split."""
     if args.draft is not None:
         draft = load_draft(args.draft, loaded, device, args.dtype)
+        if args.staged is not None:
+            return staged_draft(args.draft, draft, args.staged, args.compile)
         return draft_model_drafter(draft.model, args.compile)
     if args.skip_layers is not None:
         return skip_layers_drafter(args.skip_layers, loaded, config, args.compile)
     if args.prompt_lookup is not None:
         return LookupDrafter(args.prompt_lookup, loaded.config.vocab_size, device)
     return None
+
+
+def check_staged_flag(args) -> None:
+    """--staged names where a --draft model's own drafts come from: it needs one."""
+    if args.staged is not None and args.draft is None:
+        raise UserError("--staged decodes a draft model speculatively; give it with --draft DRAFT.ckpt.")
 
 
 def drafting(args) -> bool:
@@ -122,8 +148,12 @@ def check_drafting_flags(args) -> None:
     if not drafting(args):
         return
     require_at_least(args, 1, "gamma", "prompt_lookup")
-    given = [flag for flag, value in (("--self-speculative", args.self_speculative), ("--tree", args.tree)) if value]
-    if given:
+    if args.tree is not None:
         raise UserError(
-            f"--draft, --skip-layers and --prompt-lookup replace the heads' drafts; drop {' and '.join(given)}."
+            "--draft, --skip-layers and --prompt-lookup draft chains, not a --tree of the heads; drop --tree."
+        )
+    if args.self_speculative and args.prompt_lookup is not None:
+        raise UserError(
+            "--prompt-lookup drafts one continuation, which does not combine with the heads' drafts; drop "
+            "--self-speculative (a hybrid step takes --draft or --skip-layers)."
         )

@@ -337,3 +337,43 @@ def test_staged_drafts_are_the_draft_models_own_greedy_drafts(inner, counting_ta
     assert hybrid == reference
     alone, _ = generate(model, PROMPTS[1:2], GenerationConfig(32, gamma=4), staged)
     assert alone == reference[1:2]
+
+
+def staged_tables() -> torch.Tensor:
+    """A draft with two heads: head 1 the draft of test_drafters (far from the target), head 2 proposing a+2 and a+3
+    after token a, often wrong about what head 1 samples next: inner drafts pass at some steps only."""
+    head2 = torch.full((1, 5, 5), -1e4)
+    for a in range(5):
+        head2[0, a, (a + 2) % 5], head2[0, a, (a + 3) % 5] = math.log(0.6), math.log(0.4)
+    return torch.cat([draft_tables(), head2])
+
+
+@pytest.mark.parametrize(
+    ("inner", "decoding"),
+    [("heads", {}), ("lookup", {}), ("heads", dict(temperature=0.7, top_p=0.9)), ("heads", dict(heads=3))],
+    ids=["heads", "lookup", "heads-T0.7-topp0.9", "hybrid"],
+)
+def test_staged_sampling_has_the_autoregressive_distribution(inner, decoding):
+    drafter = staged_drafter(fixed_logits_model(staged_tables() if inner == "heads" else draft_tables()), inner)
+    tables = counting_tables(3) if decoding.get("heads", 1) > 1 else None
+    tv, threshold, outside, stats = check_drafter(drafter, gamma=3, tables=tables, **decoding)
+    assert sum(stats.accepted) > 0.2 * sum(stats.drafted)
+    assert outside == 0, "sampled a continuation the target gives probability 0"
+    assert tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
+
+
+def test_staged_drafts_verified_against_their_inner_proposals_fail_the_check(monkeypatch):
+    """A negative control: the target verifies each staged draft against the law of the draft model one position
+    later (a law misaligned with its draft)."""
+    from mtp.decode import proposers
+
+    chains = proposers.StagedDrafter.draft_chains
+
+    def misaligned(self, gamma, draws):
+        tokens, probs = chains(self, gamma, draws)
+        return tokens, probs.roll(1, dims=1) if probs is not None else None
+
+    monkeypatch.setattr(proposers.StagedDrafter, "draft_chains", misaligned)
+    drafter = staged_drafter(fixed_logits_model(staged_tables()), "heads")
+    tv, threshold, outside, _ = check_drafter(drafter, gamma=3, rows=15_000)
+    assert outside > 0 or tv >= threshold, f"total variation {tv:.4f} < {threshold:.4f}"
