@@ -56,6 +56,11 @@ GGUF = "tests/interop/test_gguf.py"
 GGUF_LOGITS = f"{GGUF}::test_logits_and_ids_equal_transformers_gguf_loader[output]"
 GGUF_TIED = f"{GGUF}::test_logits_and_ids_equal_transformers_gguf_loader[tied]"
 HF_ROUND_TRIP = "tests/interop/test_hf.py::test_round_trip_gives_every_tensor_back_and_names_any_lost_one[transformer]"
+SPECTR = "tests/decode/test_spectr.py"
+SPECTR_LOSSLESS = (
+    f"{SPECTR}::test_several_sequences_of_the_heads_sample_the_autoregressive_distribution",
+    f"{SPECTR}::test_spectr_lossless_with_head_blocks",
+)
 RESUME = "tests/test_train.py::test_resume_mid_epoch_continues_the_data_order[validation1]"  # no validation save
 
 
@@ -652,8 +657,8 @@ MUTATIONS = [
     Mutation(
         "a draft model keeps one read draft more than the target accepted",
         PROPOSERS,
-        "kept = [min(n, self.read_drafts) for n in accepted]",
-        "kept = [min(n + 1, self.read_drafts) for n in accepted]",
+        "kept = [min(n, read) for n, read in zip(accepted, self.read_drafts, strict=True)]",
+        "kept = [min(n + 1, read) for n, read in zip(accepted, self.read_drafts, strict=True)]",
         DRAFTER_CACHE,
     ),
     Mutation(
@@ -673,7 +678,7 @@ MUTATIONS = [
     Mutation(
         "a drafter's proposals taken from the step's acceptance uniforms",
         LOOP,
-        "rule.layout.drafts(draws) if draws is not None else None",
+        "rule.layout.drafter(draws) if draws is not None else None",
         "draws if draws is not None else None",
         (f"{DRAFTED_LOSSLESS}[draft]",),
     ),
@@ -840,6 +845,63 @@ MUTATIONS = [
         "        if not 0 < self.top_p <= 1:",
         "        if not 0 <= self.top_p <= 1:",
         ("tests/test_cli.py::test_a_bad_decoding_setting_is_reported_under_its_flag",),
+    ),
+    # -- several draft sequences (SpecTr), hybrids, staged drafts (tests/decode/test_spectr.py)
+    Mutation(
+        "SpecTr: rho solved for one candidate whatever the number of candidates (min(1, q/p) for each of k)",
+        ACCEPTANCE,
+        "    k = k.to(target.dtype).clamp(min=1)\n    low, high",
+        "    k = torch.ones_like(k, dtype=target.dtype)\n    low, high",
+        (f"{SPECTR}::test_rho_and_residual_of_two_candidates_by_hand", *SPECTR_LOSSLESS),
+    ),
+    Mutation(
+        "SpecTr: the residual of one failed candidate after k failed ones",
+        ACCEPTANCE,
+        "(1 - (1 - beta) ** k[:, None]) / beta.clamp(min=1e-30)",
+        "(1 - (1 - beta) ** 1) / beta.clamp(min=1e-30)",
+        (f"{SPECTR}::test_one_candidate_of_k_or_the_residual_is_distributed_as_the_target", *SPECTR_LOSSLESS),
+    ),
+    Mutation(
+        "SpecTr: candidates below every node of the depth, agreeing with the accepted prefix or not",
+        ACCEPTANCE,
+        "            candidates = agrees[:, parent[nodes]] & (depth[nodes]",
+        "            candidates = agrees[:, parent[nodes]].fill_(True) & (depth[nodes]",
+        SPECTR_LOSSLESS,
+    ),
+    Mutation(
+        "SpecTr: candidates only below the accepted node, not below the nodes that agree with it",
+        ACCEPTANCE,
+        "agrees[:, nodes] = candidates & (tokens == token[:, None]) & moved[:, None]",
+        "agrees[:, nodes] = (nodes == chosen[:, None]) & moved[:, None]",
+        (f"{SPECTR}::test_spectr_takes_a_child_of_any_node_that_agrees_with_the_accepted_token",),
+    ),
+    Mutation(
+        "a draft model's k sequences drawn with one sequence's uniforms",
+        PROPOSERS,
+        "draws = draws[:, : k * gamma].reshape(B, k, gamma).reshape(B * k, gamma)",
+        "draws = draws[:, :gamma].repeat_interleave(k, dim=0)",
+        (f"{SPECTR}::test_draft_sequences_and_hybrids_sample_the_autoregressive_distribution",),
+    ),
+    Mutation(
+        "a tree's node laws read by depth though the drafter gave each node its own",
+        ACCEPTANCE,
+        "laws = self.index if self.index is not None else tree.tensors(nodes.device)",
+        "laws = tree.tensors(nodes.device)",
+        (f"{SPECTR}::test_draft_sequences_and_hybrids_sample_the_autoregressive_distribution",),
+    ),
+    Mutation(
+        "a hybrid step's drafts verified against laws in chain order, not the tree's node order",
+        PROPOSERS,
+        "law_index=self.order if probs is not None else None",
+        "law_index=None",
+        (f"{SPECTR}::test_draft_sequences_and_hybrids_sample_the_autoregressive_distribution",),
+    ),
+    Mutation(
+        "staged drafting: the draft's own drafts verified greedily when sampling",
+        PROPOSERS,
+        "self.rule = Greedy(inner, layout) if inner.greedy else Lossless(inner, layout)",
+        "self.rule = Greedy(inner, layout)",
+        (f"{SPECTR}::test_staged_sampling_has_the_autoregressive_distribution",),
     ),
 ]
 
