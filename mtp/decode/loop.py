@@ -51,11 +51,7 @@ def generate(
     check_step_fits(model.config, len(prompts), max_len, widest, nodes, device, model.tok_embeddings.weight.dtype)
     heads_tree = tree is not None and not config.gamma  # the heads draft the tree (else a drafter, or a hybrid)
     inference = InferenceModel.of(model, tree.depth + 1 if heads_tree else config.heads, config.compile)
-    proposer = drafter or HeadsProposer(inference, config)
-    if drafter is not None and config.hybrid:
-        if not isinstance(drafter, ModelDrafter):
-            raise ValueError(f"a {drafter.method} drafter does not draft beside the heads; only a model drafter does")
-        proposer = HybridProposer(drafter, HeadsProposer(inference, config))
+    proposer = _proposer(drafter, inference, config)
     stats = DecodeStats(
         rows=len(prompts), drafted=[0] * config.drafts, accepted=[0] * config.drafts,
         tree_nodes=tree.size if tree is not None else 0, acceptance_rule=rule.name, method=proposer.method,
@@ -126,6 +122,17 @@ def generate(
     stats.draft_forwards = proposer.forwards
     stats.draft_s = draft_timer.seconds()
     return rows.outputs, stats
+
+
+def _proposer(drafter: Proposer | None, inference: InferenceModel, config: GenerationConfig) -> Proposer:
+    """Who drafts: the heads, the drafter, or both in a hybrid step (a drafter with ``heads`` above 1)."""
+    if drafter is None:
+        return HeadsProposer(inference, config)
+    if not config.hybrid:
+        return drafter
+    if not isinstance(drafter, ModelDrafter):
+        raise ValueError(f"a {drafter.method} drafter does not draft beside the heads; only a model drafter does")
+    return HybridProposer(drafter, HeadsProposer(inference, config))
 
 
 class _Rows:
