@@ -45,11 +45,13 @@ def generate(
         raise ValueError("pass a drafter together with gamma > 0 (and gamma only with a drafter)")
     config.check_for(model.config, prompts)
     device, tree, rule = next(model.parameters()).device, config.tree, rule_for(config)
+    config.check_device(device)
     longest, nodes = max(map(len, prompts)), tree.size if tree is not None else 0
     max_len = config.cache_length(longest)
     widest = max(longest, 1 + (nodes or config.drafts))  # the prompt's step or a drafting step, per row
     check_step_fits(model.config, len(prompts), max_len, widest, nodes, device, model.tok_embeddings.weight.dtype)
-    inference = InferenceModel.of(model, tree.depth + 1 if tree is not None else config.heads, config.compile)
+    heads = tree.depth + 1 if tree is not None else config.heads
+    inference = InferenceModel.of(model, heads, config.compile, "auto" if drafter is not None else config.draft_dtype)
     proposer = drafter or HeadsProposer(inference, config)
     stats = DecodeStats(
         rows=len(prompts), drafted=[0] * config.drafts, accepted=[0] * config.drafts,
@@ -75,7 +77,9 @@ def generate(
         accepted, next_token, node, inputs, hidden = _verify(
             inference, cache, rule, tree, inputs, base, n_drafts, live, proposal, draws
         )
+        draft_timer.start()  # the heads draft here, inside the step; a drafter below, between steps
         proposed = proposer.draft_in_step(hidden, cache, base + accepted, inputs, next_token, draws)
+        draft_timer.stop()
         proposed = torch.full_like(accepted, config.gamma) if proposed is None else proposed
         cache.commit(inputs.size(1))
         stats.forwards, stats.row_forwards = stats.forwards + 1, stats.row_forwards + len(rows.index)

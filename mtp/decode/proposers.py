@@ -9,7 +9,8 @@
   which follows the accepted tokens: after a step it keeps the drafts it had read that the target accepted, and
   reads what it has not seen (the token after them) at the start of its next proposal.
 - :func:`layer_skip_drafter` (``method="layerskip"``): the target itself with some blocks of head 1's path skipped
-  (Draft & Verify, Zhang et al. 2023), drafting with head 1 on its own cache; it shares the target's packed weights.
+  (Draft & Verify, Zhang et al. 2023), drafting with head 1 on its own cache; it shares the target's packed weights
+  (with ``draft_dtype="int8"``, int8 copies of the blocks it runs and of its unembedding).
 - :class:`LookupDrafter` (``method="lookup"``): prompt lookup decoding (Saxena 2023): the tokens that followed
   the latest earlier occurrence of the sequence's last n-gram (n from ``ngram`` down to 1), in the prompt or the
   output so far; a continuation that reaches the end of the sequence goes on as an overlapping copy does (the
@@ -18,7 +19,9 @@
 
 Sampling with lossless acceptance: a draft is drawn from the proposer's processed distribution p (temperature, top-k,
 top-p as the target) and p is returned with it; otherwise (greedy, typical acceptance) the top-ranked tokens are
-drafted and no distribution is returned.
+drafted and no distribution is returned. With ``draft_dtype="int8"`` the heads and the model drafters compute their
+logits with int8 matrices (:mod:`mtp.decode.int8`), and p is the distribution of those logits, the one the drafts are
+drawn from.
 """
 
 from __future__ import annotations
@@ -180,7 +183,8 @@ class HeadsProposer(Proposer):
 
 class ModelDrafter(Proposer):
     """Autoregressive drafting with head 1 of an inference form (a draft model's, or the target's with blocks
-    skipped) on a KV cache of its own."""
+    skipped) on a KV cache of its own; ``config.draft_dtype`` picks the form's precision at each ``start`` (its int8
+    copy is built once)."""
 
     def __init__(self, form: InferenceModel, method: str = "draft", params: dict[str, str] | None = None) -> None:
         self.form, self.method, self._params = form, method, params or {}
@@ -198,7 +202,9 @@ class ModelDrafter(Proposer):
                 "the prompt or lower {max_new_tokens:name}.",
                 max_new_tokens=config.max_new_tokens if config is not None else None,
             )
-        self.cache = self.form.new_cache(len(prompts), max_len)
+        int8 = config is not None and config.draft_dtype == "int8"
+        self.drafting = self.form.int8_drafter() if int8 else self.form
+        self.cache = self.drafting.new_cache(len(prompts), max_len)
         self.unread = [list(p) for p in prompts]  # tokens of each row not in the cache yet
         self.held = [0] * len(prompts)  # cache positions that hold accepted tokens
         self.read_drafts = 0  # drafts the last proposal read into the cache (all but its last)
@@ -216,7 +222,7 @@ class ModelDrafter(Proposer):
         self.held = [self.held[r] for r in rows]
 
     def propose(self, gamma: int, draws: Tensor | None) -> Proposal:
-        form, cache, config = self.form, self.cache, self.config
+        form, cache, config = self.drafting, self.cache, self.config
         widths = [len(tokens) for tokens in self.unread]
         width = max(widths)
         inputs = torch.tensor([t + [0] * (width - len(t)) for t in self.unread], device=self.device)
@@ -275,6 +281,12 @@ class LookupDrafter(Proposer):
         return {"ngram": str(self.ngram)}
 
     def start(self, prompts: list[list[int]], max_len: int, config: GenerationConfig | None = None) -> None:
+        if config is not None and config.draft_dtype != "auto":
+            raise SettingError(
+                "{draft_dtype} quantizes a model's drafts, and prompt lookup drafts without a model; leave "
+                "{draft_dtype:auto} with it.",
+                draft_dtype=config.draft_dtype,
+            )
         super().start(prompts, max_len, config)
         self.tokens = [list(p) for p in prompts]
         self.follows = [{} for _ in prompts]  # n-gram -> where the tokens after its latest occurrence start

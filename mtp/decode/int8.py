@@ -1,0 +1,110 @@
+"""int8 matrices for the draft side of decoding on CPU (``draft_dtype="int8"``): each matrix stored as int8 with one
+scale per output channel, multiplied by fbgemm's dynamically quantized linear (``torch.ops.quantized.linear_dynamic``,
+what ``torch.ao.quantization.quantize_dynamic`` runs): each call quantizes its input rows to 8 bits (one scale for the
+call), multiplies in int8 with int32 sums, and rescales to float.
+
+A decoding step reads whole matrices for a few rows, so on a CPU its cost is the bytes it reads: an int8 matrix is a
+quarter of a float32 one. Kernels measured on this project's 2-core CPU (Xeon with AVX512-VNNI, torch 2.13, one
+thread, weights streamed from beyond L2, interleaved, lower-quartile of 30 calls, best of 5 rounds), in us:
+
+======================  ====  =========================  ===================  ====================  ==============
+matrix (in -> out)      rows  float32 (faster of the     fbgemm dynamic int8  ``_weight_int8pack``  ``_int_mm``,
+                              decoder's layout and       (chosen)             ``_mm`` (int8         rows quantized
+                              ``F.linear``)                                   weight, float input)  by hand
+======================  ====  =========================  ===================  ====================  ==============
+192 -> 320 (q/k/v)      1     19                         20                   36                    28
+192 -> 1024 (gate/up)   3     73                         37                   322                   61
+192 -> 8192 (unembed)   1     261                        123                  940                   277
+192 -> 8192 (unembed)   8     770                        290                  10,557                344
+576 -> 3072 (gate/up)   3     269                        142                  2,956                 420
+576 -> 49152 (unembed)  1     9,641                      1,147                28,002                5,763
+576 -> 49152 (unembed)  3     7,638                      1,296                47,637                5,710
+======================  ====  =========================  ===================  ====================  ==============
+
+fbgemm's kernel is the fastest at the rows a batch-1 step drafts from (1 to 3); oneDNN's, through the same operator,
+is 2-4x slower on the small matrices at those rows and faster only from 8 rows on the large ones (192 -> 8192 at 8
+rows: 180 us); ``torch._weight_int8pack_mm``, which keeps the input in float (half the error), has no fast CPU path
+beyond one row. On the small matrices of the
+CPU default model (d 192) int8 saves nothing: its gain is the large matrices (the unembeddings, SmolLM2-sized
+blocks). Error against float32: 1-2.5% of the output's norm (0.7% from the weights, the rest from rounding the input).
+
+The input's range is the full 8 bits where the CPU has VNNI (its int8 products sum in int32 without saturating);
+without it, 7 bits, as PyTorch's own default configuration for x86 does. Every product of these matrices is
+for drafting only: head 1's verification stays in the model's dtype, so greedy output is unchanged and sampling
+stays lossless (drafts are sampled from the int8 draft's own distribution, which is the proposal they are verified
+with).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+ENGINES = ("fbgemm", "x86", "qnnpack")
+"""Quantized engines that run per-channel dynamic linears on CPU, in order of preference (x86 routes linears to
+fbgemm, qnnpack is ARM's)."""
+
+
+def _engine() -> str:
+    supported = torch.backends.quantized.supported_engines
+    engine = next((e for e in ENGINES if e in supported), None)
+    if engine is None:
+        raise RuntimeError(f"this PyTorch build has no int8 CPU engine ({', '.join(supported)}); draft in float")
+    return engine
+
+
+def _full_input_range() -> bool:
+    """Whether inputs may use all 8 bits: only with VNNI, whose int8 products sum without int16 saturation."""
+    is_vnni = getattr(torch.cpu, "_is_vnni_supported", None)
+    return bool(is_vnni()) if is_vnni is not None else False
+
+
+class Int8Matrices:
+    """A stack of matrices (blocks, in, out), as the packed inference form keeps them, in int8 with per-output-channel
+    scales: ``self(x)`` for x (blocks, ..., in) is each block's x @ matrix, (blocks, ..., out), in x's dtype."""
+
+    def __init__(self, stacked: Tensor) -> None:
+        assert stacked.device.type == "cpu", "int8 drafting runs on CPU (GenerationConfig.check_device says so)"
+        engine, previous = _engine(), torch.backends.quantized.engine
+        self.reduce_range = not _full_input_range()
+        self.packed = []
+        try:
+            torch.backends.quantized.engine = engine  # the engine packs (and so picks the kernel); the call follows it
+            for matrix in stacked:
+                weight = matrix.T.float().contiguous()  # (out, in)
+                scales = weight.abs().amax(dim=1).clamp(min=1e-12).double() / 127  # a zero row keeps a valid scale
+                zeros = torch.zeros(weight.size(0), dtype=torch.long)
+                with warnings.catch_warnings():  # quantized tensors are deprecated; fbgemm's packing still takes them
+                    warnings.simplefilter("ignore", UserWarning)
+                    quantized = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8)
+                self.packed.append(torch.ops.quantized.linear_prepack(quantized, None))
+        finally:
+            torch.backends.quantized.engine = previous
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x (blocks, ..., in) -> (blocks, ..., out): each block's rows times its matrix, in x's dtype."""
+        rows = x.reshape(x.size(0), -1, x.size(-1)).float()
+        linear = torch.ops.quantized.linear_dynamic
+        out = [linear(part, packed, self.reduce_range) for part, packed in zip(rows, self.packed, strict=True)]
+        stacked = out[0][None] if len(out) == 1 else torch.stack(out)
+        return stacked.view(*x.shape[:-1], stacked.size(-1)).to(x.dtype)
+
+    def weights(self) -> list[Tensor]:
+        """The int8 matrices (out, in) the kernel reads (quantized ``torch.qint8`` tensors), one per block."""
+        return [torch.ops.quantized.linear_unpack(packed)[0] for packed in self.packed]
+
+    def dequantized(self) -> Tensor:
+        """The matrices (blocks, in, out) these stand for, back in float32."""
+        return torch.stack([weight.dequantize().T for weight in self.weights()])
+
+
+class Int8Unembedding:
+    """Logits (..., V) of x (..., d) through an int8 copy of an unembedding weight (V, d)."""
+
+    def __init__(self, weight: Tensor) -> None:
+        self.matrix = Int8Matrices(weight.T[None])
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.matrix(x[None])[0]
