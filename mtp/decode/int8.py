@@ -24,15 +24,16 @@ matrix (in -> out)      rows  float32 (faster of the     fbgemm dynamic int8  ``
 fbgemm's kernel is the fastest at the rows a batch-1 step drafts from (1 to 3); oneDNN's, through the same operator,
 is 2-4x slower on the small matrices at those rows and faster only from 8 rows on the large ones (192 -> 8192 at 8
 rows: 180 us); ``torch._weight_int8pack_mm``, which keeps the input in float (half the error), has no fast CPU path
-beyond one row. On the small matrices of the
-CPU default model (d 192) int8 saves nothing: its gain is the large matrices (the unembeddings, SmolLM2-sized
-blocks). Error against float32: 1-2.5% of the output's norm (0.7% from the weights, the rest from rounding the input).
+beyond one row. The gain is in the large matrices (unembeddings, SmolLM2-sized blocks): on the CPU default model's
+192-wide blocks int8 saves little, a call's fixed cost about equal to what it saves in bytes. Error against float32:
+1-2.5% of the output's norm (0.7% from the weights, the rest from rounding the input).
 
 The input's range is the full 8 bits where the CPU has VNNI (its int8 products sum in int32 without saturating);
-without it, 7 bits, as PyTorch's own default configuration for x86 does. Every product of these matrices is
-for drafting only: head 1's verification stays in the model's dtype, so greedy output is unchanged and sampling
-stays lossless (drafts are sampled from the int8 draft's own distribution, which is the proposal they are verified
-with).
+without it, 7 bits, as PyTorch's own default configuration for x86 does. Every product of these matrices is for
+drafting only: head 1's verification stays in the model's dtype, so greedy output is unchanged and sampling stays
+lossless (drafts are sampled from the int8 draft's own distribution, which is the proposal they are verified with).
+Quantized tensors, which fbgemm's packing takes, are deprecated in PyTorch 2.13 (a warning, silenced here): when they
+go, this module is the one place to change.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ import warnings
 
 import torch
 from torch import Tensor
+
+from mtp.decode.settings import SettingError
 
 ENGINES = ("fbgemm", "x86", "qnnpack")
 """Quantized engines that run per-channel dynamic linears on CPU, in order of preference (x86 routes linears to
@@ -51,7 +54,11 @@ def _engine() -> str:
     supported = torch.backends.quantized.supported_engines
     engine = next((e for e in ENGINES if e in supported), None)
     if engine is None:
-        raise RuntimeError(f"this PyTorch build has no int8 CPU engine ({', '.join(supported)}); draft in float")
+        raise SettingError(
+            f"{{draft_dtype}} needs PyTorch's int8 CPU kernels, which this build lacks (its quantized engines: "
+            f"{', '.join(supported)}); leave {{draft_dtype:auto}}.",
+            draft_dtype="int8",
+        )
     return engine
 
 

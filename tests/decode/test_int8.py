@@ -202,3 +202,14 @@ def test_int8_drafting_is_refused_where_it_means_nothing(counting_target):
     with pytest.raises(SettingError, match="int8 CPU kernels, and the model is on cuda; decode on CPU"):
         GenerationConfig(8, heads=2, **INT8).check_device(torch.device("cuda"))
     GenerationConfig(8, heads=2, **INT8).check_device(torch.device("cpu"))
+
+
+@pytest.mark.slow
+def test_compiled_decoding_with_int8_drafts_equals_autoregressive(counting_target):
+    """Compiled, the float blocks run compiled and the int8 ones eager, in one step (heads) or apart (layer skip)."""
+    reference = autoregressive(counting_target, RAGGED, 16)
+    out, _ = generate(counting_target, RAGGED, GenerationConfig(16, heads=4, compile=True, **INT8))
+    assert out == reference
+    drafter = layer_skip_drafter(counting_target, frozenset({1}), compile=True)
+    out, _ = generate(counting_target, RAGGED, GenerationConfig(16, gamma=3, compile=True, **INT8), drafter)
+    assert out == reference
