@@ -11,7 +11,11 @@ model, head count and compile setting (:meth:`InferenceModel.of`) from an :class
   head dimension and run as one batched computation;
 - norms are ``F.rms_norm``;
 - on CPU, the unembedding and the feed-forward matrices are also kept transposed, and each product picks the
-  layout that reads its weight fastest for its number of rows (:class:`Unembedding`, :func:`project`).
+  layout that reads its weight fastest for its number of rows (:class:`Unembedding`, :func:`project`);
+- with int8 drafts (``draft_dtype="int8"``, CPU), the draft side multiplies int8 copies of its matrices
+  (:mod:`mtp.decode.int8`): the draft heads' and their unembedding (:meth:`InferenceModel.with_int8_drafts`, which
+  shares the verification path and head 1's unembedding, at full precision), or a drafter's whole form
+  (:meth:`InferenceModel.int8_drafter`).
 
 One step is split where verification sits: :meth:`InferenceModel.verify` runs the trunk and head 1 over the
 step's positions and returns head 1's logits there (and the trunk output); the caller picks each row's last
