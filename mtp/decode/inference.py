@@ -555,7 +555,7 @@ def block_step(
         rows = torch.arange(B, device=x.device)
         x, y, S = x[:, rows, last, None], y[:, rows, last, None], 1  # (h, B, 1, ...)
     x, y = x.reshape(h, B * S, d), y.reshape(h, B * S, w.q_width)
-    x = x + w.wo(y) if w.int8 else torch.baddbmm(x, y, w.wo)  # x + attention
+    x = x + w.wo(y) if isinstance(w.wo, Int8Matrices) else torch.baddbmm(x, y, w.wo)  # x + attention
     gate, up = project(F.rms_norm(x, (d,), eps=eps), w.gate_up, w.gate_up_rows).chunk(2, dim=-1)
     x = x + project(F.silu(gate) * up, w.down, w.down_rows)  # x + feed-forward, (h, B S, d)
     return x.view(h, B, S, d) if last is None else x

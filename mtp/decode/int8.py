@@ -1,7 +1,7 @@
 """int8 matrices for the draft side of decoding on CPU (``draft_dtype="int8"``): each matrix stored as int8 with one
 scale per output channel, multiplied by fbgemm's dynamically quantized linear (``torch.ops.quantized.linear_dynamic``,
 what ``torch.ao.quantization.quantize_dynamic`` runs): each call quantizes its input rows to 8 bits (one scale for the
-call), multiplies in int8 with int32 sums, and rescales to float.
+call), multiplies in int8 with int32 sums, and rescales to float; a call over many rows uses the float matrix.
 
 A decoding step reads whole matrices for a few rows, so on a CPU its cost is the bytes it reads: an int8 matrix is a
 quarter of a float32 one. Kernels measured on this project's 2-core CPU (Xeon with AVX512-VNNI, torch 2.13, one
@@ -23,10 +23,21 @@ matrix (in -> out)      rows  float32 (faster of the     fbgemm dynamic int8  ``
 
 fbgemm's kernel is the fastest at the rows a batch-1 step drafts from (1 to 3); oneDNN's, through the same operator,
 is 2-4x slower on the small matrices at those rows and faster only from 8 rows on the large ones (192 -> 8192 at 8
-rows: 180 us); ``torch._weight_int8pack_mm``, which keeps the input in float (half the error), has no fast CPU path
-beyond one row. The gain is in the large matrices (unembeddings, SmolLM2-sized blocks): on the CPU default model's
-192-wide blocks int8 saves little, a call's fixed cost about equal to what it saves in bytes. Error against float32:
-1-2.5% of the output's norm (0.7% from the weights, the rest from rounding the input).
+rows: 180 us); ``torch._weight_int8pack_mm`` is 3-10x slower than float with a float input and, with a bfloat16 one,
+2-4x slower than fbgemm's (4.3 ms for the 49152-row unembedding at one row). The gain is in the large matrices
+(unembeddings, SmolLM2-sized blocks): on the CPU default model's 192-wide blocks int8 saves little, a call's fixed
+cost about equal to what it saves in bytes.
+
+What it costs in accuracy, measured on SmolLM2-135M's layer-skip draft (blocks 10, 12, .., 24 of 30 skipped; 382
+positions of 4 HumanEval prompts, one position per call as decoding steps run): the int8 draft's logits are 14% off
+the float draft's (norm of the difference over the norm) and its argmax differs at a third of the positions, yet
+where the float draft is right the int8 one mostly is too: first-draft acceptance against head 1, 0.215 greedy and
+0.181 sampled (temperature 0.8, top-p 0.95), against float's 0.228 and 0.190 (the noise of 382 positions: about 0.02).
+Rounding the inputs costs most of that error (LLM activations have outlier channels): the weight-only kernel above, its
+input in bfloat16, halves it (7%, argmax differing at 17%; acceptance 0.230 and 0.185) at 2-4x fbgemm's time. The rows
+of one call share one input scale, so one call over a whole prompt, where the first token's outlier activations sit,
+is far worse (43% off, greedy acceptance 0.157): a call over more than :data:`INT8_ROWS` rows multiplies the float
+matrices instead.
 
 The input's range is the full 8 bits where the CPU has VNNI (its int8 products sum in int32 without saturating);
 without it, 7 bits, as PyTorch's own default configuration for x86 does. Every product of these matrices is for
@@ -44,6 +55,11 @@ import torch
 from torch import Tensor
 
 from mtp.decode.settings import SettingError
+
+INT8_ROWS = 32
+"""A product over more rows than this (per matrix) multiplies the float matrix instead: such a call (a prompt's step,
+a large batch) is bound by arithmetic more than by reading weights, and its rows share one input scale, which a
+prompt's outlier rows ruin (see the module's docstring)."""
 
 ENGINES = ("fbgemm", "x86", "qnnpack")
 """Quantized engines that run per-channel dynamic linears on CPU, in order of preference (x86 routes linears to
@@ -70,7 +86,8 @@ def _full_input_range() -> bool:
 
 class Int8Matrices:
     """A stack of matrices (blocks, in, out), as the packed inference form keeps them, in int8 with per-output-channel
-    scales: ``self(x)`` for x (blocks, ..., in) is each block's x @ matrix, (blocks, ..., out), in x's dtype."""
+    scales: ``self(x)`` for x (blocks, ..., in) is each block's x @ matrix, (blocks, ..., out), in x's dtype. The float
+    stack is kept (not copied: the float form holds it) for calls over more than :data:`INT8_ROWS` rows."""
 
     def __init__(self, stacked: Tensor) -> None:
         assert stacked.device.type == "cpu", "int8 drafting runs on CPU (GenerationConfig.check_device says so)"
@@ -89,10 +106,14 @@ class Int8Matrices:
                 self.packed.append(torch.ops.quantized.linear_prepack(quantized, None))
         finally:
             torch.backends.quantized.engine = previous
+        self.full = stacked
 
     def __call__(self, x: Tensor) -> Tensor:
         """x (blocks, ..., in) -> (blocks, ..., out): each block's rows times its matrix, in x's dtype."""
-        rows = x.reshape(x.size(0), -1, x.size(-1)).float()
+        rows = x.reshape(x.size(0), -1, x.size(-1))
+        if rows.size(1) > INT8_ROWS:
+            return torch.bmm(rows, self.full).view(*x.shape[:-1], self.full.size(-1))
+        rows = rows.float()
         linear = torch.ops.quantized.linear_dynamic
         out = [linear(part, packed, self.reduce_range) for part, packed in zip(rows, self.packed, strict=True)]
         stacked = out[0][None] if len(out) == 1 else torch.stack(out)

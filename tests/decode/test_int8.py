@@ -9,7 +9,7 @@ import torch
 
 from mtp.decode import GenerationConfig, SettingError, generate
 from mtp.decode.inference import InferenceModel
-from mtp.decode.int8 import Int8Matrices, Int8Unembedding
+from mtp.decode.int8 import INT8_ROWS, Int8Matrices, Int8Unembedding
 from mtp.decode.proposers import LookupDrafter, draft_model_drafter, layer_skip_drafter
 from tests.decode.helpers import HEAD_TYPES, tiny_model, train_on_cycles
 from tests.decode.test_generate import RAGGED
@@ -190,6 +190,18 @@ def test_int8_drafter_logits_are_close_to_full_precision(method, counting_target
     full = step_logits(form, [[5, 6, 7, 8], [1, 2, 30, 4]])
     error = relative_error(step_logits(form.int8_drafter(), [[5, 6, 7, 8], [1, 2, 30, 4]]), full)
     assert 0 < error < 0.05, error
+
+
+def test_int8_products_are_close_to_float_and_many_rows_multiply_the_float_matrices():
+    stacked = torch.randn(3, 32, 48, generator=torch.Generator().manual_seed(0))
+    matrices = Int8Matrices(stacked)
+    for rows in (1, 5, INT8_ROWS):
+        x = torch.randn(3, rows, 32)
+        error = relative_error(matrices(x), torch.bmm(x, stacked))
+        assert 0 < error < 0.03, (rows, error)
+    many = torch.randn(3, INT8_ROWS + 1, 32)
+    assert torch.equal(matrices(many), torch.bmm(many, stacked))  # a prompt's step: float
+    torch.testing.assert_close(matrices.dequantized(), stacked, atol=stacked.abs().max().item() / 127, rtol=0)
 
 
 def test_int8_drafting_is_refused_where_it_means_nothing(counting_target):
