@@ -28,16 +28,17 @@ rows: 180 us); ``torch._weight_int8pack_mm`` is 3-10x slower than float with a f
 (unembeddings, SmolLM2-sized blocks): on the CPU default model's 192-wide blocks int8 saves little, a call's fixed
 cost about equal to what it saves in bytes.
 
-What it costs in accuracy, measured on SmolLM2-135M's layer-skip draft (blocks 10, 12, .., 24 of 30 skipped; 382
-positions of 4 HumanEval prompts, one position per call as decoding steps run): the int8 draft's logits are 14% off
+What it costs in accuracy, measured on SmolLM2-135M's layer-skip draft (blocks 10, 12, .., 24 of 30 skipped; 877
+positions of 8 HumanEval prompts, one position per call as decoding steps run): the int8 draft's logits are 15% off
 the float draft's (norm of the difference over the norm) and its argmax differs at a third of the positions, yet
-where the float draft is right the int8 one mostly is too: first-draft acceptance against head 1, 0.215 greedy and
-0.181 sampled (temperature 0.8, top-p 0.95), against float's 0.228 and 0.190 (the noise of 382 positions: about 0.02).
-Rounding the inputs costs most of that error (LLM activations have outlier channels): the weight-only kernel above, its
-input in bfloat16, halves it (7%, argmax differing at 17%; acceptance 0.230 and 0.185) at 2-4x fbgemm's time. The rows
-of one call share one input scale, so one call over a whole prompt, where the first token's outlier activations sit,
-is far worse (43% off, greedy acceptance 0.157): a call over more than :data:`INT8_ROWS` rows multiplies the float
-matrices instead.
+where the float draft is right the int8 one mostly is too: first-draft acceptance against head 1 0.195 greedy and
+0.164 sampled (temperature 0.8, top-p 0.95), against float's 0.208 and 0.173 at the same positions (6% and 5% fewer
+accepted). Rounding the inputs costs most of that error (LLM activations have outlier channels): the weight-only
+kernel above, its input in bfloat16, halves it (7%, argmax differing at 16%; acceptance 0.206 and 0.169), but at 2-4x
+fbgemm's time; with fbgemm the layer-skip draft's time per step halves (224 -> 114 ms, the same run), for 5-6% fewer
+first drafts accepted. The rows of one call share one input scale, so one call over a whole prompt, where the first
+token's outlier activations sit, is far worse (43% off, greedy acceptance 0.157 against 0.228, 382 positions): a call
+over more than :data:`INT8_ROWS` rows multiplies the float matrices instead.
 
 The input's range is the full 8 bits where the CPU has VNNI (its int8 products sum in int32 without saturating);
 without it, 7 bits, as PyTorch's own default configuration for x86 does. Every product of these matrices is for
