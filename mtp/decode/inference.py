@@ -388,7 +388,7 @@ class Unembeddings:
     def in_int8(self, form: InferenceModel) -> Unembeddings:
         """These heads with int8 residual layers and outputs, drafting for ``form``."""
         quantized = copy.copy(self)
-        quantized.form, quantized.outputs = form, Int8Matrices(self.outputs)
+        quantized.form, quantized.outputs = form, Int8Matrices(self.outputs, "fbgemm")  # unembeddings: see int8.py
         if self.residual is not None:
             quantized.residual = [Int8Matrices(weight) for weight in self.residual]
         return quantized
