@@ -127,6 +127,8 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
         (["--skip-layers", "1", "--self-speculative", "--temperature", "1", "--acceptance", "spectr"], "mixes two"),
         (["--prompt-lookup", "2", "--drafts-per-step", "2"], "prompt lookup drafts one continuation per row"),
         (["--self-speculative", "--acceptance", "typical", "--typical-delta", "-1"], "--typical-delta -1 must be at"),
+        (["--draft-dtype", "int8"], "--draft-dtype int8 quantizes the drafts, but --heads 1 without a drafter"),
+        (["--prompt-lookup", "2", "--draft-dtype", "int8"], "prompt lookup drafts without a model; leave --draft"),
     ],
 )
 def test_bad_flags_are_one_sentence(tiny_checkpoints, args, message):
@@ -204,6 +206,21 @@ def test_every_drafter_decodes_what_autoregressive_decoding_does(tiny_checkpoint
     assert decode.main([*argv, "--prompt-lookup", "3", *sampling]) == 0
 
 
+def test_int8_drafts_decode_what_autoregressive_decoding_does(tiny_checkpoints, capsys):
+    checkpoint = str(tiny_checkpoints["mtp4"])
+    argv = [checkpoint, "--compare", "--prompt", "def f(", "--max-new-tokens", "24", "--draft-dtype", "int8"]
+    for drafting, method in (
+        (["--self-speculative", "--batch-size", "2"], "heads"),
+        (["--draft", checkpoint, "--gamma", "3"], "draft"),
+        (["--skip-layers", "1", "--gamma", "3"], "layerskip"),
+    ):
+        assert decode.main([*argv, *drafting]) == 0
+        out = capsys.readouterr().out
+        stats = stats_of(out)
+        assert "outputs_match=yes" in out and stats["method"] == method, drafting
+        assert 0 < float(stats["draft_share"]) < 1
+
+
 def test_a_draft_on_another_tokenizer_is_refused(tiny_checkpoints, tmp_path):
     target = str(tiny_checkpoints["mtp4"])
     with pytest.raises(UserError, match="has a different tokenizer from the target's; train the draft on"):
@@ -264,6 +281,29 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
             assert r["speedup"] == 1.0 and r["forward_cost"] == 1.0
     assert "| mode | batch | method | k | tokens/forward |" in (out / "results.md").read_text()
     assert (out / "decode.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_decode_puts_int8_drafts_beside_float_ones(tiny_checkpoints, tmp_path):
+    out = tmp_path / "bench"
+    command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"])]
+    command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
+    command += ["--modes", "greedy", "--heads", "3", "--methods", "draft,layerskip,lookup", "--repeats", "1"]
+    command += ["--draft", str(tiny_checkpoints["mtp4"]), "--gammas", "2", "--skip-layers", "1,2", "--gamma", "2"]
+    command += ["--draft-dtypes", "auto,int8", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, env=run_env(), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads((out / "results.json").read_text())["results"]
+    settings = [(r["method"], r["heads"], r["draft_dtype"]) for r in rows]
+    float_rows = [("chain", 1), ("chain", 3), ("draft", 1), ("layerskip", 1), ("lookup", 1)]
+    int8_rows = [("chain", 3), ("draft", 1), ("layerskip", 1)]  # not k=1, which drafts nothing; not lookup, no model
+    assert sorted(settings) == sorted([(*s, "auto") for s in float_rows] + [(*s, "int8") for s in int8_rows])
+    for r in rows:
+        assert r["identical_outputs"] == r["prompts"] == 2  # greedy, so exact whatever the drafts' dtype
+        if r["draft_dtype"] == "int8":
+            assert r["draft_time_vs_auto"] > 0 and r["draft_ms_per_step"] > 0
+    table = (out / "results.md").read_text()
+    assert "| draft ms/step |" in table and "chain (int8 drafts)" in table
+    assert "layerskip (gamma 2, skip 1,2, int8 drafts)" in table
 
 
 def test_bench_decode_hf_peer_decodes_the_same_tokens(tiny_checkpoints, tmp_path):

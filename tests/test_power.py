@@ -50,6 +50,7 @@ TREE_LOSSLESS = (
 DRAFTERS = "tests/decode/test_drafters.py"
 DRAFTER_CACHE = (f"{DRAFTERS}::test_draft_model_proposals_follow_the_accepted_tokens",)
 DRAFTED_LOSSLESS = f"{DRAFTERS}::test_drafted_sampling_has_the_autoregressive_distribution"
+INT8 = "tests/decode/test_int8.py"
 META_LOGITS = "tests/interop/test_meta.py::test_imported_meta_checkpoint_computes_what_meta_code_computes"
 META_TOKENIZER = "tests/interop/test_meta.py::test_meta_tokenizer_converts_to_the_same_ids_and_text"
 GGUF = "tests/interop/test_gguf.py"
@@ -681,6 +682,34 @@ MUTATIONS = [
         "rule.layout.drafter(draws) if draws is not None else None",
         "draws if draws is not None else None",
         (f"{DRAFTED_LOSSLESS}[draft]",),
+    ),
+    # -- int8 drafting
+    Mutation(
+        "int8 drafts: head 1's unembedding quantized along with the draft heads' (they share it)",
+        INFERENCE,
+        "form.draft_output = self.draft_output.int8()",
+        "form.draft_output = form.head1_output = self.draft_output.int8()",
+        (
+            f"{INT8}::test_greedy_with_int8_heads_equals_autoregressive",
+            f"{INT8}::test_int8_draft_logits_are_close_to_full_precision",
+        ),
+    ),
+    Mutation(
+        "int8 blocks quantized in place: a layer-skip draft turns the target's own blocks int8",
+        INFERENCE,
+        "quantized = copy.copy(self)\n            quantized.qkv",
+        "quantized = self\n            quantized.qkv",
+        (
+            f"{INT8}::test_greedy_with_an_int8_drafter_equals_autoregressive",
+            f"{INT8}::test_int8_drafters_draft_with_int8_weights_and_leave_the_target_alone",
+        ),
+    ),
+    Mutation(
+        "an int8 drafter drafts with its float form",
+        PROPOSERS,
+        "form, cache, config = self.drafting, self.cache, self.config",
+        "form, cache, config = self.form, self.cache, self.config",
+        (f"{INT8}::test_int8_drafters_draft_with_int8_weights_and_leave_the_target_alone",),
     ),
     # -- interop
     Mutation(

@@ -94,13 +94,14 @@ def write_results(out: Path, rows: list[dict[str, Any]], setup: dict[str, Any], 
 
 def method_label(r: dict[str, Any]) -> str:
     """A row's method with its parameters: 'chain', 'tree (16 nodes)', 'draft (gamma 4)', 'layerskip (gamma 4, skip
-    2,5)', 'lookup (gamma 4, ngram 3)'."""
+    2,5)', 'lookup (gamma 4, ngram 3)', 'chain (int8 drafts)'."""
     method = r.get("method", "chain")
     params = [f"{r['sequences']} sequences"] if r.get("sequences", 1) > 1 else []
     params += [f"{r['tree_nodes']} nodes"] if r.get("tree_nodes") and not params else []
     params += [f"gamma {r['gamma']}"] if r.get("gamma") else []
     params += [f"{key} {value}" for key, value in r.get("drafter", {}).items() if key != "gamma"]
     params += ["lossy"] if method == "typical" else []
+    params += [f"{r['draft_dtype']} drafts"] if r.get("draft_dtype", "auto") != "auto" else []
     return method + (f" ({', '.join(params)})" if params else "")
 
 
@@ -119,23 +120,28 @@ def same_cell(checks: dict[str, Any]) -> str:
 
 def decode_table(rows: list[dict[str, Any]]) -> str:
     """One line per row; with output checks (greedy, batch 1), the prompts whose tokens equal autoregressive
-    decoding's, and with HumanEval prompts, pass@1."""
+    decoding's, and with HumanEval prompts, pass@1. The draft side's time per step (a drafter's proposals, or the
+    heads' part of a step) is shown with its ratio to the same setting's float drafts on an int8 row."""
     same = any("identical_outputs" in r for r in rows)
     scored = any("pass_at_1" in r for r in rows)
     extra_head = (" same tokens as k=1 |" if same else "") + (" pass@1 |" if scored else "")
     lines = [
         "| mode | batch | method | k | tokens/forward | acceptance by draft position / depth | ms/forward "
-        "| forward cost / k=1 | draft share | tokens/s | speed-up | predicted |" + extra_head,
-        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (same + scored),
+        "| forward cost / k=1 | draft share | draft ms/step | tokens/s | speed-up | predicted |" + extra_head,
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (same + scored),
     ]
     for r in rows:
         accept = ", ".join(f"{a:.2f}" for a in r["acceptance"]) or "-"
-        share = f"{r['draft_share']:.0%}" if r.get("gamma") else ""
+        drafts = bool(r.get("gamma")) or r["heads"] > 1
+        share = f"{r['draft_share']:.0%}" if drafts else ""
+        draft_ms = f"{r['draft_ms_per_step']:.3f}" if drafts and "draft_ms_per_step" in r else ""
+        draft_ms += f" ({r['draft_time_vs_auto']:.2f}x)" if "draft_time_vs_auto" in r else ""
         predicted = f"{r['predicted_speedup']:.2f}x" if "predicted_speedup" in r else ""
         extra = (f" {same_cell(r)} |" if same else "") + (f" {pass_cell(r)} |" if scored else "")
         lines.append(
             f"| {r['mode']} | {r['batch_size']} | {method_label(r)} | {r['heads']} | {r['tokens_per_forward']:.2f} | "
-            f"{accept} | {r['ms_per_forward']:.2f} | {r['forward_cost']:.2f}x | {share} | {r['tokens_per_s']:,.1f} | "
+            f"{accept} | {r['ms_per_forward']:.2f} | {r['forward_cost']:.2f}x | {share} | {draft_ms} | "
+            f"{r['tokens_per_s']:,.1f} | "
             f"{r['speedup']:.2f}x | {predicted} |" + extra
         )
     return "\n".join(lines)
@@ -189,9 +195,14 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     def x_of(r: dict[str, Any]) -> float:
         return r["gamma"] + 1 if r.get("gamma") else r["heads"]
 
-    def line(mode: str, batch_size: int, method: str) -> list[dict[str, Any]]:
+    def line(mode: str, batch_size: int, method: str) -> list[dict[str, Any]]:  # int8 drafts apart, as points
         return sorted(
-            (r for r in rows if (r["mode"], r["batch_size"], r.get("method", "chain")) == (mode, batch_size, method)),
+            (
+                r
+                for r in rows
+                if (r["mode"], r["batch_size"], r.get("method", "chain")) == (mode, batch_size, method)
+                and r.get("draft_dtype", "auto") == "auto"
+            ),
             key=x_of,
         )
 
@@ -207,10 +218,10 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
             style = dict(marker="D", markersize=5, linestyle=":", color=color)
             speed_ax.plot([x_of(r) for r in drafted], [r["speedup"] for r in drafted], **style)
             tpf_ax.plot([x_of(r) for r in drafted], [r["tokens_per_forward"] for r in drafted], **style)
-    markers = {"tree": "*", "typical": "x", "adaptive": "s", "draft": "D", "layerskip": "^", "lookup": "v"}
+    markers = {"tree": "*", "typical": "x", "adaptive": "s", "draft": "D", "layerskip": "^", "lookup": "v", "int8": "P"}
     shown = set()
-    for r in rows:  # the other methods: one point each, beside the chain's
-        method = r.get("method", "chain")
+    for r in rows:  # the other methods and int8 drafts: one point each, beside the chain's
+        method = "int8" if r.get("draft_dtype", "auto") == "int8" else r.get("method", "chain")
         if method in ("chain", "draft"):
             shown.add(method)
             continue
@@ -220,7 +231,8 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         tpf_ax.plot([x_of(r) + 0.08], [r["tokens_per_forward"]], **style, color=color)
         if method not in shown:
             shown.add(method)
-            label = method_label({**r, "drafter": {}, "gamma": 0}) if method != "tree" else "tree"
+            label = {"tree": "tree", "int8": "int8 drafts (any method)"}.get(method)
+            label = label or method_label({**r, "drafter": {}, "gamma": 0})
             handles.append(Line2D([], [], color="black", **style, label=label))
     if "draft" in shown:
         handles.append(Line2D([], [], color="black", marker="D", markersize=5, linestyle=":", label="draft model"))

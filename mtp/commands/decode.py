@@ -8,6 +8,7 @@ scripts/decode.py, or mtp-decode once installed: the same arguments).
     python scripts/decode.py CKPT --draft DRAFT.ckpt --gamma 4 --prompt "def f("   # a draft model, same tokenizer
     python scripts/decode.py CKPT --skip-layers auto --prompt "def f("            # layer-skip self-speculation
     python scripts/decode.py CKPT --prompt-lookup 3 --gamma 8 --prompt-file code.py  # prompt lookup
+    python scripts/decode.py CKPT --self-speculative --draft-dtype int8 --prompt "def f("   # int8 drafts (CPU)
     echo "import os" | python scripts/decode.py CKPT --temperature 0.8 --top-p 0.95
     python scripts/decode.py CKPT --self-speculative --prompts prompts.jsonl --online 8   # a stream, heads updated
 
@@ -55,8 +56,14 @@ from mtp.errors import UserError
 from mtp.online import OnlineHeads, OnlineSettings
 
 AUTOREGRESSIVE = {
-    "heads": 1, "tree": None, "draft_p_min": 0.0, "adaptive_drafts": False, "gamma": 0, "drafts_per_step": 1
-}  # fmt: skip
+    "heads": 1,
+    "tree": None,
+    "draft_p_min": 0.0,
+    "adaptive_drafts": False,
+    "gamma": 0,
+    "drafts_per_step": 1,
+    "draft_dtype": "auto",
+}
 """Settings that turn a decoding configuration into the autoregressive baseline of --compare."""
 TREE_NODES = 16
 """Nodes of a tree fitted with --tree auto."""
@@ -241,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     check_flags(args)
     heads = args.heads if args.heads is not None else 1  # all heads with --self-speculative, once they are known
     gamma = args.gamma if drafting(args) else 0
-    settings_from(args, GenerationConfig, heads=heads, gamma=gamma)  # every setting checked before loading
+    unknown = args.heads is None and args.self_speculative  # 2 stands in for all heads (at least 2 draft) until known
+    settings_from(args, GenerationConfig, heads=2 if unknown else heads, gamma=gamma)  # checked before loading
     device = pick_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer

@@ -11,7 +11,11 @@ model, head count and compile setting (:meth:`InferenceModel.of`) from an :class
   head dimension and run as one batched computation;
 - norms are ``F.rms_norm``;
 - on CPU, the unembedding and the feed-forward matrices are also kept transposed, and each product picks the
-  layout that reads its weight fastest for its number of rows (:class:`Unembedding`, :func:`project`).
+  layout that reads its weight fastest for its number of rows (:class:`Unembedding`, :func:`project`);
+- with int8 drafts (``draft_dtype="int8"``, CPU), the draft side multiplies int8 copies of its matrices
+  (:mod:`mtp.decode.int8`): the draft heads' and their unembedding (:meth:`InferenceModel.with_int8_drafts`, which
+  shares the verification path and head 1's unembedding, at full precision), or a drafter's whole form
+  (:meth:`InferenceModel.int8_drafter`).
 
 One step is split where verification sits: :meth:`InferenceModel.verify` runs the trunk and head 1 over the
 step's positions and returns head 1's logits there (and the trunk output); the caller picks each row's last
@@ -32,6 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mtp.decode.cache import KVCache
+from mtp.decode.int8 import Int8Matrices, Int8Unembedding
+from mtp.decode.settings import DraftDtype
 from mtp.decode.tree import DraftTree
 from mtp.model import Block, MTPModel
 
@@ -61,6 +67,13 @@ class Unembedding:
     def __init__(self, weight: Tensor) -> None:
         self.weight = weight
         self.transposed = weight.T.contiguous() if weight.device.type == "cpu" else None
+        self._int8: Int8Unembedding | None = None
+
+    def int8(self) -> Int8Unembedding:
+        """An int8 copy, for drafting (made once: forms that share this unembedding share it)."""
+        if self._int8 is None:
+            self._int8 = Int8Unembedding(self.weight)
+        return self._int8
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.transposed is None:
@@ -108,6 +121,19 @@ class PackedBlocks:
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.grouped = n_heads != n_kv_heads  # grouped-query attention
         self.q_width, self.kv_width = n_heads * head_dim, n_kv_heads * head_dim
+        self.int8, self._int8 = False, None
+
+    def in_int8(self) -> PackedBlocks:
+        """A copy of these blocks with int8 matrices, for drafting (made once: forms that share these blocks, such as
+        a layer-skip form and its target, share it); these blocks are left as they are."""
+        if self._int8 is None:
+            quantized = copy.copy(self)
+            quantized.qkv, quantized.wo = Int8Matrices(self.qkv), Int8Matrices(self.wo)
+            quantized.gate_up, quantized.down = Int8Matrices(self.gate_up), Int8Matrices(self.down)
+            quantized.gate_up_rows = quantized.down_rows = None
+            quantized.int8, quantized._int8 = True, None
+            self._int8 = quantized
+        return self._int8
 
 
 Chooser = Callable[[Tensor, int], Tensor]
@@ -145,6 +171,8 @@ class InferenceModel:
         self.compiled = compile
         self.block_indices: dict[int, Tensor] = {}  # blocks -> (blocks, 1, 1) index of a block_step's cache slots
         self.block_step = compiled_block_step() if compile else block_step
+        self.draft_dtype: DraftDtype = "auto"
+        self._variants: dict[str, InferenceModel] = {}  # the int8 forms derived from this one, built once
         self.drafter = None
         if heads > 1:
             if model.heads.reads_trunk:
@@ -155,23 +183,64 @@ class InferenceModel:
                 self.drafter = Unembeddings(model, self)
 
     @classmethod
-    def of(cls, model: MTPModel, heads: int, compile: bool = False) -> InferenceModel:
-        """The inference form of ``model`` for ``heads`` heads: built once, reused while the weights (and buffers, such
-        as a reduced draft vocabulary) stay the same (in place, same version), so repeated ``generate`` calls pay
-        neither the packing nor a recompile."""
+    def of(cls, model: MTPModel, heads: int, compile: bool = False, draft_dtype: DraftDtype = "auto") -> InferenceModel:
+        """The inference form of ``model`` for ``heads`` heads, its draft heads in ``draft_dtype``: built once, reused
+        while the weights (and buffers, such as a reduced draft vocabulary) stay the same (in place, same version), so
+        repeated ``generate`` calls pay neither the packing nor a recompile. An int8 form is derived from the
+        full-precision one (:meth:`with_int8_drafts`), whose verification path it shares."""
         weights = tuple((t.data_ptr(), t._version, t.dtype) for t in (*model.parameters(), *model.buffers()))
         built = _built.setdefault(model, {})
         key = (heads, compile)
         if key not in built or built[key][0] != weights:
             built[key] = (weights, cls(model, heads, compile))
-        return built[key][1]
+        form = built[key][1]
+        return form if draft_dtype == "auto" else form.with_int8_drafts()
+
+    def _variant(self, name: str, build: Callable[[InferenceModel], None]) -> InferenceModel:
+        """A copy of this form changed by ``build`` (in place on the copy), made once per form and ``name``."""
+        if name not in self._variants:
+            form = copy.copy(self)
+            form._variants, form.block_indices = {}, {}
+            build(form)
+            self._variants[name] = form
+        return self._variants[name]
+
+    def with_int8_drafts(self) -> InferenceModel:
+        """This form with its draft heads' matrices, and the unembedding they share, in int8 (on CPU); the path and head
+        1's unembedding, which verify, stay this form's own, at full precision, so the output does not change."""
+        assert self.drafter is not None, "a form without draft heads has nothing to draft in int8"
+
+        def quantize(form: InferenceModel) -> None:
+            form.draft_dtype = "int8"
+            if not isinstance(self.drafter, Unembeddings):  # linear and medusa heads unembed with their own outputs
+                form.draft_output = self.draft_output.int8()
+            form.drafter = self.drafter.in_int8(form)
+
+        return self._variant("int8 drafts", quantize)
+
+    def int8_drafter(self) -> InferenceModel:
+        """This form, a drafter's (a draft model's, or the target's with blocks skipped), with its path's blocks and
+        head 1's unembedding in int8 (on CPU; each packed block quantized once, whichever forms share it), and its own
+        draft heads too when it has some (a staged draft's). Its head 1 is then no longer the model's: a form that only
+        drafts."""
+
+        def quantize(form: InferenceModel) -> None:
+            form.draft_dtype = "int8"
+            form.path = [blocks.in_int8() for blocks in self.path]
+            form.head1_output = self.head1_output.int8()
+            shared = self.draft_output is self.head1_output  # no reduced draft vocabulary
+            form.draft_output = form.head1_output if shared else self.draft_output.int8()
+            if self.drafter is not None:  # a staged draft's heads, which verify nothing either
+                form.drafter = self.drafter.in_int8(form)
+
+        return self._variant("int8 drafter", quantize)
 
     def skipping(self, skip: frozenset[int]) -> InferenceModel:
         """This form without the path's blocks whose indices are in ``skip`` and without draft heads: head 1 on fewer
         blocks, a layer-skip draft (Draft & Verify). The packed weights are shared with this form, not copied."""
         form = copy.copy(self)
         form.path = [blocks for i, blocks in enumerate(self.path) if i not in skip]
-        form.heads, form.drafter, form.block_indices = 1, None, {}
+        form.heads, form.drafter, form.block_indices, form._variants = 1, None, {}, {}
         form.draft_input_depth = len(form.path)
         return form
 
@@ -264,7 +333,8 @@ class InferenceModel:
     def _blocks(
         self, w: PackedBlocks, x: Tensor, rotation: Tensor, cache: KVCache, slots: slice, last: Tensor | None = None
     ) -> Tensor:
-        """:func:`block_step` on these blocks' slice of ``cache`` (compiled, when this form is)."""
+        """:func:`block_step` on these blocks' slice of ``cache`` (compiled when this form is, unless the blocks are
+        int8: torch.compile does not see into the quantized operators)."""
         if self.compiled:  # not a view: a view's base would enter dynamo's guards and cause needless recompiles
             x = x.detach()
         blocks = slots.stop - slots.start
@@ -272,7 +342,8 @@ class InferenceModel:
             self.block_indices[blocks] = torch.arange(blocks, device=x.device)[:, None, None]
         where = (self.block_indices[blocks], cache.rows[None], cache.positions[None])
         keys, values = cache.keys[slots], cache.values[slots]
-        return self.block_step(x, w, rotation, keys, values, where, cache.span, cache.mask, self.eps, last)
+        step = block_step if w.int8 else self.block_step
+        return step(x, w, rotation, keys, values, where, cache.span, cache.mask, self.eps, last)
 
 
 class ParallelBlocks:
@@ -287,6 +358,12 @@ class ParallelBlocks:
         )
         self.cache_slots = form.heads - 1
         self.slots = slice(len(model.layers), len(model.layers) + form.heads - 1)
+
+    def in_int8(self, form: InferenceModel) -> ParallelBlocks:
+        """These heads with int8 blocks, drafting for ``form``."""
+        quantized = copy.copy(self)
+        quantized.form, quantized.blocks = form, self.blocks.in_int8()
+        return quantized
 
     def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
         form = self.form
@@ -312,14 +389,22 @@ class Unembeddings:
         else:
             self.outputs = torch.stack([(model.head_weight(k) * final_norm).T for k in heads])
 
+    def in_int8(self, form: InferenceModel) -> Unembeddings:
+        """These heads with int8 residual layers and outputs, drafting for ``form``."""
+        quantized = copy.copy(self)
+        quantized.form, quantized.outputs = form, Int8Matrices(self.outputs, "fbgemm")  # unembeddings: see int8.py
+        if self.residual is not None:
+            quantized.residual = [Int8Matrices(weight) for weight in self.residual]
+        return quantized
+
     def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
         x = hidden[torch.arange(hidden.size(0), device=hidden.device), last]  # (B, d)
         normed = F.rms_norm(x, (x.size(-1),), eps=self.form.eps).expand(self.form.heads - 1, -1, -1)  # (h, B, d)
         if self.residual is not None:
             normed = normed * self.norm_weight
             for weight in self.residual:
-                normed = normed + F.silu(torch.bmm(normed, weight))
-        return choose(self.form.full_vocab(torch.bmm(normed, self.outputs)), 0).T
+                normed = normed + F.silu(product(normed, weight))
+        return choose(self.form.full_vocab(product(normed, self.outputs)), 0).T
 
 
 class CausalChain:
@@ -352,7 +437,16 @@ class CausalChain:
 
         depths = range(2, form.heads + 1)
         self.blocks = [pack(model.heads.block(k), pack_block) for k in depths]
-        self.inputs = [pack(model.heads.causal_input(k), pack_input) for k in depths]
+        self.inputs: list[Tensor | Int8Matrices] = [pack(model.heads.causal_input(k), pack_input) for k in depths]
+
+    def in_int8(self, form: InferenceModel) -> CausalChain:
+        """These depths with int8 blocks and input matrices (a shared depth's quantized once), drafting for ``form``."""
+        quantized = copy.copy(self)
+        quantized.form, quantized.blocks = form, [blocks.in_int8() for blocks in self.blocks]
+        inputs = {id(matrix): matrix for matrix in self.inputs}
+        int8 = {key: Int8Matrices(matrix[None]) for key, matrix in inputs.items()}  # (1, 2d, d): one matrix
+        quantized.inputs = [int8[id(matrix)] for matrix in self.inputs]
+        return quantized
 
     def new_chain(self, batch_size: int, max_len: int) -> ChainCache:
         form = self.form
@@ -379,7 +473,11 @@ class CausalChain:
             embedded = F.embedding(tokens, form.embeddings)
             d = (embedded.size(-1),)
             x = torch.cat([F.rms_norm(embedded, d, eps=eps), F.rms_norm(previous, d, eps=eps)], dim=-1)
-            x = torch.matmul(x, self.inputs[k - 2])  # (B, width, d)
+            projection = self.inputs[k - 2]
+            if isinstance(projection, Int8Matrices):
+                x = projection(x[None])[0]  # (B, width, d)
+            else:
+                x = torch.matmul(x, projection)  # (B, width, d)
             rotation = form.rotations[depth_cache.rotary]
             read = held + last - positions[:, 0]  # (B,) the position each row drafts from, within the window
             if k < form.heads:  # the next depth reads this one's hidden states at every position of the window
@@ -444,7 +542,7 @@ def block_step(
     attention: returns (h, B, d).
     """
     h, B, S, d = x.shape
-    qkv = torch.bmm(F.rms_norm(x, (d,), eps=eps).view(h, B * S, d), w.qkv).view(h, B, S, -1)
+    qkv = product(F.rms_norm(x, (d,), eps=eps).view(h, B * S, d), w.qkv).view(h, B, S, -1)
     qk = rotate(qkv[..., : w.q_width + w.kv_width].unflatten(-1, (-1, w.head_dim)), rotation)
     q, k = qk.split([w.n_heads, w.n_kv_heads], dim=3)  # (h, B, S, heads, head_dim)
     block, rows, positions = where
@@ -460,19 +558,25 @@ def block_step(
     if last is not None:  # continue at one position per row
         rows = torch.arange(B, device=x.device)
         x, y, S = x[:, rows, last, None], y[:, rows, last, None], 1  # (h, B, 1, ...)
-    x = torch.baddbmm(x.reshape(h, B * S, d), y.reshape(h, B * S, w.q_width), w.wo)  # x + attention
+    x, y = x.reshape(h, B * S, d), y.reshape(h, B * S, w.q_width)
+    x = x + w.wo(y) if isinstance(w.wo, Int8Matrices) else torch.baddbmm(x, y, w.wo)  # x + attention
     gate, up = project(F.rms_norm(x, (d,), eps=eps), w.gate_up, w.gate_up_rows).chunk(2, dim=-1)
     x = x + project(F.silu(gate) * up, w.down, w.down_rows)  # x + feed-forward, (h, B S, d)
     return x.view(h, B, S, d) if last is None else x
 
 
-def project(x: Tensor, weight: Tensor, weight_rows: Tensor | None) -> Tensor:
+def product(x: Tensor, weight: Tensor | Int8Matrices) -> Tensor:
+    """x (h, M, in) @ weight (h, in, out): one ``bmm``, or each matrix's product of an int8 stack."""
+    return weight(x) if isinstance(weight, Int8Matrices) else torch.bmm(x, weight)
+
+
+def project(x: Tensor, weight: Tensor | Int8Matrices, weight_rows: Tensor | None) -> Tensor:
     """x (h, M, in) @ weight (h, in, out). On CPU, with ``weight_rows`` (the same as (h, out, in)) and several rows,
     computed as (weight_rows @ x^T)^T: BLAS then packs the few rows of x rather than the whole weight, which
     measured 1.6x faster for the 192 -> 1024 feed-forward input at 4 rows with the weight out of cache; for one
     row x @ weight is the faster one (2.3x)."""
     if weight_rows is None or x.size(1) == 1:
-        return torch.bmm(x, weight)
+        return product(x, weight)
     return torch.bmm(weight_rows, x.transpose(1, 2)).transpose(1, 2)
 
 

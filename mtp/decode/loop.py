@@ -45,12 +45,15 @@ def generate(
         raise ValueError("pass a drafter together with gamma > 0 (and gamma only with a drafter)")
     config.check_for(model.config, prompts)
     device, tree, rule = next(model.parameters()).device, config.step_tree, rule_for(config)
+    config.check_device(device)
     longest, nodes = max(map(len, prompts)), tree.size if tree is not None else 0
     max_len = config.cache_length(longest)
     widest = max(longest, 1 + (nodes or config.drafts))  # the prompt's step or a drafting step, per row
     check_step_fits(model.config, len(prompts), max_len, widest, nodes, device, model.tok_embeddings.weight.dtype)
     heads_tree = tree is not None and not config.gamma  # the heads draft the tree (else a drafter, or a hybrid)
-    inference = InferenceModel.of(model, tree.depth + 1 if heads_tree else config.heads, config.compile)
+    heads = tree.depth + 1 if heads_tree else config.heads
+    heads_dtype = config.draft_dtype if drafter is None or config.hybrid else "auto"  # the heads' drafts' precision
+    inference = InferenceModel.of(model, heads, config.compile, heads_dtype)
     proposer = _proposer(drafter, inference, config)
     stats = DecodeStats(
         rows=len(prompts), drafted=[0] * config.drafts, accepted=[0] * config.drafts,
@@ -76,7 +79,9 @@ def generate(
         accepted, next_token, node, inputs, hidden = _verify(
             inference, cache, rule, tree, inputs, base, n_drafts, live, proposal, draws
         )
+        draft_timer.start()  # the heads draft here, inside the step; a drafter below, between steps
         proposed = proposer.draft_in_step(hidden, cache, base + accepted, inputs, next_token, draws)
+        draft_timer.stop()
         proposed = torch.full_like(accepted, config.drafts) if proposed is None else proposed
         cache.commit(inputs.size(1))
         stats.forwards, stats.row_forwards = stats.forwards + 1, stats.row_forwards + len(rows.index)

@@ -9,7 +9,8 @@
   which follows the accepted tokens: after a step it keeps the drafts it had read that the target accepted, and
   reads what it has not seen (the token after them) at the start of its next proposal.
 - :func:`layer_skip_drafter` (``method="layerskip"``): the target itself with some blocks of head 1's path skipped
-  (Draft & Verify, Zhang et al. 2023), drafting with head 1 on its own cache; it shares the target's packed weights.
+  (Draft & Verify, Zhang et al. 2023), drafting with head 1 on its own cache; it shares the target's packed weights
+  (with ``draft_dtype="int8"``, int8 copies of the blocks it runs and of its unembedding).
 - :class:`LookupDrafter` (``method="lookup"``): prompt lookup decoding (Saxena 2023): the tokens that followed
   the latest earlier occurrence of the sequence's last n-gram (n from ``ngram`` down to 1), in the prompt or the
   output so far; a continuation that reaches the end of the sequence goes on as an overlapping copy does (the
@@ -18,7 +19,9 @@
 
 Sampling with lossless acceptance: a draft is drawn from the proposer's processed distribution p (temperature, top-k,
 top-p as the target) and p is returned with it; otherwise (greedy, typical acceptance) the top-ranked tokens are
-drafted and no distribution is returned.
+drafted and no distribution is returned. With ``draft_dtype="int8"`` the heads and the model drafters compute their
+logits with int8 matrices (:mod:`mtp.decode.int8`), and p is the distribution of those logits, the one the drafts are
+drawn from.
 """
 
 from __future__ import annotations
@@ -186,9 +189,10 @@ class HeadsProposer(Proposer):
 
 class ModelDrafter(Proposer):
     """Autoregressive drafting with head 1 of an inference form (a draft model's, or the target's with blocks
-    skipped) on a KV cache of its own. With ``drafts_per_step`` k > 1 it drafts k independent sequences (SpecTr's
-    draft sequences: k samples, or greedily the k likeliest first tokens each continued greedily), on k copies of
-    each row's cache made for the proposal, and the step verifies them as the tree of k chains."""
+    skipped) on a KV cache of its own; ``config.draft_dtype`` picks the form's precision at each ``start`` (its int8
+    copy is built once). With ``drafts_per_step`` k > 1 it drafts k independent sequences (SpecTr's draft sequences:
+    k samples, or greedily the k likeliest first tokens each continued greedily), on k copies of each row's cache made
+    for the proposal, and the step verifies them as the tree of k chains."""
 
     def __init__(self, form: InferenceModel, method: str = "draft", params: dict[str, str] | None = None) -> None:
         self.form, self.method, self._params = form, method, params or {}
@@ -206,7 +210,9 @@ class ModelDrafter(Proposer):
                 "the prompt or lower {max_new_tokens:name}.",
                 max_new_tokens=config.max_new_tokens if config is not None else None,
             )
-        self.cache = self.form.new_cache(len(prompts), max_len)
+        int8 = config is not None and config.draft_dtype == "int8"
+        self.drafting = self.form.int8_drafter() if int8 else self.form
+        self.cache = self.drafting.new_cache(len(prompts), max_len)
         self.unread = [list(p) for p in prompts]  # tokens of each row not in the cache yet
         self.held = [0] * len(prompts)  # cache positions that hold accepted tokens
         self.read_drafts = [0] * len(prompts)  # drafts the last proposal read into each row's cache
@@ -240,7 +246,7 @@ class ModelDrafter(Proposer):
     def draft_chains(self, gamma: int, draws: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """``drafts_per_step`` chains of ``gamma`` drafts per row, chain after chain (B, k gamma), and the law each
         draft was drawn from (B, k gamma, V) when sampling (chain i's draft j with ``draws[:, i gamma + j]``)."""
-        form, cache, config, k = self.form, self.cache, self.config, self.branches
+        form, cache, config, k = self.drafting, self.cache, self.config, self.branches
         widths = [len(tokens) for tokens in self.unread]
         width = max(widths)
         inputs = torch.tensor([t + [0] * (width - len(t)) for t in self.unread], device=self.device)
@@ -317,7 +323,7 @@ class StagedDrafter(ModelDrafter):
         width = heads - 1 if self.inner == "heads" else config.gamma  # drafts an inner step verifies at most
         layout = RandomLayout(tests=width, chain_drafts=heads - 1, tree_nodes=0)
         self.rule = Greedy(inner, layout) if inner.greedy else Lossless(inner, layout)
-        self.heads = HeadsProposer(self.form, inner) if self.inner == "heads" else None
+        self.heads = HeadsProposer(self.drafting, inner) if self.inner == "heads" else None
         if self.heads is not None:
             self.heads.start(prompts, max_len, inner)
         steps = (config.max_new_tokens + 1) * (config.gamma + 1)  # inner steps: each emits a token at least
@@ -338,7 +344,7 @@ class StagedDrafter(ModelDrafter):
             self.uniforms.keep_rows(index)
 
     def draft_chains(self, gamma: int, draws: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        form, cache, rule, B = self.form, self.cache, self.rule, len(self.unread)
+        form, cache, rule, B = self.drafting, self.cache, self.rule, len(self.unread)
         out: list[list[int]] = [[] for _ in range(B)]
         laws: list[list[Tensor]] = [[] for _ in range(B)]
         pending: list[list[int]] = [[] for _ in range(B)]  # inner drafts each row verifies next
@@ -504,6 +510,12 @@ class LookupDrafter(Proposer):
                 "and no {heads:name} above 1 with it.",
                 drafts_per_step=config.drafts_per_step,
                 heads=config.heads,
+            )
+        if config is not None and config.draft_dtype != "auto":
+            raise SettingError(
+                "{draft_dtype} quantizes a model's drafts, and prompt lookup drafts without a model; leave "
+                "{draft_dtype:auto} with it.",
+                draft_dtype=config.draft_dtype,
             )
         super().start(prompts, max_len, config)
         self.tokens = [list(p) for p in prompts]

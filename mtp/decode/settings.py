@@ -10,11 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+import torch
+
 from mtp.config import ModelConfig
 from mtp.decode.tree import DraftTree
 
 Acceptance = Literal["exact", "typical", "spectr"]
 ACCEPTANCE_RULES: tuple[str, ...] = get_args(Acceptance)
+DraftDtype = Literal["auto", "int8"]
+DRAFT_DTYPES: tuple[str, ...] = get_args(DraftDtype)
 
 
 class SettingError(ValueError):
@@ -94,6 +98,10 @@ class GenerationConfig:
     """Independent draft sequences per step (SpecTr's k): a tree of k chains, verified together; 1: one chain."""
     step_tree: DraftTree | None = field(default=None, init=False, repr=False, compare=False, metadata={"flag": False})
     """The tree a step verifies, derived from the settings (:meth:`draft_tree`); None: a chain."""
+    draft_dtype: DraftDtype = "auto"
+    """int8: the draft side (draft heads, a draft model, layer skip) multiplies int8 weights, on CPU; auto: the model's
+    dtype. Head 1 verifies at full precision, so greedy output is unchanged and sampling stays lossless; only
+    acceptance may move."""
 
     def __post_init__(self) -> None:
         """Every setting checked here, the one place that does (the command lines report these under their flags)."""
@@ -132,6 +140,16 @@ class GenerationConfig:
             )
         if self.gamma < 0:
             raise SettingError("{gamma} must be at least 1 (with a drafter) or 0 (none).", gamma=self.gamma)
+        if self.draft_dtype not in DRAFT_DTYPES:
+            dtypes = ", ".join(DRAFT_DTYPES)
+            raise SettingError(f"{{draft_dtype}} must be one of {dtypes}.", draft_dtype=self.draft_dtype)
+        if self.draft_dtype != "auto" and self.heads == 1 and not self.gamma:
+            raise SettingError(
+                "{draft_dtype} quantizes the drafts, but {heads} without a drafter drafts nothing; draft with more "
+                "heads or a drafter, or leave {draft_dtype:auto}.",
+                draft_dtype=self.draft_dtype,
+                heads=self.heads,
+            )
         if self.gamma and (self.tree is not None or self.draft_p_min > 0):
             raise SettingError(
                 "{gamma} drafts come from a drafter, which drafts chains, not a {tree:name} of the heads' candidates; "
@@ -203,6 +221,15 @@ class GenerationConfig:
     def hybrid(self) -> bool:
         """A drafter's chains and the heads' chain verified together as one tree."""
         return self.gamma > 0 and self.heads > 1
+
+    def check_device(self, device: torch.device) -> None:
+        """Whether these settings run on ``device``: int8 drafts only on CPU (:mod:`mtp.decode.int8`)."""
+        if self.draft_dtype == "int8" and device.type != "cpu":
+            raise SettingError(
+                f"{{draft_dtype}} drafts with PyTorch's int8 CPU kernels, and the model is on {device.type}; "
+                "decode on CPU, or leave {draft_dtype:auto}.",
+                draft_dtype=self.draft_dtype,
+            )
 
     def check_for(self, model: ModelConfig, prompts: list[list[int]]) -> None:
         """Whether ``model`` can decode ``prompts`` with these settings (:func:`~mtp.decode.generate` asks, and the

@@ -39,7 +39,8 @@ class DecodeStats:
     (``draft``), layer skip (``layerskip``), prompt lookup (``lookup``)."""
     method_params: dict[str, str] = field(default_factory=dict)
     draft_s: float = 0.0
-    """Wall time a drafter spent proposing (0 for the heads, whose drafts come out of the target's forward)."""
+    """Wall time spent drafting: a drafter's proposals, or the heads' part of each step (after head 1's logits: the
+    draft heads' blocks, their unembedding and the drafts' choice)."""
     draft_forwards: int = 0
     """Forwards a drafter's model ran."""
 
@@ -69,7 +70,7 @@ class DecodeStats:
 
     @property
     def draft_share(self) -> float:
-        """The share of the wall time spent in a drafter."""
+        """The share of the wall time spent drafting (:attr:`draft_s`)."""
         return self.draft_s / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
     @property
@@ -86,7 +87,7 @@ class DecodeStats:
             f"ms/forward={self.ms_per_forward:.3f} prefill_ms={1000 * self.prefill_s:.1f} "
             f"tree_nodes={self.tree_nodes} acceptance={rule} method={self.method}"
             + "".join(f" {key}={value}" for key, value in self.method_params.items())
-            + (f" draft_share={self.draft_share:.3f}" if self.method != "heads" else "")
+            + (f" draft_share={self.draft_share:.3f}" if self.drafted else "")
         )
 
     def __add__(self, other: DecodeStats) -> DecodeStats:
