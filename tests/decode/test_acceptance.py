@@ -58,7 +58,7 @@ def test_the_config_picks_the_rule():
         GenerationConfig(temperature=1.0, gamma=3),
         sampling(drafts_per_step=3, acceptance="spectr"),
         GenerationConfig(temperature=1.0, gamma=3, drafts_per_step=2),
-        GenerationConfig(temperature=1.0, gamma=3, heads=3, drafts_per_step=2, acceptance="spectr"),  # hybrid
+        GenerationConfig(temperature=1.0, gamma=3, heads=3, drafts_per_step=2),  # hybrid
     ],
     ids=["chain", "tree", "drafter", "spectr-heads", "drafter-sequences", "hybrid"],
 )

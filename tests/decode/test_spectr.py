@@ -377,3 +377,19 @@ def test_staged_drafts_verified_against_their_inner_proposals_fail_the_check(mon
     drafter = staged_drafter(fixed_logits_model(staged_tables()), "heads")
     tv, threshold, outside, _ = check_drafter(drafter, gamma=3, rows=15_000)
     assert outside > 0 or tv >= threshold, f"total variation {tv:.4f} < {threshold:.4f}"
+
+
+@pytest.mark.parametrize(
+    "decoding", [dict(drafts_per_step=2), dict(heads=3), dict(staged="heads"), dict(staged="heads", heads=3)]
+)
+def test_int8_draft_sequences_hybrids_and_staged_drafts_equal_autoregressive(decoding, counting_target, small_drafts):
+    """int8 drafts (the draft model's, its heads' when staged, the target's heads in a hybrid) propose only: greedy
+    output stays autoregressive decoding's."""
+    model = counting_target
+    reference, _ = generate(model, PROMPTS, GenerationConfig(32))
+    staged = decoding.pop("staged", None)
+    draft = small_drafts["heads"]
+    drafter = staged_drafter(draft, staged) if staged else draft_model_drafter(draft)
+    out, stats = generate(model, PROMPTS, GenerationConfig(32, gamma=3, draft_dtype="int8", **decoding), drafter)
+    assert out == reference, decoding
+    assert 0 < sum(stats.accepted) < sum(stats.drafted)
