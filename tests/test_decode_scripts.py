@@ -1,6 +1,7 @@
 """scripts/decode.py and scripts/bench_decode.py as a user runs them, on tiny checkpoints made by the framework."""
 
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -117,7 +118,11 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
         (["--prompt-lookup", "0"], "--prompt-lookup 0 must be at least 1"),
         (["--skip-layers", "6"], "--skip-layers 6 must name some but not all of the 6 blocks of head 1's path (0..5"),
         (["--skip-layers", "0,1,2,3,4,5"], "must name some but not all of the 6 blocks"),
-        (["--skip-layers", "two"], "--skip-layers 'two' must be block indices such as 2,4,5, or auto"),
+        (["--skip-layers", "two"], "--skip-layers 'two' must be blocks such as 2,4,5, sublayers such as 3a,5m"),
+        (["--skip-layers", "6a"], "--skip-layers 6a must name some but not all of the 6 blocks of head 1's path"),
+        (["--skip-layers", "0,1,2,3,4,5a,5m"], "must name some but not all of the 6 blocks"),
+        (["--skip-layers", "1,2", "--skip-sublayers"], "--skip-sublayers chooses how --skip-layers auto searches"),
+        (["--skip-layers", "auto", "--search-trials", "0"], "--search-trials 0 must be at least 1"),
         (["--self-speculative", "--prompt-lookup", "2"], "replace the heads' drafts; drop --self-speculative"),
         (["--skip-layers", "1", "--tree", "auto"], "--prompt-lookup replace the heads' drafts; drop --tree."),
         (["--prompt-lookup", "2", "--draft-p-min", "0.3"], "--gamma 4 drafts come from a drafter"),
@@ -184,8 +189,12 @@ def test_every_drafter_decodes_what_autoregressive_decoding_does(tiny_checkpoint
     for drafting, method in (
         (["--draft", checkpoint], "draft"),  # the checkpoint drafting for itself: it accepts every draft
         (["--skip-layers", "auto", "--adaptive-drafts"], "layerskip"),
+        (["--skip-layers", "auto", "--skip-sublayers", "--search-trials", "4"], "layerskip"),
+        (["--skip-layers", "0a,1m,3"], "layerskip"),
         (["--prompt-lookup", "2", "--batch-size", "2"], "lookup"),
     ):
+        if "--skip-sublayers" in drafting and importlib.util.find_spec("optuna") is None:
+            continue  # the sublayer search needs the search extra (CI installs it)
         assert decode.main([*argv, *drafting]) == 0
         out = capsys.readouterr()
         stats = stats_of(out.out)
@@ -193,8 +202,11 @@ def test_every_drafter_decodes_what_autoregressive_decoding_does(tiny_checkpoint
         assert 0 <= float(stats["draft_share"]) < 1
         if method == "draft":
             assert stats["accept"] == "1.000,1.000,1.000"
-        if method == "layerskip":
-            assert "skip-layers search" in out.err and stats["skip"]
+        if "auto" in drafting:  # the search's set, found over blocks or sublayers
+            assert "skip-layers search" in out.err and stats["skip"] and stats["search"] in out.err
+            assert stats["search"] == ("sublayers" if "--skip-sublayers" in drafting else "blocks")
+        elif method == "layerskip":
+            assert stats["skip"] == "0a,1m,3" and "search" not in stats
     sampling = ["--temperature", "0.8", "--top-p", "0.95", "--batch-size", "2"]
     assert decode.main([*argv, "--prompt-lookup", "3", *sampling]) == 0
 
