@@ -247,7 +247,17 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
     command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"])]
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1,2"]
     command += ["--methods", "tree,typical,adaptive,draft,layerskip,lookup", "--tree-nodes", "4"]
-    command += ["--draft", str(tiny_checkpoints["mtp4"]), "--gammas", "2", "--skip-layers", "1,2", "--gamma", "2"]
+    command += [
+        "--draft",
+        str(tiny_checkpoints["mtp4"]),
+        "--gammas",
+        "2",
+        "--skip-layers",
+        "1,2",
+        "0a,2m",
+        "--gamma",
+        "2",
+    ]
     result = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=run_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads((out / "results.json").read_text())["results"]
@@ -258,6 +268,10 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
     settings = {(r["mode"], r["batch_size"], r["method"], r["heads"], r["gamma"]) for r in rows}
     assert settings == {(*s, 0) for s in chains | others | typical} | drafted
     assert all(1 <= r["tree_nodes"] <= 4 for r in rows if r["method"] in ("tree", "typical"))
+    skip_sets = [
+        r["drafter"]["skip"] for r in rows if (r["mode"], r["batch_size"], r["method"]) == ("greedy", 1, "layerskip")
+    ]
+    assert skip_sets == ["1,2", "0a,2m"]  # a row per set, whole blocks and sublayers
     for r in rows:
         assert r["speedup"] > 0 and r["tokens_per_forward"] >= 1
         assert len(r["acceptance"]) == (r["gamma"] or r["heads"] - 1)
@@ -271,6 +285,28 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
             assert r["speedup"] == 1.0 and r["forward_cost"] == 1.0
     assert "| mode | batch | method | k | tokens/forward |" in (out / "results.md").read_text()
     assert (out / "decode.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeypatch):
+    """--skip-layers auto --skip-sublayers: a layerskip row for the block search's set and one for the sublayer
+    search's, per mode, each saying which search found it."""
+    pytest.importorskip("optuna", reason="the sublayer search needs the search extra: pip install -e '.[search]'")
+    monkeypatch.setattr(drafter_setup, "SEARCH_PROMPTS", 1)  # short searches
+    monkeypatch.setattr(drafter_setup, "SEARCH_NEW_TOKENS", 8)
+    bench = load_script("bench_decode")
+    args = bench.checked_args(
+        [str(tiny_checkpoints["mtp4"]), "--methods", "layerskip", "--skip-layers", "auto", "3a", "--skip-sublayers"]
+        + ["--search-trials", "3", "--gamma", "2"]
+    )
+    loaded = bench.load_checkpoint(args.checkpoint, bench.pick_device("cpu"), "float32")
+    variants = bench.method_configs(args, loaded, bench.GenerationConfig(8, heads=4), "greedy")
+    params = [drafter.params() for method, _, drafter in variants if method == "layerskip"]
+    assert [p.get("search") for p in params] == ["blocks", "sublayers", None] and params[2]["skip"] == "3a"
+    assert all(config.gamma == 2 and config.heads == 1 for _, config, _ in variants)
+    with pytest.raises(UserError, match="--skip-sublayers chooses how --skip-layers auto searches"):
+        bench.checked_args(
+            [str(tiny_checkpoints["mtp4"]), "--methods", "layerskip", "--skip-layers", "3a", "--skip-sublayers"]
+        )
 
 
 def test_bench_decode_hf_peer_decodes_the_same_tokens(tiny_checkpoints, tmp_path):
