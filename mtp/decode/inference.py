@@ -19,6 +19,9 @@ accepted position on the device; :meth:`InferenceModel.draft` then writes the dr
 every position of the step (a head block's cache needs them) but runs the rest of those blocks, the norm and the
 unembedding at that one position per row. Head 1's and the trunk's results equal the full forward's at the same
 positions; so do the draft heads' at the positions asked for (``tests/decode/test_cache.py``).
+
+A layer-skip draft (:meth:`InferenceModel.skipping`, :class:`SkippingForm`) is this form without some of the path's
+attention and MLP sublayers, on the same packed weights.
 """
 
 from __future__ import annotations
@@ -318,7 +321,6 @@ class SkippingForm(InferenceModel):
         # not InferenceModel.__init__, which packs: every attribute of the target's form, the weights included, then
         # what differs
         self.__dict__.update(form.__dict__)
-        self.skip = skip
         self.heads, self.drafter, self.block_indices = 1, None, {}
         # (blocks, their cache slots (None: attention skipped), whether the MLP runs) of each block that runs
         self.layout: list[tuple[PackedBlocks, slice | None, bool]] = []
