@@ -26,8 +26,8 @@ from mtp.model import MTPModel
 SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS, SEARCH_NEW_TOKENS = 4, 64, 32
 """--skip-layers auto decodes this many held-out prompts, of this many tokens, continued by this many."""
 SEARCH_TRIALS, SEARCH_SECONDS = 30, 600.0
-"""--skip-sublayers' trials (skip sets decoded: about a second each for the default model on 2 CPU cores), and the
-time after which neither search starts another trial or round."""
+"""--skip-sublayers' trials (each decodes the search's prompts with one set, as each of the block search's up to
+n (n + 1) / 2 sets does), and the time after which neither search starts another trial or round."""
 SKIP_PART = re.compile(rf"(\d+)([{ATTENTION}{FEED_FORWARD}]?)")
 """One item of a --skip-layers set: a block (7), its attention (3a) or its MLP (5m)."""
 

@@ -261,7 +261,8 @@ def search_sublayers(
 ) -> SearchResult:
     """Bayesian optimization over the path's sublayers (each skipped or not): Optuna's TPE sampler seeded with
     ``seed``, at most ``budget`` trials (a set suggested again counts, but is not decoded again) and about
-    ``seconds`` (the trial under way finishes). Sets that skip nothing or everything are pruned."""
+    ``seconds`` (the trial under way finishes). The first trials skip one whole block each; sets that skip nothing
+    or everything are pruned."""
     import optuna  # optional: the search extra
 
     blocks = trials.blocks
@@ -285,8 +286,12 @@ def search_sublayers(
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per trial otherwise; the new bests are logged here
     try:
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(1, budget // 3)))
+        # the block search's first round (each block skipped whole) stands in for random start-up trials, which
+        # mostly skip half of everything and accept little: the sampler starts from the sets that draft well
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(1, min(blocks, budget)))
         study = optuna.create_study(direction="minimize", sampler=sampler)
+        for block in range(blocks):
+            study.enqueue_trial({name: b == block for name, (b, _) in names})
         study.optimize(objective, n_trials=budget, timeout=seconds)
     finally:
         optuna.logging.set_verbosity(verbosity)

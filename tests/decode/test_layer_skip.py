@@ -186,21 +186,24 @@ def test_the_sublayer_search_finds_the_same_set_twice_within_its_budget(
     temperature, counting_target, search_prompts, monkeypatch
 ):
     pytest.importorskip("optuna", reason="the sublayer search needs the search extra: pip install -e '.[search]'")
-    decoded = []  # every set the searches decode
-    decode_with = skip_search_module.decode_with
+    decoded, suggested = [], []  # every set the searches decode, every set their samplers suggest
+    decode_with, call = skip_search_module.decode_with, Trials.__call__
     monkeypatch.setattr(skip_search_module, "decode_with", lambda *args: decoded.append(args[-1]) or decode_with(*args))
+    monkeypatch.setattr(Trials, "__call__", lambda self, skip: suggested.append(skip) or call(self, skip))
     config = GenerationConfig(8, temperature, gamma=3, seed=7)
-    found = []
+    found, runs = [], []
     for _ in range(2):
-        trials, before = Trials(counting_target, search_prompts, config, COSTS), len(decoded)
-        result = search_sublayers(trials, budget=8, seconds=600, seed=7, log=lambda line: None)
-        assert 1 <= result.evaluated == len(trials.seen) == len(decoded) - before <= 8  # each set decoded once
+        trials, before = Trials(counting_target, search_prompts, config, COSTS), (len(decoded), len(suggested))
+        result = search_sublayers(trials, budget=12, seconds=600, seed=7, log=lambda line: None)
+        assert 1 <= result.evaluated == len(trials.seen) == len(decoded) - before[0] <= 12  # each set decoded once
         times = {skip: trials.time_per_token(trial) for skip, trial in trials.seen.items()}
         assert times[result.skip] == min(times.values())  # the best set it decoded
         assert result.ms_per_token == pytest.approx(times[result.skip] * COSTS.step_ms)
-        found.append((result.skip, result.trial, len(trials.seen)))
+        found.append((result.skip, result.trial))
+        runs.append(suggested[before[1] :])
     assert found[0] == found[1]  # the same set, with the same counts
-    assert decoded[: len(decoded) // 2] == decoded[len(decoded) // 2 :]  # after the same sets, in the same order
+    assert runs[0] == runs[1]  # after the same suggestions, in the same order
+    assert runs[0][:3] == [sublayers_of({block}) for block in range(3)]  # starting from one whole block each
 
 
 def test_the_block_search_is_greedy_forward_selection(counting_target, search_prompts):
