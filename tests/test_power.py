@@ -691,8 +691,8 @@ MUTATIONS = [
     Mutation(
         "a block whose attention is skipped is dropped whole (its MLP not run)",
         INFERENCE,
-        "self.layout.append((blocks, None, True))",
-        "None",
+        "if attention or feed_forward:",
+        "if attention:",
         SUBLAYER_LOGITS,
     ),
     Mutation(
@@ -705,8 +705,8 @@ MUTATIONS = [
     Mutation(
         "a sublayer draft's attending blocks share one cache slot",
         INFERENCE,
-        "slice(len(self.path), len(self.path) + 1)",
-        "slice(0, 1)",
+        "slice(self.attending, self.attending + 1) if attention else None",
+        "slice(0, 1) if attention else None",
         SUBLAYER_LOGITS,
     ),
     Mutation(

@@ -322,23 +322,29 @@ class SkippingForm(InferenceModel):
         # what differs
         self.__dict__.update(form.__dict__)
         self.heads, self.drafter, self.block_indices = 1, None, {}
-        # (blocks, their cache slots (None: attention skipped), whether the MLP runs) of each block that runs
-        self.layout: list[tuple[PackedBlocks, slice | None, bool]] = []
-        self.path = []  # the blocks that run attention: one cache slot each
+        self.path = []  # the blocks that run, whole or in part
+        self.sublayers: list[tuple[slice | None, bool]] = []  # of each: its cache slot (None: no attention), its MLP
+        self.attending = 0  # blocks that run attention: the cache's slots
         for i, blocks in enumerate(form.path):
             attention, feed_forward = (i, ATTENTION) not in skip, (i, FEED_FORWARD) not in skip
-            if attention:
-                self.layout.append((blocks, slice(len(self.path), len(self.path) + 1), feed_forward))
+            if attention or feed_forward:
                 self.path.append(blocks)
-            elif feed_forward:
-                self.layout.append((blocks, None, True))
+                self.sublayers.append((slice(self.attending, self.attending + 1) if attention else None, feed_forward))
+                self.attending += attention
         self.draft_input_depth = len(self.path)
         self.feed_forward_step = compiled_step(feed_forward_step) if self.compiled else feed_forward_step
+
+    @property
+    def path_slots(self) -> slice:
+        return slice(0, self.attending)
+
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        return self._kv_cache(self.attending, batch_size, max_len)
 
     def run_path(self, tokens: Tensor, cache: KVCache) -> tuple[Tensor, Tensor]:
         rotation = self.rotations[cache.rotary]  # (B, S, head_dim / 2)
         x = F.embedding(tokens, self.embeddings)[None]  # (1, B, S, d)
-        for blocks, slots, feed_forward in self.layout:
+        for blocks, (slots, feed_forward) in zip(self.path, self.sublayers, strict=True):
             if slots is None:
                 x = self.feed_forward_step(x.detach() if self.compiled else x, blocks, self.eps)
             else:
