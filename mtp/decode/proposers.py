@@ -8,9 +8,10 @@
   tokenizer (Leviathan et al. 2023; Chen et al. 2023). It drafts gamma tokens autoregressively on its own KV cache,
   which follows the accepted tokens: after a step it keeps the drafts it had read that the target accepted, and
   reads what it has not seen (the token after them) at the start of its next proposal.
-- :func:`layer_skip_drafter` (``method="layerskip"``): the target itself with some blocks of head 1's path skipped
-  (Draft & Verify, Zhang et al. 2023), drafting with head 1 on its own cache; it shares the target's packed weights
-  (with ``draft_dtype="int8"``, int8 copies of the blocks it runs and of its unembedding).
+- :func:`layer_skip_drafter` (``method="layerskip"``): the target itself with some blocks of head 1's path, or some of
+  their attention and MLP sublayers, skipped (Draft & Verify, Zhang et al. 2023), drafting with head 1 on its own
+  cache; it shares the target's packed weights (with ``draft_dtype="int8"``, int8 copies of the blocks it runs and of
+  its unembedding).
 - :class:`LookupDrafter` (``method="lookup"``): prompt lookup decoding (Saxena 2023): the tokens that followed
   the latest earlier occurrence of the sequence's last n-gram (n from ``ngram`` down to 1), in the prompt or the
   output so far; a continuation that reaches the end of the sequence goes on as an overlapping copy does (the
@@ -26,7 +27,7 @@ drawn from.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import torch
@@ -35,7 +36,7 @@ from torch import Tensor
 
 from mtp.decode.acceptance import Greedy, Lossless, RandomLayout
 from mtp.decode.cache import KVCache
-from mtp.decode.inference import InferenceModel
+from mtp.decode.inference import ATTENTION, FEED_FORWARD, InferenceModel, Sublayer, skip_label, sublayers_of
 from mtp.decode.sampling import RowUniforms, processed_probs, sample_from, sample_many
 from mtp.decode.settings import GenerationConfig, SettingError
 from mtp.model import MTPModel
@@ -478,16 +479,21 @@ def staged_drafter(draft: MTPModel, inner: str, compile: bool = False) -> Staged
     return StagedDrafter(InferenceModel.of(draft, heads, compile), inner)
 
 
-def layer_skip_drafter(model: MTPModel, skip: frozenset[int], compile: bool = False) -> ModelDrafter:
-    """The target with the blocks ``skip`` of head 1's path (indices 0..len(model.layers) - 1: the trunk, then head
-    1's own block) skipped, drafting with head 1."""
-    blocks = len(model.layers)
-    if not skip or not skip < set(range(blocks)):
+def layer_skip_drafter(
+    model: MTPModel, skip: Iterable[int | Sublayer], compile: bool = False, params: dict[str, str] | None = None
+) -> ModelDrafter:
+    """The target with ``skip`` of head 1's path skipped, drafting with head 1: whole blocks by index (0..
+    len(model.layers) - 1: the trunk, then head 1's own block), or sublayers, (block, ATTENTION or FEED_FORWARD).
+    ``params``: more for the statistics line (how the set was found)."""
+    sublayers, blocks = sublayers_of(skip), len(model.layers)
+    every = {(block, half) for block in range(blocks) for half in (ATTENTION, FEED_FORWARD)}
+    if not sublayers or not sublayers < every:
         raise ValueError(
-            f"skip={sorted(skip)} must name some but not all of head 1's {blocks} blocks (0..{blocks - 1})"
+            f"skip={sorted(sublayers)} must name some but not all of head 1's {blocks} blocks (0..{blocks - 1}) "
+            "or of their sublayers"
         )
-    form = InferenceModel.of(model, 1, compile).skipping(skip)
-    return ModelDrafter(form, "layerskip", {"skip": ",".join(map(str, sorted(skip)))})
+    form = InferenceModel.of(model, 1, compile).skipping(sublayers)
+    return ModelDrafter(form, "layerskip", {"skip": skip_label(sublayers), **(params or {})})
 
 
 class LookupDrafter(Proposer):

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -79,7 +81,7 @@ def test_each_row_equals_decoding_it_alone(head_type):
     ):
         batch, _ = generate(model, RAGGED, config)
         for row, prompt in enumerate(RAGGED):
-            alone = GenerationConfig(**{**config.__dict__, "seed": config.seed + row})
+            alone = replace(config, seed=config.seed + row)
             assert generate(model, [prompt], alone)[0][0] == batch[row]
 
 
@@ -99,7 +101,7 @@ def test_same_seed_same_output_other_seed_other_output():
     config = GenerationConfig(max_new_tokens=20, temperature=1.0, top_k=20, heads=4, seed=1)
     first, _ = generate(model, RAGGED, config)
     assert generate(model, RAGGED, config)[0] == first
-    assert generate(model, RAGGED, GenerationConfig(**{**config.__dict__, "seed": 2}))[0] != first
+    assert generate(model, RAGGED, replace(config, seed=2))[0] != first
 
 
 def test_stats_add_up(trained_model):
