@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mtp.decode import GenerationConfig, SettingError, generate
-from mtp.decode.inference import InferenceModel
+from mtp.decode.inference import ATTENTION, FEED_FORWARD, InferenceModel
 from mtp.decode.int8 import MAX_ROWS, Int8Matrices, Int8Unembedding
 from mtp.decode.proposers import LookupDrafter, draft_model_drafter, layer_skip_drafter
 from tests.decode.helpers import HEAD_TYPES, tiny_model, train_on_cycles
@@ -51,10 +51,12 @@ def counting_target():
 def int8_drafter(method: str, target):
     if method == "draft":
         return draft_model_drafter(train_on_cycles(tiny_model(n_future=1, vocab_size=40, seed=7), steps=15))
+    if method == "sublayers":  # block 0's MLP alone (its attention skipped), blocks 1 and 2's attention alone
+        return layer_skip_drafter(target, frozenset({(0, ATTENTION), (1, FEED_FORWARD), (2, FEED_FORWARD)}))
     return layer_skip_drafter(target, frozenset({1}))
 
 
-@pytest.mark.parametrize("method", ["draft", "layerskip"])
+@pytest.mark.parametrize("method", ["draft", "layerskip", "sublayers"])
 @pytest.mark.parametrize("prompts", PROMPTS.values(), ids=PROMPTS.keys())
 def test_greedy_with_an_int8_drafter_equals_autoregressive(method, prompts, counting_target):
     reference = autoregressive(counting_target, prompts, 40)
@@ -186,7 +188,7 @@ def test_int8_draft_logits_are_close_to_full_precision(head_type):
     assert 0 < error < 0.05, error
 
 
-@pytest.mark.parametrize("method", ["draft", "layerskip"])
+@pytest.mark.parametrize("method", ["draft", "layerskip", "sublayers"])
 def test_int8_drafter_logits_are_close_to_full_precision(method, counting_target):
     form = int8_drafter(method, counting_target).form
     full = step_logits(form, [[5, 6, 7, 8], [1, 2, 30, 4]])
