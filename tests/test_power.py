@@ -710,8 +710,8 @@ MUTATIONS = [
     Mutation(
         "an int8 drafter drafts with its float form",
         PROPOSERS,
-        "form, cache, config = self.drafting, self.cache, self.config",
-        "form, cache, config = self.form, self.cache, self.config",
+        "form, cache, config, k = self.drafting, self.cache, self.config, self.branches",
+        "form, cache, config, k = self.form, self.cache, self.config, self.branches",
         (f"{INT8}::test_int8_drafters_draft_with_int8_weights_and_leave_the_target_alone",),
     ),
     # -- layer skip over sublayers, and its searches
