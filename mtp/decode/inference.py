@@ -10,8 +10,8 @@ model, head count and compile setting (:meth:`InferenceModel.of`) from an :class
 - the draft heads' blocks (heads 2..k, applied in parallel to the trunk output) are stacked along a leading
   head dimension and run as one batched computation;
 - norms are ``F.rms_norm``;
-- on CPU, the unembedding and the feed-forward matrices are also kept transposed, and each product picks the
-  layout that reads its weight fastest for its number of rows (:class:`Unembedding`, :func:`project`);
+- on CPU, the unembedding is also kept transposed, and each product picks the layout that reads its weight fastest
+  for its number of rows (:class:`Unembedding`);
 - with int8 drafts (``draft_dtype="int8"``, CPU), the draft side multiplies int8 copies of its matrices
   (:mod:`mtp.decode.int8`): the draft heads' and their unembedding (:meth:`InferenceModel.with_int8_drafts`, which
   shares the verification path and head 1's unembedding, at full precision), or a drafter's whole form
@@ -85,14 +85,19 @@ def rotary_permutation(head_dim: int) -> Tensor:
     return torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
 
 
+TRANSPOSED_ROWS = 16
+"""Up to this many rows, an unembedding on CPU multiplies by its transposed copy (see :class:`Unembedding`)."""
+
+
 class Unembedding:
     """Logits (..., V) of x (..., d) through a weight (V, d), in the layout that reads the weight fastest.
 
     A decoding step reads the whole matrix for a few rows of x, so its cost is how fast the weight streams from
-    memory, and CPU BLAS libraries stream the two layouts at very different speeds: measured on this project's
-    2-core CPU with the weight out of cache (V=8192, d=192), one row runs 3.6x faster as x @ W^T with W^T stored
-    contiguously (256 vs 931 us), while 4 rows run 2.8x faster as W @ x^T (312 vs 859 us). So on CPU both layouts
-    are kept (one more copy of the matrix) and the number of rows picks one; other devices use ``F.linear``.
+    memory, and CPU BLAS libraries stream the two layouts at different speeds: measured with torch 2.13 on this
+    project's 2-core CPU with the weight out of cache, x @ W^T with W^T stored contiguously is the faster up to 8 rows
+    (V=49152, d=576: 3.6 / 7.3 / 10.0 ms at 1 / 4 / 8 rows, against 4.3 / 13.2 / 13.3 ms as W @ x^T; V=8192, d=192:
+    146 against 239 us at 4 rows), W @ x^T from about 32 rows (311 against 443 us). So on CPU both layouts are kept
+    (one more copy of the matrix) and the number of rows picks one; other devices use ``F.linear``.
     """
 
     def __init__(self, weight: Tensor) -> None:
@@ -110,7 +115,7 @@ class Unembedding:
         if self.transposed is None:
             return F.linear(x, self.weight)
         flat = x.reshape(-1, x.size(-1))
-        if flat.size(0) == 1:
+        if flat.size(0) <= TRANSPOSED_ROWS:
             logits = torch.mm(flat, self.transposed)
         else:
             logits = torch.mm(self.weight, flat.T).T
@@ -145,10 +150,6 @@ class PackedBlocks:
         self.wo = torch.stack([a.wo.weight.T for a in attention]).contiguous()  # (blocks, n_heads head_dim, d)
         self.gate_up = torch.stack([gate_up(b) for b in blocks])
         self.down = torch.stack([b.feed_forward.w2.weight.T for b in blocks]).contiguous()  # (blocks, ffn, d)
-        # the feed-forward matrices, the largest, also as (blocks, out, in) on CPU: see `project`
-        cpu = self.gate_up.device.type == "cpu"
-        self.gate_up_rows = self.gate_up.transpose(1, 2).contiguous() if cpu else None
-        self.down_rows = self.down.transpose(1, 2).contiguous() if cpu else None
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.grouped = n_heads != n_kv_heads  # grouped-query attention
         self.q_width, self.kv_width = n_heads * head_dim, n_kv_heads * head_dim
@@ -161,7 +162,6 @@ class PackedBlocks:
             quantized = copy.copy(self)
             quantized.qkv, quantized.wo = Int8Matrices(self.qkv), Int8Matrices(self.wo)
             quantized.gate_up, quantized.down = Int8Matrices(self.gate_up), Int8Matrices(self.down)
-            quantized.gate_up_rows = quantized.down_rows = None
             quantized.int8, quantized._int8 = True, None
             self._int8 = quantized
         return self._int8
@@ -652,8 +652,8 @@ def block_step(
 
 def feed_forward_residual(x: Tensor, w: PackedBlocks, eps: float) -> Tensor:
     """x (h, M, d) plus the blocks' feed-forward (SwiGLU)."""
-    gate, up = project(F.rms_norm(x, (x.size(-1),), eps=eps), w.gate_up, w.gate_up_rows).chunk(2, dim=-1)
-    return x + project(F.silu(gate) * up, w.down, w.down_rows)
+    gate, up = product(F.rms_norm(x, (x.size(-1),), eps=eps), w.gate_up).chunk(2, dim=-1)
+    return x + product(F.silu(gate) * up, w.down)
 
 
 def feed_forward_step(x: Tensor, w: PackedBlocks, eps: float) -> Tensor:
@@ -666,16 +666,6 @@ def feed_forward_step(x: Tensor, w: PackedBlocks, eps: float) -> Tensor:
 def product(x: Tensor, weight: Tensor | Int8Matrices) -> Tensor:
     """x (h, M, in) @ weight (h, in, out): one ``bmm``, or each matrix's product of an int8 stack."""
     return weight(x) if isinstance(weight, Int8Matrices) else torch.bmm(x, weight)
-
-
-def project(x: Tensor, weight: Tensor | Int8Matrices, weight_rows: Tensor | None) -> Tensor:
-    """x (h, M, in) @ weight (h, in, out). On CPU, with ``weight_rows`` (the same as (h, out, in)) and several rows,
-    computed as (weight_rows @ x^T)^T: BLAS then packs the few rows of x rather than the whole weight, which
-    measured 1.6x faster for the 192 -> 1024 feed-forward input at 4 rows with the weight out of cache; for one
-    row x @ weight is the faster one (2.3x)."""
-    if weight_rows is None or x.size(1) == 1:
-        return product(x, weight)
-    return torch.bmm(weight_rows, x.transpose(1, 2)).transpose(1, 2)
 
 
 def rotate(x: Tensor, rotation: Tensor) -> Tensor:
