@@ -219,6 +219,7 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
             speed_ax.plot([x_of(r) for r in drafted], [r["speedup"] for r in drafted], **style)
             tpf_ax.plot([x_of(r) for r in drafted], [r["tokens_per_forward"] for r in drafted], **style)
     markers = {"tree": "*", "typical": "x", "adaptive": "s", "draft": "D", "layerskip": "^", "lookup": "v", "int8": "P"}
+    markers |= {"spectr": "h", "draft spectr": "H", "hybrid": "d", "staged": ">"}
     shown = set()
     for r in rows:  # the other methods and int8 drafts: one point each, beside the chain's
         method = "int8" if r.get("draft_dtype", "auto") == "int8" else r.get("method", "chain")
