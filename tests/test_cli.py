@@ -132,9 +132,9 @@ def test_generation_config_names_its_fields():
     with pytest.raises(ValueError, match=re.escape("typical_delta=-1 must be at least 0.")):
         GenerationConfig(typical_delta=-1.0)
     with pytest.raises(SettingError) as err:
-        GenerationConfig(max_new_tokens=4, gamma=2, heads=3)
-    assert err.value.fields == ("gamma", "heads", "tree", "draft_p_min")
-    assert "heads=1" in str(err.value)
+        GenerationConfig(max_new_tokens=4, gamma=2, heads=3, draft_p_min=0.3)
+    assert err.value.fields == ("gamma", "tree", "draft_p_min")
+    assert "draft_p_min" in str(err.value)
     assert err.value.render(cli.flag_of, " ").startswith("--gamma 2 drafts come from a drafter")
 
 
@@ -144,6 +144,8 @@ def test_every_decoding_setting_is_a_flag_of_decode_with_its_docstring_as_help()
     options = decode.build_parser()._option_string_actions
     docs = cli.attribute_docs(GenerationConfig)
     for setting in fields(GenerationConfig):
+        if not setting.metadata.get("flag", True):  # step_tree: derived from the others, not a setting
+            continue
         flag = cli.flag_of(setting.name)
         if setting.name == "eos_id":
             assert flag not in options
@@ -151,7 +153,7 @@ def test_every_decoding_setting_is_a_flag_of_decode_with_its_docstring_as_help()
             assert options[flag].dest == setting.name
             assert options[flag].help.startswith(" ".join(docs[setting.name].split()[:3]).replace("``", "")), flag
     assert options["--adaptive-drafts"].default is False and "--no-adaptive-drafts" in options
-    assert options["--acceptance"].choices == ("exact", "typical")
+    assert options["--acceptance"].choices == ("exact", "typical", "spectr")
 
 
 @dataclass
