@@ -65,6 +65,12 @@ SPECTR_LOSSLESS = (
     f"{SPECTR}::test_several_sequences_of_the_heads_sample_the_autoregressive_distribution",
     f"{SPECTR}::test_spectr_lossless_with_head_blocks",
 )
+TOP_DRAFTS_LOSSLESS = (
+    f"{LOSSLESS}[3heads_T0.7_topp0.9_top_drafts]",
+    "tests/decode/test_lossless.py::test_tree_and_adaptive_sampling_have_the_autoregressive_distribution[tree_top_drafts]",
+    "tests/decode/test_lossless.py::test_tree_and_cut_sampling_lossless_with_head_blocks[tree-causal-top_drafts]",
+    "tests/decode/test_lossless.py::test_tree_and_cut_sampling_lossless_with_head_blocks[chain-transformer-top_drafts]",
+)
 RESUME = "tests/test_train.py::test_resume_mid_epoch_continues_the_data_order[validation1]"  # no validation save
 
 
@@ -116,9 +122,30 @@ MUTATIONS = [
     Mutation(
         "residual built from the first draft's proposal instead of the rejected one's",
         ACCEPTANCE,
-        "p_first_rejected = proposals[rows, accepted.clamp(max=D - 1)]  # (B, V)",
+        "p_first_rejected = proposals[rows, first_rejected]  # (B, V)",
         "p_first_rejected = proposals[rows, 0]",
         (LOSSLESS,),
+    ),
+    Mutation(
+        "a top-ranked draft tested against half its target probability (a proposal of mass 2)",
+        ACCEPTANCE,
+        "p = torch.ones_like(q)",
+        "p = torch.full_like(q, 2.0)",
+        TOP_DRAFTS_LOSSLESS,
+    ),
+    Mutation(
+        "a rejected top-ranked draft left in the law the next token is drawn from",
+        ACCEPTANCE,
+        "return law.scatter_(1, tokens[:, None], 1.0)",
+        "return law",
+        TOP_DRAFTS_LOSSLESS,
+    ),
+    Mutation(
+        "a top-ranked tree node's one-hot proposal put on its parent's token",
+        ACCEPTANCE,
+        "proposal = laws.of(child, tree) if laws is not None else one_hot_law(token, remaining)",
+        "proposal = laws.of(child, tree) if laws is not None else one_hot_law(inputs[rows, node], remaining)",
+        TOP_DRAFTS_LOSSLESS,
     ),
     Mutation(
         "the token after the drafts reuses the first acceptance uniform",
@@ -252,8 +279,8 @@ MUTATIONS = [
     Mutation(
         "the residual after a rejection applies to a draft that was cut",
         ACCEPTANCE,
-        "law = correction_probs(target[rows, accepted], p_first_rejected, accepted < live)",
-        "law = correction_probs(target[rows, accepted], p_first_rejected, accepted < D)",
+        "law = correction_probs(after, p_first_rejected, accepted < live)",
+        "law = correction_probs(after, p_first_rejected, accepted < D)",
         TREE_LOSSLESS,
     ),
     # -- the packed inference form

@@ -76,7 +76,7 @@ from mtp.commands.drafter_setup import (
 )
 from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.decode.proposers import LookupDrafter, draft_model_drafter
-from mtp.decode.settings import DRAFT_DTYPES
+from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
 from mtp.decode.tree import read_tree
 from mtp.decode.tree_fit import fitted_tree
 from mtp.errors import UserError
@@ -129,6 +129,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the drafts' dtypes, each setting with drafts from a model run in every one: auto (the model's) and/or "
         "int8 (CPU)",
     )
+    parser.add_argument(
+        "--draft-choices",
+        default="sampled",
+        help="sampling mode: how drafts from a model are chosen, each such setting run in every one: sampled (from "
+        "their proposals) and/or top (top-ranked, one-hot proposals; both lossless)",
+    )
     add_prompt_set_flags(parser)
     add_device_flag(parser)
     add_dtype_flag(parser)
@@ -153,6 +159,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.draft_dtypes = args.draft_dtypes.split(",")
     if not set(args.draft_dtypes) <= set(DRAFT_DTYPES) or "auto" not in args.draft_dtypes:
         parser.error(f"--draft-dtypes {','.join(args.draft_dtypes)}: auto (the baseline rows) and any of int8")
+    args.draft_choices = args.draft_choices.split(",")
+    if not set(args.draft_choices) <= set(DRAFT_CHOICES) or "sampled" not in args.draft_choices:
+        parser.error(f"--draft-choices {','.join(args.draft_choices)}: sampled (the baseline rows) and any of top")
     args.methods = args.methods.split(",")
     if not set(args.methods) <= set(METHODS):
         parser.error(f"--methods {','.join(args.methods)}: each method must be one of {', '.join(METHODS)}")
@@ -215,7 +224,10 @@ def run(args: argparse.Namespace) -> None:
         for batch_size in args.batch_sizes:
             no_drafter = None
             chains = [("chain", replace(mode_chain, heads=k), no_drafter) for k in heads]
-            settings += [(mode, batch_size, *s) for s in in_draft_dtypes(chains + variants, args.draft_dtypes)]
+            entries = in_draft_dtypes(chains + variants, args.draft_dtypes)
+            if mode == "sampling":
+                entries = in_draft_choices(entries, args.draft_choices)
+            settings += [(mode, batch_size, *s) for s in entries]
     for _, batch_size, _, config, drafter in settings:  # warm-up (and, with --compile, compilation) of every shape
         generate(model, prompts[:batch_size], replace(config, max_new_tokens=4), drafter)
 
@@ -305,6 +317,20 @@ def in_draft_dtypes(entries: list[tuple], draft_dtypes: list[str]) -> list[tuple
         out.append((method, config, drafter))
         if config.heads > 1 or (config.gamma and method != "lookup"):
             out += [(method, replace(config, draft_dtype=d), drafter) for d in draft_dtypes if d != config.draft_dtype]
+    return out
+
+
+def in_draft_choices(entries: list[tuple], draft_choices: list[str]) -> list[tuple]:
+    """Sampling's (method, configuration, drafter) entries, each followed by its twins with the other ``draft_choices``
+    where it samples drafts from a model and may draft top-ranked ones instead (not SpecTr's i.i.d. sequences, not a
+    staged draft, not prompt lookup, whose drafts are top-ranked already)."""
+    out = []
+    for method, config, drafter in entries:
+        out.append((method, config, drafter))
+        if config.samples_drafts and config.acceptance == "exact" and method not in ("lookup", "staged"):
+            if config.heads > 1 or config.gamma:
+                choices = [c for c in draft_choices if c != config.draft_choice]
+                out += [(method, replace(config, draft_choice=c), drafter) for c in choices]
     return out
 
 
@@ -409,6 +435,7 @@ def result_row(mode: str, batch_size: int, method: str, config: GenerationConfig
         "sequences": config.drafts_per_step,
         "drafter": stats.method_params,
         "draft_dtype": config.draft_dtype,
+        "draft_choice": config.draft_choice,
         "draft_share": stats.draft_share,
         "draft_ms_per_step": 1000 * stats.draft_s / stats.forwards,
         "draft_ms_per_forward": 1000 * stats.draft_s / stats.draft_forwards if stats.draft_forwards else 0.0,

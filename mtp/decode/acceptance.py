@@ -12,7 +12,9 @@ drafts were sampled, the distributions they were drawn from; it never runs the m
   after a fully accepted chain from q (Leviathan et al. 2023; Chen et al. 2023). Trees: multi-candidate speculative
   sampling (SpecInfer, Miao et al. 2023): the children of the last accepted node are tried in order, child x passes
   with probability min(1, q(x)/p(x)) under the current target q, which becomes normalize(max(0, q - p)) after each
-  rejected child. The output is distributed as autoregressive sampling from head 1.
+  rejected child. The output is distributed as autoregressive sampling from head 1. Top-ranked drafts
+  (``draft_choice="top"``) come with no law: each one's proposal is itself (one-hot, :func:`one_hot_law`), so a draft
+  passes with probability q(x) and a rejected one is taken out of q.
 - :class:`SpecTr` (``acceptance="spectr"``, sampling): SpecTr's k-sequential selection (Sun et al. 2023, "SpecTr:
   Fast Speculative Decoding via Optimal Transport", Algorithm 3): a step's candidates at a depth, k i.i.d. draws from
   the proposal p, are tried in order, each passing with probability min(1, q(x) / (rho p(x))) for the smallest rho in
@@ -117,6 +119,13 @@ def typical_passes(target: Tensor, tokens: Tensor, epsilon: float, delta: float)
     entropy = -(target * target.clamp(min=1e-30).log()).sum(dim=-1)
     threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)
     return target.gather(-1, tokens[..., None]).squeeze(-1) > threshold
+
+
+def one_hot_law(tokens: Tensor, like: Tensor) -> Tensor:
+    """The proposal (B, V) of a top-ranked draft ``tokens`` (B,): all its mass on the draft itself. Under it a draft
+    passes with probability q(x) and, rejected, leaves q without x to resample from: lossless, as sampled drafts are."""
+    law = torch.zeros_like(like)
+    return law.scatter_(1, tokens[:, None], 1.0)
 
 
 def accepted_prefix(passes: Tensor) -> Tensor:
@@ -307,11 +316,18 @@ class Lossless(Rule):
         rows = torch.arange(drafts.size(0), device=drafts.device)
         target = self.target(head1)  # (B, D + 1, V)
         q = target[:, :D].gather(-1, drafts[..., None]).squeeze(-1)  # (B, D) target probability of each draft
-        p = proposals[:, :D].gather(-1, drafts[..., None]).squeeze(-1)  # its proposal probability
         present = torch.arange(D, device=drafts.device) < live[:, None]
+        if proposals is None:  # top-ranked drafts: each draft's proposal is the draft itself (one-hot)
+            p = torch.ones_like(q)
+        else:
+            p = proposals[:, :D].gather(-1, drafts[..., None]).squeeze(-1)  # its proposal probability
         accepted = accepted_prefix(accept_drafts(self.layout.acceptance(draws, 0, D), p, q) & present)
-        p_first_rejected = proposals[rows, accepted.clamp(max=D - 1)]  # (B, V)
-        law = correction_probs(target[rows, accepted], p_first_rejected, accepted < live)
+        first_rejected, after = accepted.clamp(max=D - 1), target[rows, accepted]  # (B,), (B, V)
+        if proposals is None:
+            p_first_rejected = one_hot_law(drafts[rows, first_rejected], after)
+        else:
+            p_first_rejected = proposals[rows, first_rejected]  # (B, V)
+        law = correction_probs(after, p_first_rejected, accepted < live)
         return accepted, sample_from(law, self.layout.next_token(draws))
 
     def tree(self, step, laws, draws):
@@ -333,8 +349,9 @@ class Lossless(Rule):
                 exists = (child > 0) & (child < S)
                 child = torch.where(exists, child, 0)
                 trying = descending & ~moved & exists & verified[rows, child]
-                proposal = laws.of(child, tree)  # (B, V) what this child was drawn from
                 token = inputs[rows, child]
+                # (B, V) what this child was drawn from; a top-ranked node's proposal is the node itself (one-hot)
+                proposal = laws.of(child, tree) if laws is not None else one_hot_law(token, remaining)
                 q = remaining.gather(1, token[:, None]).squeeze(1)
                 p = proposal.gather(1, token[:, None]).squeeze(1)
                 passes = sibling_passes(self.layout.acceptance(draws, test)[:, 0], remaining, q, p)

@@ -315,6 +315,12 @@ class StagedDrafter(ModelDrafter):
                 "a staged draft decodes one sequence of its own; use {drafts_per_step:1} with it.",
                 drafts_per_step=config.drafts_per_step,
             )
+        if not config.greedy and config.draft_choice == "top":
+            raise SettingError(
+                "a staged draft samples its drafts as the draft model would, and {draft_choice} asks for top-ranked "
+                "ones; use {draft_choice:sampled} with it.",
+                draft_choice=config.draft_choice,
+            )
         super().start(prompts, max_len, config)
         self.sequence = [list(p) for p in prompts]  # each row's accepted tokens: what lookup searches
         heads = self.form.heads if self.inner == "heads" else 1

@@ -19,6 +19,8 @@ Acceptance = Literal["exact", "typical", "spectr"]
 ACCEPTANCE_RULES: tuple[str, ...] = get_args(Acceptance)
 DraftDtype = Literal["auto", "int8"]
 DRAFT_DTYPES: tuple[str, ...] = get_args(DraftDtype)
+DraftChoice = Literal["sampled", "top"]
+DRAFT_CHOICES: tuple[str, ...] = get_args(DraftChoice)
 
 
 class SettingError(ValueError):
@@ -103,6 +105,10 @@ class GenerationConfig:
     dtype. Head 1 verifies at full precision, so greedy output is unchanged and sampling stays lossless; only
     acceptance may move."""
 
+    draft_choice: DraftChoice = "sampled"
+    """Sampling with exact acceptance: sampled drafts each from its proposal, or top: the top-ranked drafts (one-hot
+    proposals: a draft passes with head 1's probability of it). Both lossless."""
+
     def __post_init__(self) -> None:
         """Every setting checked here, the one place that does (the command lines report these under their flags)."""
         if self.max_new_tokens < 1:
@@ -174,6 +180,16 @@ class GenerationConfig:
                 drafts_per_step=self.drafts_per_step,
                 heads=self.heads,
             )
+        if self.draft_choice not in DRAFT_CHOICES:
+            choices = ", ".join(DRAFT_CHOICES)
+            raise SettingError(f"{{draft_choice}} must be one of {choices}.", draft_choice=self.draft_choice)
+        if self.acceptance == "spectr" and self.draft_choice == "top":
+            raise SettingError(
+                "{acceptance} selects among drafts sampled independently from one law, and {draft_choice} drafts the "
+                "top-ranked tokens; use {draft_choice:sampled} with it.",
+                acceptance=self.acceptance,
+                draft_choice=self.draft_choice,
+            )
         if self.acceptance == "spectr" and self.hybrid:
             raise SettingError(
                 "{acceptance} selects among independent drafts of one proposer, and a hybrid step ({gamma} drafts "
@@ -207,8 +223,9 @@ class GenerationConfig:
 
     @property
     def samples_drafts(self) -> bool:
-        """Drafts drawn from proposals (sampling, exact acceptance); otherwise top-ranked (greedy, typical)."""
-        return not self.greedy and not self.typical
+        """Drafts drawn from proposals (sampling, exact acceptance, sampled drafts); otherwise top-ranked (greedy,
+        typical, ``draft_choice="top"``)."""
+        return not self.greedy and not self.typical and self.draft_choice == "sampled"
 
     @property
     def drafts(self) -> int:

@@ -221,3 +221,43 @@ def test_lossless_tree_bonus_token_after_the_deepest_node_comes_from_head_1_ther
     probs = torch.tensor([[one_hot(1), one_hot(0)]])
     depth, token, path = rule.tree(step, NodeLaws(probs), draws_for(rule, [0.5, 0.5, 0.5], 0.99))
     assert (depth.item(), path[0].tolist(), token.item()) == (2, [0, 1, 3], 3)  # after node 3: uniform 0.99 -> 3
+
+
+# -- top-ranked drafts under lossless sampling (draft_choice="top"): no proposal law, each draft's is itself (one-hot)
+def test_lossless_chain_of_top_drafts_passes_each_with_its_target_probability():
+    # draft 1 (token 1) at q = 0.6: uniform 0.59 passes, 0.61 fails
+    targets = [[0.1, 0.6, 0.3, 0.0], one_hot(2), one_hot(3), one_hot(0), [0.1, 0.2, 0.3, 0.4]]
+    rule = rule_for(sampling(draft_choice="top"))
+    accepted, token = rule.chain(logits(*targets), CHAIN, torch.tensor([4]), None, draws_for(rule, [0.59] * 4, 0.35))
+    assert (accepted.item(), token.item()) == (4, 2)  # all passed: the bonus token from the target after draft 4
+    # rejected: the next token from q without the draft, (0.25, 0, 0.75, 0): uniform 0.2 gives 0, 0.3 gives 2 (never 1)
+    for uniform, expected in ((0.2, 0), (0.3, 2), (0.99, 2)):
+        draws = draws_for(rule, [0.61, 0.0, 0.0, 0.0], uniform)
+        accepted, token = rule.chain(logits(*targets), CHAIN, torch.tensor([4]), None, draws)
+        assert (accepted.item(), token.item()) == (0, expected), uniform
+
+
+def test_lossless_chain_of_top_drafts_accepts_2_of_4_and_never_resamples_the_rejected_draft():
+    targets = [one_hot(1), one_hot(2), [0.5, 0.0, 0.0, 0.5], HALVES, HALVES]  # draft 3 (token 3) at q = 0.5
+    rule = rule_for(sampling(draft_choice="top"))
+    for uniform in (0.0, 0.5, 0.999):  # the residual after rejecting 3 is one-hot on 0, whatever the uniform
+        draws = draws_for(rule, [0.999, 0.999, 0.5, 0.0], uniform)
+        accepted, token = rule.chain(logits(*targets), CHAIN, torch.tensor([4]), None, draws)
+        assert (accepted.item(), token.item()) == (2, 0)
+    # cut after 2 drafts: the token after them comes from the target itself, 3 included
+    draws = draws_for(rule, [0.999, 0.999, 0.5, 0.0], 0.999)
+    accepted, token = rule.chain(logits(*targets), CHAIN, torch.tensor([2]), None, draws)
+    assert (accepted.item(), token.item()) == (2, 3)
+
+
+def test_lossless_tree_of_top_drafts_tries_the_next_sibling_without_the_rejected_one():
+    """Node 1 (token 1, q = 0.5) is rejected (uniform 0.6); the target becomes q without token 1, renormalized:
+    node 2 (token 2, q = 0.3 -> 0.6) passes at uniform 0.55 and would fail at 0.65."""
+    rule = rule_for(sampling(tree=TREE, heads=3, draft_choice="top"))
+    q_root = [0.2, 0.5, 0.3, 0.0]
+    for uniform, expected in ((0.55, (2, [0, 2, 4])), (0.65, (0, [0, 0, 0]))):
+        step = tree_step([0, 1, 2, 0, 3], [q_root, HALVES, one_hot(3), HALVES, HALVES])
+        depth, token, path = rule.tree(step, None, draws_for(rule, [0.6, uniform, 0.0], 0.5))
+        assert (depth.item(), path[0].tolist()) == expected, uniform
+    # both depth-1 nodes rejected: the next token from q without tokens 1 and 2, one-hot on 0
+    assert token.item() == 0

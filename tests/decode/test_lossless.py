@@ -115,6 +115,7 @@ CASES = {
     "3heads_T0.7_topp0.9": dict(heads=3, temperature=0.7, top_p=0.9),
     "3heads_T1.5_topk2": dict(heads=3, temperature=1.5, top_k=2),
     "4heads": dict(heads=4),
+    "3heads_T0.7_topp0.9_top_drafts": dict(heads=3, temperature=0.7, top_p=0.9, draft_choice="top"),
 }
 
 
@@ -240,6 +241,7 @@ DRAFTING = {
     "tree": dict(heads=4, tree=TREE),
     "tree_T0.7_topp0.9": dict(heads=4, temperature=0.7, top_p=0.9, tree=TREE),
     "chain_adaptive": dict(heads=4, adaptive_drafts=True),
+    "tree_top_drafts": dict(heads=4, tree=TREE, draft_choice="top"),
 }
 
 
@@ -287,6 +289,8 @@ REAL_MODEL_DRAFTING = {
     "tree-causal": ("causal", dict(tree=DraftTree([(0,), (1,), (0, 0), (0, 1)]))),
     "tree-p_min": ("medusa", dict(tree=DraftTree([(0,), (1,), (0, 0), (1, 0)]), draft_p_min=0.4)),
     "chain-p_min": ("medusa", dict(draft_p_min=0.4)),
+    "tree-causal-top_drafts": ("causal", dict(tree=DraftTree([(0,), (1,), (0, 0), (0, 1)]), draft_choice="top")),
+    "chain-transformer-top_drafts": ("transformer", dict(draft_choice="top")),
 }
 
 

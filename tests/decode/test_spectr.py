@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from mtp.decode import GenerationConfig, generate
+from mtp.decode import GenerationConfig, SettingError, generate
 from mtp.decode import acceptance as acceptance_module
 from mtp.decode.acceptance import NodeLaws, SpecTr, TreeVerification, rule_for, spectr_residual, spectr_rho
 from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter, staged_drafter
@@ -143,6 +143,10 @@ def test_bad_settings_of_several_drafts_are_refused():
         GenerationConfig(temperature=1.0, gamma=2, heads=3, acceptance="spectr")
     with pytest.raises(ValueError, match="acceptance=other must be one of exact, typical, spectr"):
         GenerationConfig(heads=3, acceptance="other")
+    with pytest.raises(ValueError, match="draft_choice=top drafts the top-ranked tokens; use draft_choice=sampled"):
+        GenerationConfig(temperature=1.0, heads=3, drafts_per_step=2, acceptance="spectr", draft_choice="top")
+    with pytest.raises(ValueError, match="draft_choice=best must be one of sampled, top"):
+        GenerationConfig(heads=3, draft_choice="best")
 
 
 # -- greedy: every way of drafting several sequences decodes autoregressive decoding's tokens
@@ -393,3 +397,10 @@ def test_int8_draft_sequences_hybrids_and_staged_drafts_equal_autoregressive(dec
     out, stats = generate(model, PROMPTS, GenerationConfig(32, gamma=3, draft_dtype="int8", **decoding), drafter)
     assert out == reference, decoding
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
+
+
+def test_a_staged_draft_refuses_top_ranked_drafts_when_sampling():
+    drafter = staged_drafter(fixed_logits_model(staged_tables()), "heads")
+    config = GenerationConfig(4, temperature=1.0, gamma=3, draft_choice="top")
+    with pytest.raises(SettingError, match="a staged draft samples its drafts .* use draft_choice=sampled with it"):
+        generate(fixed_logits_model(counting_tables(1)), [[1, 2]], config, drafter)
