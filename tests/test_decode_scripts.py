@@ -338,15 +338,18 @@ def test_bench_decode_puts_top_ranked_drafts_beside_sampled_ones(tiny_checkpoint
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
     command += ["--modes", "greedy,sampling", "--heads", "3", "--methods", "draft,spectr,lookup", "--repeats", "1"]
     command += ["--draft", str(tiny_checkpoints["mtp4"]), "--gammas", "2", "--gamma", "2", "--sequences", "2"]
-    command += ["--draft-choices", "sampled,top", "--out", str(out)]
+    command += ["--draft-choices", "auto,sampled,top", "--out", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, env=run_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads((out / "results.json").read_text())["results"]
-    tops = sorted((r["mode"], r["method"], r["heads"]) for r in rows if r["draft_choice"] == "top")
-    # sampling only; not k=1 (no drafts), SpecTr (i.i.d. samples) or lookup (top-ranked already)
-    assert tops == [("sampling", "chain", 3), ("sampling", "draft", 1)]
+    for choice in ("top", "sampled"):
+        twins = sorted((r["mode"], r["method"], r["heads"]) for r in rows if r["draft_choice"] == choice)
+        # sampling only; not k=1 (no drafts), SpecTr (i.i.d. samples) or lookup (top-ranked already)
+        assert twins == [("sampling", "chain", 3), ("sampling", "draft", 1)], choice
     table = (out / "results.md").read_text()
-    assert "chain (top drafts)" in table and "draft (gamma 2, top drafts)" in table
+    assert (
+        "chain (top drafts)" in table and "draft (gamma 2, top drafts)" in table and "chain (sampled drafts)" in table
+    )
 
 
 def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeypatch):

@@ -65,6 +65,7 @@ SPECTR_LOSSLESS = (
     f"{SPECTR}::test_several_sequences_of_the_heads_sample_the_autoregressive_distribution",
     f"{SPECTR}::test_spectr_lossless_with_head_blocks",
 )
+BOUNDED = "tests/decode/test_acceptance.py::test_bounded_chain_tests_decide_as_the_processed_distributions_do"
 TOP_DRAFTS_LOSSLESS = (
     f"{LOSSLESS}[3heads_T0.7_topp0.9_top_drafts]",
     "tests/decode/test_lossless.py::test_tree_and_adaptive_sampling_have_the_autoregressive_distribution[tree_top_drafts]",
@@ -129,8 +130,8 @@ MUTATIONS = [
     Mutation(
         "a top-ranked draft tested against half its target probability (a proposal of mass 2)",
         ACCEPTANCE,
-        "p = torch.ones_like(q)",
-        "p = torch.full_like(q, 2.0)",
+        "p = torch.ones(drafts.shape, device=drafts.device)",
+        "p = torch.full(drafts.shape, 2.0, device=drafts.device)",
         TOP_DRAFTS_LOSSLESS,
     ),
     Mutation(
@@ -146,6 +147,41 @@ MUTATIONS = [
         "proposal = laws.of(child, tree) if laws is not None else one_hot_law(token, remaining)",
         "proposal = laws.of(child, tree) if laws is not None else one_hot_law(inputs[rows, node], remaining)",
         TOP_DRAFTS_LOSSLESS,
+    ),
+    Mutation(
+        "a bounded test passes a draft outside head 1's nucleus",
+        ACCEPTANCE,
+        "surely_passes = inside & accept_drafts(uniforms, proposal, sx)",
+        "surely_passes = accept_drafts(uniforms, proposal, sx)",
+        (LOSSLESS, BOUNDED),
+    ),
+    Mutation(
+        "a bounded test takes the nucleus' mass as 1 when deciding a failure",
+        ACCEPTANCE,
+        "surely_fails = ~inside | ~accept_drafts(uniforms, proposal, sx / torch.clamp(above + sx, min=top_p))",
+        "surely_fails = ~inside | ~accept_drafts(uniforms, proposal, sx)",
+        (LOSSLESS, BOUNDED),
+    ),
+    Mutation(
+        "an undecided bounded test taken as a failure instead of falling back",
+        ACCEPTANCE,
+        "    if (undecided & (all_passed_before > 0)).any():\n        return None",
+        "    if False:\n        return None",
+        (BOUNDED,),
+    ),
+    Mutation(
+        "the law after the accepted drafts read after the first draft whatever was accepted",
+        ACCEPTANCE,
+        "else self.target(head1[rows, accepted])",
+        "else self.target(head1[rows, accepted.clamp(max=0)])",
+        (LOSSLESS,),
+    ),
+    Mutation(
+        "tempered drafts drawn from the law with top-p (a law that is not the one returned)",
+        "mtp/decode/settings.py",
+        "return 1.0 if self.draft_choice == \"tempered\" or auto_tempered else self.top_p",
+        "return self.top_p",
+        ("tests/decode/test_lossless.py::test_sampled_drafts_come_from_the_law_the_choice_names",),
     ),
     Mutation(
         "the token after the drafts reuses the first acceptance uniform",

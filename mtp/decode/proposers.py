@@ -18,9 +18,10 @@
   sequence repeats with the match's period), so repetitive text drafts gamma tokens, not one. No model; its
   proposal is the drafted token itself (one-hot), so sampling stays lossless.
 
-Sampling with lossless acceptance: a draft is drawn from the proposer's processed distribution p (temperature, top-k,
-top-p as the target) and p is returned with it; otherwise (greedy, typical acceptance) the top-ranked tokens are
-drafted and no distribution is returned. With ``draft_dtype="int8"`` the heads and the model drafters compute their
+Sampling with lossless acceptance: a draft is drawn from the proposer's processed distribution p (temperature and
+top-k as the target, top-p too with ``draft_choice="sampled"``; not with ``tempered``, auto's for heads on CPU) and p is
+returned with it; otherwise (greedy, typical acceptance, ``draft_choice="top"``) the top-ranked tokens are drafted and
+no distribution is returned. With ``draft_dtype="int8"`` the heads and the model drafters compute their
 logits with int8 matrices (:mod:`mtp.decode.int8`), and p is the distribution of those logits, the one the drafts are
 drawn from.
 """
@@ -177,9 +178,10 @@ class HeadsProposer(Proposer):
         return live
 
     def processed(self, logits: Tensor) -> Tensor:
-        """The law a head's draft is sampled from: its distribution, processed exactly as the target is."""
+        """The law a head's draft is sampled from: its distribution after the target's temperature and top-k, and its
+        top-p unless the drafts are tempered (:meth:`GenerationConfig.proposal_top_p`)."""
         config = self.config
-        return processed_probs(logits, config.temperature, config.top_k, config.top_p)
+        return processed_probs(logits, config.temperature, config.top_k, config.proposal_top_p(logits.device))
 
     def keep_rows(self, rows: list[int], index: Tensor) -> None:
         self.pending = self.pending.rows(index, rows)
@@ -271,7 +273,8 @@ class ModelDrafter(Proposer):
                 logits = form.verify(drafts[-1][:, None], branches)[0][:, 0]
                 branches.commit(1)
             if self.sampled:
-                proposals.append(processed_probs(logits, config.temperature, config.top_k, config.top_p))
+                top_p = config.proposal_top_p(logits.device, heads=False)
+                proposals.append(processed_probs(logits, config.temperature, config.top_k, top_p))
                 drafts.append(sample_from(proposals[-1], draws[:, j]))
             elif j == 0 and k > 1:  # greedy chains start from the k likeliest tokens
                 drafts.append(logits.view(B, k, -1)[:, 0].topk(k, dim=-1).indices.reshape(B * k))
@@ -315,10 +318,10 @@ class StagedDrafter(ModelDrafter):
                 "a staged draft decodes one sequence of its own; use {drafts_per_step:1} with it.",
                 drafts_per_step=config.drafts_per_step,
             )
-        if not config.greedy and config.draft_choice == "top":
+        if not config.greedy and config.draft_choice in ("top", "tempered"):
             raise SettingError(
-                "a staged draft samples its drafts as the draft model would, and {draft_choice} asks for top-ranked "
-                "ones; use {draft_choice:sampled} with it.",
+                "a staged draft samples its drafts as the draft model would, and {draft_choice} asks for other ones; "
+                "use {draft_choice:auto} with it.",
                 draft_choice=config.draft_choice,
             )
         super().start(prompts, max_len, config)

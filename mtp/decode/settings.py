@@ -19,7 +19,7 @@ Acceptance = Literal["exact", "typical", "spectr"]
 ACCEPTANCE_RULES: tuple[str, ...] = get_args(Acceptance)
 DraftDtype = Literal["auto", "int8"]
 DRAFT_DTYPES: tuple[str, ...] = get_args(DraftDtype)
-DraftChoice = Literal["sampled", "top"]
+DraftChoice = Literal["auto", "sampled", "tempered", "top"]
 DRAFT_CHOICES: tuple[str, ...] = get_args(DraftChoice)
 
 
@@ -105,9 +105,10 @@ class GenerationConfig:
     dtype. Head 1 verifies at full precision, so greedy output is unchanged and sampling stays lossless; only
     acceptance may move."""
 
-    draft_choice: DraftChoice = "sampled"
-    """Sampling with exact acceptance: sampled drafts each from its proposal, or top: the top-ranked drafts (one-hot
-    proposals: a draft passes with head 1's probability of it). Both lossless."""
+    draft_choice: DraftChoice = "auto"
+    """Sampling with exact acceptance: sampled (drafts drawn from the drafter's distribution processed as the target's,
+    top-p included), tempered (drawn after temperature and top-k only: no nucleus to find), top (the top-ranked drafts,
+    one-hot proposals); auto: tempered for the heads on CPU, else sampled. All lossless."""
 
     def __post_init__(self) -> None:
         """Every setting checked here, the one place that does (the command lines report these under their flags)."""
@@ -186,7 +187,7 @@ class GenerationConfig:
         if self.acceptance == "spectr" and self.draft_choice == "top":
             raise SettingError(
                 "{acceptance} selects among drafts sampled independently from one law, and {draft_choice} drafts the "
-                "top-ranked tokens; use {draft_choice:sampled} with it.",
+                "top-ranked tokens; use {draft_choice:auto} with it.",
                 acceptance=self.acceptance,
                 draft_choice=self.draft_choice,
             )
@@ -225,7 +226,15 @@ class GenerationConfig:
     def samples_drafts(self) -> bool:
         """Drafts drawn from proposals (sampling, exact acceptance, sampled drafts); otherwise top-ranked (greedy,
         typical, ``draft_choice="top"``)."""
-        return not self.greedy and not self.typical and self.draft_choice == "sampled"
+        return not self.greedy and not self.typical and self.draft_choice != "top"
+
+    def proposal_top_p(self, device: torch.device, heads: bool = True) -> float:
+        """The top-p of the law sampled drafts are drawn from on ``device``: the target's (``draft_choice="sampled"``),
+        or none (tempered). auto: tempered for the heads' drafts on CPU, where finding a nucleus (a sort of up to the
+        whole vocabulary) costs a large share of a head's drafting, sampled elsewhere and for a drafter's (``heads``
+        False), whose own forward costs more."""
+        auto_tempered = self.draft_choice == "auto" and heads and device.type == "cpu"
+        return 1.0 if self.draft_choice == "tempered" or auto_tempered else self.top_p
 
     @property
     def drafts(self) -> int:

@@ -261,3 +261,37 @@ def test_lossless_tree_of_top_drafts_tries_the_next_sibling_without_the_rejected
         assert (depth.item(), path[0].tolist()) == expected, uniform
     # both depth-1 nodes rejected: the next token from q without tokens 1 and 2, one-hot on 0
     assert token.item() == 0
+
+
+def test_bounded_chain_tests_decide_as_the_processed_distributions_do(monkeypatch):
+    """On CPU a chain's drafts are tested against bounds on head 1's top-p probabilities (no nucleus is sorted out);
+    random logits, drafts, proposals, cut drafts and uniforms: every accepted count and next token equals the one the
+    processed distributions give (the bounds undecided in some trials, which fall back)."""
+    from mtp.decode import acceptance
+
+    generator = torch.Generator().manual_seed(0)
+    fell_back, passes = 0, acceptance.nucleus_passes
+
+    def counted(*args):
+        nonlocal fell_back
+        result = passes(*args)
+        fell_back += result is None
+        return result
+
+    monkeypatch.setattr(acceptance, "nucleus_passes", counted)
+    for trial in range(600):
+        V, B, D = (5, 40)[trial % 2], 3, 4
+        config = sampling(temperature=(0.7, 1.3)[trial % 2], top_p=(0.9, 0.5, 0.99)[trial % 3], heads=D + 1)
+        rule = rule_for(config)
+        head1 = torch.randn(B, D + 1, V, generator=generator) * 2
+        drafts = torch.randint(0, V, (B, D), generator=generator)
+        proposals = torch.softmax(torch.randn(B, D, V, generator=generator), dim=-1)
+        proposals = None if trial % 5 == 0 else proposals  # top-ranked drafts too
+        live = torch.randint(0, D + 1, (B,), generator=generator)
+        draws = torch.rand(B, rule.layout.per_step, generator=generator)
+        monkeypatch.setattr(acceptance, "BOUNDED_TESTS", True)
+        bounded = rule.chain(head1, drafts, live, proposals, draws)
+        monkeypatch.setattr(acceptance, "BOUNDED_TESTS", False)
+        processed = rule.chain(head1, drafts, live, proposals, draws)
+        assert all(torch.equal(a, b) for a, b in zip(bounded, processed, strict=True)), trial
+    assert 0 < fell_back < 60  # some undecided tests, as rare as the bounds make them

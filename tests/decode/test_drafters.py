@@ -226,6 +226,7 @@ SAMPLING_DRAFTERS = {
     "draft": lambda: draft_model_drafter(fixed_logits_model(draft_tables())),
     "draft_T0.7_topp0.9": lambda: draft_model_drafter(fixed_logits_model(draft_tables())),
     "lookup": lambda: LookupDrafter(2, VOCAB, "cpu"),
+    "draft_T0.7_topp0.9_sampled_drafts": lambda: draft_model_drafter(fixed_logits_model(draft_tables())),
     "draft_top_drafts": lambda: draft_model_drafter(fixed_logits_model(draft_tables())),
     "draft_sequences_top_drafts": lambda: draft_model_drafter(fixed_logits_model(draft_tables())),
 }
@@ -233,6 +234,7 @@ SAMPLING_SETTINGS = {
     "draft": {},
     "draft_T0.7_topp0.9": dict(temperature=0.7, top_p=0.9),
     "lookup": {},
+    "draft_T0.7_topp0.9_sampled_drafts": dict(temperature=0.7, top_p=0.9, draft_choice="sampled"),
     "draft_top_drafts": dict(temperature=0.7, top_p=0.9, draft_choice="top"),  # the draft model's greedy drafts
     "draft_sequences_top_drafts": dict(draft_choice="top", drafts_per_step=2),  # its 2 likeliest first tokens
 }

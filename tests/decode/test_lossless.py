@@ -116,6 +116,7 @@ CASES = {
     "3heads_T1.5_topk2": dict(heads=3, temperature=1.5, top_k=2),
     "4heads": dict(heads=4),
     "3heads_T0.7_topp0.9_top_drafts": dict(heads=3, temperature=0.7, top_p=0.9, draft_choice="top"),
+    "3heads_T0.7_topp0.9_sampled_drafts": dict(heads=3, temperature=0.7, top_p=0.9, draft_choice="sampled"),
 }
 
 
@@ -184,12 +185,22 @@ def test_threshold_shrinks_with_the_sample_size():
         ("transformer", {}, 0),
         ("transformer", {"top_k": 3}, 0),
         ("transformer", {"top_p": 0.9}, 0),
+        ("transformer", {"top_p": 0.9, "draft_choice": "sampled"}, 0),
         ("causal", {}, 0),
         ("causal-shared", {"top_p": 0.9}, 0),
         ("transformer", {"top_p": 0.9}, 2),
         ("medusa", {}, 3),
     ],
-    ids=["plain", "top_k", "top_p", "causal", "causal-shared-top_p", "draft-vocab-top_p", "medusa-draft-vocab"],
+    ids=[
+        "plain",
+        "top_k",
+        "top_p",
+        "top_p-sampled_drafts",
+        "causal",
+        "causal-shared-top_p",
+        "draft-vocab-top_p",
+        "medusa-draft-vocab",
+    ],
 )
 def test_lossless_with_head_blocks(head_type, filters, draft_vocab):
     """The same check on a random model with head blocks, where every context changes the logits; with a reduced
@@ -242,6 +253,7 @@ DRAFTING = {
     "tree_T0.7_topp0.9": dict(heads=4, temperature=0.7, top_p=0.9, tree=TREE),
     "chain_adaptive": dict(heads=4, adaptive_drafts=True),
     "tree_top_drafts": dict(heads=4, tree=TREE, draft_choice="top"),
+    "tree_T0.7_topp0.9_sampled_drafts": dict(heads=4, temperature=0.7, top_p=0.9, tree=TREE, draft_choice="sampled"),
 }
 
 
@@ -336,3 +348,22 @@ def test_top_p_keeps_a_tie_at_the_nucleus_edge_whole():
     torch.testing.assert_close(probs, torch.tensor([0.5, 0.25, 0.0, 0.25, 0.0]))
     just_over = processed_probs(torch.tensor([0.4, 0.2, 0.1, 0.2, 0.1]).log(), 1.0, top_p=0.39)
     torch.testing.assert_close(just_over, torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize(
+    ("choice", "device", "nucleus"),
+    [("sampled", "cpu", True), ("tempered", "cpu", False), ("auto", "cpu", False), ("auto", "cuda", True)],
+)
+def test_sampled_drafts_come_from_the_law_the_choice_names(choice, device, nucleus):
+    """sampled: the heads' law after temperature, top-k and top-p, as the target's; tempered (auto on CPU): after
+    temperature and top-k only, so that no nucleus is sorted out."""
+    from mtp.decode.proposers import HeadsProposer
+
+    config = GenerationConfig(temperature=0.5, top_k=4, top_p=0.6, heads=3, draft_choice=choice)
+    assert config.proposal_top_p(torch.device(device)) == (0.6 if nucleus else 1.0)
+    assert config.proposal_top_p(torch.device(device), heads=False) == (1.0 if choice == "tempered" else 0.6)
+    proposer = object.__new__(HeadsProposer)
+    proposer.config = config
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]])
+    expected = reference_probs(logits[0], 0.5, 4, 0.6 if choice == "sampled" else 1.0)
+    torch.testing.assert_close(proposer.processed(logits)[0].double(), torch.tensor(expected, dtype=torch.float64))

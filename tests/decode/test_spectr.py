@@ -143,9 +143,9 @@ def test_bad_settings_of_several_drafts_are_refused():
         GenerationConfig(temperature=1.0, gamma=2, heads=3, acceptance="spectr")
     with pytest.raises(ValueError, match="acceptance=other must be one of exact, typical, spectr"):
         GenerationConfig(heads=3, acceptance="other")
-    with pytest.raises(ValueError, match="draft_choice=top drafts the top-ranked tokens; use draft_choice=sampled"):
+    with pytest.raises(ValueError, match="draft_choice=top drafts the top-ranked tokens; use draft_choice=auto"):
         GenerationConfig(temperature=1.0, heads=3, drafts_per_step=2, acceptance="spectr", draft_choice="top")
-    with pytest.raises(ValueError, match="draft_choice=best must be one of sampled, top"):
+    with pytest.raises(ValueError, match="draft_choice=best must be one of auto, sampled, tempered, top"):
         GenerationConfig(heads=3, draft_choice="best")
 
 
@@ -399,8 +399,9 @@ def test_int8_draft_sequences_hybrids_and_staged_drafts_equal_autoregressive(dec
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
 
 
-def test_a_staged_draft_refuses_top_ranked_drafts_when_sampling():
+@pytest.mark.parametrize("choice", ["top", "tempered"])
+def test_a_staged_draft_refuses_other_drafts_than_its_own_when_sampling(choice):
     drafter = staged_drafter(fixed_logits_model(staged_tables()), "heads")
-    config = GenerationConfig(4, temperature=1.0, gamma=3, draft_choice="top")
-    with pytest.raises(SettingError, match="a staged draft samples its drafts .* use draft_choice=sampled with it"):
+    config = GenerationConfig(4, temperature=1.0, gamma=3, draft_choice=choice)
+    with pytest.raises(SettingError, match="a staged draft samples its drafts .* use draft_choice=auto with it"):
         generate(fixed_logits_model(counting_tables(1)), [[1, 2]], config, drafter)
