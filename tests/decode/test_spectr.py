@@ -352,6 +352,7 @@ def staged_tables() -> torch.Tensor:
     return torch.cat([draft_tables(), head2])
 
 
+@pytest.mark.slow  # about 6 s a case: with the everyday suite near its 6-minute budget, CI's slow run has them
 @pytest.mark.parametrize(
     ("inner", "decoding"),
     [("heads", {}), ("lookup", {}), ("heads", dict(temperature=0.7, top_p=0.9)), ("heads", dict(heads=3))],
