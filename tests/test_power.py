@@ -179,7 +179,7 @@ MUTATIONS = [
     Mutation(
         "tempered drafts drawn from the law with top-p (a law that is not the one returned)",
         "mtp/decode/settings.py",
-        "return 1.0 if self.draft_choice == \"tempered\" or auto_tempered else self.top_p",
+        'return 1.0 if self.draft_choice == "tempered" or auto_tempered else self.top_p',
         "return self.top_p",
         ("tests/decode/test_lossless.py::test_sampled_drafts_come_from_the_law_the_choice_names",),
     ),
