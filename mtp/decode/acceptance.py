@@ -14,7 +14,8 @@ drafts were sampled, the distributions they were drawn from; it never runs the m
   with probability min(1, q(x)/p(x)) under the current target q, which becomes normalize(max(0, q - p)) after each
   rejected child. The output is distributed as autoregressive sampling from head 1. Top-ranked drafts
   (``draft_choice="top"``) come with no law: each one's proposal is itself (one-hot, :func:`one_hot_law`), so a draft
-  passes with probability q(x) and a rejected one is taken out of q.
+  passes with probability q(x) and a rejected one is taken out of q. On CPU a chain's tests are decided from bounds
+  on q (:func:`nucleus_passes`): no nucleus is sorted out, and only the law after the accepted drafts is processed.
 - :class:`SpecTr` (``acceptance="spectr"``, sampling): SpecTr's k-sequential selection (Sun et al. 2023, "SpecTr:
   Fast Speculative Decoding via Optimal Transport", Algorithm 3): a step's candidates at a depth, k i.i.d. draws from
   the proposal p, are tried in order, each passing with probability min(1, q(x) / (rho p(x))) for the smallest rho in
