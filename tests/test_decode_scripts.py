@@ -309,16 +309,22 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
     assert (out / "decode.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def small_bench(checkpoint: Path, out: Path, *flags: str) -> list[dict]:
+    """bench_decode on 2 prompts of 8 tokens, 8 new tokens, batch 1, one round, heads 3 and ``flags``: its rows."""
+    command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(checkpoint)]
+    command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
+    command += ["--heads", "3", "--repeats", "1", "--draft", str(checkpoint), "--gammas", "2", "--gamma", "2"]
+    result = subprocess.run(
+        [*command, *flags, "--out", str(out)], capture_output=True, text=True, env=run_env(), timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads((out / "results.json").read_text())["results"]
+
+
 def test_bench_decode_puts_int8_drafts_beside_float_ones(tiny_checkpoints, tmp_path):
     out = tmp_path / "bench"
-    command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"])]
-    command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
-    command += ["--modes", "greedy", "--heads", "3", "--methods", "draft,layerskip,lookup", "--repeats", "1"]
-    command += ["--draft", str(tiny_checkpoints["mtp4"]), "--gammas", "2", "--skip-layers", "1,2", "--gamma", "2"]
-    command += ["--draft-dtypes", "auto,int8", "--out", str(out)]
-    result = subprocess.run(command, capture_output=True, text=True, env=run_env(), timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    rows = json.loads((out / "results.json").read_text())["results"]
+    flags = ["--modes", "greedy", "--methods", "draft,layerskip,lookup", "--skip-layers", "1,2"]
+    rows = small_bench(tiny_checkpoints["mtp4"], out, *flags, "--draft-dtypes", "auto,int8")
     settings = [(r["method"], r["heads"], r["draft_dtype"]) for r in rows]
     float_rows = [("chain", 1), ("chain", 3), ("draft", 1), ("layerskip", 1), ("lookup", 1)]
     int8_rows = [("chain", 3), ("draft", 1), ("layerskip", 1)]  # not k=1, which drafts nothing; not lookup, no model
@@ -334,14 +340,8 @@ def test_bench_decode_puts_int8_drafts_beside_float_ones(tiny_checkpoints, tmp_p
 
 def test_bench_decode_puts_top_ranked_drafts_beside_sampled_ones(tiny_checkpoints, tmp_path):
     out = tmp_path / "bench"
-    command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"])]
-    command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
-    command += ["--modes", "greedy,sampling", "--heads", "3", "--methods", "draft,spectr,lookup", "--repeats", "1"]
-    command += ["--draft", str(tiny_checkpoints["mtp4"]), "--gammas", "2", "--gamma", "2", "--sequences", "2"]
-    command += ["--draft-choices", "auto,sampled,top", "--out", str(out)]
-    result = subprocess.run(command, capture_output=True, text=True, env=run_env(), timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    rows = json.loads((out / "results.json").read_text())["results"]
+    flags = ["--modes", "greedy,sampling", "--methods", "draft,spectr,lookup", "--sequences", "2"]
+    rows = small_bench(tiny_checkpoints["mtp4"], out, *flags, "--draft-choices", "auto,sampled,top")
     for choice in ("top", "sampled"):
         twins = sorted((r["mode"], r["method"], r["heads"]) for r in rows if r["draft_choice"] == choice)
         # sampling only; not k=1 (no drafts), SpecTr (i.i.d. samples) or lookup (top-ranked already)

@@ -137,8 +137,8 @@ MUTATIONS = [
     Mutation(
         "a rejected top-ranked draft left in the law the next token is drawn from",
         ACCEPTANCE,
-        "return law.scatter_(1, tokens[:, None], 1.0)",
-        "return law",
+        "return F.one_hot(tokens, like.size(-1)).to(like.dtype)",
+        "return torch.zeros_like(like)",
         TOP_DRAFTS_LOSSLESS,
     ),
     Mutation(
@@ -165,7 +165,7 @@ MUTATIONS = [
     Mutation(
         "an undecided bounded test taken as a failure instead of falling back",
         ACCEPTANCE,
-        "    if (undecided & (all_passed_before > 0)).any():\n        return None",
+        "    if (undecided & decisive).any():\n        return None",
         "    if False:\n        return None",
         (BOUNDED,),
     ),

@@ -221,8 +221,8 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
             speed_ax.plot([x_of(r) for r in drafted], [r["speedup"] for r in drafted], **style)
             tpf_ax.plot([x_of(r) for r in drafted], [r["tokens_per_forward"] for r in drafted], **style)
     markers = {"tree": "*", "typical": "x", "adaptive": "s", "draft": "D", "layerskip": "^", "lookup": "v", "int8": "P"}
-    markers |= {"spectr": "h", "draft spectr": "H", "hybrid": "d", "staged": ">", "top": "1"}
-    markers |= {"sampled": "2", "tempered": "3"}
+    choices = {"top": "1", "sampled": "2", "tempered": "3"}  # rows of another draft_choice than auto
+    markers |= {"spectr": "h", "draft spectr": "H", "hybrid": "d", "staged": ">", **choices}
     shown = set()
     for r in rows:  # the other methods, int8 and top drafts: one point each, beside the chain's
         method = "int8" if r.get("draft_dtype", "auto") == "int8" else r.get("method", "chain")
@@ -238,7 +238,7 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         if method not in shown:
             shown.add(method)
             label = {"tree": "tree", "int8": "int8 drafts (any method)"}.get(method)
-            label = label or (f"{method} drafts (any method)" if method in ("top", "sampled", "tempered") else None)
+            label = label or (f"{method} drafts (any method)" if method in choices else None)
             label = label or method_label({**r, "drafter": {}, "gamma": 0})
             handles.append(Line2D([], [], color="black", **style, label=label))
     if "draft" in shown:

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from mtp.decode.sampling import processed_probs, sample_from
@@ -125,8 +126,7 @@ def typical_passes(target: Tensor, tokens: Tensor, epsilon: float, delta: float)
 def one_hot_law(tokens: Tensor, like: Tensor) -> Tensor:
     """The proposal (B, V) of a top-ranked draft ``tokens`` (B,): all its mass on the draft itself. Under it a draft
     passes with probability q(x) and, rejected, leaves q without x to resample from: lossless, as sampled drafts are."""
-    law = torch.zeros_like(like)
-    return law.scatter_(1, tokens[:, None], 1.0)
+    return F.one_hot(tokens, like.size(-1)).to(like.dtype)
 
 
 BOUNDED_TESTS = True
@@ -161,8 +161,8 @@ def nucleus_passes(
     surely_passes = inside & accept_drafts(uniforms, proposal, sx)
     surely_fails = ~inside | ~accept_drafts(uniforms, proposal, sx / torch.clamp(above + sx, min=top_p))
     undecided = ~(surely_passes | surely_fails) & present
-    all_passed_before = torch.cat([torch.ones_like(sx[:, :1]), surely_passes.float().cumprod(dim=1)[:, :-1]], dim=1)
-    if (undecided & (all_passed_before > 0)).any():
+    decisive = torch.arange(sx.size(1), device=sx.device) == accepted_prefix(surely_passes)[:, None]  # first not sure
+    if (undecided & decisive).any():
         return None
     return surely_passes
 
