@@ -212,6 +212,23 @@ MUTATIONS = [
         ("tests/decode/test_lossless.py::test_top_p_over_a_large_vocabulary_equals_the_full_sort",),
     ),
     Mutation(
+        "the CPU argmax takes the last of equal maxima",
+        "mtp/decode/sampling.py",
+        "return torch.from_numpy(np.asarray(np.argmax(logits.detach().numpy(), axis=-1)))",
+        "return logits.size(-1) - 1 - torch.from_numpy(np.asarray(np.argmax(logits.numpy()[..., ::-1], axis=-1)))",
+        ("tests/decode/test_acceptance.py::test_top_tokens_are_torch_argmax_the_first_of_equal_maxima",),
+    ),
+    Mutation(
+        "the CPU argmax over the wrong dimension",
+        "mtp/decode/sampling.py",
+        "return torch.from_numpy(np.asarray(np.argmax(logits.detach().numpy(), axis=-1)))",
+        "return torch.from_numpy(np.asarray(np.argmax(logits.detach().numpy(), axis=0)))",
+        (
+            "tests/decode/test_acceptance.py::test_top_tokens_are_torch_argmax_the_first_of_equal_maxima",
+            GREEDY_BY_CHANCE,
+        ),
+    ),
+    Mutation(
         "top-k drops the k-th token",
         "mtp/decode/sampling.py",
         'logits = logits.masked_fill(logits < kth, float("-inf"))',
@@ -351,8 +368,15 @@ MUTATIONS = [
     Mutation(
         "the draft heads' attention output is read at the step's first position",
         INFERENCE,
-        "x, y, S = x[:, rows, last, None], y[:, rows, last, None], 1",
-        "x, y, S = x[:, rows, last, None], y[:, rows, 0, None], 1",
+        "x, q, mask, S = x[:, rows, last, None], q[:, rows, last, None], mask[rows, :, last][:, :, None], 1",
+        "x, q, mask, S = x[:, rows, last, None], q[:, rows, 0, None], mask[rows, :, last][:, :, None], 1",
+        (CACHE,),
+    ),
+    Mutation(
+        "the draft heads' one query attends under the step's first position's mask",
+        INFERENCE,
+        "x, q, mask, S = x[:, rows, last, None], q[:, rows, last, None], mask[rows, :, last][:, :, None], 1",
+        "x, q, mask, S = x[:, rows, last, None], q[:, rows, last, None], mask[:, :, 0][:, :, None], 1",
         (CACHE,),
     ),
     Mutation(

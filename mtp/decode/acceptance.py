@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtp.decode.sampling import processed_probs, sample_from
+from mtp.decode.sampling import processed_probs, sample_from, top_tokens
 from mtp.decode.settings import GenerationConfig
 from mtp.decode.tree import DraftTree
 
@@ -312,19 +312,19 @@ class Greedy(Rule):
     name = "greedy"  # whatever acceptance was asked: at temperature 0 no rule but head 1's argmax applies
 
     def first(self, head1, draws):
-        return head1.argmax(dim=-1)
+        return top_tokens(head1)
 
     def chain(self, head1, drafts, live, proposals, draws):
-        choice = head1.argmax(dim=-1)  # (B, D + 1): head 1's token after the base and each draft
+        choice = top_tokens(head1)  # (B, D + 1): head 1's token after the base and each draft
         present = torch.arange(drafts.size(1), device=drafts.device) < live[:, None]
         accepted = accepted_prefix((drafts == choice[:, :-1]) & present)
         return accepted, choice.gather(1, accepted[:, None]).squeeze(1)
 
     def tree(self, step, laws, draws):
-        passes = step.inputs == step.head1.argmax(dim=-1)[:, _parent_slot(step)]
+        passes = step.inputs == top_tokens(step.head1)[:, _parent_slot(step)]
         best, depth = _deepest_path(passes, step)
         ancestors = step.tree.tensors(passes.device)["ancestors"]
-        return depth, step.after(best).argmax(dim=-1), ancestors[best]
+        return depth, top_tokens(step.after(best)), ancestors[best]
 
 
 class Typical(Rule):

@@ -622,9 +622,9 @@ def block_step(
 
     keys/values (h, B, n_kv_heads, L, head_dim): these blocks' cache, written in place at ``where`` (block
     index (h, 1, 1), rows (1, B, 1), positions (1, B, S)); attention reads its first ``span`` positions under
-    ``mask`` (B, 1, S, span). With ``last`` (B,), only each row's position ``last`` continues past the
-    attention: returns (h, B, d). Without ``feed_forward``, the attention residual only (a layer-skip draft that skips
-    these blocks' MLP).
+    ``mask`` (B, 1, S, span). With ``last`` (B,), every position's keys and values are written but only each row's
+    position ``last`` attends and goes on: returns (h, B, d). Without ``feed_forward``, the attention residual only (a
+    layer-skip draft that skips these blocks' MLP).
     """
     h, B, S, d = x.shape
     qkv = product(F.rms_norm(x, (d,), eps=eps).view(h, B * S, d), w.qkv).view(h, B, S, -1)
@@ -634,15 +634,15 @@ def block_step(
     keys[block, rows, :, positions] = k.to(keys.dtype)  # (h, B, S, n_kv_heads, head_dim) written in place
     v = qkv[..., w.q_width + w.kv_width :].unflatten(-1, (w.n_kv_heads, w.head_dim))
     values[block, rows, :, positions] = v.to(values.dtype)
+    if last is not None:  # only each row's position `last` goes on past the attention: its query alone attends
+        rows = torch.arange(B, device=x.device)
+        x, q, mask, S = x[:, rows, last, None], q[:, rows, last, None], mask[rows, :, last][:, :, None], 1
     q = q.transpose(2, 3).reshape(h * B, w.n_heads, S, w.head_dim)
     mask = mask if h == 1 else mask.repeat(h, 1, 1, 1)
     y = F.scaled_dot_product_attention(
         q, keys[..., :span, :].flatten(0, 1), values[..., :span, :].flatten(0, 1), attn_mask=mask, enable_gqa=w.grouped
     )
     y = y.view(h, B, w.n_heads, S, w.head_dim).transpose(2, 3)  # (h, B, S, n_heads, head_dim)
-    if last is not None:  # continue at one position per row
-        rows = torch.arange(B, device=x.device)
-        x, y, S = x[:, rows, last, None], y[:, rows, last, None], 1  # (h, B, 1, ...)
     x, y = x.reshape(h, B * S, d), y.reshape(h, B * S, w.q_width)
     x = x + w.wo(y) if isinstance(w.wo, Int8Matrices) else torch.baddbmm(x, y, w.wo)  # x + attention
     if feed_forward:

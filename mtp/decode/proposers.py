@@ -38,7 +38,7 @@ from torch import Tensor
 from mtp.decode.acceptance import Greedy, Lossless, RandomLayout
 from mtp.decode.cache import KVCache
 from mtp.decode.inference import ATTENTION, FEED_FORWARD, InferenceModel, Sublayer, skip_label, sublayers_of
-from mtp.decode.sampling import RowUniforms, processed_probs, sample_from, sample_many
+from mtp.decode.sampling import RowUniforms, processed_probs, sample_from, sample_many, top_tokens
 from mtp.decode.settings import GenerationConfig, SettingError
 from mtp.model import MTPModel
 
@@ -137,16 +137,16 @@ class HeadsProposer(Proposer):
             return live
         logits, proposals = [], []
 
-        def top_tokens(head_logits: Tensor, first: int) -> Tensor:  # (h, B, V) -> (h, B), keeping the logits
+        def top_drafts(head_logits: Tensor, first: int) -> Tensor:  # (h, B, V) -> (h, B), keeping the logits
             logits.append(head_logits)
-            return head_logits.argmax(dim=-1)
+            return top_tokens(head_logits)
 
         def sample_drafts(head_logits: Tensor, first: int) -> Tensor:  # (h, B, V) -> (h, B), keeping the proposals
             probs = self.processed(head_logits).transpose(0, 1)  # (B, h, V)
             proposals.append(probs)
             return sample_from(probs, self.layout.drafts(draws, first, probs.size(1))).T
 
-        choose: Callable[[Tensor, int], Tensor] = sample_drafts if self.sampled else top_tokens
+        choose: Callable[[Tensor, int], Tensor] = sample_drafts if self.sampled else top_drafts
         drafts = self.inference.draft(hidden, cache, last, inputs, next_token, choose)
         draft_probs = torch.cat(proposals, dim=1) if self.sampled else None
         heads_logits = None if self.sampled else torch.cat(logits)  # (heads - 1, B, V)
@@ -279,7 +279,7 @@ class ModelDrafter(Proposer):
             elif j == 0 and k > 1:  # greedy chains start from the k likeliest tokens
                 drafts.append(logits.view(B, k, -1)[:, 0].topk(k, dim=-1).indices.reshape(B * k))
             else:
-                drafts.append(logits.argmax(dim=-1))
+                drafts.append(top_tokens(logits))
         self.forwards += gamma
         self.read_drafts = [gamma - 1 if self.tree is None else 0] * B
         if self.tree is not None and k == 1:

@@ -16,6 +16,7 @@ from mtp.decode.acceptance import (
     Typical,
     rule_for,
 )
+from mtp.decode.sampling import top_tokens
 from mtp.decode.settings import GenerationConfig
 from mtp.decode.tree import DraftTree
 
@@ -178,6 +179,21 @@ def tree_step(tokens: list[int], head1_rows: list[list[float]], live: int = 2) -
     return TreeVerification(
         head1, torch.arange(5), lambda nodes: head1[rows, nodes], torch.tensor([tokens]), TREE, torch.tensor([live])
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_top_tokens_are_torch_argmax_the_first_of_equal_maxima(dtype):
+    """The greedy rules' and drafts' argmax (NumPy's on CPU) against torch's, on every shape a step gives it, with
+    ties: hand-made first (the first of equal maxima wins), then random logits rounded to make ties common, and a
+    non-contiguous view."""
+    tied = torch.tensor([[0.1, 0.7, 0.7, 0.2], [0.9, 0.1, 0.9, 0.9]], dtype=dtype)
+    assert top_tokens(tied).tolist() == [1, 0]
+    generator = torch.Generator().manual_seed(0)
+    for shape in [(5,), (3, 7), (2, 4, 300), (3, 2, 4, 33)]:
+        logits = (torch.randn(shape, generator=generator) * 4).round().to(dtype)
+        assert torch.equal(top_tokens(logits), logits.argmax(dim=-1)), shape
+    wide = (torch.randn(6, 9, 50, generator=generator) * 3).round().to(dtype).transpose(0, 1)[:, ::2]
+    assert torch.equal(top_tokens(wide), wide.argmax(dim=-1))
 
 
 def test_greedy_tree_takes_the_accepted_sibling_and_its_child():
