@@ -229,6 +229,24 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "a tree's test after an untried sibling reads that sibling's uniform",
+        ACCEPTANCE,
+        "                    test += 1\n                    continue",
+        "                    continue",
+        (
+            "tests/decode/test_acceptance.py::test_lossless_tree_each_test_reads_its_own_uniform_when_siblings_go_untried",
+        ),
+    ),
+    Mutation(
+        "a failed tree try leaves the target as it was on CPU",
+        ACCEPTANCE,
+        "if not skips or rejected.any():  # a row's target changes only when its try fails",
+        "if not skips:  # a row's target changes only when its try fails",
+        (
+            "tests/decode/test_acceptance.py::test_lossless_tree_each_test_reads_its_own_uniform_when_siblings_go_untried",
+        ),
+    ),
+    Mutation(
         "top-k drops the k-th token",
         "mtp/decode/sampling.py",
         'logits = logits.masked_fill(logits < kth, float("-inf"))',

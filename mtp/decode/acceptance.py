@@ -384,34 +384,48 @@ class Lossless(Rule):
         t = tree.tensors(inputs.device)
         depth, children, slot = t["depth"][:S], t["children"][:S], step.slot
         verified = depth <= step.live[:, None]  # (B, S)
-        target = self.target(step.head1)  # (B, P, V)
+        # on CPU, where reading a flag costs nothing, a try no row makes is skipped, and so is a law no row reads
+        skips = inputs.device.type == "cpu"
+
+        def law_after(nodes: Tensor) -> Tensor:  # (B, V) head 1's processed law after each row's node: one per row
+            return self.target(step.head1[rows, slot[nodes].clamp(min=0)])
+
         node = torch.zeros(B, dtype=torch.long, device=inputs.device)
-        remaining = target[:, slot[0]].clone()  # the target after the current node, rejected siblings removed
+        remaining = law_after(node)  # the target after the current node, rejected siblings removed
         descending = torch.ones(B, dtype=torch.bool, device=inputs.device)
         test = 0
         for tries in tree.max_children_at_depth():
+            if skips and not descending.any():
+                break
             moved = torch.zeros_like(descending)
             for j in range(tries):
                 child = children[node, j]
                 exists = (child > 0) & (child < S)
                 child = torch.where(exists, child, 0)
                 trying = descending & ~moved & exists & verified[rows, child]
+                if skips and not trying.any():  # no row tries this sibling: nothing changes but the test's index
+                    test += 1
+                    continue
                 token = inputs[rows, child]
                 # (B, V) what this child was drawn from; a top-ranked node's proposal is the node itself (one-hot)
                 proposal = laws.of(child, tree) if laws is not None else one_hot_law(token, remaining)
                 q = remaining.gather(1, token[:, None]).squeeze(1)
                 p = proposal.gather(1, token[:, None]).squeeze(1)
                 passes = sibling_passes(self.layout.acceptance(draws, test)[:, 0], remaining, q, p)
-                remaining = residual_after_rejection(remaining, proposal, trying & ~passes)
+                rejected = trying & ~passes
+                if not skips or rejected.any():  # a row's target changes only when its try fails
+                    remaining = residual_after_rejection(remaining, proposal, rejected)
                 node = torch.where(trying & passes, child, node)
                 moved |= trying & passes
                 test += 1
             descending = moved
             # rows that moved start afresh after their new node; the others keep what is left of their target
-            remaining = torch.where(descending[:, None], target[rows, slot[node].clamp(min=0)], remaining)
+            if not skips or descending.any():
+                remaining = torch.where(descending[:, None], law_after(node), remaining)
         # a row that ended at a leaf takes its bonus token from head 1 after that leaf
         at_leaf = slot[node] < 0
-        remaining = torch.where(at_leaf[:, None], self.target(step.after(node)), remaining)
+        if not skips or at_leaf.any():
+            remaining = torch.where(at_leaf[:, None], self.target(step.after(node)), remaining)
         return depth[node], sample_from(remaining, self.layout.next_token(draws)), t["ancestors"][node]
 
 

@@ -231,6 +231,19 @@ def test_lossless_tree_tries_the_next_sibling_against_the_residual():
     assert (depth.item(), path[0].tolist()) == (2, [0, 1, 3])
 
 
+def test_lossless_tree_each_test_reads_its_own_uniform_when_siblings_go_untried():
+    """Node 1 passes (uniform 0.1), so node 2 is never tried; the test of node 3 (token 0, drawn with p = 1, head 1
+    after node 1 gives it q = 0.5) reads the third uniform whatever was skipped before it: 0.9 rejects it, 0.4 passes.
+    Then the token after node 1 comes from the residual, (0, 0.5, 0, 0.5) normalized."""
+    rule = rule_for(sampling(tree=TREE, heads=3))
+    step = tree_step([0, 1, 2, 0, 3], [[0.0, 0.5, 0.5, 0.0], [0.5, 0.25, 0.0, 0.25], HALVES, HALVES, HALVES])
+    probs = torch.tensor([[[0.0, 0.5, 0.5, 0.0], one_hot(0)]])
+    depth, token, path = rule.tree(step, NodeLaws(probs), draws_for(rule, [0.1, 0.0, 0.9], 0.4))
+    assert (depth.item(), path[0].tolist(), token.item()) == (1, [0, 1, 1], 1)
+    depth, token, path = rule.tree(step, NodeLaws(probs), draws_for(rule, [0.1, 0.99, 0.4], 0.4))
+    assert (depth.item(), path[0].tolist()) == (2, [0, 1, 3])
+
+
 def test_lossless_tree_bonus_token_after_the_deepest_node_comes_from_head_1_there():
     rule = rule_for(sampling(tree=TREE, heads=3))
     step = tree_step([0, 1, 2, 0, 3], [one_hot(1), one_hot(0), HALVES, HALVES, one_hot(2)])
