@@ -85,10 +85,6 @@ def rotary_permutation(head_dim: int) -> Tensor:
     return torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
 
 
-TRANSPOSED_ROWS = 16
-"""Up to this many rows, an unembedding on CPU multiplies by its transposed copy (see :class:`Unembedding`)."""
-
-
 class Unembedding:
     """Logits (..., V) of x (..., d) through a weight (V, d), in the layout that reads the weight fastest.
 
@@ -96,8 +92,11 @@ class Unembedding:
     memory, and CPU BLAS libraries stream the two layouts at different speeds: measured with torch 2.13 on this
     project's 2-core CPU with the weight out of cache, x @ W^T with W^T stored contiguously is the faster up to 8 rows
     (V=49152, d=576: 3.6 / 7.3 / 10.0 ms at 1 / 4 / 8 rows, against 4.3 / 13.2 / 13.3 ms as W @ x^T; V=8192, d=192:
-    146 against 239 us at 4 rows), W @ x^T from about 32 rows (311 against 443 us). So on CPU both layouts are kept
-    (one more copy of the matrix) and the number of rows picks one; other devices use ``F.linear``.
+    146 against 239 us at 4 rows). From about 32 rows W @ x^T is the faster product alone, but its logits come out
+    transposed, and what reads them next costs more on that layout than the product saves (V=8192, d=192, other
+    weights read in between as in a step: the product and an argmax 0.7 against 1.2-2.2 ms at 32 rows, 1.7 against
+    3.3 ms at 96; with a softmax instead 1.8-2.5 against 3.2-3.4 ms at 32 rows). So on CPU the unembedding keeps the
+    transposed copy (one more copy of the matrix) and always multiplies by it; other devices use ``F.linear``.
     """
 
     def __init__(self, weight: Tensor) -> None:
@@ -114,11 +113,7 @@ class Unembedding:
     def __call__(self, x: Tensor) -> Tensor:
         if self.transposed is None:
             return F.linear(x, self.weight)
-        flat = x.reshape(-1, x.size(-1))
-        if flat.size(0) <= TRANSPOSED_ROWS:
-            logits = torch.mm(flat, self.transposed)
-        else:
-            logits = torch.mm(self.weight, flat.T).T
+        logits = torch.mm(x.reshape(-1, x.size(-1)), self.transposed)
         return logits.reshape(*x.shape[:-1], self.weight.size(0))
 
 
