@@ -66,6 +66,7 @@ SPECTR_LOSSLESS = (
     f"{SPECTR}::test_spectr_lossless_with_head_blocks",
 )
 BOUNDED = "tests/decode/test_acceptance.py::test_bounded_chain_tests_decide_as_the_processed_distributions_do"
+BOUNDED_TREE = "tests/decode/test_acceptance.py::test_bounded_tree_tests_decide_as_the_processed_distributions_do"
 TOP_DRAFTS_LOSSLESS = (
     f"{LOSSLESS}[3heads_T0.7_topp0.9_top_drafts]",
     "tests/decode/test_lossless.py::test_tree_and_adaptive_sampling_have_the_autoregressive_distribution[tree_top_drafts]",
@@ -158,9 +159,44 @@ MUTATIONS = [
     Mutation(
         "a bounded test takes the nucleus' mass as 1 when deciding a failure",
         ACCEPTANCE,
-        "surely_fails = ~inside | ~accept_drafts(uniforms, proposal, sx / torch.clamp(above + sx, min=top_p))",
+        "surely_fails = ~inside | ~accept_drafts(uniforms, proposal, sx / np.maximum(above + sx, top_p))",
         "surely_fails = ~inside | ~accept_drafts(uniforms, proposal, sx)",
         (LOSSLESS, BOUNDED),
+    ),
+    Mutation(
+        "a bounded tree try passes a first child outside head 1's nucleus",
+        ACCEPTANCE,
+        "passes = (above < self.config.top_p) & accept_drafts(uniform.numpy(), p.float().numpy(), sx)",
+        "passes = accept_drafts(uniform.numpy(), p.float().numpy(), sx)",
+        (BOUNDED_TREE,),
+    ),
+    Mutation(
+        "a bounded tree try decided by one row for all",
+        ACCEPTANCE,
+        "return bool((passes | ~trying.numpy()).all())",
+        "return bool((passes | ~trying.numpy()).any())",
+        (BOUNDED_TREE,),
+    ),
+    Mutation(
+        "rows a tree's exact try moves keep the law of the node they left",
+        ACCEPTANCE,
+        "fresh = moved if fresh is None else fresh | moved",
+        "fresh = fresh",
+        (BOUNDED_TREE,),
+    ),
+    Mutation(
+        "a tree walk that ends on a node whose law was never processed samples from nothing there",
+        ACCEPTANCE,
+        "if fresh is not None and (fresh & ~at_leaf).any():",
+        "if False:",
+        (BOUNDED_TREE,),
+    ),
+    Mutation(
+        "a node's proposal probability read from the wrong law",
+        ACCEPTANCE,
+        "return self.probs[rows, self.law_index(tree, nodes.device)[nodes], tokens]",
+        "return self.probs[rows, self.law_index(tree, nodes.device)[nodes - 1], tokens]",
+        (BOUNDED_TREE,),
     ),
     Mutation(
         "an undecided bounded test taken as a failure instead of falling back",
@@ -1079,8 +1115,8 @@ MUTATIONS = [
     Mutation(
         "a tree's node laws read by depth though the drafter gave each node its own",
         ACCEPTANCE,
-        "laws = self.index if self.index is not None else tree.tensors(nodes.device)",
-        "laws = tree.tensors(nodes.device)",
+        '        if self.index is None:\n            return tree.tensors(device)["depth_law"]',
+        '        if True:\n            return tree.tensors(device)["depth_law"]',
         (f"{SPECTR}::test_draft_sequences_and_hybrids_sample_the_autoregressive_distribution",),
     ),
     Mutation(

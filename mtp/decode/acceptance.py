@@ -14,8 +14,9 @@ drafts were sampled, the distributions they were drawn from; it never runs the m
   with probability min(1, q(x)/p(x)) under the current target q, which becomes normalize(max(0, q - p)) after each
   rejected child. The output is distributed as autoregressive sampling from head 1. Top-ranked drafts
   (``draft_choice="top"``) come with no law: each one's proposal is itself (one-hot, :func:`one_hot_law`), so a draft
-  passes with probability q(x) and a rejected one is taken out of q. On CPU a chain's tests are decided from bounds
-  on q (:func:`nucleus_passes`): no nucleus is sorted out, and only the law after the accepted drafts is processed.
+  passes with probability q(x) and a rejected one is taken out of q. On CPU a chain's tests, and a tree's first child's
+  at each node, are decided from bounds on q (:func:`nucleus_passes`): no nucleus is sorted out where the bounds
+  decide, and mostly only the law after the accepted drafts is processed.
 - :class:`SpecTr` (``acceptance="spectr"``, sampling): SpecTr's k-sequential selection (Sun et al. 2023, "SpecTr:
   Fast Speculative Decoding via Optimal Transport", Algorithm 3): a step's candidates at a depth, k i.i.d. draws from
   the proposal p, are tried in order, each passing with probability min(1, q(x) / (rho p(x))) for the smallest rho in
@@ -36,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -131,7 +133,8 @@ def one_hot_law(tokens: Tensor, like: Tensor) -> Tensor:
 
 BOUNDED_TESTS = True
 """On CPU, a chain's drafts are tested against bounds on head 1's top-p probabilities (:func:`nucleus_passes`) rather
-than its processed distributions, and only the law after the accepted drafts is processed (one per row)."""
+than its processed distributions, and only the law after the accepted drafts is processed (one per row); so is a
+tree's first child at each node (the law after a node processed only once a try there fails, or the walk ends)."""
 
 
 def nucleus_passes(
@@ -151,20 +154,34 @@ def nucleus_passes(
     q(x) = s(x) / M with M, the nucleus' mass, between max(top_p, A(x) + s(x)) and 1. So a draft surely passes when it
     passes against s(x), and surely fails outside the nucleus or when it fails against s(x) / max(top_p, A(x) + s(x)).
     None when a test that decides the outcome (a verified draft after drafts that all surely pass) falls between the
-    two (rare: the bounds are within a factor 1 / top_p); the caller then processes the distributions."""
-    s = torch.softmax(logits.float() / temperature, dim=-1)  # (B, D, V)
-    sx = s.gather(-1, tokens[..., None]).squeeze(-1)  # (B, D)
+    two (rare: the bounds are within a factor 1 / top_p); the caller then processes the distributions.
+
+    CPU tensors only, computed by NumPy: the tests are a few numbers per row, and each of PyTorch's CPU operations
+    costs more than NumPy's on them (measured with torch 2.13 on this project's 2-core CPU, for one draft over 8192
+    logits: 166 us in PyTorch, most of it on (B, D) bookkeeping, against 60 us, most of it the exponentials)."""
+    sx, above = nucleus_bounds(logits, tokens, temperature)  # (B, D) each
+    uniforms, proposal, present = uniforms.numpy(), proposal.float().numpy(), present.numpy()
     if top_p >= 1.0:  # q = s
-        return accept_drafts(uniforms, proposal, sx)
-    above = torch.where(s > sx[..., None], s, 0.0).sum(dim=-1)  # A(x)
+        return torch.from_numpy(accept_drafts(uniforms, proposal, sx))
     inside = above < top_p
     surely_passes = inside & accept_drafts(uniforms, proposal, sx)
-    surely_fails = ~inside | ~accept_drafts(uniforms, proposal, sx / torch.clamp(above + sx, min=top_p))
+    surely_fails = ~inside | ~accept_drafts(uniforms, proposal, sx / np.maximum(above + sx, top_p))
     undecided = ~(surely_passes | surely_fails) & present
-    decisive = torch.arange(sx.size(1), device=sx.device) == accepted_prefix(surely_passes)[:, None]  # first not sure
+    decisive = np.arange(sx.shape[1]) == np.cumprod(surely_passes, axis=1).sum(axis=1)[:, None]  # first not sure
     if (undecided & decisive).any():
         return None
-    return surely_passes
+    return torch.from_numpy(surely_passes)
+
+
+def nucleus_bounds(logits: Tensor, tokens: Tensor, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """s(x) and A(x) (B, D) of :func:`nucleus_passes` for tokens x (B, D) and logits (B, D, V) on CPU: the probability
+    of x after temperature, and the mass of the tokens likelier than x."""
+    scaled = logits.detach().float().numpy() / np.float32(temperature)
+    e = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
+    mass = e.sum(axis=-1)
+    ex = np.take_along_axis(e, tokens.numpy()[..., None], axis=-1)[..., 0]
+    above = ((e > ex[..., None]) * e).sum(axis=-1)  # (NumPy's where is slower than this product)
+    return ex / mass, above / mass
 
 
 def accepted_prefix(passes: Tensor) -> Tensor:
@@ -250,9 +267,19 @@ class NodeLaws:
 
     def of(self, nodes: Tensor, tree: DraftTree) -> Tensor:
         """(B, V) the law of node ``nodes[b]`` (B,) of each row (nodes >= 1)."""
-        laws = self.index if self.index is not None else tree.tensors(nodes.device)["depth"][1:] - 1
         rows = torch.arange(nodes.size(0), device=nodes.device)
-        return self.probs[rows, laws[(nodes - 1).clamp(min=0)]]
+        return self.probs[rows, self.law_index(tree, nodes.device)[nodes]]
+
+    def probability(self, nodes: Tensor, tokens: Tensor, tree: DraftTree) -> Tensor:
+        """(B,) the probability node ``nodes[b]``'s law gives ``tokens[b]`` (nodes >= 1), without its (B, V) row."""
+        rows = torch.arange(nodes.size(0), device=nodes.device)
+        return self.probs[rows, self.law_index(tree, nodes.device)[nodes], tokens]
+
+    def law_index(self, tree: DraftTree, device: torch.device) -> Tensor:
+        """(N + 1,) the index in ``probs`` of each node's law (the root's: the first node's)."""
+        if self.index is None:
+            return tree.tensors(device)["depth_law"]
+        return torch.cat([self.index[:1], self.index])
 
 
 class Rule:
@@ -378,20 +405,32 @@ class Lossless(Rule):
         return accepted, sample_from(law, self.layout.next_token(draws))
 
     def tree(self, step, laws, draws):
-        tree, inputs = step.tree, step.inputs
+        tree, inputs, c = step.tree, step.inputs, self.config
         B, S = inputs.shape
         rows = torch.arange(B, device=inputs.device)
         t = tree.tensors(inputs.device)
-        depth, children, slot = t["depth"][:S], t["children"][:S], step.slot
+        depth, slot = t["depth"][:S], step.slot
+        in_step = (t["children"][:S] > 0) & (t["children"][:S] < S)  # (S, J): node i's j-th child is among the inputs
+        children = torch.where(in_step, t["children"][:S], 0)
         verified = depth <= step.live[:, None]  # (B, S)
-        # on CPU, where reading a flag costs nothing, a try no row makes is skipped, and so is a law no row reads
+        # on CPU, where reading a flag costs nothing, a try no row makes is skipped, and so is a law no row reads; and a
+        # first child's test is decided from bounds on head 1's law where they decide it (:func:`nucleus_passes`), so
+        # that a law is processed only where a try fails or the walk ends (one per row, mostly)
         skips = inputs.device.type == "cpu"
+        bounded = skips and BOUNDED_TESTS and not (c.top_k and c.top_k < step.head1.size(-1))
 
         def law_after(nodes: Tensor) -> Tensor:  # (B, V) head 1's processed law after each row's node: one per row
             return self.target(step.head1[rows, slot[nodes].clamp(min=0)])
 
+        def settled(remaining: Tensor | None, fresh: Tensor, node: Tensor) -> Tensor:  # fresh rows' laws processed
+            law = law_after(node)
+            return law if remaining is None else torch.where(fresh[:, None], law, remaining)
+
         node = torch.zeros(B, dtype=torch.long, device=inputs.device)
-        remaining = law_after(node)  # the target after the current node, rejected siblings removed
+        # the target after the current node, rejected siblings removed; with bounds, processed only when read: `fresh`
+        # (B,) marks the rows whose law after their node is not processed yet (None: none)
+        fresh = torch.ones(B, dtype=torch.bool, device=inputs.device) if bounded else None
+        remaining = None if bounded else law_after(node)
         descending = torch.ones(B, dtype=torch.bool, device=inputs.device)
         test = 0
         for tries in tree.max_children_at_depth():
@@ -400,18 +439,21 @@ class Lossless(Rule):
             moved = torch.zeros_like(descending)
             for j in range(tries):
                 child = children[node, j]
-                exists = (child > 0) & (child < S)
-                child = torch.where(exists, child, 0)
-                trying = descending & ~moved & exists & verified[rows, child]
+                trying = descending & ~moved & in_step[node, j] & verified[rows, child]
                 if skips and not trying.any():  # no row tries this sibling: nothing changes but the test's index
                     test += 1
                     continue
-                token = inputs[rows, child]
+                token, uniform = inputs[rows, child], self.layout.acceptance(draws, test)[:, 0]
+                if fresh is not None:
+                    if j == 0 and self._surely_pass(step, node, child, token, uniform, laws, trying):
+                        node, moved, test = torch.where(trying, child, node), moved | trying, test + 1
+                        continue  # every row that tried passes whatever its law is: the law stays unprocessed
+                    remaining, fresh = settled(remaining, fresh, node), None
                 # (B, V) what this child was drawn from; a top-ranked node's proposal is the node itself (one-hot)
                 proposal = laws.of(child, tree) if laws is not None else one_hot_law(token, remaining)
                 q = remaining.gather(1, token[:, None]).squeeze(1)
                 p = proposal.gather(1, token[:, None]).squeeze(1)
-                passes = sibling_passes(self.layout.acceptance(draws, test)[:, 0], remaining, q, p)
+                passes = sibling_passes(uniform, remaining, q, p)
                 rejected = trying & ~passes
                 if not skips or rejected.any():  # a row's target changes only when its try fails
                     remaining = residual_after_rejection(remaining, proposal, rejected)
@@ -420,13 +462,30 @@ class Lossless(Rule):
                 test += 1
             descending = moved
             # rows that moved start afresh after their new node; the others keep what is left of their target
-            if not skips or descending.any():
+            if bounded:
+                fresh = moved if fresh is None else fresh | moved
+            elif not skips or descending.any():
                 remaining = torch.where(descending[:, None], law_after(node), remaining)
         # a row that ended at a leaf takes its bonus token from head 1 after that leaf
         at_leaf = slot[node] < 0
+        if fresh is not None and (fresh & ~at_leaf).any():
+            remaining = settled(remaining, fresh & ~at_leaf, node)
         if not skips or at_leaf.any():
-            remaining = torch.where(at_leaf[:, None], self.target(step.after(node)), remaining)
+            leaf_law = self.target(step.after(node))
+            remaining = leaf_law if remaining is None else torch.where(at_leaf[:, None], leaf_law, remaining)
         return depth[node], sample_from(remaining, self.layout.next_token(draws)), t["ancestors"][node]
+
+    def _surely_pass(self, step, node, child, token, uniform, laws, trying) -> bool:
+        """Whether every row ``trying`` the first child of its ``node`` passes its test against head 1's law after
+        the node (nothing rejected there yet), decided from bounds on that law's top-p probabilities alone (as
+        :func:`nucleus_passes` decides a chain's): it surely passes when it passes against s(x) inside the nucleus.
+        False when a row may fail: the caller then processes the law."""
+        rows = torch.arange(token.size(0), device=token.device)
+        logits = step.head1[rows, step.slot[node].clamp(min=0)]  # (B, V)
+        p = laws.probability(child, token, step.tree) if laws is not None else torch.ones_like(uniform)
+        sx, above = nucleus_bounds(logits, token, self.config.temperature)  # (B,) each
+        passes = (above < self.config.top_p) & accept_drafts(uniform.numpy(), p.float().numpy(), sx)
+        return bool((passes | ~trying.numpy()).all())
 
 
 class SpecTr(Lossless):

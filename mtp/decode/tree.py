@@ -111,6 +111,7 @@ class DraftTree:
                 "columns": torch.tensor(columns),  # node i's column among the concatenated candidates
                 "attends": attends,  # (N + 1, N + 1): node i sees node j
                 "depth": torch.tensor(self.node_depth),
+                "depth_law": (torch.tensor(self.node_depth) - 1).clamp(min=0),  # the heads draw depth d from law d - 1
                 "rank": torch.tensor(self.node_rank),
                 "parent": torch.tensor(self.parent),
                 "ancestors": torch.tensor(self.ancestors),  # (N + 1, depth + 1)

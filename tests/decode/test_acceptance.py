@@ -324,3 +324,53 @@ def test_bounded_chain_tests_decide_as_the_processed_distributions_do(monkeypatc
         processed = rule.chain(head1, drafts, live, proposals, draws)
         assert all(torch.equal(a, b) for a, b in zip(bounded, processed, strict=True)), trial
     assert 0 < fell_back < 60  # some undecided tests, as rare as the bounds make them
+
+
+def test_bounded_tree_tests_decide_as_the_processed_distributions_do(monkeypatch):
+    """On CPU a tree's first child at each node is tested against bounds on head 1's top-p probabilities, its law
+    processed only once a try there fails or the walk ends; random trees (cut to fewer inputs too), logits, nodes,
+    laws (or top-ranked nodes), depths verified and uniforms: every accepted depth, next token and path equals the one
+    the processed distributions give, with trials where the bounds decide every try, and trials where they fall back."""
+    from mtp.decode import acceptance
+
+    generator = torch.Generator().manual_seed(0)
+    decided, fell_back, surely_pass = 0, 0, Lossless._surely_pass
+
+    def counted(*args):
+        nonlocal decided, fell_back
+        result = surely_pass(*args)
+        decided, fell_back = decided + result, fell_back + (not result)
+        return result
+
+    monkeypatch.setattr(Lossless, "_surely_pass", counted)
+    trees = [
+        DraftTree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]),
+        DraftTree([(0,), (1,), (0, 0), (1, 0)]),
+        DraftTree([(0,), (0, 0), (0, 1), (0, 0, 0), (0, 1, 0)]),
+    ]
+    for trial in range(600):
+        tree, B, Vt = trees[trial % 3], 3, (5, 40)[trial % 2]
+        config = sampling(temperature=(0.7, 1.3)[trial % 2], top_p=(0.9, 0.5, 0.99)[trial % 3], tree=tree)
+        rule = rule_for(config)
+        S = tree.size + 1 - (trial % 4 == 1)  # a step cut before its last node too
+        parents, slot = tree.parents_within(S, torch.device("cpu"))
+        head1 = torch.randn(B, len(parents), Vt, generator=generator) * 2
+        after_all = torch.randn(B, S, Vt, generator=generator) * 2
+        after_all[:, parents] = head1
+        rows = torch.arange(B)
+        # each node's token drawn from head 1 after its parent: first children often pass, and often fail
+        parent_laws = torch.softmax(after_all[:, tree.tensors(torch.device("cpu"))["parent"][:S]], dim=-1)
+        inputs = torch.multinomial(parent_laws.reshape(-1, Vt), 1, generator=generator).reshape(B, S)
+        live = torch.randint(0, tree.depth + 1, (B,), generator=generator)
+        step = TreeVerification(head1, slot, lambda nodes, a=after_all, r=rows: a[r, nodes], inputs, tree, live)
+        laws = None
+        if trial % 5:  # nodes drawn from laws that give their tokens some probability (top-ranked nodes otherwise)
+            probs = torch.softmax(torch.randn(B, tree.depth, Vt, generator=generator), dim=-1)
+            laws = NodeLaws(probs)
+        draws = torch.rand(B, rule.layout.per_step, generator=generator)
+        monkeypatch.setattr(acceptance, "BOUNDED_TESTS", True)
+        bounded = rule.tree(step, laws, draws)
+        monkeypatch.setattr(acceptance, "BOUNDED_TESTS", False)
+        processed = rule.tree(step, laws, draws)
+        assert all(torch.equal(a, b) for a, b in zip(bounded, processed, strict=True)), trial
+    assert decided > 100 and fell_back > 100  # both ways taken often
