@@ -24,6 +24,7 @@ def quick_results(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_quick_mode_schema_and_ratios(quick_results):
     data = json.loads((quick_results / "results.json").read_text())
     assert {"device", "torch", "dtype", "d_model", "n_layers", "seq_len", "batch_size"} <= data["setup"].keys()
@@ -42,6 +43,7 @@ def test_quick_mode_schema_and_ratios(quick_results):
         assert len({r["parameters"] for r in rows if r["vocab_size"] == vocab}) == 1
 
 
+@pytest.mark.slow
 def test_quick_mode_writes_table_and_plot(quick_results):
     table = (quick_results / "results.md").read_text()
     assert "| vocab | loss | n | peak memory (MiB) | memory / n=1 |" in table
@@ -49,6 +51,7 @@ def test_quick_mode_writes_table_and_plot(quick_results):
     assert (quick_results / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [(["--n", "1,x"], "not a comma-separated list"), (["--modes", "fast"], "must be sequential or naive")],

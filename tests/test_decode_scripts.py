@@ -321,6 +321,7 @@ def small_bench(checkpoint: Path, out: Path, *flags: str) -> list[dict]:
     return json.loads((out / "results.json").read_text())["results"]
 
 
+@pytest.mark.slow
 def test_bench_decode_puts_int8_drafts_beside_float_ones(tiny_checkpoints, tmp_path):
     out = tmp_path / "bench"
     flags = ["--modes", "greedy", "--methods", "draft,layerskip,lookup", "--skip-layers", "1,2"]
@@ -338,6 +339,7 @@ def test_bench_decode_puts_int8_drafts_beside_float_ones(tiny_checkpoints, tmp_p
     assert "layerskip (gamma 2, skip 1,2, int8 drafts)" in table
 
 
+@pytest.mark.slow
 def test_bench_decode_puts_top_ranked_drafts_beside_sampled_ones(tiny_checkpoints, tmp_path):
     out = tmp_path / "bench"
     flags = ["--modes", "greedy,sampling", "--methods", "draft,spectr,lookup", "--sequences", "2"]
@@ -352,6 +354,7 @@ def test_bench_decode_puts_top_ranked_drafts_beside_sampled_ones(tiny_checkpoint
     )
 
 
+@pytest.mark.slow
 def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeypatch):
     """--skip-layers auto --skip-sublayers: a layerskip row for the block search's set and one for the sublayer
     search's, per mode, each saying which search found it."""
@@ -374,6 +377,7 @@ def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeyp
         )
 
 
+@pytest.mark.slow
 def test_bench_decode_hf_peer_decodes_the_same_tokens(tiny_checkpoints, tmp_path):
     pytest.importorskip("transformers", reason="--hf needs the hf extra: pip install -e '.[hf]'")
     out = tmp_path / "bench"
@@ -418,6 +422,7 @@ def test_gpu_check_kit_runs_every_step_in_smoke_mode(tiny_checkpoints, tmp_path)
         assert (out / table).is_file()
 
 
+@pytest.mark.slow
 def test_compare_heads_writes_one_row_per_checkpoint(tiny_checkpoints, tmp_path):
     compare_heads = load_script("compare_heads")
     paths = [tiny_checkpoints["mtp4"], tiny_checkpoints["byte8"]]
@@ -477,6 +482,7 @@ def test_compare_heads_reads_each_checkpoint_once_before_comparing(tiny_checkpoi
     assert [str(path) for path in reads] == paths
 
 
+@pytest.mark.slow
 def test_bench_decode_rows_of_draft_sequences_hybrids_and_staged_drafts(tiny_checkpoints, tmp_path):
     """--methods spectr,draft,hybrid,staged: a row per method (and per --sequences), greedy outputs identical to
     autoregressive decoding, and the plot drawn with every method's marker."""

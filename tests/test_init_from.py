@@ -118,6 +118,7 @@ def test_bad_start_settings_are_one_sentence(make_cfg, tiny_checkpoints, tmp_pat
         train(make_cfg(preset, extra))
 
 
+@pytest.mark.slow
 def test_a_bad_start_exits_2_and_leaves_nothing(corpus_dir, shared_cache, tmp_path, tiny_checkpoints):
     result = pretrain(
         *tiny_data(corpus_dir, shared_cache),

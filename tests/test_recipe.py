@@ -69,12 +69,14 @@ def test_the_recipe_distils_trains_and_benchmarks_in_one_command(tiny_checkpoint
     assert json.loads((tmp_path / "distilled" / "settings.json").read_text())["totals"] == settings["totals"]
 
 
+@pytest.mark.slow
 def test_a_bad_benchmark_setting_fails_before_any_distillation(tiny_checkpoints, tmp_path):
     result = pretrain(*recipe(tiny_checkpoints["mtp4"], tmp_path, "bench_decode.prompts=0"), tmp_path=tmp_path)
     assert_one_clear_error(result, "--prompts 0 must be at least 1.")
     assert not (tmp_path / "distilled").exists()
 
 
+@pytest.mark.slow
 def test_distillation_needs_a_model_to_start_from(tmp_path):
     result = pretrain("experiment=pretrained_heads", "init_from=null", "bench_decode=null", tmp_path=tmp_path)
     assert_one_clear_error(result, "distill needs the model to continue prompts: set init_from=PATH")

@@ -151,9 +151,10 @@ def test_sigterm_in_a_real_process_at_a_random_moment_resumes_on_the_same_batche
     print(f"SIGTERM after step {stopped_at}: exited {stop_seconds:.2f} s after the signal")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "in_validation", "status"),
-    [pytest.param(signal.SIGTERM, True, 143, marks=pytest.mark.slow), (signal.SIGINT, False, 130)],
+    [(signal.SIGTERM, True, 143), (signal.SIGINT, False, 130)],
     ids=["sigterm-in-validation", "ctrl-c"],
 )
 def test_a_signal_saves_last_ckpt_and_the_resumed_run_is_the_uninterrupted_one(
@@ -183,6 +184,7 @@ def test_last_ckpt_is_written_every_n_steps_and_at_the_final_step(make_cfg, tmp_
     assert read_checkpoint(last_ckpt(cfg))["global_step"] == 7
 
 
+@pytest.mark.slow
 def test_a_sigkill_during_a_checkpoint_write_leaves_the_previous_one_loadable(corpus_dir, shared_cache, tmp_path):
     """The second save of last.ckpt hangs half-written; SIGKILL then. last.ckpt is still the first save, whole; the
     torn temporary file is never read and goes with the next save."""

@@ -41,11 +41,15 @@ def assert_one_clear_error(result: subprocess.CompletedProcess, message: str) ->
     ("overrides", "message"),
     [
         (["model=mtp5"], "error: model=mtp5 names no config in conf/model/; choose one of byte1, byte8, "),
-        (["model.dmodel=3"], "error: model.dmodel is not a setting of the config (did you mean model.d_model?); "),
+        pytest.param(  # each of these starts a process (~8 s): the everyday suite keeps the first
+            ["model.dmodel=3"],
+            "error: model.dmodel is not a setting of the config (did you mean model.d_model?); ",
+            marks=pytest.mark.slow,
+        ),
         pytest.param(  # a third process start for the same check: with the slow tests
             ["-m", "model=mtp1,mtp5"], "error: model=mtp5 names no config in conf/model/;", marks=pytest.mark.slow
         ),
-        (["model.n_future=12"], "error: model.n_future=12 leaves no trunk layer"),
+        pytest.param(["model.n_future=12"], "error: model.n_future=12 leaves no trunk layer", marks=pytest.mark.slow),
     ],
 )
 def test_bad_config_is_one_sentence(overrides, message, tmp_path):
@@ -73,6 +77,7 @@ def test_a_run_files_its_messages_in_its_log_and_prints_no_library_notices(corpu
     assert "litlogger" not in result.stdout + result.stderr and "LeafSpec" not in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_bad_data_path_and_checkpoint(corpus_dir, shared_cache, tmp_path):
     overrides = tiny_data(corpus_dir, shared_cache)
     result = pretrain(*overrides, f"data.source.paths=[{tmp_path}/missing/*.txt]", tmp_path=tmp_path)

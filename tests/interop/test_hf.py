@@ -137,6 +137,7 @@ def tiny_llama(tmp_path: Path, **overrides) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_random_llama_imports_trains_four_heads_and_decodes_self_speculatively(make_cfg, tmp_path):
     from mtp.train import train
 
@@ -213,6 +214,7 @@ def export_cli(*args) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_export_refuses_bad_input_and_leaves_nothing_half_written(tiny_checkpoints, tmp_path, monkeypatch):
     not_mtp = tmp_path / "model.ckpt"
     torch.save({"state_dict": {}}, not_mtp)

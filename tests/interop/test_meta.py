@@ -134,6 +134,7 @@ def test_meta_tokenizer_converts_to_the_same_ids_and_text(meta_dir):
         assert loaded.tokenizer.decode(ids) == sp.decode(sp.encode(text)) == text
 
 
+@pytest.mark.slow
 def test_decode_reads_a_meta_directory_self_speculatively(meta_dir):
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "decode.py"), str(meta_dir), "--self-speculative", "--compare"]
