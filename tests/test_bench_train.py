@@ -10,6 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # the script imports the mtp of this tree, not another install
 
 
+pytestmark = pytest.mark.slow  # every test starts bench_train.py in a process (its --quick run: ~30 s)
+
+
 @pytest.fixture(scope="module")
 def quick_results(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench")
@@ -24,7 +27,6 @@ def quick_results(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.slow
 def test_quick_mode_schema_and_ratios(quick_results):
     data = json.loads((quick_results / "results.json").read_text())
     assert {"device", "torch", "dtype", "d_model", "n_layers", "seq_len", "batch_size"} <= data["setup"].keys()
@@ -43,7 +45,6 @@ def test_quick_mode_schema_and_ratios(quick_results):
         assert len({r["parameters"] for r in rows if r["vocab_size"] == vocab}) == 1
 
 
-@pytest.mark.slow
 def test_quick_mode_writes_table_and_plot(quick_results):
     table = (quick_results / "results.md").read_text()
     assert "| vocab | loss | n | peak memory (MiB) | memory / n=1 |" in table
@@ -51,7 +52,6 @@ def test_quick_mode_writes_table_and_plot(quick_results):
     assert (quick_results / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [(["--n", "1,x"], "not a comma-separated list"), (["--modes", "fast"], "must be sequential or naive")],
