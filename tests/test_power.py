@@ -67,6 +67,12 @@ SPECTR_LOSSLESS = (
 )
 BOUNDED = "tests/decode/test_acceptance.py::test_bounded_chain_tests_decide_as_the_processed_distributions_do"
 BOUNDED_TREE = "tests/decode/test_acceptance.py::test_bounded_tree_tests_decide_as_the_processed_distributions_do"
+DISTINCT_RULE = "tests/decode/test_acceptance.py::test_a_distinct_sibling_is_tested_without_the_elder_ones"
+DISTINCT_RAN_OUT = "tests/decode/test_acceptance.py::test_a_distinct_sibling_drawn_after_its_law_ran_out_is_not_tried"
+DISTINCT_DRAWS = (
+    "tests/decode/test_acceptance.py::test_distinct_draws_take_the_inverse_cdf_of_what_is_left",
+    "tests/decode/test_acceptance.py::test_distinct_draws_have_the_law_of_sampling_without_replacement",
+)
 TOP_DRAFTS_LOSSLESS = (
     f"{LOSSLESS}[3heads_T0.7_topp0.9_top_drafts]",
     "tests/decode/test_lossless.py::test_tree_and_adaptive_sampling_have_the_autoregressive_distribution[tree_top_drafts]",
@@ -141,6 +147,34 @@ MUTATIONS = [
         "return F.one_hot(tokens, like.size(-1)).to(like.dtype)",
         "return torch.zeros_like(like)",
         TOP_DRAFTS_LOSSLESS,
+    ),
+    Mutation(
+        "a tree's sibling drawn without replacement tested against the full law, as if drawn independently",
+        ACCEPTANCE,
+        "rest = proposal.scatter(1, drawn, 0.0)",
+        "rest = proposal",
+        (*TREE_LOSSLESS, DISTINCT_RULE),
+    ),
+    Mutation(
+        "the heads' proposal does not say its tree's siblings were drawn without replacement",
+        PROPOSERS,
+        "distinct=tree is not None and config.distinct_siblings)",
+        "distinct=False)",
+        TREE_LOSSLESS,
+    ),
+    Mutation(
+        "a distinct sibling drawn after its law ran out is tried, with no proposal mass",
+        ACCEPTANCE,
+        "trying = trying & (p > 0)  # a child",
+        "trying = trying  # a child",
+        (*TREE_LOSSLESS, DISTINCT_RAN_OUT),
+    ),
+    Mutation(
+        "a draw without replacement not moved past the tokens drawn before it",
+        "mtp/decode/sampling.py",
+        "point = point + mass[..., i] * (point >= start[..., i])",
+        "point = point + 0 * mass[..., i] * (point >= start[..., i])",
+        (*TREE_LOSSLESS, *DISTINCT_DRAWS),
     ),
     Mutation(
         "a top-ranked tree node's one-hot proposal put on its parent's token",

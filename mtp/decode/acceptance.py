@@ -80,6 +80,16 @@ def residual_after_rejection(remaining: Tensor, proposal: Tensor, rejected: Tens
     return torch.where(rejected[:, None], residual, remaining)
 
 
+def without_drawn(proposal: Tensor, drawn: Tensor) -> Tensor:
+    """The law (B, V) of a candidate drawn from ``proposal`` (B, V) without replacement after the tokens ``drawn``
+    (B, j): the proposal without them, renormalized (all zeros where nothing is left: such a candidate is not tried).
+    With it a tree's siblings drawn without replacement are tested as :func:`sibling_passes` tests any candidate, and
+    a rejected one leaves :func:`residual_after_rejection` of this law (Sequoia's rule, lossless as SpecInfer's)."""
+    rest = proposal.scatter(1, drawn, 0.0)
+    left = rest.sum(dim=-1, keepdim=True)
+    return rest / torch.where(left > 0, left, 1.0)
+
+
 RHO_BISECTIONS = 30
 """Halvings of [1, k] when solving for SpecTr's rho: (k - 1) / 2^30 from the smallest valid rho."""
 
@@ -264,6 +274,8 @@ class NodeLaws:
 
     probs: Tensor
     index: Tensor | None = None
+    distinct: bool = False
+    """Each node's children were drawn from their law without replacement (:func:`without_drawn` gives each one's)."""
 
     def of(self, nodes: Tensor, tree: DraftTree) -> Tensor:
         """(B, V) the law of node ``nodes[b]`` (B,) of each row (nodes >= 1)."""
@@ -455,8 +467,11 @@ class Lossless(Rule):
                     remaining, fresh = settled(remaining, fresh, node), None
                 # (B, V) what this child was drawn from; a top-ranked node's proposal is the node itself (one-hot)
                 proposal = laws.of(child, tree) if laws is not None else one_hot_law(token, remaining)
+                if j and laws is not None and laws.distinct:  # drawn after its elder siblings, which all failed
+                    proposal = without_drawn(proposal, inputs[rows[:, None], children[node, :j]])
                 q = remaining.gather(1, token[:, None]).squeeze(1)
                 p = proposal.gather(1, token[:, None]).squeeze(1)
+                trying = trying & (p > 0)  # a child drawn after its law ran out (distinct draws) is not a candidate
                 passes = sibling_passes(uniform, remaining, q, p)
                 rejected = trying & ~passes
                 if not skips or rejected.any():  # a row's target changes only when its try fails

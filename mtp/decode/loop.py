@@ -191,7 +191,7 @@ def _verify(
     if tree is not None and n_drafts:
         cache.begin(inputs.size(1), tree.tensors(inputs.device))
         head1, slot, after, hidden = inference.verify_tree(inputs, cache, tree)
-        laws = NodeLaws(probs, proposal.law_index) if probs is not None else None
+        laws = NodeLaws(probs, proposal.law_index, proposal.distinct) if probs is not None else None
         accepted, next_token, path = rule.tree(TreeVerification(head1, slot, after, inputs, tree, live), laws, draws)
         cache.keep_path(path, inference.path_slots)
         inputs = inputs.gather(1, path)  # (B, depth + 1): the accepted path (then its last node repeated)

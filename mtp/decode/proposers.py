@@ -38,7 +38,7 @@ from torch import Tensor
 from mtp.decode.acceptance import Greedy, Lossless, RandomLayout
 from mtp.decode.cache import KVCache
 from mtp.decode.inference import ATTENTION, FEED_FORWARD, InferenceModel, Sublayer, skip_label, sublayers_of
-from mtp.decode.sampling import RowUniforms, processed_probs, sample_from, sample_many, top_tokens
+from mtp.decode.sampling import RowUniforms, processed_probs, sample_distinct, sample_from, sample_many, top_tokens
 from mtp.decode.settings import GenerationConfig, SettingError
 from mtp.model import MTPModel
 
@@ -57,6 +57,8 @@ class Proposal:
     """The same on the host, from proposers that know it there (the drafters)."""
     law_index: Tensor | None = None
     """(N,) for a tree whose nodes were not drawn one law per depth: the index in ``probs`` of each node's law."""
+    distinct: bool = False
+    """A tree whose every node's children were drawn from their law without replacement (else independently)."""
 
     def rows(self, index: Tensor, rows: list[int]) -> Proposal:
         """This proposal for the rows ``index`` (``rows`` on the host) only."""
@@ -66,6 +68,7 @@ class Proposal:
             None if self.live is None else self.live[index],
             None if self.counts is None else [self.counts[r] for r in rows],
             self.law_index,
+            self.distinct,
         )
 
 
@@ -160,7 +163,14 @@ class HeadsProposer(Proposer):
             live = (confidence[:, : self.drafts] >= config.draft_p_min).long().cumprod(dim=1).sum(dim=1)
         else:
             live = torch.full((B,), self.drafts, dtype=torch.long, device=inputs.device)
-        if tree is not None and self.sampled:  # every node drawn from its depth's proposal, independently
+        if tree is not None and config.distinct_siblings:  # each node's children drawn without replacement
+            widths, firsts = tree.max_children_at_depth(), [first for first, _ in tree.depth_nodes()]
+            draws_at_depth = [  # depth d's draws take the uniforms of its first nodes
+                sample_distinct(draft_probs[:, d], self.layout.nodes(draws, firsts[d], firsts[d] + widths[d]))
+                for d in range(tree.depth)
+            ]
+            drafts = tree.sibling_tokens(draws_at_depth)
+        elif tree is not None and self.sampled:  # every node drawn from its depth's proposal, independently
             drafts = torch.cat(
                 [
                     sample_many(draft_probs[:, d - 1], self.layout.nodes(draws, first, last))
@@ -174,7 +184,7 @@ class HeadsProposer(Proposer):
                 for d, k in enumerate(tree.ranks_at_depth)
             ]
             drafts = tree.node_tokens(candidates)
-        self.pending = Proposal(drafts, draft_probs, live)
+        self.pending = Proposal(drafts, draft_probs, live, distinct=tree is not None and config.distinct_siblings)
         return live
 
     def processed(self, logits: Tensor) -> Tensor:

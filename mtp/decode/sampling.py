@@ -75,6 +75,32 @@ def sample_many(probs: Tensor, uniforms: Tensor) -> Tensor:
     return index.clamp_(max=probs.size(-1) - 1)
 
 
+def sample_distinct(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """Samples (..., M) of each distribution in probs (..., V) without replacement, one per uniform (..., M): the j-th
+    is the inverse-CDF sample of probs without the j - 1 tokens drawn before it (its uniform scaled to the mass left,
+    then moved past each drawn token's stretch of the CDF, in the order they lie there). Where probs has fewer than M
+    tokens of positive probability, the samples after they run out are drawn tokens or tokens of probability 0: a rule
+    that reads them gives such a candidate no proposal mass (:func:`mtp.decode.acceptance.without_drawn`)."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[..., -1]
+    drawn: list[Tensor] = []
+    for j in range(uniforms.size(-1)):
+        point = uniforms[..., j].to(cdf.dtype)
+        if drawn:
+            taken = torch.stack(drawn, dim=-1)  # (..., j)
+            mass = probs.gather(-1, taken)
+            start = cdf.gather(-1, taken) - mass  # where each drawn token's stretch of the CDF begins
+            start, order = start.sort(dim=-1)
+            mass = mass.gather(-1, order)
+            point = point * (total - mass.sum(dim=-1)).clamp(min=0)
+            for i in range(j):  # past each drawn stretch at or before the point, in order
+                point = point + mass[..., i] * (point >= start[..., i])
+        else:
+            point = point * total
+        drawn.append(torch.searchsorted(cdf, point[..., None], right=True)[..., 0].clamp_(max=probs.size(-1) - 1))
+    return torch.stack(drawn, dim=-1)
+
+
 class RowUniforms:
     """Uniform numbers for sampling: row b's come from its own generator, seeded ``seed + row``, drawn up front.
 

@@ -21,6 +21,8 @@ DraftDtype = Literal["auto", "int8"]
 DRAFT_DTYPES: tuple[str, ...] = get_args(DraftDtype)
 DraftChoice = Literal["auto", "sampled", "tempered", "top"]
 DRAFT_CHOICES: tuple[str, ...] = get_args(DraftChoice)
+SiblingDraws = Literal["distinct", "independent"]
+SIBLING_DRAWS: tuple[str, ...] = get_args(SiblingDraws)
 
 
 class SettingError(ValueError):
@@ -109,6 +111,10 @@ class GenerationConfig:
     """Sampling with exact acceptance: sampled (drafts drawn from the drafter's distribution processed as the target's,
     top-p included), tempered (drawn after temperature and top-k only: no nucleus to find), top (the top-ranked drafts,
     one-hot proposals); auto: tempered for the heads on CPU, else sampled. All lossless."""
+    sibling_draws: SiblingDraws = "distinct"
+    """A sampled tree of the heads' drafts, exact acceptance: distinct: a node's children are drawn without replacement
+    and each is tested against its law without the siblings tried before it (Sequoia's rule); independent: each drawn
+    from the full law (SpecInfer's). Both lossless; SpecTr's rule always draws independently."""
 
     def __post_init__(self) -> None:
         """Every setting checked here, the one place that does (the command lines report these under their flags)."""
@@ -184,6 +190,9 @@ class GenerationConfig:
         if self.draft_choice not in DRAFT_CHOICES:
             choices = ", ".join(DRAFT_CHOICES)
             raise SettingError(f"{{draft_choice}} must be one of {choices}.", draft_choice=self.draft_choice)
+        if self.sibling_draws not in SIBLING_DRAWS:
+            choices = ", ".join(SIBLING_DRAWS)
+            raise SettingError(f"{{sibling_draws}} must be one of {choices}.", sibling_draws=self.sibling_draws)
         if self.acceptance == "spectr" and self.draft_choice == "top":
             raise SettingError(
                 "{acceptance} selects among drafts sampled independently from one law, and {draft_choice} drafts the "
@@ -227,6 +236,16 @@ class GenerationConfig:
         """Drafts drawn from proposals (sampling, exact acceptance, sampled drafts); otherwise top-ranked (greedy,
         typical, ``draft_choice="top"``)."""
         return not self.greedy and not self.typical and self.draft_choice != "top"
+
+    @property
+    def distinct_siblings(self) -> bool:
+        """The heads' sampled tree draws each node's children without replacement (:attr:`sibling_draws`)."""
+        return (
+            self.tree is not None
+            and self.samples_drafts
+            and self.acceptance == "exact"
+            and (self.sibling_draws == "distinct")
+        )
 
     def proposal_top_p(self, device: torch.device, heads: bool = True) -> float:
         """The top-p of the law sampled drafts are drawn from on ``device``: the target's (``draft_choice="sampled"``),

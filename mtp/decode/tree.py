@@ -107,8 +107,12 @@ class DraftTree:
                 children[i, : len(c)] = torch.tensor(c, dtype=torch.long)
             offsets = [sum(self.ranks_at_depth[:d]) for d in range(self.depth)]  # where depth d + 1's candidates start
             columns = [offsets[self.node_depth[i] - 1] + self.node_rank[i] for i in range(1, n)]
+            widths = self.max_children_at_depth()  # where depth d + 1's draws start, one per sibling position
+            starts = [sum(widths[:d]) for d in range(self.depth)]
+            sibling = [starts[self.node_depth[i] - 1] + self.children[self.parent[i]].index(i) for i in range(1, n)]
             tensors = {
                 "columns": torch.tensor(columns),  # node i's column among the concatenated candidates
+                "sibling_columns": torch.tensor(sibling),  # node i's column among the concatenated draws by position
                 "attends": attends,  # (N + 1, N + 1): node i sees node j
                 "depth": torch.tensor(self.node_depth),
                 "depth_law": (torch.tensor(self.node_depth) - 1).clamp(min=0),  # the heads draw depth d from law d - 1
@@ -140,6 +144,13 @@ class DraftTree:
         """Node tokens (B, N) from each depth's candidates in rank order (a list of (B, ranks_at_depth[d]))."""
         table = torch.cat(candidates, dim=1)  # (B, sum of ranks)
         return table.index_select(1, self.tensors(table.device)["columns"])
+
+    def sibling_tokens(self, draws: list[Tensor]) -> Tensor:
+        """Node tokens (B, N) from each depth's draws in order (a list of (B, max_children_at_depth()[d])): a node
+        takes the draw of its position among its parent's children (the first child the first draw, whatever its
+        rank), so that every node's children are its depth's first draws."""
+        table = torch.cat(draws, dim=1)
+        return table.index_select(1, self.tensors(table.device)["sibling_columns"])
 
     def to_json(self, **metadata) -> str:
         return json.dumps({"paths": [list(p) for p in self.paths], **metadata}, indent=1)

@@ -2,6 +2,8 @@
 prefix, a cut draft, a rejected sibling in a tree), for every rule, beside the statistical checks of
 test_lossless.py, which these make readable when they fail."""
 
+import collections
+import itertools
 import math
 
 import pytest
@@ -16,7 +18,7 @@ from mtp.decode.acceptance import (
     Typical,
     rule_for,
 )
-from mtp.decode.sampling import top_tokens
+from mtp.decode.sampling import sample_distinct, sample_many, top_tokens
 from mtp.decode.settings import GenerationConfig
 from mtp.decode.tree import DraftTree
 
@@ -250,6 +252,75 @@ def test_lossless_tree_bonus_token_after_the_deepest_node_comes_from_head_1_ther
     probs = torch.tensor([[one_hot(1), one_hot(0)]])
     depth, token, path = rule.tree(step, NodeLaws(probs), draws_for(rule, [0.5, 0.5, 0.5], 0.99))
     assert (depth.item(), path[0].tolist(), token.item()) == (2, [0, 1, 3], 3)  # after node 3: uniform 0.99 -> 3
+
+
+# -- siblings drawn without replacement (sibling_draws="distinct", Sequoia's rule) against independently (SpecInfer's)
+def test_a_distinct_sibling_is_tested_without_the_elder_ones():
+    """Node 1 (token 1) fails (uniform 0.9 > q/p = 0.4); the target becomes normalize(max(0, q - p)) = (0, 0, 5/6,
+    1/6). Node 2 (token 3) was drawn without token 1: its law is (0, 0, 1/2, 1/2), so it passes with 1/6 / 1/2 = 1/3,
+    and uniform 0.5 rejects it; drawn independently (p(3) = 1/4) it passes with 2/3, and 0.5 accepts it. After the
+    distinct rejection what is left is normalize(max(0, (0, 0, 5/6, 1/6) - (0, 0, 1/2, 1/2))): token 2."""
+    q_root, proposal = [0.0, 0.2, 0.5, 0.3], [0.0, 0.5, 0.25, 0.25]
+    heads_after = [q_root, HALVES, one_hot(0), HALVES, HALVES]  # after node 2 head 1 says 0; node 4 drafted 0
+    probs = torch.tensor([[proposal, one_hot(0)]])
+    tests = [0.9, 0.5, 0.5]  # depth 1: node 1, node 2; depth 2: the child of the node reached
+    # distinct: token 2 from what is left; independent: node 2, then node 4 (head 1 says 0), then HALVES' 0.3 quantile
+    for draws, expected in [("distinct", (0, [0, 0, 0], 2)), ("independent", (2, [0, 2, 4], 1))]:
+        rule = rule_for(sampling(tree=TREE, heads=3, sibling_draws=draws))
+        laws = NodeLaws(probs, distinct=draws == "distinct")
+        depth, token, path = rule.tree(tree_step([0, 1, 3, 0, 0], heads_after), laws, draws_for(rule, tests, 0.3))
+        assert (depth.item(), path[0].tolist(), token.item()) == expected, draws
+    # a uniform below 1/3 passes the distinct node 2 too
+    rule = rule_for(sampling(tree=TREE, heads=3))
+    depth, token, path = rule.tree(
+        tree_step([0, 1, 3, 0, 0], heads_after), NodeLaws(probs, distinct=True), draws_for(rule, [0.9, 0.3, 0.5], 0.3)
+    )
+    assert (depth.item(), path[0].tolist()) == (2, [0, 2, 4])
+
+
+def test_a_distinct_sibling_drawn_after_its_law_ran_out_is_not_tried():
+    """The proposal has one token (1); node 2's draw after it has nothing left (here token 3, probability 0 under the
+    proposal), so it is no candidate even though head 1 gives 3 probability 0.3: node 1 fails and the token comes
+    from the residual max(0, q - p) = (0, 0, 0.5, 0.3) normalized, whose 0.7 quantile is token 3 (a tried node 2
+    would have passed whatever its uniform)."""
+    rule = rule_for(sampling(tree=TREE, heads=3))
+    step = tree_step([0, 1, 3, 0, 0], [[0.0, 0.2, 0.5, 0.3], HALVES, HALVES, HALVES, HALVES])
+    probs = torch.tensor([[one_hot(1), one_hot(0)]])
+    for next_uniform, expected in [(0.7, 3), (0.5, 2)]:
+        draws = draws_for(rule, [0.9, 0.0, 0.0], next_uniform)
+        depth, token, path = rule.tree(step, NodeLaws(probs, distinct=True), draws)
+        assert (depth.item(), path[0].tolist(), token.item()) == (0, [0, 0, 0], expected)
+
+
+def test_distinct_draws_take_the_inverse_cdf_of_what_is_left():
+    """probs (0.1, 0, 0.4, 0.2, 0.3): uniform 0.3 -> token 2; then without it (1/6, 0, 0, 1/3, 1/2), 0.5 -> token 4;
+    then (1/3, 0, 0, 2/3, 0), 0.1 -> token 0 and 0.5 -> token 3; a fourth draw has only token 3 left."""
+    probs = torch.tensor([[0.1, 0.0, 0.4, 0.2, 0.3]] * 2)
+    assert sample_distinct(probs, torch.tensor([[0.3, 0.5, 0.1], [0.3, 0.5, 0.5]])).tolist() == [[2, 4, 0], [2, 4, 3]]
+    assert sample_distinct(probs[:1], torch.tensor([[0.3, 0.5, 0.1, 0.99]])).tolist() == [[2, 4, 0, 3]]
+
+
+def test_distinct_draws_have_the_law_of_sampling_without_replacement():
+    """Ordered triples from 60,000 rows of a 6-token law against their exact probabilities (p(a) p(b) / (1 - p(a))
+    ...), within the total variation that 60,000 exact samples exceed with probability 1e-6; drawing with replacement
+    (every triple's law the product) is far outside it."""
+    p = torch.tensor([0.05, 0.3, 0.0, 0.25, 0.15, 0.25])
+    n = 60_000
+    samples = sample_distinct(p.expand(n, -1), torch.rand(n, 3, generator=torch.Generator().manual_seed(0)))
+    counts = collections.Counter(map(tuple, samples.tolist()))
+    exact = {}
+    for triple in itertools.permutations([0, 1, 3, 4, 5], 3):
+        law, left = 1.0, 1.0
+        for token in triple:
+            law, left = law * p[token].item() / left, left - p[token].item()
+        exact[triple] = law
+    tv = 0.5 * sum(abs(counts.get(t, 0) / n - exact.get(t, 0.0)) for t in set(counts) | set(exact))
+    threshold = 0.5 * sum(math.sqrt(q * (1 - q) / n) for q in exact.values()) + math.sqrt(math.log(1e6) / (2 * n))
+    assert tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
+    with_replacement = sample_many(p.expand(n, -1), torch.rand(n, 3, generator=torch.Generator().manual_seed(0)))
+    counts = collections.Counter(map(tuple, with_replacement.tolist()))
+    tv = 0.5 * sum(abs(counts.get(t, 0) / n - exact.get(t, 0.0)) for t in set(counts) | set(exact))
+    assert tv > 4 * threshold
 
 
 # -- top-ranked drafts under lossless sampling (draft_choice="top"): no proposal law, each draft's is itself (one-hot)

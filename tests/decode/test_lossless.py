@@ -253,6 +253,7 @@ DRAFTING = {
     "tree": dict(heads=4, tree=TREE),
     "tree_T0.7_topp0.9": dict(heads=4, temperature=0.7, top_p=0.9, tree=TREE),
     "chain_adaptive": dict(heads=4, adaptive_drafts=True),
+    "tree_independent_siblings": dict(heads=4, tree=TREE, sibling_draws="independent"),
     "tree_top_drafts": dict(heads=4, tree=TREE, draft_choice="top"),
     "tree_T0.7_topp0.9_sampled_drafts": dict(heads=4, temperature=0.7, top_p=0.9, tree=TREE, draft_choice="sampled"),
 }
@@ -301,6 +302,10 @@ def test_typical_acceptance_is_lossy_and_the_check_sees_it():
 
 REAL_MODEL_DRAFTING = {
     "tree-transformer": ("transformer", dict(tree=DraftTree([(0,), (1,), (2,), (0, 0), (1, 0), (0, 1)]))),
+    "tree-transformer-independent": (
+        "transformer",
+        dict(tree=DraftTree([(0,), (1,), (2,), (0, 0), (1, 0), (0, 1)]), sibling_draws="independent"),
+    ),
     "tree-causal": ("causal", dict(tree=DraftTree([(0,), (1,), (0, 0), (0, 1)]))),
     "tree-p_min": ("medusa", dict(tree=DraftTree([(0,), (1,), (0, 0), (1, 0)]), draft_p_min=0.4)),
     "chain-p_min": ("medusa", dict(draft_p_min=0.4)),
@@ -309,10 +314,13 @@ REAL_MODEL_DRAFTING = {
 }
 
 
-@pytest.mark.parametrize(  # the causal tree of top-ranked drafts (~4 s) with the slow tests
+SLOW_REAL_MODEL_DRAFTING = ("tree-causal-top_drafts", "tree-transformer-independent")  # ~4 s each
+
+
+@pytest.mark.parametrize(  # these variants with the slow tests
     "head_type, decoding",
     [
-        pytest.param(*case, id=name, marks=[pytest.mark.slow] if name == "tree-causal-top_drafts" else [])
+        pytest.param(*case, id=name, marks=[pytest.mark.slow] if name in SLOW_REAL_MODEL_DRAFTING else [])
         for name, case in REAL_MODEL_DRAFTING.items()
     ],
 )
