@@ -170,10 +170,24 @@ MUTATIONS = [
         (*TREE_LOSSLESS, DISTINCT_RAN_OUT),
     ),
     Mutation(
-        "a draw without replacement not moved past the tokens drawn before it",
+        "a draw without replacement not moved past the tokens drawn before it (on other devices than the CPU)",
         "mtp/decode/sampling.py",
         "point = point + mass[..., i] * (point >= start[..., i])",
         "point = point + 0 * mass[..., i] * (point >= start[..., i])",
+        DISTINCT_DRAWS,
+    ),
+    Mutation(
+        "a draw without replacement on the CPU not moved past the tokens drawn before it",
+        "mtp/decode/sampling.py",
+        "point = point + masses[:, i] * (point >= starts[:, i])",
+        "point = point + 0 * masses[:, i] * (point >= starts[:, i])",
+        (*TREE_LOSSLESS, *DISTINCT_DRAWS),
+    ),
+    Mutation(
+        "a draw without replacement on the CPU scaled to the whole mass, not what is left",
+        "mtp/decode/sampling.py",
+        "point = point * np.maximum(total - masses.sum(axis=1), 0)",
+        "point = point * total",
         (*TREE_LOSSLESS, *DISTINCT_DRAWS),
     ),
     Mutation(

@@ -146,8 +146,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_settings(
         parser.add_argument_group("decoding settings (GenerationConfig's fields)"),
         GenerationConfig,
-        ("max_new_tokens", "temperature", "top_p", "seed", "compile", "draft_p_min"),
-        notes={"temperature": "sampling mode", "top_p": "sampling mode", "draft_p_min": "the adaptive method's"},
+        ("max_new_tokens", "temperature", "top_p", "seed", "compile", "draft_p_min", "sibling_draws"),
+        notes={
+            "temperature": "sampling mode",
+            "top_p": "sampling mode",
+            "draft_p_min": "the adaptive method's",
+            "sibling_draws": "the tree method's, sampling",
+        },
         temperature=0.8,
         top_p=0.95,
         draft_p_min=0.3,

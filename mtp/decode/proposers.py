@@ -164,12 +164,8 @@ class HeadsProposer(Proposer):
         else:
             live = torch.full((B,), self.drafts, dtype=torch.long, device=inputs.device)
         if tree is not None and config.distinct_siblings:  # each node's children drawn without replacement
-            widths, firsts = tree.max_children_at_depth(), [first for first, _ in tree.depth_nodes()]
-            draws_at_depth = [  # depth d's draws take the uniforms of its first nodes
-                sample_distinct(draft_probs[:, d], self.layout.nodes(draws, firsts[d], firsts[d] + widths[d]))
-                for d in range(tree.depth)
-            ]
-            drafts = tree.sibling_tokens(draws_at_depth)
+            uniforms = self.layout.nodes(draws, 0, tree.size)[:, tree.tensors(draws.device)["draw_uniforms"]]
+            drafts = tree.sibling_tokens(sample_distinct(draft_probs[:, : tree.depth], uniforms))  # (B, depth, W)
         elif tree is not None and self.sampled:  # every node drawn from its depth's proposal, independently
             drafts = torch.cat(
                 [

@@ -50,6 +50,10 @@ class DraftTree:
         for i in range(1, self.size + 1):
             children[self.parent[i]].append(i)  # in rank order: paths are sorted
         self.children = children
+        # read at every step: computed once
+        self._depth_nodes = tuple((self.nodes_up_to(d - 1), self.nodes_up_to(d)) for d in range(1, self.depth + 1))
+        self._max_children = tuple(max(len(children[i]) for i in range(self.size + 1) if self.node_depth[i] == d - 1)
+                                   for d in range(1, self.depth + 1))  # fmt: skip
         # ancestors[i][j]: node i's ancestor at depth j (i itself from its own depth on)
         self.ancestors = []
         for i in range(self.size + 1):
@@ -86,9 +90,9 @@ class DraftTree:
     def __repr__(self) -> str:
         return f"DraftTree({self.size} nodes, depth {self.depth})"
 
-    def depth_nodes(self) -> list[tuple[int, int]]:
+    def depth_nodes(self) -> tuple[tuple[int, int], ...]:
         """For depth d = 1..depth, the range [first, last) of its nodes among nodes 1..N, counted from 0."""
-        return [(self.nodes_up_to(d - 1), self.nodes_up_to(d)) for d in range(1, self.depth + 1)]
+        return self._depth_nodes
 
     def nodes_up_to(self, depth: int) -> int:
         """How many nodes (root excluded) lie at depths 1..depth: a prefix of the node order."""
@@ -107,12 +111,16 @@ class DraftTree:
                 children[i, : len(c)] = torch.tensor(c, dtype=torch.long)
             offsets = [sum(self.ranks_at_depth[:d]) for d in range(self.depth)]  # where depth d + 1's candidates start
             columns = [offsets[self.node_depth[i] - 1] + self.node_rank[i] for i in range(1, n)]
-            widths = self.max_children_at_depth()  # where depth d + 1's draws start, one per sibling position
-            starts = [sum(widths[:d]) for d in range(self.depth)]
-            sibling = [starts[self.node_depth[i] - 1] + self.children[self.parent[i]].index(i) for i in range(1, n)]
+            # distinct draws: (depth, W) per row, W the most children of a node; node i takes its depth's draw at its
+            # position among its siblings, each depth's draws reading the uniforms of its first nodes
+            widths, firsts = self.max_children_at_depth(), [first for first, _ in self.depth_nodes()]
+            W = max(widths)
+            sibling = [(self.node_depth[i] - 1) * W + self.children[self.parent[i]].index(i) for i in range(1, n)]
+            draw_uniforms = [[firsts[d] + min(j, widths[d] - 1) for j in range(W)] for d in range(self.depth)]
             tensors = {
                 "columns": torch.tensor(columns),  # node i's column among the concatenated candidates
-                "sibling_columns": torch.tensor(sibling),  # node i's column among the concatenated draws by position
+                "sibling_columns": torch.tensor(sibling),  # node i's column among the (depth, W) draws, flattened
+                "draw_uniforms": torch.tensor(draw_uniforms),  # (depth, W): the node uniform each draw reads
                 "attends": attends,  # (N + 1, N + 1): node i sees node j
                 "depth": torch.tensor(self.node_depth),
                 "depth_law": (torch.tensor(self.node_depth) - 1).clamp(min=0),  # the heads draw depth d from law d - 1
@@ -135,22 +143,20 @@ class DraftTree:
             self._parents[key] = (torch.tensor(parents, device=device), slot.to(device))
         return self._parents[key]
 
-    def max_children_at_depth(self) -> list[int]:
+    def max_children_at_depth(self) -> tuple[int, ...]:
         """For depth d = 1..depth, the most children a node at depth d - 1 has: sibling tests per level."""
-        return [max(len(self.children[i]) for i in range(self.size + 1) if self.node_depth[i] == d - 1)
-                for d in range(1, self.depth + 1)]  # fmt: skip
+        return self._max_children
 
     def node_tokens(self, candidates: list[Tensor]) -> Tensor:
         """Node tokens (B, N) from each depth's candidates in rank order (a list of (B, ranks_at_depth[d]))."""
         table = torch.cat(candidates, dim=1)  # (B, sum of ranks)
         return table.index_select(1, self.tensors(table.device)["columns"])
 
-    def sibling_tokens(self, draws: list[Tensor]) -> Tensor:
-        """Node tokens (B, N) from each depth's draws in order (a list of (B, max_children_at_depth()[d])): a node
+    def sibling_tokens(self, draws: Tensor) -> Tensor:
+        """Node tokens (B, N) from each depth's draws in order (B, depth, W), W the most children of a node: a node
         takes the draw of its position among its parent's children (the first child the first draw, whatever its
         rank), so that every node's children are its depth's first draws."""
-        table = torch.cat(draws, dim=1)
-        return table.index_select(1, self.tensors(table.device)["sibling_columns"])
+        return draws.flatten(1).index_select(1, self.tensors(draws.device)["sibling_columns"])
 
     def to_json(self, **metadata) -> str:
         return json.dumps({"paths": [list(p) for p in self.paths], **metadata}, indent=1)
