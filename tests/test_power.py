@@ -149,6 +149,13 @@ MUTATIONS = [
         TOP_DRAFTS_LOSSLESS,
     ),
     Mutation(
+        "a draw without replacement scaled to the whole mass, not what is left",
+        "mtp/decode/sampling.py",
+        "point = point * (total - mass.sum(dim=-1)).clamp(min=0)",
+        "point = point * total",
+        (*TREE_LOSSLESS, *DISTINCT_DRAWS),
+    ),
+    Mutation(
         "a tree's sibling drawn without replacement tested against the full law, as if drawn independently",
         ACCEPTANCE,
         "rest = proposal.scatter(1, drawn, 0.0)",
@@ -170,24 +177,10 @@ MUTATIONS = [
         (*TREE_LOSSLESS, DISTINCT_RAN_OUT),
     ),
     Mutation(
-        "a draw without replacement not moved past the tokens drawn before it (on other devices than the CPU)",
+        "a draw without replacement not moved past the tokens drawn before it",
         "mtp/decode/sampling.py",
         "point = point + mass[..., i] * (point >= start[..., i])",
         "point = point + 0 * mass[..., i] * (point >= start[..., i])",
-        DISTINCT_DRAWS,
-    ),
-    Mutation(
-        "a draw without replacement on the CPU not moved past the tokens drawn before it",
-        "mtp/decode/sampling.py",
-        "point = point + masses[:, i] * (point >= starts[:, i])",
-        "point = point + 0 * masses[:, i] * (point >= starts[:, i])",
-        (*TREE_LOSSLESS, *DISTINCT_DRAWS),
-    ),
-    Mutation(
-        "a draw without replacement on the CPU scaled to the whole mass, not what is left",
-        "mtp/decode/sampling.py",
-        "point = point * np.maximum(total - masses.sum(axis=1), 0)",
-        "point = point * total",
         (*TREE_LOSSLESS, *DISTINCT_DRAWS),
     ),
     Mutation(

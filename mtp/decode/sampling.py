@@ -80,19 +80,7 @@ def sample_distinct(probs: Tensor, uniforms: Tensor) -> Tensor:
     is the inverse-CDF sample of probs without the j - 1 tokens drawn before it (its uniform scaled to the mass left,
     then moved past each drawn token's stretch of the CDF, in the order they lie there). Where probs has fewer than M
     tokens of positive probability, the samples after they run out are drawn tokens or tokens of probability 0: a rule
-    that reads them gives such a candidate no proposal mass (:func:`mtp.decode.acceptance.without_drawn`). On CPU in
-    NumPy, whose operations on a step's few rows cost a fraction of PyTorch's (0.26 ms of a 7 ms tree step in PyTorch,
-    measured on this project's 2-core CPU)."""
-    if probs.device.type == "cpu":
-        V, M = probs.size(-1), uniforms.size(-1)
-        p = probs.detach().reshape(-1, V).float().numpy()
-        drawn = _distinct_numpy(p, uniforms.detach().reshape(-1, M).float().numpy())
-        return torch.from_numpy(drawn).reshape(*uniforms.shape)
-    return _distinct_torch(probs, uniforms)
-
-
-def _distinct_torch(probs: Tensor, uniforms: Tensor) -> Tensor:
-    """:func:`sample_distinct` in PyTorch (on devices other than the CPU)."""
+    that reads them gives such a candidate no proposal mass (:func:`mtp.decode.acceptance.without_drawn`)."""
     cdf = probs.cumsum(dim=-1)
     total = cdf[..., -1]
     drawn: list[Tensor] = []
@@ -111,32 +99,6 @@ def _distinct_torch(probs: Tensor, uniforms: Tensor) -> Tensor:
             point = point * total
         drawn.append(torch.searchsorted(cdf, point[..., None], right=True)[..., 0].clamp_(max=probs.size(-1) - 1))
     return torch.stack(drawn, dim=-1)
-
-
-def _distinct_numpy(p: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
-    """:func:`sample_distinct` of rows p (R, V) with uniforms (R, M), in NumPy: the same steps, the search a count."""
-    R, V = p.shape
-    M = uniforms.shape[1]
-    cdf = np.cumsum(p, axis=1)
-    total = cdf[:, -1]
-    rows = np.arange(R)
-    drawn = np.empty((R, M), dtype=np.int64)
-    mass = np.empty((R, M), dtype=p.dtype)
-    start = np.empty((R, M), dtype=p.dtype)
-    for j in range(M):
-        point = uniforms[:, j].astype(p.dtype)
-        if j:
-            order = np.argsort(start[:, :j], axis=1, kind="stable")
-            starts, masses = np.take_along_axis(start[:, :j], order, 1), np.take_along_axis(mass[:, :j], order, 1)
-            point = point * np.maximum(total - masses.sum(axis=1), 0)
-            for i in range(j):  # past each drawn stretch at or before the point, in order
-                point = point + masses[:, i] * (point >= starts[:, i])
-        else:
-            point = point * total
-        token = np.minimum((cdf <= point[:, None]).sum(axis=1), V - 1)  # searchsorted(cdf, point, right=True)
-        drawn[:, j], mass[:, j] = token, p[rows, token]
-        start[:, j] = cdf[rows, token] - mass[:, j]
-    return drawn
 
 
 class RowUniforms:

@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from mtp.decode import sampling as sampling_module
 from mtp.decode.acceptance import (
     Greedy,
     Lossless,
@@ -293,30 +292,23 @@ def test_a_distinct_sibling_drawn_after_its_law_ran_out_is_not_tried():
         assert (depth.item(), path[0].tolist(), token.item()) == (0, [0, 0, 0], expected)
 
 
-DISTINCT_DRAWS = [sample_distinct, sampling_module._distinct_torch]
-"""Draws without replacement on the CPU (NumPy) and as other devices draw them (PyTorch)."""
-
-
 def test_distinct_draws_take_the_inverse_cdf_of_what_is_left():
     """probs (0.1, 0, 0.4, 0.2, 0.3): uniform 0.3 -> token 2; then without it (1/6, 0, 0, 1/3, 1/2), 0.55 -> token
-    4; then (1/3, 0, 0, 2/3, 0), 0.1 -> token 0 and 0.5 -> token 3; a fourth draw has only token 3 left. On the CPU
-    (NumPy) and as other devices draw (PyTorch)."""
+    4; then (1/3, 0, 0, 2/3, 0), 0.1 -> token 0 and 0.5 -> token 3; a fourth draw has only token 3 left."""
     probs = torch.tensor([[0.1, 0.0, 0.4, 0.2, 0.3]] * 2)
     uniforms = torch.tensor([[0.3, 0.55, 0.1], [0.3, 0.55, 0.5]])
-    for draw in DISTINCT_DRAWS:
-        assert draw(probs, uniforms).tolist() == [[2, 4, 0], [2, 4, 3]], draw
-        assert draw(probs[:1], torch.tensor([[0.3, 0.55, 0.1, 0.99]])).tolist() == [[2, 4, 0, 3]], draw
-        assert draw(probs[None], uniforms[None]).shape == (1, 2, 3)  # any leading dimensions
+    assert sample_distinct(probs, uniforms).tolist() == [[2, 4, 0], [2, 4, 3]]
+    assert sample_distinct(probs[:1], torch.tensor([[0.3, 0.55, 0.1, 0.99]])).tolist() == [[2, 4, 0, 3]]
+    assert sample_distinct(probs[None], uniforms[None]).shape == (1, 2, 3)  # any leading dimensions
 
 
-@pytest.mark.parametrize("draw", DISTINCT_DRAWS, ids=["numpy", "torch"])
-def test_distinct_draws_have_the_law_of_sampling_without_replacement(draw):
+def test_distinct_draws_have_the_law_of_sampling_without_replacement():
     """Ordered triples from 60,000 rows of a 6-token law against their exact probabilities (p(a) p(b) / (1 - p(a))
     ...), within the total variation that 60,000 exact samples exceed with probability 1e-6; drawing with replacement
     (every triple's law the product) is far outside it."""
     p = torch.tensor([0.05, 0.3, 0.0, 0.25, 0.15, 0.25])
     n = 60_000
-    samples = draw(p.expand(n, -1), torch.rand(n, 3, generator=torch.Generator().manual_seed(0)))
+    samples = sample_distinct(p.expand(n, -1), torch.rand(n, 3, generator=torch.Generator().manual_seed(0)))
     counts = collections.Counter(map(tuple, samples.tolist()))
     exact = {}
     for triple in itertools.permutations([0, 1, 3, 4, 5], 3):
