@@ -12,11 +12,13 @@ drafts were sampled, the distributions they were drawn from; it never runs the m
   after a fully accepted chain from q (Leviathan et al. 2023; Chen et al. 2023). Trees: multi-candidate speculative
   sampling (SpecInfer, Miao et al. 2023): the children of the last accepted node are tried in order, child x passes
   with probability min(1, q(x)/p(x)) under the current target q, which becomes normalize(max(0, q - p)) after each
-  rejected child. The output is distributed as autoregressive sampling from head 1. Top-ranked drafts
-  (``draft_choice="top"``) come with no law: each one's proposal is itself (one-hot, :func:`one_hot_law`), so a draft
-  passes with probability q(x) and a rejected one is taken out of q. On CPU a chain's tests, and a tree's first child's
-  at each node, are decided from bounds on q (:func:`nucleus_passes`): no nucleus is sorted out where the bounds
-  decide, and mostly only the law after the accepted drafts is processed.
+  rejected child; where a node's children were drawn without replacement (the heads' default), child j's p is the
+  proposal without its elder siblings, renormalized (:func:`without_drawn`; Sequoia, Chen et al. 2024), and a child
+  drawn after the proposal ran out is not tried. The output is distributed as autoregressive sampling from head 1.
+  Top-ranked drafts (``draft_choice="top"``) come with no law: each one's proposal is itself (one-hot,
+  :func:`one_hot_law`), so a draft passes with probability q(x) and a rejected one is taken out of q. On CPU a chain's
+  tests, and a tree's first child's at each node, are decided from bounds on q (:func:`nucleus_passes`): no nucleus is
+  sorted out where the bounds decide, and mostly only the law after the accepted drafts is processed.
 - :class:`SpecTr` (``acceptance="spectr"``, sampling): SpecTr's k-sequential selection (Sun et al. 2023, "SpecTr:
   Fast Speculative Decoding via Optimal Transport", Algorithm 3): a step's candidates at a depth, k i.i.d. draws from
   the proposal p, are tried in order, each passing with probability min(1, q(x) / (rho p(x))) for the smallest rho in

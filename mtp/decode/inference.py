@@ -46,7 +46,13 @@ from mtp.model import Block, MTPModel
 
 LEAVES_UNEMBEDDED_AT_ONCE = 4
 """On CPU, a tree step unembeds head 1 after every node when the tree has at most this many leaves; with more, after
-the nodes with children, then once more after the accepted node (:meth:`InferenceModel.verify_tree`)."""
+the nodes with children, then once more after the accepted node (:meth:`InferenceModel.verify_tree`). For an
+unembedding of more than LARGE_UNEMBEDDING weights, at most one leaf."""
+LARGE_UNEMBEDDING = 8_000_000
+"""Weights (vocabulary x width) above which a row of head 1's unembedding costs about what a call does on CPU: SmolLM2's
+49152 x 576 takes 3.6 ms for 1 row and 7.3 for 4, so the rows of leaves that are not accepted cost more than a second
+call after the one that is (a 4-sibling tree step 47.1 against 51.3 ms, measured in one process; the toy's 8192 x 192,
+about 0.26 ms a call and 0.03 a row, keeps up to 4 leaves in one call)."""
 
 _built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(heads, compile): (weights, form)}
 
@@ -317,14 +323,18 @@ class InferenceModel:
         (B,))`` -> head 1's logits (B, V) after a node of each row, and what the draft heads read (B, S, d).
 
         One unembedding of all S positions costs on CPU about what one of fewer rows does (the weight streams once),
-        and on other devices one call is cheaper than two; with many leaves on CPU, the rows of the leaves that are
-        not accepted cost more than a second call after the accepted node (a leaf's logits are needed only when it
+        and on other devices one call is cheaper than two; with many leaves on CPU (more than one where a row of the
+        unembedding costs about what a call does: :data:`LARGE_UNEMBEDDING`), the rows of the leaves that are not
+        accepted cost more than a second call after the accepted node (a leaf's logits are needed only when it
         wins)."""
         x, hidden = self.run_path(tokens, cache)
         B, S, _ = x.shape
         rows = torch.arange(B, device=x.device)
         parents, slot = tree.parents_within(S, x.device)
-        if x.device.type != "cpu" or S - len(parents) <= LEAVES_UNEMBEDDED_AT_ONCE:
+        at_once = LEAVES_UNEMBEDDED_AT_ONCE
+        if self.vocab_size * x.size(-1) > LARGE_UNEMBEDDING:
+            at_once = min(at_once, 1)
+        if x.device.type != "cpu" or S - len(parents) <= at_once:
             head1 = self.head1_logits(x)  # (B, S, V)
             return head1, torch.arange(S, device=x.device), lambda nodes: head1[rows, nodes], hidden
         return self.head1_logits(x[:, parents]), slot, lambda nodes: self.head1_logits(x[rows, nodes]), hidden

@@ -117,8 +117,9 @@ class Proposer:
 
 class HeadsProposer(Proposer):
     """Heads 2..k of the target: a chain of ``heads - 1`` drafts, or ``config.tree``'s nodes (the nodes at depth d are
-    head d + 1's top-ranked tokens, or drawn from its proposal independently when sampling). ``draft_p_min`` cuts a
-    row's chain (tree) before the first draft (depth) whose head's top probability is below it."""
+    head d + 1's top-ranked tokens, or drawn from its proposal when sampling: each node's children without replacement
+    (``sibling_draws="distinct"``) or every node independently). ``draft_p_min`` cuts a row's chain (tree) before the
+    first draft (depth) whose head's top probability is below it."""
 
     method = "heads"
 
