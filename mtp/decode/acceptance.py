@@ -469,11 +469,13 @@ class Lossless(Rule):
                     remaining, fresh = settled(remaining, fresh, node), None
                 # (B, V) what this child was drawn from; a top-ranked node's proposal is the node itself (one-hot)
                 proposal = laws.of(child, tree) if laws is not None else one_hot_law(token, remaining)
-                if j and laws is not None and laws.distinct:  # drawn after its elder siblings, which all failed
+                distinct = j > 0 and laws is not None and laws.distinct  # drawn after its elder siblings, all failed
+                if distinct:
                     proposal = without_drawn(proposal, inputs[rows[:, None], children[node, :j]])
                 q = remaining.gather(1, token[:, None]).squeeze(1)
                 p = proposal.gather(1, token[:, None]).squeeze(1)
-                trying = trying & (p > 0)  # a child drawn after its law ran out (distinct draws) is not a candidate
+                if distinct:
+                    trying = trying & (p > 0)  # a child drawn after its law ran out is not a candidate
                 passes = sibling_passes(uniform, remaining, q, p)
                 rejected = trying & ~passes
                 if not skips or rejected.any():  # a row's target changes only when its try fails
