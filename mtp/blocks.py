@@ -41,6 +41,9 @@ class Attention(nn.Module):
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.d_model // config.n_heads
+        # a bool fixed here: under FSDP2, compile treats a module's int attributes as symbolic, and SDPA refuses the
+        # SymBool a comparison of them gives (seen with torch 2.11 on an H200)
+        self.grouped = config.n_kv_heads != config.n_heads
         self.wq = nn.Linear(config.d_model, config.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(config.d_model, config.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(config.d_model, config.n_kv_heads * self.head_dim, bias=False)
@@ -53,7 +56,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv_heads, T, head_dim)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.grouped)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, d_model)
 
 

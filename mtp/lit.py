@@ -21,7 +21,7 @@ from mtp.loss import cross_entropy, head_logits, mtp_loss, split_window, window_
 from mtp.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.model import IGNORE, MTPModel
 from mtp.optim import OptimConfig, parameter_groups, warmup_cosine
-from mtp.parallel import parallelize
+from mtp.parallel import is_sharded, parallelize
 from mtp.trunk_cache import TrunkCache
 
 
@@ -188,7 +188,11 @@ class MTPLitModule(L.LightningModule):
             lr=self.optim.lr,
             betas=self.optim.betas,
             eps=self.optim.eps,
-            fused=self.device.type == "cuda",
+            fused=self.optim.use_fused(
+                cuda=self.device.type == "cuda",
+                loss_scaling=str(self.trainer.precision).startswith("16"),
+                clipping=bool(self.trainer.gradient_clip_val),
+            ),
         )
         total_steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(total_steps):
@@ -203,6 +207,38 @@ class MTPLitModule(L.LightningModule):
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
+    ) -> None:
+        """Clip a fused optimizer's gradients here: Lightning's mixed-precision plugin refuses to clip them (with fp16
+        loss scaling a fused step unscales the gradients itself). Without a loss scale (bf16, fp32; fp16 with fused is
+        refused in configure_optimizers) they are the true gradients, so torch.nn.utils clips them as Lightning would,
+        DTensor shards under FSDP2 included."""
+        if not optimizer.defaults.get("fused") or not gradient_clip_val:
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        for optimizer in self.trainer.optimizers:
+            self.note_fused_step(optimizer)
+
+    def note_fused_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """A fused AdamW step writes the weights without bumping their version counters, which is how decoding tells
+        that weights changed under its cached inference form (``InferenceModel.of``); bump them after each batch, so
+        that decoding during training (the DecodeProbe, after each validation) decodes the weights as they are, not as
+        they were at its first call (on a GPU the probe reported the untrained model's acceptance, 0, at every
+        validation). Not between the forward and the backward (``on_before_zero_grad`` runs there in Lightning): the
+        graph would find its saved weights changed. A sharded model is never decoded in training."""
+        if optimizer.defaults.get("fused") and not is_sharded(self.model):
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    torch.autograd.graph.increment_version(p)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         datamodule = self.trainer.datamodule

@@ -37,6 +37,9 @@ class OptimConfig:
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1
     """Cosine decays the learning rate to lr * min_lr_ratio at the last step."""
+    fused: bool | str = "auto"
+    """AdamW's fused kernel: true, false, or auto (on CUDA, unless fp16 loss scaling and gradient clipping are both on:
+    a fused step unscales fp16 gradients itself, after clipping would have read them)."""
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
@@ -46,3 +49,16 @@ class OptimConfig:
             raise UserError(f"optim.warmup_steps={self.warmup_steps} must be 0 or more.")
         if not 0 <= self.min_lr_ratio <= 1:
             raise UserError(f"optim.min_lr_ratio={self.min_lr_ratio} must lie in [0, 1].")
+        if self.fused not in (True, False, "auto"):
+            raise UserError(f"optim.fused={self.fused!r} must be true, false or auto.")
+
+    def use_fused(self, cuda: bool, loss_scaling: bool, clipping: bool) -> bool:
+        """Whether AdamW runs its fused kernel; refuses fused with fp16 loss scaling and gradient clipping."""
+        if self.fused == "auto":
+            return cuda and not (loss_scaling and clipping)
+        if self.fused and loss_scaling and clipping:
+            raise UserError(
+                "optim.fused=true cannot clip fp16 gradients (its step unscales them after clipping would read them); "
+                "set optim.fused=auto, trainer.precision=bf16-mixed or trainer.gradient_clip_val=0."
+            )
+        return bool(self.fused)

@@ -60,7 +60,9 @@ def test_compiled_and_checkpointed_blocks_match_eager_in_bf16():
 class RecordOptimizer(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self.fused = trainer.optimizers[0].defaults.get("fused")
-        self.dtype = next(pl_module.parameters()).dtype
+        # the optimizer's weights (fp32 master copies); not the module's: under FSDP2 the root keeps its parameters
+        # gathered in bf16 after a forward (the sanity check's), which module.parameters() then returns
+        self.dtype = trainer.optimizers[0].param_groups[0]["params"][0].dtype
 
 
 @pytest.mark.parametrize("trainer", ["gpu", "fsdp"])

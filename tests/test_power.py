@@ -534,8 +534,8 @@ MUTATIONS = [
     Mutation(
         "attention is not causal",
         "mtp/blocks.py",
-        "y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)",
-        "y = F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=self.n_kv_heads != self.n_heads)",
+        "y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.grouped)",
+        "y = F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=self.grouped)",
         (MODEL,),
     ),
     Mutation(
@@ -1088,6 +1088,20 @@ MUTATIONS = [
         "self.val_loss[k - 1].update(cross_entropy(logits, target), weight=(target != IGNORE).sum())",
         "self.val_loss[k - 1].update(cross_entropy(logits, target))",
         ("tests/test_train.py::test_validation_perplexity_is_exp_of_the_token_weighted_head1_loss",),
+    ),
+    Mutation(
+        "decoding during training reuses the inference form a fused optimizer step made stale",
+        "mtp/lit.py",
+        "            self.note_fused_step(optimizer)",
+        "            pass",
+        ("tests/test_train.py::test_fused_adamw_trains_in_bf16_mixed_with_gradient_clipping",),
+    ),
+    Mutation(
+        "a fused optimizer's gradients are not clipped",
+        "mtp/lit.py",
+        "            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)",
+        "            pass",
+        ("tests/test_train.py::test_a_fused_optimizers_gradients_are_clipped_as_lightning_clips",),
     ),
     Mutation(
         "validation keeps the previous head's logits alive",

@@ -23,7 +23,7 @@ from mtp.errors import UserError
 from mtp.lit import MTPLitModule
 from mtp.loss import split_window
 from mtp.model import MTPModel
-from mtp.optim import parameter_groups, warmup_cosine
+from mtp.optim import OptimConfig, parameter_groups, warmup_cosine
 from mtp.train import instantiate_group, train
 
 PRESETS = ["mtp1", "mtp2", "mtp4", "mtp8", "byte1", "byte8"]
@@ -367,6 +367,89 @@ def test_warmup_then_cosine():
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert lrs[60] == pytest.approx(0.55) and lrs[110] == pytest.approx(0.1)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
+
+
+class RecordFused(L.Callback):
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.fused = trainer.optimizers[0].defaults.get("fused")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        """Whether the inference form the DecodeProbe decoded with at the last validation holds the final weights."""
+        from mtp.decode.inference import InferenceModel
+
+        model = pl_module.model
+        form = InferenceModel.of(model, model.config.n_future)
+        self.form_current = torch.equal(form.head1_output.weight, model.unembedding(1).weight * model.norm.weight)
+
+
+def test_fused_adamw_trains_in_bf16_mixed_with_gradient_clipping(make_cfg):
+    """Lightning's mixed-precision plugin refuses to clip a fused optimizer's gradients (the GPU kit's first run on an
+    H200 stopped there: the default trainer=gpu is bf16-mixed, fused AdamW and gradient_clip_val 1); the module clips
+    them itself. Runs on the CPU with optim.fused=true."""
+    record = RecordFused()
+    steps = ["trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1"]
+    cfg = make_cfg("mtp4", ["trainer.precision=bf16-mixed", "optim.fused=true", *steps])
+    assert cfg.trainer.gradient_clip_val > 0
+    metrics = train(cfg, callbacks=[record])
+    assert record.fused is True and math.isfinite(metrics["train/loss"])
+    assert "val/decoded_tokens_per_forward" in metrics  # the probe decoded after the last step...
+    assert record.form_current  # ...with the weights as they were then
+
+
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_a_fused_optimizers_gradients_are_clipped_as_lightning_clips(algorithm):
+    """The module's own clipping of a fused optimizer equals Lightning's of the same gradients with an unfused one."""
+    clipped = {}
+    for fused in (True, False):
+        torch.manual_seed(0)
+        module = MTPLitModule(
+            MTPModel(ModelConfig(vocab_size=50, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, n_future=2))
+        )
+        for p in module.parameters():
+            p.grad = torch.randn_like(p) * 3
+        optimizer = torch.optim.AdamW(module.parameters(), fused=fused)
+        if fused:
+            module.configure_gradient_clipping(optimizer, 0.5, algorithm)
+        else:  # Lightning's own path (no precision plugin reads a plain fp32 optimizer's gradients otherwise)
+            if algorithm == "norm":
+                torch.nn.utils.clip_grad_norm_(list(module.parameters()), 0.5)
+            else:
+                torch.nn.utils.clip_grad_value_(list(module.parameters()), 0.5)
+        clipped[fused] = torch.cat([p.grad.flatten() for p in module.parameters()])
+    assert torch.equal(clipped[True], clipped[False])
+    bound = clipped[True].norm() if algorithm == "norm" else clipped[True].abs().max()
+    assert bound.item() == pytest.approx(0.5, rel=1e-5)
+
+
+def test_decoding_after_a_fused_step_decodes_the_new_weights():
+    """A fused AdamW step leaves the weights' version counters as they were, and the inference form cached by the
+    last generate would be reused with the old weights: the module says they changed after every fused step."""
+    from mtp.decode.inference import InferenceModel
+
+    torch.manual_seed(0)
+    model = MTPModel(ModelConfig(vocab_size=50, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, n_future=2))
+    module = MTPLitModule(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    before = InferenceModel.of(model, 2)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    module.note_fused_step(optimizer)  # what on_train_batch_end does for each of the trainer's optimizers
+    after = InferenceModel.of(model, 2)
+    assert after is not before
+    x = torch.randn(1, 16)
+    assert torch.allclose(after.head1_output(x), model.unembedding(1)(x * model.norm.weight))
+
+
+def test_fused_setting():
+    assert OptimConfig().use_fused(cuda=True, loss_scaling=False, clipping=True)
+    assert not OptimConfig().use_fused(cuda=False, loss_scaling=False, clipping=True)
+    assert not OptimConfig().use_fused(cuda=True, loss_scaling=True, clipping=True)  # fp16 + clipping: unfused
+    assert OptimConfig(fused=True).use_fused(cuda=False, loss_scaling=True, clipping=False)
+    with pytest.raises(UserError, match="optim.fused=true cannot clip fp16 gradients"):
+        OptimConfig(fused=True).use_fused(cuda=True, loss_scaling=True, clipping=True)
+    with pytest.raises(UserError, match="must be true, false or auto"):
+        OptimConfig(fused="yes")
 
 
 def test_no_weight_decay_on_norms():
