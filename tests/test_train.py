@@ -372,12 +372,16 @@ def test_warmup_then_cosine():
 class RecordFused(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self.fused = trainer.optimizers[0].defaults.get("fused")
+        self.optimizer_dtype = trainer.optimizers[0].param_groups[0]["params"][0].dtype
 
     def on_train_end(self, trainer, pl_module) -> None:
         """Whether the inference form the DecodeProbe decoded with at the last validation holds the final weights."""
         from mtp.decode.inference import InferenceModel
+        from mtp.parallel import is_sharded
 
         model = pl_module.model
+        if is_sharded(model):  # never decoded in training (the DecodeProbe skips it)
+            return
         form = InferenceModel.of(model, model.config.n_future)
         self.form_current = torch.equal(form.head1_output.weight, model.unembedding(1).weight * model.norm.weight)
 
@@ -394,6 +398,18 @@ def test_fused_adamw_trains_in_bf16_mixed_with_gradient_clipping(make_cfg):
     assert record.fused is True and math.isfinite(metrics["train/loss"])
     assert "val/decoded_tokens_per_forward" in metrics  # the probe decoded after the last step...
     assert record.form_current  # ...with the weights as they were then
+
+
+@pytest.mark.slow
+def test_fused_adamw_under_fsdp2_in_bf16_mixed_keeps_fp32_weights_in_the_optimizer(make_cfg):
+    """The GPU kit's FSDP2 run on one CPU process: fused AdamW's gradients clipped under ModelParallelStrategy, fp32
+    master weights in the optimizer (the module's own parameters are FSDP2's gathered bf16 ones after a forward)."""
+    record = RecordFused()
+    fsdp = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.precision=bf16-mixed"]
+    steps = ["trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1"]
+    metrics = train(make_cfg("mtp4", [*fsdp, "optim.fused=true", *steps]), callbacks=[record])
+    assert record.fused is True and record.optimizer_dtype == torch.float32
+    assert math.isfinite(metrics["train/loss"])
 
 
 @pytest.mark.parametrize("algorithm", ["norm", "value"])
