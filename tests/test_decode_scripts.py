@@ -402,6 +402,24 @@ def test_bench_decode_hf_peer_decodes_the_same_tokens(tiny_checkpoints, tmp_path
     )
 
 
+def test_gpu_check_summary_quotes_the_default_runs_data_and_validation(tmp_path):
+    """Its corpus is the machine's own standard library, of a size that differs between Python installs."""
+    from mtp.commands.gpu_check import training_lines
+
+    log = tmp_path / "pretrain.txt"
+    log.write_text(
+        "Seed set to 1337\npacked train: 537 documents into 2591848 tokens\n"
+        "data: 10124 training and 892 validation windows of 260 tokens\nnoise\n"
+        "final validation: val/loss_head1=6.522, val/ppl=679.8\n"
+    )
+    assert training_lines(log) == [
+        "packed train: 537 documents into 2591848 tokens",
+        "data: 10124 training and 892 validation windows of 260 tokens",
+        "final validation: val/loss_head1=6.522, val/ppl=679.8",
+    ]
+    assert training_lines(tmp_path / "absent.txt") == []
+
+
 @pytest.mark.slow
 def test_gpu_check_kit_runs_every_step_in_smoke_mode(tiny_checkpoints, tmp_path):
     """scripts/gpu_check.py --smoke: the kit's plumbing on CPU (the gpu tests skip, the benchmarks run at toy sizes)."""
@@ -418,6 +436,7 @@ def test_gpu_check_kit_runs_every_step_in_smoke_mode(tiny_checkpoints, tmp_path)
     summary = (out / "summary.md").read_text()
     assert "gpu tests: skipped (no CUDA device)" in summary or "gpu tests: passed" in summary
     assert summary.count("x (met") + summary.count("x (missed") == 3  # P1, P2, decoding (compiled: not in smoke)
+    assert "Seconds per step: pytest " in summary and " bench_decode " in summary
     for table in ("bench_train_memory/results.md", "bench_train_time/results.md", "bench_decode/results.md"):
         assert (out / table).is_file()
 

@@ -17,7 +17,8 @@ Steps, each writing under --out:
   5. bench_decode on that checkpoint (bf16: the same dtype policy as scripts/decode.py; with --hf when
      transformers is installed), eager and compiled, greedy and batch 1 for the compiled one;
      target: a k=n forward costs <= 1.15x a k=1 forward at batch 1        -> bench_decode/, bench_decode_compiled/
-  6. summary.md: every target with its measured figure and whether it was met.
+  6. summary.md: every target with its measured figure and whether it was met, the default run's data and final
+     validation, and each step's seconds.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -58,9 +60,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+WALL: dict[str, float] = {}
+"""Seconds each step took, by its log's name (the summary lists them)."""
+
+
 def run(command: list[str], log: Path) -> int:
     """Run ``command`` from the project root, its output to ``log`` and to the terminal; returns its exit status."""
     print(f"\n$ {' '.join(command)}", flush=True)
+    start = time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as out:
         process = subprocess.Popen(
@@ -69,7 +76,19 @@ def run(command: list[str], log: Path) -> int:
         for line in process.stdout:
             out.write(line)
             print(line, end="", flush=True)
-    return process.wait()
+    code = process.wait()
+    WALL[log.stem] = time.perf_counter() - start
+    return code
+
+
+def training_lines(log: Path) -> list[str]:
+    """The default run's data and final validation, from its log: its corpus is the machine's own standard library,
+    whose size differs between Python installs (a trimmed one trains on a third of this project's CPU corpus), so its
+    losses compare with another machine's only where the data line does."""
+    if not log.is_file():
+        return []
+    wanted = ("packed train:", "data:", "final validation:")
+    return [line.strip() for line in log.read_text(errors="replace").splitlines() if line.startswith(wanted)]
 
 
 def script(name: str) -> list[str]:
@@ -161,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "",
     ]
+    trained = training_lines(out / "pretrain.txt")
+    if trained:
+        lines += ["The default run (scripts/pretrain.py model=mtp4 trainer=gpu):", ""]
+        lines += [f"    {line}" for line in trained] + [""]
+    lines += ["Seconds per step: " + ", ".join(f"{name} {seconds:.0f}" for name, seconds in WALL.items()), ""]
     tables = ("bench_train_memory", "bench_train_time", "bench_decode", "bench_decode_compiled")
     for table in (out / name / "results.md" for name in tables):
         if table.is_file():
