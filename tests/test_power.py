@@ -242,8 +242,8 @@ MUTATIONS = [
     Mutation(
         "an undecided bounded test taken as a failure instead of falling back",
         ACCEPTANCE,
-        "    if (undecided & decisive).any():\n        return None",
-        "    if False:\n        return None",
+        "    return torch.from_numpy(surely_passes), torch.from_numpy((undecided & decisive).any(axis=1))",
+        "    return torch.from_numpy(surely_passes), torch.zeros(len(sx), dtype=torch.bool)",
         (BOUNDED,),
     ),
     Mutation(
@@ -1088,6 +1088,13 @@ MUTATIONS = [
         "self.val_loss[k - 1].update(cross_entropy(logits, target), weight=(target != IGNORE).sum())",
         "self.val_loss[k - 1].update(cross_entropy(logits, target))",
         ("tests/test_train.py::test_validation_perplexity_is_exp_of_the_token_weighted_head1_loss",),
+    ),
+    Mutation(
+        "a chain's rows the bounds left undecided keep the bounds' outcome",
+        ACCEPTANCE,
+        "                passes[at] = accept_drafts(uniforms[at], p[at], q)",
+        "                pass",
+        (BOUNDED,),
     ),
     Mutation(
         "decoding during training reuses the inference form a fused optimizer step made stale",

@@ -157,7 +157,7 @@ def nucleus_passes(
     present: Tensor,
     temperature: float,
     top_p: float,
-) -> Tensor | None:
+) -> tuple[Tensor, Tensor]:
     """Which drafts ``tokens`` (B, D) pass :func:`accept_drafts` (``uniforms``, ``proposal``: their proposal
     probabilities, (B, D)) against q, head 1's distribution after temperature and top-p from ``logits`` (B, D, V),
     decided without finding any nucleus (which takes a sort of up to the whole vocabulary per distribution on CPU).
@@ -165,8 +165,9 @@ def nucleus_passes(
     iff A(x) < top_p (the nucleus is the likeliest tokens until their mass reaches top_p, ties kept whole), and then
     q(x) = s(x) / M with M, the nucleus' mass, between max(top_p, A(x) + s(x)) and 1. So a draft surely passes when it
     passes against s(x), and surely fails outside the nucleus or when it fails against s(x) / max(top_p, A(x) + s(x)).
-    None when a test that decides the outcome (a verified draft after drafts that all surely pass) falls between the
-    two (rare: the bounds are within a factor 1 / top_p); the caller then processes the distributions.
+    Returns the passes (B, D) and the rows (B,) where a test that decides the outcome (a verified draft after drafts
+    that all surely pass) falls between the two (rare: the bounds are within a factor 1 / top_p): the caller processes
+    those rows' distributions (each row's tests read only its own uniforms, so the others' outcomes stand).
 
     CPU tensors only, computed by NumPy: the tests are a few numbers per row, and each of PyTorch's CPU operations
     costs more than NumPy's on them (measured with torch 2.13 on this project's 2-core CPU, for one draft over 8192
@@ -174,15 +175,13 @@ def nucleus_passes(
     sx, above = nucleus_bounds(logits, tokens, temperature)  # (B, D) each
     uniforms, proposal, present = uniforms.numpy(), proposal.float().numpy(), present.numpy()
     if top_p >= 1.0:  # q = s
-        return torch.from_numpy(accept_drafts(uniforms, proposal, sx))
+        return torch.from_numpy(accept_drafts(uniforms, proposal, sx)), torch.zeros(len(sx), dtype=torch.bool)
     inside = above < top_p
     surely_passes = inside & accept_drafts(uniforms, proposal, sx)
     surely_fails = ~inside | ~accept_drafts(uniforms, proposal, sx / np.maximum(above + sx, top_p))
     undecided = ~(surely_passes | surely_fails) & present
     decisive = np.arange(sx.shape[1]) == np.cumprod(surely_passes, axis=1).sum(axis=1)[:, None]  # first not sure
-    if (undecided & decisive).any():
-        return None
-    return torch.from_numpy(surely_passes)
+    return torch.from_numpy(surely_passes), torch.from_numpy((undecided & decisive).any(axis=1))
 
 
 def nucleus_bounds(logits: Tensor, tokens: Tensor, temperature: float) -> tuple[np.ndarray, np.ndarray]:
@@ -402,7 +401,11 @@ class Lossless(Rule):
         uniforms, c = self.layout.acceptance(draws, 0, D), self.config
         passes, target = None, None
         if BOUNDED_TESTS and head1.device.type == "cpu" and not (c.top_k and c.top_k < head1.size(-1)):
-            passes = nucleus_passes(head1[:, :D], drafts, uniforms, p, present, c.temperature, c.top_p)
+            passes, unsure = nucleus_passes(head1[:, :D], drafts, uniforms, p, present, c.temperature, c.top_p)
+            if unsure.any():  # those rows' distributions processed, and their drafts tested against them
+                at = unsure.nonzero()[:, 0]
+                q = self.target(head1[at, :D]).gather(-1, drafts[at, :, None]).squeeze(-1)
+                passes[at] = accept_drafts(uniforms[at], p[at], q)
         if passes is None:  # every distribution processed, as on other devices
             target = self.target(head1)  # (B, D + 1, V)
             q = target[:, :D].gather(-1, drafts[..., None]).squeeze(-1)  # (B, D) target probability of each draft
