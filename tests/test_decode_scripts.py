@@ -402,6 +402,32 @@ def test_bench_decode_hf_peer_decodes_the_same_tokens(tiny_checkpoints, tmp_path
     )
 
 
+def test_gpu_check_steps_are_checked_before_anything_runs(tmp_path):
+    from mtp.commands.gpu_check import parse_args
+
+    with pytest.raises(UserError, match="--steps p3: name steps among tests,p1,p2,pretrain,decode,compiled"):
+        parse_args(["--smoke", "--steps", "tests,p3"])
+    with pytest.raises(UserError, match="decodes without training a checkpoint; add pretrain to --steps or pass"):
+        parse_args(["--smoke", "--steps", "tests,decode"])
+    assert parse_args(["--smoke", "--steps", " p2 ,tests"]).steps == ["p2", "tests"]
+    assert parse_args(["--smoke"]).steps == ["tests", "p1", "p2", "pretrain", "decode", "compiled"]
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_only_the_steps_asked_for(tmp_path):
+    """A device lease may not hold every step: --steps p1 runs P1 alone, and the summary says the rest did not run."""
+    out = tmp_path / "kit"
+    (out / "bench_train_time").mkdir(parents=True)  # an earlier run's P2 is not reported as this run's
+    (out / "bench_train_time" / "results.json").write_text("{}")
+    command = [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--smoke", "--steps", "p1", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, env=run_env(), timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = (out / "summary.md").read_text()
+    assert "gpu tests: not run (--steps)" in summary and "decoding benchmark: not run (--steps)" in summary
+    assert "bf16: 1." in summary and "trunk-dominated size: not run (--steps)" in summary
+    assert "Seconds per step: p1 " in summary
+
+
 def test_gpu_check_summary_quotes_the_default_runs_data_and_validation(tmp_path):
     """Its corpus is the machine's own standard library, of a size that differs between Python installs."""
     from mtp.commands.gpu_check import training_lines

@@ -1,8 +1,10 @@
 """GPU check kit: on a machine with a CUDA GPU, produce the README's GPU figures in one command.
 
-    python scripts/gpu_check.py                     # everything, into results/gpu_check/ (about 10 minutes on an H100)
+    python scripts/gpu_check.py                     # everything, into results/gpu_check/ (about 10 minutes on an H200)
     python scripts/gpu_check.py --checkpoint CKPT   # decode this checkpoint instead of training the default one
     python scripts/gpu_check.py --smoke             # the same steps at toy sizes on any device (checks the kit)
+    python scripts/gpu_check.py --steps tests,pretrain,decode   # some steps (on the H200: tests 95 s, p1 96, p2 54,
+                                                    # pretrain 43, decode over 150, compiled 80)
 
 Steps, each writing under --out:
   1. pytest -m gpu: bf16-mixed steps (both loss modes agree), compile, activation checkpointing, a
@@ -27,6 +29,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -38,6 +41,9 @@ import torch
 from mtp.cli import checkout_root, run_script
 from mtp.errors import UserError
 
+STEPS = ("tests", "p1", "p2", "pretrain", "decode", "compiled")
+"""The kit's steps in the order they run (--steps picks some: a device lease may not hold them all)."""
+NOT_RUN = "not run (--steps)"
 TARGET = 1.05
 DECODE_TARGET = 1.15  # cost of a k=n self-speculative forward over a k=1 one, greedy, batch 1 (the paper's implied)
 P1 = ["--vocab", "32768", "--n", "1,4", "--modes", "sequential,naive"]
@@ -52,7 +58,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("results") / "gpu_check")
     parser.add_argument("--checkpoint", type=Path, default=None, help="decode this checkpoint (default: train one)")
     parser.add_argument("--smoke", action="store_true", help="toy sizes on whatever device there is")
+    parser.add_argument(
+        "--steps", default=",".join(STEPS), help=f"which steps, comma-separated (default: all of {','.join(STEPS)})"
+    )
     args = parser.parse_args(argv)
+    args.steps = [step.strip() for step in args.steps.split(",") if step.strip()]
+    unknown = [step for step in args.steps if step not in STEPS]
+    if unknown or not args.steps:
+        raise UserError(f"--steps {','.join(unknown) or '(none)'}: name steps among {','.join(STEPS)}.")
+    decodes = {"decode", "compiled"} & set(args.steps)
+    if decodes and "pretrain" not in args.steps and args.checkpoint is None:
+        raise UserError(
+            f"--steps {','.join(args.steps)} decodes without training a checkpoint; add pretrain to --steps or pass "
+            "--checkpoint CKPT."
+        )
     if not args.smoke and not torch.cuda.is_available():
         raise UserError("PyTorch sees no CUDA device; run this on a GPU machine (or add --smoke to check the kit).")
     if args.checkpoint is not None and not args.checkpoint.exists():
@@ -123,17 +142,22 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()  # the steps run from the repository's root
     out.mkdir(parents=True, exist_ok=True)
     device = ["--device", "cuda" if torch.cuda.is_available() else "cpu"]
-    smoke = args.smoke
+    smoke, steps = args.smoke, args.steps
 
     # the gpu-marked tests (smoke: only their file, whose collection is what the kit's plumbing needs)
     where = root / "tests" / ("test_gpu.py" if smoke else "")
-    tests = run([sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-rs", str(where)], out / "pytest.txt")
+    tests = None
+    if "tests" in steps:
+        tests = run([sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-rs", str(where)], out / "pytest.txt")
     memory, time_ = out / "bench_train_memory", out / "bench_train_time"
-    run(script("bench_train.py") + device + (SMOKE_BENCH if smoke else P1) + ["--out", str(memory)], out / "p1.txt")
-    run(script("bench_train.py") + device + (SMOKE_BENCH if smoke else P2) + ["--out", str(time_)], out / "p2.txt")
+    for step, bench, folder in (("p1", P1, memory), ("p2", P2, time_)):
+        if step in steps:
+            shutil.rmtree(folder, ignore_errors=True)  # a figure in the summary is this run's or none
+            bench = SMOKE_BENCH if smoke else bench
+            run(script("bench_train.py") + device + bench + ["--out", str(folder)], out / f"{step}.txt")
 
     checkpoint = args.checkpoint.resolve() if args.checkpoint is not None else None
-    if checkpoint is None:
+    if checkpoint is None and "pretrain" in steps:
         run_dir = out / "pretrain"
         overrides = ["model=mtp4", "trainer=gpu", f"hydra.run.dir={run_dir}", "trainer.enable_progress_bar=false"]
         if smoke or not torch.cuda.is_available():
@@ -145,42 +169,49 @@ def main(argv: list[str] | None = None) -> int:
         decode += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
         decode += ["--repeats", "1"]
     hf = ["--hf"] if importlib.util.find_spec("transformers") and not smoke else []
-    decoded = run(
-        script("bench_decode.py") + decode + hf + ["--out", str(out / "bench_decode")], out / "bench_decode.txt"
-    )
-    decoded_compiled = 0
-    if not smoke:  # compiling takes longer than the rest of a smoke run; tests/decode check compiled decoding
+    decoded = decoded_compiled = 0
+    if "decode" in steps:
+        shutil.rmtree(out / "bench_decode", ignore_errors=True)
+        command = script("bench_decode.py") + decode + hf + ["--out", str(out / "bench_decode")]
+        decoded = run(command, out / "bench_decode.txt")
+    # compiling takes longer than the rest of a smoke run; tests/decode check compiled decoding
+    if "compiled" in steps and not smoke:
+        shutil.rmtree(out / "bench_decode_compiled", ignore_errors=True)
         compiled = ["--compile", "--modes", "greedy", "--batch-sizes", "1", "--out", str(out / "bench_decode_compiled")]
         decoded_compiled = run(script("bench_decode.py") + decode + compiled, out / "bench_decode_compiled.txt")
 
-    p1 = (
-        ratio(memory / "results.json", "sequential", "peak_memory_bytes")
-        if (memory / "results.json").is_file()
-        else None
-    )
-    p2 = ratio(time_ / "results.json", "sequential", "step_time_s") if (time_ / "results.json").is_file() else None
-    if tests != 0:
+    def train_ratio(step: str, folder: Path, key: str) -> float | None:  # this run's figure: an earlier run's is not
+        results = folder / "results.json"
+        return ratio(results, "sequential", key) if step in steps and results.is_file() else None
+
+    p1 = train_ratio("p1", memory, "peak_memory_bytes")
+    p2 = train_ratio("p2", time_, "step_time_s")
+    if tests is None:
+        tested = NOT_RUN
+    elif tests != 0:
         tested = f"FAILED (pytest exit {tests}); see pytest.txt"
     else:
         tested = "passed" if torch.cuda.is_available() else "skipped (no CUDA device)"
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+
+    def decode_cost(folder: str, step: str) -> str:
+        return verdict(forward_cost(out / folder / "results.json"), DECODE_TARGET) if step in steps else NOT_RUN
+
     lines = [
         f"# GPU check on {where}" + (" (smoke run: toy sizes, the figures mean nothing)" if smoke else ""),
         "",
         f"- gpu tests: {tested}",
-        f"- P1, peak memory sequential n=4 / n=1 at V=32k, bf16: {verdict(p1)}",
-        f"- P2, step time sequential n=4 / n=1, trunk-dominated size: {verdict(p2)}",
-        f"- decoding benchmark of {checkpoint}: {'bench_decode/results.md' if decoded == 0 else 'FAILED'}",
+        f"- P1, peak memory sequential n=4 / n=1 at V=32k, bf16: {verdict(p1) if 'p1' in steps else NOT_RUN}",
+        f"- P2, step time sequential n=4 / n=1, trunk-dominated size: {verdict(p2) if 'p2' in steps else NOT_RUN}",
+        f"- decoding benchmark: {NOT_RUN}"
+        if "decode" not in steps
+        else f"- decoding benchmark of {checkpoint}: {'bench_decode/results.md' if decoded == 0 else 'FAILED'}",
         "- self-speculative forward cost k=n / k=1, greedy, batch 1: "
-        f"eager {verdict(forward_cost(out / 'bench_decode' / 'results.json'), DECODE_TARGET)}, "
-        + (
-            "compiled not run (smoke)"
-            if smoke
-            else f"compiled {verdict(forward_cost(out / 'bench_decode_compiled' / 'results.json'), DECODE_TARGET)}"
-        ),
+        f"eager {decode_cost('bench_decode', 'decode')}, "
+        + ("compiled not run (smoke)" if smoke else f"compiled {decode_cost('bench_decode_compiled', 'compiled')}"),
         "",
     ]
-    trained = training_lines(out / "pretrain.txt")
+    trained = training_lines(out / "pretrain.txt") if "pretrain" in steps and args.checkpoint is None else []
     if trained:
         lines += ["The default run (scripts/pretrain.py model=mtp4 trainer=gpu):", ""]
         lines += [f"    {line}" for line in trained] + [""]
@@ -191,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             lines += [table.read_text(), ""]
     (out / "summary.md").write_text("\n".join(lines))
     print("\n".join(lines[:8]) + f"\nwrote {out}/summary.md")
-    return 0 if tests == 0 and decoded == 0 and decoded_compiled == 0 else 1
+    return 0 if tests in (0, None) and decoded == 0 and decoded_compiled == 0 else 1
 
 
 def entry_point() -> NoReturn:
