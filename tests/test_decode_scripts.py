@@ -4,6 +4,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -424,7 +425,8 @@ def test_gpu_check_runs_only_the_steps_asked_for(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = (out / "summary.md").read_text()
     assert "gpu tests: not run (--steps)" in summary and "decoding benchmark: not run (--steps)" in summary
-    assert "bf16: 1." in summary and "trunk-dominated size: not run (--steps)" in summary
+    assert re.search(r"at V=32k, bf16: \d+\.\d{3}x \((met|missed)", summary)  # toy sizes: any ratio
+    assert "trunk-dominated size: not run (--steps)" in summary
     assert "Seconds per step: p1 " in summary
 
 
