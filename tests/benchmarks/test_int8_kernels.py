@@ -1,9 +1,12 @@
 """The int8 kernel benchmark runs every candidate and each computes the product it stands for (timings are not
 asserted: benchmarks measure, tests assert behaviour)."""
 
+import pytest
+
 from mtp.benchmarks import int8_kernels
 
 
+@pytest.mark.slow  # every candidate at every size (~8 s)
 def test_every_candidate_computes_the_product_within_int8_error():
     results = int8_kernels.measure(64, 96, 3, rounds=1, calls=2)
     assert set(results) <= set(int8_kernels.CANDIDATES) and "fbgemm dynamic int8" in results

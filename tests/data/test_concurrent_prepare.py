@@ -21,6 +21,7 @@ def entries(cache):
     return sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) if cache.exists() else []
 
 
+@pytest.mark.slow  # three processes building at once (~12 s)
 @needs_flock
 def test_processes_preparing_at_once_share_one_build(tmp_path):
     pattern, cache = write_corpus(tmp_path / "corpus"), tmp_path / "cache"

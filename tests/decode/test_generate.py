@@ -46,9 +46,10 @@ def test_greedy_decoding_with_a_reduced_draft_vocabulary_equals_the_reference(he
     assert any(token not in chosen for row in reference for token in row)  # head 1 emits tokens no draft can
 
 
-@pytest.mark.parametrize(
-    "head_type", ["transformer", "causal", "causal-shared", "medusa"]
-)  # linear: fixed-logits tests
+@pytest.mark.parametrize(  # linear: fixed-logits tests; causal-shared and medusa (~4-5 s each) with the slow tests
+    "head_type",
+    ["transformer", "causal", *(pytest.param(kind, marks=pytest.mark.slow) for kind in ("causal-shared", "medusa"))],
+)
 @pytest.mark.parametrize("prompts", [[[5, 6, 7]], [[1, 2], [7, 8, 9, 10, 11], [20]]], ids=["batch1", "ragged"])
 def test_greedy_decoding_equals_the_cache_free_reference_when_drafts_pass(trained_models, prompts, head_type):
     trained_model = trained_models(head_type)
