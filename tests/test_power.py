@@ -1195,6 +1195,25 @@ MUTATIONS = [
         "self.rule = Greedy(inner, layout)",
         (f"{SPECTR}::test_staged_sampling_has_the_autoregressive_distribution",),
     ),
+    # -- the default corpus
+    Mutation(
+        "a standard library without its test suite not warned of when the data is prepared",
+        "mtp/data/packing.py",
+        'if source.kind == "stdlib" and (warning := stdlib_without_tests()):',
+        'if source.kind == "files" and (warning := stdlib_without_tests()):',
+        (
+            "tests/data/test_sources.py::test_a_standard_library_without_its_test_suite_is_warned_of_once_when_the_data_is_prepared",
+        ),
+    ),
+    Mutation(
+        "the test suite looked for where the standard library keeps none",
+        "mtp/data/sources.py",
+        'if len(list((root / "test").glob("test_*.py"))) >= TEST_SUITE_MIN:',
+        'if len(list(root.glob("*.py"))) >= 1:',
+        (
+            "tests/data/test_sources.py::test_a_standard_library_without_its_test_suite_is_warned_of_once_when_the_data_is_prepared",
+        ),
+    ),
 ]
 
 

@@ -34,7 +34,14 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
-from mtp.data.sources import SourceConfig, iter_texts, load_documents, source_identity, split_documents
+from mtp.data.sources import (
+    SourceConfig,
+    iter_texts,
+    load_documents,
+    source_identity,
+    split_documents,
+    stdlib_without_tests,
+)
 from mtp.data.tokenizer import TOKENIZER_KINDS, build_tokenizer, eot_id, pretrained_json
 from mtp.errors import FULL_DISK, UserError
 
@@ -201,6 +208,8 @@ def _write_failure(path: Path, err: OSError) -> str:
 def _build(out: Path, source: SourceConfig, tok_config: TokenizerConfig, val_fraction: float, name: str) -> None:
     with writing_to_cache(out):
         out.mkdir(parents=True)
+    if source.kind == "stdlib" and (warning := stdlib_without_tests()):
+        log.warning(warning)
     splits = split_documents(load_documents(source), val_fraction)
     if tok_config.kind == "bpe":
         documents = _count(splits["train"])

@@ -64,6 +64,28 @@ def stdlib_files() -> list[Path]:
     )
 
 
+TEST_SUITE_MIN = 100
+"""Fewer top-level ``test/test_*.py`` files than this: the standard library came without its test suite (the full
+install has over 400)."""
+
+
+def stdlib_without_tests() -> str | None:
+    """A warning when this Python's standard library lacks its test suite (Debian and Ubuntu ship it apart), else None.
+
+    The suite is over half of the default corpus's code and its most regular part: without it the default run trains
+    on about a third of the tokens and, in 450 steps, learns little beyond token frequencies (seen on a GPU machine
+    with Debian's Python 3.12: validation loss 6.5 where a full install gives 5.6)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    if len(list((root / "test").glob("test_*.py"))) >= TEST_SUITE_MIN:
+        return None
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return (
+        f"this Python's standard library ({root}) has no test suite, so the default corpus is about a third of a full "
+        f"install's and the default run learns much less from it than README's figures show; install the suite "
+        f"(Debian/Ubuntu: apt install libpython{version}-testsuite) or train on more text (data=files)."
+    )
+
+
 def matching_files(patterns: list[str]) -> list[Path]:
     files = sorted(
         {Path(p) for pattern in patterns for p in glob.glob(str(Path(pattern).expanduser()), recursive=True)}

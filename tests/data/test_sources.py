@@ -1,10 +1,22 @@
 import json
+import logging
+import sys
+import sysconfig
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mtp.data.sources import SourceConfig, in_validation, load_documents, split_documents, stdlib_files
+from mtp.data.packing import TokenizerConfig, prepare
+from mtp.data.sources import (
+    TEST_SUITE_MIN,
+    SourceConfig,
+    in_validation,
+    load_documents,
+    split_documents,
+    stdlib_files,
+    stdlib_without_tests,
+)
 from mtp.errors import UserError
 
 
@@ -77,3 +89,38 @@ def test_missing_or_empty_paths(tmp_path):
 def test_unknown_hub_dataset_is_a_clear_error(tmp_path):
     with pytest.raises(UserError, match="could not"):
         load_documents(SourceConfig(kind="hub", name=str(tmp_path / "no-such-dataset")))
+
+
+def fake_stdlib(root, tests: int, monkeypatch):
+    """A standard library of two modules and ``tests`` top-level test modules, as this Python's."""
+    (root / "test").mkdir(parents=True)
+    (root / "os_like.py").write_text("import sys\n\n\ndef f(x):\n    return x + 1\n" * 20)
+    (root / "json_like.py").write_text("def g(y):\n    return [y, y * 2]\n" * 20)
+    for i in range(tests):
+        (root / "test" / f"test_m{i}.py").write_text(f"def test_{i}():\n    assert {i} == {i}\n")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(root)})
+
+
+def test_a_standard_library_without_its_test_suite_is_warned_of_once_when_the_data_is_prepared(
+    tmp_path, monkeypatch, caplog
+):
+    """Debian and Ubuntu ship the test suite apart: the default corpus is then a third of README's."""
+    fake_stdlib(tmp_path / "lib", 3, monkeypatch)
+    warning = stdlib_without_tests()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert warning is not None and f"apt install libpython{version}-testsuite" in warning
+    assert str(tmp_path / "lib") in warning
+    caplog.set_level(logging.INFO, logger="mtp.data.packing")
+    source, tokenizer = SourceConfig(kind="stdlib"), TokenizerConfig(kind="byte")
+    prepare(source, tokenizer, 0.2, tmp_path / "cache")
+    assert caplog.text.count("has no test suite") == 1
+    prepare(source, tokenizer, 0.2, tmp_path / "cache")  # reused: prepared once, warned of once
+    assert caplog.text.count("has no test suite") == 1
+
+
+def test_a_standard_library_with_its_test_suite_is_not_warned_of(tmp_path, monkeypatch, caplog):
+    fake_stdlib(tmp_path / "lib", TEST_SUITE_MIN, monkeypatch)
+    assert stdlib_without_tests() is None
+    caplog.set_level(logging.INFO, logger="mtp.data.packing")
+    prepare(SourceConfig(kind="stdlib"), TokenizerConfig(kind="byte"), 0.2, tmp_path / "cache")
+    assert "test suite" not in caplog.text
