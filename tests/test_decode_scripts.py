@@ -436,11 +436,13 @@ def test_gpu_check_summary_quotes_the_default_runs_data_and_validation(tmp_path)
 
     log = tmp_path / "pretrain.txt"
     log.write_text(
-        "Seed set to 1337\npacked train: 537 documents into 2591848 tokens\n"
+        "Seed set to 1337\nthis Python's standard library (/usr/lib/python3.12) has no test suite, so ...\n"
+        "packed train: 537 documents into 2591848 tokens\n"
         "data: 10124 training and 892 validation windows of 260 tokens\nnoise\n"
         "final validation: val/loss_head1=6.522, val/ppl=679.8\n"
     )
     assert training_lines(log) == [
+        "this Python's standard library (/usr/lib/python3.12) has no test suite, so ...",
         "packed train: 537 documents into 2591848 tokens",
         "data: 10124 training and 892 validation windows of 260 tokens",
         "final validation: val/loss_head1=6.522, val/ppl=679.8",

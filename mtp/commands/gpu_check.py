@@ -106,7 +106,7 @@ def training_lines(log: Path) -> list[str]:
     losses compare with another machine's only where the data line does."""
     if not log.is_file():
         return []
-    wanted = ("packed train:", "data:", "final validation:")
+    wanted = ("this Python's standard library", "packed train:", "data:", "final validation:")
     return [line.strip() for line in log.read_text(errors="replace").splitlines() if line.startswith(wanted)]
 
 
