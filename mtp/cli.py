@@ -34,6 +34,7 @@ from omegaconf.errors import InterpolationResolutionError
 import mtp
 from mtp.checkpoint_load import DTYPES
 from mtp.decode.settings import SettingError
+from mtp.decode.tree_fit import FASTEST
 from mtp.errors import FULL_DISK, UserError
 
 T = TypeVar("T")
@@ -107,6 +108,17 @@ def add_dtype_flag(parser: argparse.ArgumentParser, default: str = "auto") -> No
         default=default,
         help=f"the weights' dtype; auto: bf16 on cuda, fp32 elsewhere (default: {default})",
     )
+
+
+def node_budget(text: str) -> int | str:
+    """A tree's node budget on the command line: an integer, or ``fastest`` (:data:`mtp.decode.tree_fit.FASTEST`: the
+    size that decodes fastest on this machine); the integer's bound is checked with the other flags."""
+    if text == FASTEST:
+        return FASTEST
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a node count nor {FASTEST}") from None
 
 
 def flag_of(name: str) -> str:

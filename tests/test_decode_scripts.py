@@ -162,6 +162,17 @@ def test_bad_tree_files_are_one_sentence(tiny_checkpoints, tmp_path, text, messa
         decode.main([str(tiny_checkpoints["mtp4"]), "--self-speculative", "--tree", str(tree), "--prompt", "x"])
 
 
+def test_a_tree_node_budget_neither_a_count_nor_fastest_exits_2(tiny_checkpoints, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        decode.main([str(tiny_checkpoints["mtp4"]), "--self-speculative", "--tree", "auto", "--tree-nodes", "many"])
+    assert exit_.value.code == 2 and "'many' is neither a node count nor fastest" in capsys.readouterr().err
+    bench = load_script("bench_decode")
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args([str(tiny_checkpoints["mtp4"]), "--tree-nodes", "fastest,0"])
+    assert exit_.value.code == 2 and "node counts (positive integers) or fastest" in capsys.readouterr().err
+    assert bench.parse_args([str(tiny_checkpoints["mtp4"]), "--tree-nodes", "fastest,8"]).tree_nodes == ["fastest", 8]
+
+
 def test_unknown_acceptance_rule_exits_2(tiny_checkpoints, capsys):
     with pytest.raises(SystemExit) as exit_:
         decode.main([str(tiny_checkpoints["mtp4"]), "--self-speculative", "--acceptance", "lenient", "--prompt", "x"])
@@ -175,6 +186,11 @@ def test_tree_decoding_fitted_now_or_from_fit_tree_equals_autoregressive(tiny_ch
     out = capsys.readouterr()
     assert "outputs_match=yes" in out.out and "fitted a" in out.err
     assert 1 <= int(stats_of(out.out)["tree_nodes"]) <= 6
+    assert decode.main([*argv, "--tree", "auto"]) == 0  # the fastest size on this machine: a tree, or the chain
+    out = capsys.readouterr()
+    assert "outputs_match=yes" in out.out and "the fastest here of expected tokens per ms by size (1: " in out.err
+    chain = "the heads' chain without a tree" in out.err and "faster than any tree" in out.err
+    assert (int(stats_of(out.out)["tree_nodes"]) == 0) == chain
     fit_tree = load_script("fit_tree")
     tree = tmp_path / "tree.json"
     assert (

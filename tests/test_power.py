@@ -42,6 +42,7 @@ LOSS = "tests/test_loss.py"
 RELIABILITY = "tests/test_reliability.py"
 CONCURRENT = "tests/data/test_concurrent_prepare.py"
 TREE_GREEDY = ("tests/decode/test_tree.py::test_greedy_tree_decoding_equals_autoregressive",)
+TREE = "tests/decode/test_tree.py"
 TREE_LOSSLESS = (
     "tests/decode/test_lossless.py::test_tree_and_adaptive_sampling_have_the_autoregressive_distribution",
     "tests/decode/test_lossless.py::test_tree_and_cut_sampling_lossless_with_head_blocks",
@@ -1194,6 +1195,28 @@ MUTATIONS = [
         "self.rule = Greedy(inner, layout) if inner.greedy else Lossless(inner, layout)",
         "self.rule = Greedy(inner, layout)",
         (f"{SPECTR}::test_staged_sampling_has_the_autoregressive_distribution",),
+    ),
+    # -- the fastest tree size
+    Mutation(
+        "a fastest fit sized by expected tokens alone, not per millisecond",
+        "mtp/decode/tree_fit.py",
+        "best = max(range(len(fits)), key=lambda i: trials[i].tokens_per_ms)",
+        "best = max(range(len(fits)), key=lambda i: trials[i].expected_tokens)",
+        (f"{TREE}::test_a_fastest_fit_takes_the_size_with_the_most_expected_tokens_per_ms",),
+    ),
+    Mutation(
+        "the heads' chain taken as faster when it is slower",
+        "mtp/decode/tree_fit.py",
+        "self.chain.tokens_per_ms > best.tokens_per_ms",
+        "self.chain.tokens_per_ms < best.tokens_per_ms",
+        (f"{TREE}::test_a_fastest_fit_takes_the_size_with_the_most_expected_tokens_per_ms",),
+    ),
+    Mutation(
+        "timings pooled where they rise, not where they fall",
+        "mtp/decode/tree_fit.py",
+        "blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]",
+        "blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]",
+        (f"{TREE}::test_nondecreasing_pools_a_timing_spike_with_its_neighbours",),
     ),
     # -- the default corpus
     Mutation(

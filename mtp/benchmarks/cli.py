@@ -14,6 +14,7 @@ import mtp
 from mtp.benchmarks.train_step import StepSpec
 from mtp.data.prompts import HumanEvalProblem, held_out_prompts, humaneval_problems
 from mtp.data.tokenizer import prompt_ids
+from mtp.decode.tree_fit import FASTEST
 from mtp.errors import UserError
 
 PROMPT_SETS = ("heldout", "humaneval")
@@ -28,6 +29,16 @@ def int_list(text: str) -> list[int]:
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r} has a value below 1; every entry must be a positive integer")
     return values
+
+
+def node_budgets(text: str) -> list[int | str]:
+    """A comma-separated list of tree node budgets: positive integers or ``fastest``, e.g. fastest,8,16."""
+    budgets = [v if v == FASTEST else int(v) if v.isdigit() and int(v) > 0 else None for v in text.split(",")]
+    if None in budgets:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of node counts (positive integers) or {FASTEST}, e.g. fastest,8,16"
+        )
+    return budgets
 
 
 def add_prompt_set_flags(parser: argparse.ArgumentParser, prompts: int = 8) -> None:

@@ -220,7 +220,17 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
             style = dict(marker="D", markersize=5, linestyle=":", color=color)
             speed_ax.plot([x_of(r) for r in drafted], [r["speedup"] for r in drafted], **style)
             tpf_ax.plot([x_of(r) for r in drafted], [r["tokens_per_forward"] for r in drafted], **style)
-    markers = {"tree": "*", "typical": "x", "adaptive": "s", "draft": "D", "layerskip": "^", "lookup": "v", "int8": "P"}
+    markers = {
+        "tree": "*",
+        "fastest tree": "p",
+        "fastest tree: the chain": "p",
+        "typical": "x",
+        "adaptive": "s",
+        "draft": "D",
+        "layerskip": "^",
+        "lookup": "v",
+        "int8": "P",
+    }
     choices = {"top": "1", "sampled": "2", "tempered": "3"}  # rows of another draft_choice than auto
     markers |= {"spectr": "h", "draft spectr": "H", "hybrid": "d", "staged": ">", **choices}
     shown = set()

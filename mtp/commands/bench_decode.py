@@ -52,6 +52,7 @@ from mtp.benchmarks.cli import (
     benchmark_prompts,
     describe_prompts,
     int_list,
+    node_budgets,
     prompt_problems,
     require_plotting,
 )
@@ -81,7 +82,7 @@ from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.decode.proposers import LookupDrafter, draft_model_drafter
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
 from mtp.decode.tree import read_tree
-from mtp.decode.tree_fit import fitted_tree
+from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 from mtp.errors import UserError
 
 METHODS = ("chain", "tree", "typical", "adaptive", "spectr", "draft", "hybrid", "staged", "layerskip", "lookup")
@@ -98,7 +99,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--methods", default="chain", help=f"chain and any of {', '.join(METHODS[1:])}")
     parser.add_argument("--tree", default="auto", help="for tree/typical: a JSON tree, or auto (fitted per mode)")
     parser.add_argument(
-        "--tree-nodes", type=int_list, default=[16], help="node budgets of the fitted trees: one tree row each"
+        "--tree-nodes",
+        type=node_budgets,
+        default=[FASTEST],
+        help=f"node budgets of the fitted trees, one tree row each (e.g. fastest,8,16); {FASTEST}: the size of 1 to "
+        f"{FASTEST_SIZES[-1]} nodes whose steps, timed here at batch 1, give the most expected tokens per second",
     )
     parser.add_argument(
         "--draft", type=Path, help="for draft, hybrid and staged: a draft checkpoint on the same tokenizer"
@@ -383,15 +388,18 @@ def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tup
         if args.tree == "auto":
             for nodes in args.tree_nodes:
                 fitted = fitted_tree(loaded, chain, nodes)
-                trees.append(fitted.tree)
-                expected = 1 + fitted.expected_accepted
-                print(f"{mode}: fitted a {fitted.tree.size}-node tree, expected tokens/step {expected:.2f}")
+                print(f"{mode}: {fitted.summary()}")
+                if fitted.chain_faster:  # the fastest "tree" here is the heads' chain, decoded without a tree
+                    trees.append((f"{FASTEST} tree: the chain", None, fitted.tree))
+                else:
+                    trees.append((f"{FASTEST} tree" if nodes == FASTEST else "tree", fitted.tree, fitted.tree))
         else:
-            trees.append(read_tree(Path(args.tree), chain.heads - 1, loaded.config.vocab_size))
+            tree = read_tree(Path(args.tree), chain.heads - 1, loaded.config.vocab_size)
+            trees.append(("tree", tree, tree))
     if "tree" in args.methods:
-        variants += [("tree", replace(chain, tree=tree), None) for tree in trees]
-    if "typical" in args.methods and mode == "sampling":
-        variants.append(("typical", replace(chain, tree=trees[0], acceptance="typical"), None))
+        variants += [(method, replace(chain, tree=tree), None) for method, tree, _ in trees]
+    if "typical" in args.methods and mode == "sampling":  # on a tree proper, the fastest fit's too
+        variants.append(("typical", replace(chain, tree=trees[0][2], acceptance="typical"), None))
     if "adaptive" in args.methods:
         variants.append(("adaptive", replace(chain, draft_p_min=args.draft_p_min, adaptive_drafts=True), None))
 

@@ -42,6 +42,7 @@ from mtp.cli import (
     add_device_flag,
     add_dtype_flag,
     add_settings,
+    node_budget,
     pick_device,
     require_at_least,
     run_script,
@@ -58,7 +59,7 @@ from mtp.commands.drafter_setup import (
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.decode.tree import DraftTree, read_tree
-from mtp.decode.tree_fit import fitted_tree
+from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 from mtp.errors import UserError
 from mtp.online import OnlineHeads, OnlineSettings
 
@@ -72,8 +73,6 @@ AUTOREGRESSIVE = {
     "draft_dtype": "auto",
 }
 """Settings that turn a decoding configuration into the autoregressive baseline of --compare."""
-TREE_NODES = 16
-"""Nodes of a tree fitted with --tree auto."""
 FIT_PROMPTS, FIT_PROMPT_TOKENS, FIT_NEW_TOKENS = 8, 64, 64
 """--tree auto fits on this many held-out prompts, of this many tokens, continued by this many."""
 
@@ -114,7 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="verify a tree of candidates per step: a JSON file from scripts/fit_tree.py, or 'auto' to fit one now "
         "on the checkpoint's held-out data with these decoding settings",
     )
-    decoding.add_argument("--tree-nodes", type=int, default=TREE_NODES, help="nodes of a tree fitted by --tree auto")
+    decoding.add_argument(
+        "--tree-nodes",
+        type=node_budget,
+        default=FASTEST,
+        help=f"nodes of a tree fitted by --tree auto, or {FASTEST}: the size of 1 to {FASTEST_SIZES[-1]} nodes whose "
+        "steps, timed here, give the most expected tokens per second (default)",
+    )
     drafter = parser.add_mutually_exclusive_group()
     drafter.add_argument(
         "--draft", type=Path, help="draft with this checkpoint (same tokenizer; e.g. a tiny mtp1), verify with CKPT"
@@ -158,7 +163,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 def check_flags(args: argparse.Namespace) -> None:
     """decode's own flags, before anything is loaded (GenerationConfig checks the decoding settings)."""
-    require_at_least(args, 1, "batch_size", "tree_nodes", "prompt_count")
+    require_at_least(args, 1, "batch_size", "prompt_count", *(["tree_nodes"] if args.tree_nodes != FASTEST else []))
     if args.prompt_count is not None and args.prompts is None:
         raise UserError("--prompt-count counts the prompts of a --prompts file; give one, or drop --prompt-count.")
     if args.heads is not None and args.heads > 1 and not args.self_speculative:
@@ -237,19 +242,16 @@ def decode_stream(
           file=sys.stderr)  # fmt: skip
 
 
-def pick_tree(args: argparse.Namespace, loaded, config: GenerationConfig) -> DraftTree:
-    """The tree of --tree: read from its file, or fitted now (auto) on held-out prompts with the decoding settings."""
+def pick_tree(args: argparse.Namespace, loaded, config: GenerationConfig) -> DraftTree | None:
+    """The tree of --tree: read from its file, or fitted now (auto) on held-out prompts with the decoding settings
+    (None: a fastest fit found the heads' chain faster than any tree on this machine)."""
     if args.tree != "auto":
         return read_tree(Path(args.tree), config.heads - 1, loaded.config.vocab_size)
     replace(config, tree=DraftTree.chain(config.heads - 1))  # GenerationConfig's refusals of a tree, before fitting one
     fitting = replace(config, max_new_tokens=FIT_NEW_TOKENS)
     fitted = fitted_tree(loaded, fitting, args.tree_nodes, FIT_PROMPTS, FIT_PROMPT_TOKENS)
-    print(
-        f"note: fitted a {fitted.tree.size}-node tree on {FIT_PROMPTS} held-out prompts "
-        f"(expected tokens/step there: {1 + fitted.expected_accepted:.2f})",
-        file=sys.stderr,
-    )
-    return fitted.tree
+    print(f"note: on {FIT_PROMPTS} held-out prompts, {fitted.summary()}", file=sys.stderr)
+    return None if fitted.chain_faster else fitted.tree
 
 
 def main(argv: list[str] | None = None) -> int:

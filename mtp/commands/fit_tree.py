@@ -2,6 +2,7 @@
 
     python scripts/fit_tree.py CKPT --nodes 16                                  # greedy
     python scripts/fit_tree.py CKPT --nodes 16 --temperature 0.8 --top-p 0.95   # for sampling
+    python scripts/fit_tree.py CKPT --nodes fastest    # the size (1 to 64 nodes) decoding fastest on this machine
     python scripts/decode.py CKPT --self-speculative --tree results/trees/CKPT-16-greedy.json --prompt "def f("
 
 Decodes held-out prompts of the checkpoint's validation split (documents after the ones the benchmarks use as
@@ -25,6 +26,7 @@ from mtp.cli import (
     add_device_flag,
     add_dtype_flag,
     add_settings,
+    node_budget,
     pick_device,
     require_at_least,
     run_script,
@@ -32,14 +34,20 @@ from mtp.cli import (
     settings_named_by_flags,
 )
 from mtp.decode import GenerationConfig
-from mtp.decode.tree_fit import fitted_tree
+from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 from mtp.errors import UserError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--nodes", type=int, default=16, help="node budget (the root, head 1's token, not counted)")
+    parser.add_argument(
+        "--nodes",
+        type=node_budget,
+        default=16,
+        help=f"node budget (the root, head 1's token, not counted), or {FASTEST}: the size of 1 to "
+        f"{FASTEST_SIZES[-1]} nodes whose steps, timed on this machine at batch 1, give the most expected tokens/s",
+    )
     parser.add_argument("--prompts", type=int, default=16, help="held-out prompts to decode")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     add_settings(
@@ -57,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    require_at_least(args, 1, "nodes", "prompts", "prompt_tokens")
+    require_at_least(args, 1, "prompts", "prompt_tokens", *(["nodes"] if args.nodes != FASTEST else []))
     if args.heads is not None and args.heads < 2:
         raise UserError(f"--heads {args.heads} drafts nothing; a tree needs --heads 2 or more (default: all).")
     flags = settings_from(args, GenerationConfig, heads=args.heads or 2)  # all heads once the checkpoint is loaded
@@ -74,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.NamedTemporaryFile("w", dir=out.parent, suffix=".tmp", delete=False) as tmp:
         tmp.write(fitted.to_json())
     os.replace(tmp.name, out)
+    if fitted.trials:
+        print(fitted.summary())
+    if fitted.chain_faster:
+        print(
+            f"note: here the heads' chain decodes faster than any tree: decode with --heads {settings.heads}, no --tree"
+        )
     print(
         f"nodes={fitted.tree.size} depth={fitted.tree.depth} expected_tokens/step={1 + fitted.expected_accepted:.3f} "
         f"measured_steps={fitted.steps} wrote {out}"

@@ -8,7 +8,7 @@ trees draw them, so the best shapes differ (sampling trees are wider).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from mtp.data.prompts import prompts_beyond_the_benchmarks
 from mtp.decode import GenerationConfig, generate
@@ -24,6 +24,30 @@ likeliest paths of every depth (:func:`mtp.decode.tree.ranked_tree`) in a small 
 checkpoint at the fitting's 8 rows)."""
 
 
+FASTEST = "fastest"
+"""A node budget that asks for the size decoding fastest on this machine (:func:`fit_to_model`)."""
+FASTEST_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+"""The sizes a fastest fit tries: what a node costs depends on the device (on a CPU a step costs about what its
+positions do, so small trees win; on a GPU a step over 64 positions costs about what one over 4 does)."""
+TIMING_PROMPTS, TIMING_TOKENS, TIMING_ROUNDS = 3, 32, 6
+"""Each size's step time: a fitting prompt continued by this many tokens per round, the rounds taking the prompts in
+turn and every size in each round (so that a machine's speed drifting between sizes does not pick one), the fastest
+round kept."""
+
+
+@dataclass
+class SizeTrial:
+    """One size a fastest fit tried: its expected tokens per step (fitting data) and measured step time."""
+
+    nodes: int
+    expected_tokens: float
+    ms_per_step: float
+
+    @property
+    def tokens_per_ms(self) -> float:
+        return self.expected_tokens / self.ms_per_step
+
+
 @dataclass
 class FittedTree:
     tree: DraftTree
@@ -33,33 +57,104 @@ class FittedTree:
     """Row-steps the counts come from."""
     acceptance: dict[tuple[int, ...], float]
     """Acceptance rate of each of the tree's paths on the fitting data."""
+    trials: list[SizeTrial] = field(default_factory=list)
+    """The sizes a fastest fit tried (empty for a fixed budget)."""
+    chain: SizeTrial | None = None
+    """A fastest fit's timing of the heads' chain as deep as the tree may be, decoded without a tree."""
+
+    @property
+    def chain_faster(self) -> bool:
+        """A fastest fit found the heads' chain (no tree) faster than every tree: decode without one."""
+        best = max(self.trials, key=lambda t: t.tokens_per_ms, default=None)
+        return self.chain is not None and best is not None and self.chain.tokens_per_ms > best.tokens_per_ms
 
     def to_json(self) -> str:
+        tried = {"sizes_tried": [[t.nodes, round(t.expected_tokens, 4), round(t.ms_per_step, 3)] for t in self.trials]}
+        if self.chain is not None:
+            tried["chain_without_a_tree"] = [round(self.chain.expected_tokens, 4), round(self.chain.ms_per_step, 3)]
         return self.tree.to_json(
             expected_tokens_per_step=round(1 + self.expected_accepted, 4),
             measured_steps=self.steps,
             acceptance=[round(self.acceptance[p], 4) for p in self.tree.paths],
+            **(tried if self.trials else {}),
         )
 
+    def summary(self) -> str:
+        """'fitted a 6-node tree, expected tokens/step 2.24' (and, for a fastest fit, the sizes it timed)."""
+        line = f"fitted a {self.tree.size}-node tree, expected tokens/step {1 + self.expected_accepted:.2f}"
+        if self.trials:
+            sizes = ", ".join(f"{t.nodes}: {t.tokens_per_ms:.3f}" for t in self.trials)
+            line += f", the fastest here of expected tokens per ms by size ({sizes})"
+        if self.chain is not None:
+            faster = "faster than any tree: decoding without one" if self.chain_faster else "slower"
+            line += f"; the heads' chain without a tree {self.chain.tokens_per_ms:.3f}, {faster}"
+        return line
 
-def fit_to_model(model: MTPModel, prompts: list[list[int]], nodes: int, config: GenerationConfig) -> FittedTree:
+
+def fit_to_model(model: MTPModel, prompts: list[list[int]], nodes: int | str, config: GenerationConfig) -> FittedTree:
     """The tree of at most ``nodes`` nodes (at most ``config.heads - 1`` deep) with the most accepted drafts when
     decoding ``prompts`` with ``config`` (temperature, top-k, top-p, draft_p_min, seed). A measuring step too large
     for the memory available is refused before decoding (:func:`mtp.decode.memory.check_step_fits`, in
-    :func:`~mtp.decode.generate`)."""
+    :func:`~mtp.decode.generate`).
+
+    ``nodes`` :data:`FASTEST`: of the best trees of each of :data:`FASTEST_SIZES` nodes, the one with the most
+    expected tokens per millisecond, its step timed here with ``config`` at batch 1 (Sequoia's hardware-aware size,
+    measured rather than modelled); the heads' chain, decoded without a tree, is timed beside them, and
+    :attr:`FittedTree.chain_faster` says whether it beat them all (on a CPU, where a step costs what its positions do
+    and a tree step has more to do than a chain step of as many positions, it can)."""
     depth = config.heads - 1
-    measuring = ranked_tree(MEASURE_WIDTH, depth, max(MEASURE_NODES, nodes))
+    budget = FASTEST_SIZES[-1] if nodes == FASTEST else nodes
+    measuring = ranked_tree(MEASURE_WIDTH, depth, max(MEASURE_NODES, budget))
     settings = replace(config, tree=measuring, acceptance="exact", adaptive_drafts=False)
     _, stats = generate(model, prompts, settings)  # refuses a step too large for memory
     steps = sum(stats.accepted_nodes.values())
     counts = path_counts(measuring, stats.accepted_nodes)
-    tree, expected = fit_tree(counts, steps, nodes, depth)
-    return FittedTree(tree, expected, steps, {p: counts[p] / max(1, steps) for p in tree.paths})
+    fits = [fit_tree(counts, steps, size, depth) for size in (FASTEST_SIZES if nodes == FASTEST else (nodes,))]
+    fits = list({tree.size: (tree, expected) for tree, expected in fits}.values())  # a budget beyond the paths seen
+    trials, chain, best = [], None, 0
+    if nodes == FASTEST:  # the chain as deep as the trees, decoded as a chain (no tree machinery), timed beside them
+        chain_expected = sum(counts[(0,) * d] for d in range(1, depth + 1)) / max(1, steps)
+        *trials, chain = time_sizes(model, prompts, config, [*fits, (None, chain_expected)])
+        best = max(range(len(fits)), key=lambda i: trials[i].tokens_per_ms)
+    tree, expected = fits[best]
+    acceptance = {p: counts[p] / max(1, steps) for p in tree.paths}
+    return FittedTree(tree, expected, steps, acceptance, trials, chain)
 
 
-def fitted_tree(loaded, config: GenerationConfig, nodes: int, prompts: int = 16, prompt_tokens: int = 64):
-    """A tree of at most ``nodes`` nodes fitted to a loaded checkpoint for decoding with ``config`` (its temperature,
-    top-k, top-p, heads), on held-out documents the benchmarks do not prompt with (:func:`fit_to_model`)."""
+def time_sizes(
+    model: MTPModel, prompts: list[list[int]], config: GenerationConfig, fits: list[tuple[DraftTree | None, float]]
+) -> list[SizeTrial]:
+    """Each fitted tree's step time (ms) when decoding with ``config`` at batch 1 (:data:`TIMING_ROUNDS`); a last
+    entry without a tree is the heads' chain (timed as it is, not pooled with the trees' times)."""
+    times = [float("inf")] * len(fits)
+    for round_ in range(TIMING_ROUNDS):
+        prompt = prompts[round_ % min(TIMING_PROMPTS, len(prompts))]
+        for i, (tree, _) in enumerate(fits):
+            _, stats = generate(model, [prompt], replace(config, tree=tree, max_new_tokens=TIMING_TOKENS))
+            times[i] = min(times[i], stats.ms_per_forward)
+    trees = len(fits) - (fits[-1][0] is None)
+    times[:trees] = nondecreasing(times[:trees])  # nested trees, each doing what a smaller one does and more
+    sizes = [tree.size if tree is not None else config.heads - 1 for tree, _ in fits]
+    return [SizeTrial(n, 1 + expected, ms) for n, (_, expected), ms in zip(sizes, fits, times, strict=True)]
+
+
+def nondecreasing(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (isotonic regression, pool adjacent violators): a timing
+    spike at one size is shared with its neighbours instead of deciding alone."""
+    blocks: list[list[float]] = []  # [sum, count] of pooled runs
+    for value in values:
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
+
+
+def fitted_tree(loaded, config: GenerationConfig, nodes: int | str, prompts: int = 16, prompt_tokens: int = 64):
+    """A tree of at most ``nodes`` nodes (or of the fastest size: :data:`FASTEST`) fitted to a loaded checkpoint for
+    decoding with ``config`` (its temperature, top-k, top-p, heads), on held-out documents the benchmarks do not prompt
+    with (:func:`fit_to_model`; uncompiled, so a fastest fit times uncompiled steps)."""
     held_out = prompts_beyond_the_benchmarks(loaded, prompts, prompt_tokens)
     settings = replace(config, eos_id=None, compile=False, tree=None, adaptive_drafts=False)
     return fit_to_model(loaded.model, held_out, nodes, settings)

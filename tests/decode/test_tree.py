@@ -2,12 +2,14 @@
 (rows accepting paths through lower-ranked candidates, at ragged depths), and fitting a tree from rank counts."""
 
 import itertools
+import json
 from collections import Counter
 
 import pytest
 import torch
 
 from mtp.decode import GenerationConfig, generate, inference, tree_fit
+from mtp.decode.stats import DecodeStats
 from mtp.decode.tree import DraftTree, fit_tree, full_tree, path_counts, ranked_tree, read_tree
 from mtp.errors import UserError
 from tests.decode.helpers import HEAD_TYPES, tiny_model, train_on_cycles
@@ -155,3 +157,54 @@ def test_fitting_eight_heads_measures_with_a_bounded_tree(monkeypatch):
     assert [t.size for t in seen] == [tree_fit.MEASURE_NODES]  # not 4 + 16 + ... + 4^7 = 21,844
     assert seen[0].depth == 7
     assert 1 <= fitted.tree.size <= 16 and fitted.tree.depth <= 7
+
+
+def test_nondecreasing_pools_a_timing_spike_with_its_neighbours():
+    assert tree_fit.nondecreasing([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert tree_fit.nondecreasing([5.0, 4.0, 3.0]) == [4.0, 4.0, 4.0]
+    assert tree_fit.nondecreasing([1.0, 2.0, 2.0, 7.0]) == [1.0, 2.0, 2.0, 7.0]
+    assert tree_fit.nondecreasing([2.0, 9.0, 1.0, 3.0, 10.0]) == [2.0, 13 / 3, 13 / 3, 13 / 3, 10.0]
+    assert tree_fit.nondecreasing([]) == []
+
+
+def timed_by(monkeypatch, step_ms) -> list[DraftTree | None]:
+    """fit_to_model with its timing runs given step times: ``step_ms(tree)`` ms a step (tree None: the chain); the
+    measuring run decodes for real. Returns the trees timed, in order."""
+    timed = []
+
+    def fake(model, prompts, config):
+        if config.max_new_tokens != tree_fit.TIMING_TOKENS:
+            return generate(model, prompts, config)
+        timed.append(config.tree)
+        assert len(prompts) == 1  # batch 1
+        return None, DecodeStats(rows=1, forwards=11, wall_time_s=step_ms(config.tree) / 100, prefill_s=0.0)
+
+    monkeypatch.setattr(tree_fit, "generate", fake)
+    return timed
+
+
+@pytest.mark.parametrize("chain_ms", [1.0, 1e6])
+def test_a_fastest_fit_takes_the_size_with_the_most_expected_tokens_per_ms(monkeypatch, chain_ms):
+    """Trees cost 1 ms plus 0.5 ms a node: the fit keeps the size with the best expected tokens per ms, every size
+    and the chain timed in each round; a chain at 1 ms a step beats every tree (decode without one)."""
+    timed = timed_by(monkeypatch, lambda tree: chain_ms if tree is None else 1 + 0.5 * tree.size)
+    model, prompts = partly_trained("transformer"), [[3, 4, 5], [9, 1], [7, 7, 2]]
+    fitted = tree_fit.fit_to_model(model, prompts, tree_fit.FASTEST, GenerationConfig(12, heads=4))
+    sizes = [t.nodes for t in fitted.trials]
+    assert sizes == sorted(set(sizes)) and sizes[0] == 1 and len(sizes) > 2
+    assert len(timed) == tree_fit.TIMING_ROUNDS * (len(sizes) + 1) and timed.count(None) == tree_fit.TIMING_ROUNDS
+    for trial in fitted.trials:
+        assert trial.ms_per_step == pytest.approx(1 + 0.5 * trial.nodes)
+    best = max(fitted.trials, key=lambda t: t.expected_tokens / (1 + 0.5 * t.nodes))
+    assert fitted.tree.size == best.nodes and 1 + fitted.expected_accepted == pytest.approx(best.expected_tokens)
+    assert fitted.chain.nodes == 3 and fitted.chain.ms_per_step == pytest.approx(chain_ms)
+    assert fitted.chain_faster == (chain_ms == 1.0)
+    assert ("faster than any tree" in fitted.summary()) == (chain_ms == 1.0)
+    assert json.loads(fitted.to_json())["sizes_tried"][0][0] == 1
+
+
+def test_a_fixed_budget_times_nothing(monkeypatch):
+    timed = timed_by(monkeypatch, lambda tree: 1.0)
+    fitted = tree_fit.fit_to_model(partly_trained("transformer"), [[3, 4, 5]], 4, GenerationConfig(12, heads=4))
+    assert timed == [] and fitted.trials == [] and fitted.chain is None and not fitted.chain_faster
+    assert "sizes_tried" not in json.loads(fitted.to_json())
