@@ -138,6 +138,7 @@ def verdict(value: float | None, target: float = TARGET) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    WALL.clear()  # this run's steps only, when main runs twice in one process (the tests)
     root = checkout_root()  # the kit runs the repository's tests and scripts
     out = args.out.resolve()  # the steps run from the repository's root
     out.mkdir(parents=True, exist_ok=True)
