@@ -130,7 +130,8 @@ def time_sizes(
     for round_ in range(TIMING_ROUNDS):
         prompt = prompts[round_ % min(TIMING_PROMPTS, len(prompts))]
         for i, (tree, _) in enumerate(fits):
-            _, stats = generate(model, [prompt], replace(config, tree=tree, max_new_tokens=TIMING_TOKENS))
+            timing = replace(config, tree=tree, max_new_tokens=min(TIMING_TOKENS, config.max_new_tokens))
+            _, stats = generate(model, [prompt], timing)  # no longer than the fitting: its context was checked
             times[i] = min(times[i], stats.ms_per_forward)
     trees = len(fits) - (fits[-1][0] is None)
     times[:trees] = nondecreasing(times[:trees])  # nested trees, each doing what a smaller one does and more
