@@ -653,6 +653,27 @@ MUTATIONS = [
         (f"{LOSS}::test_a_reduced_draft_vocabulary_scores_only_its_tokens",),
     ),
     Mutation(
+        "a draft vocabulary chosen at decoding scores the last token ids' rows under the first ids' names",
+        INFERENCE,
+        "self.draft_output = Unembedding(self.head1_output.weight[:draft_vocab])",
+        "self.draft_output = Unembedding(self.head1_output.weight[-draft_vocab:])",
+        (f"{CACHE}::test_a_draft_vocabulary_chosen_at_decoding_scores_the_first_token_ids",),
+    ),
+    Mutation(
+        "linear and medusa heads score every row of their own unembeddings under a draft vocabulary chosen at decoding",
+        INFERENCE,
+        "self.draft_rows = slice(draft_vocab or None)",
+        "self.draft_rows = slice(None)",
+        (f"{CACHE}::test_a_draft_vocabulary_chosen_at_decoding_scores_the_first_token_ids",),
+    ),
+    Mutation(
+        "a form built for one draft vocabulary reused for another",
+        INFERENCE,
+        "key = (heads, compile, draft_vocab if heads > 1 else 0)",
+        "key = (heads, compile)",
+        (f"{CACHE}::test_a_draft_vocabulary_chosen_at_decoding_scores_the_first_token_ids",),
+    ),
+    Mutation(
         "the draft vocabulary made of the least frequent tokens",
         "mtp/lit.py",
         "most = torch.sort(counts, descending=True, stable=True)",

@@ -103,6 +103,7 @@ def method_label(r: dict[str, Any]) -> str:
     params += ["lossy"] if method == "typical" else []
     params += [f"{r['draft_dtype']} drafts"] if r.get("draft_dtype", "auto") != "auto" else []
     params += [f"{r['draft_choice']} drafts"] if r.get("draft_choice", "auto") != "auto" else []
+    params += [f"drafts over the first {r['draft_vocab']} ids"] if r.get("draft_vocab") else []
     return method + (f" ({', '.join(params)})" if params else "")
 
 
@@ -204,6 +205,7 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
                 if (r["mode"], r["batch_size"], r.get("method", "chain")) == (mode, batch_size, method)
                 and r.get("draft_dtype", "auto") == "auto"
                 and r.get("draft_choice", "auto") == "auto"
+                and not r.get("draft_vocab")
             ),
             key=x_of,
         )
@@ -230,6 +232,7 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         "layerskip": "^",
         "lookup": "v",
         "int8": "P",
+        "draft vocab": "4",
     }
     choices = {"top": "1", "sampled": "2", "tempered": "3"}  # rows of another draft_choice than auto
     markers |= {"spectr": "h", "draft spectr": "H", "hybrid": "d", "staged": ">", **choices}
@@ -238,6 +241,7 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         method = "int8" if r.get("draft_dtype", "auto") == "int8" else r.get("method", "chain")
         choice = r.get("draft_choice", "auto")
         method = choice if method != "int8" and choice != "auto" else method
+        method = "draft vocab" if r.get("draft_vocab") and method == "chain" else method
         if method in ("chain", "draft"):
             shown.add(method)
             continue

@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
@@ -138,6 +139,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "int8 (CPU)",
     )
     parser.add_argument(
+        "--draft-vocabs",
+        default="0",
+        help="the heads' drafts scoring only the first N token ids (FR-Spec; head 1 verifies over all), each setting "
+        "where the heads draft run at every N: 0 (every token: the baseline rows) and any N",
+    )
+    parser.add_argument(
         "--draft-choices",
         default="auto",
         help="sampling mode: how drafts from a model are chosen, each such setting run in every one: auto (the "
@@ -173,6 +180,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.draft_dtypes = args.draft_dtypes.split(",")
     if not set(args.draft_dtypes) <= set(DRAFT_DTYPES) or "auto" not in args.draft_dtypes:
         parser.error(f"--draft-dtypes {','.join(args.draft_dtypes)}: auto (the baseline rows) and any of int8")
+    given = args.draft_vocabs
+    args.draft_vocabs = [int(v) for v in given.split(",")] if re.fullmatch(r"\d+(,\d+)*", given) else []
+    if 0 not in args.draft_vocabs:
+        parser.error(f"--draft-vocabs {given}: 0 (every token: the baseline rows) and any token counts, such as 0,1024")
     args.draft_choices = args.draft_choices.split(",")
     if not set(args.draft_choices) <= set(DRAFT_CHOICES) or "auto" not in args.draft_choices:
         others = ", ".join(c for c in DRAFT_CHOICES if c != "auto")
@@ -231,6 +242,14 @@ def run(args: argparse.Namespace) -> None:
         gammas = [g for method, g in drafter_gammas(args) if method in args.methods]
         if gammas:
             replace(chain, heads=1, gamma=max(gammas)).check_for(loaded.config, prompts)
+    vocab, trained = loaded.config.vocab_size, loaded.config.draft_vocab
+    if trained and max(args.draft_vocabs):
+        raise UserError(
+            f"--draft-vocabs: this checkpoint's heads were trained to score its {trained} most frequent tokens; "
+            "leave --draft-vocabs out."
+        )
+    if max(args.draft_vocabs) >= vocab:
+        raise UserError(f"--draft-vocabs {max(args.draft_vocabs)}: each must be below the vocabulary's {vocab} tokens.")
 
     settings = []
     for mode in args.modes:
@@ -239,7 +258,7 @@ def run(args: argparse.Namespace) -> None:
         for batch_size in args.batch_sizes:
             no_drafter = None
             chains = [("chain", replace(mode_chain, heads=k), no_drafter) for k in heads]
-            entries = in_draft_dtypes(chains + variants, args.draft_dtypes)
+            entries = in_draft_vocabs(in_draft_dtypes(chains + variants, args.draft_dtypes), args.draft_vocabs)
             if mode == "sampling":
                 entries = in_draft_choices(entries, args.draft_choices)
             settings += [(mode, batch_size, *s) for s in entries]
@@ -332,6 +351,17 @@ def in_draft_dtypes(entries: list[tuple], draft_dtypes: list[str]) -> list[tuple
         out.append((method, config, drafter))
         if config.heads > 1 or (config.gamma and method != "lookup"):
             out += [(method, replace(config, draft_dtype=d), drafter) for d in draft_dtypes if d != config.draft_dtype]
+    return out
+
+
+def in_draft_vocabs(entries: list[tuple], draft_vocabs: list[int]) -> list[tuple]:
+    """(method, configuration, drafter) entries, each followed by its twins drafting over the first N token ids for
+    every other N of ``draft_vocabs`` where the heads draft (a drafter's vocabulary is its own)."""
+    out = []
+    for method, config, drafter in entries:
+        out.append((method, config, drafter))
+        if config.heads > 1:
+            out += [(method, replace(config, draft_vocab=v), drafter) for v in draft_vocabs if v != config.draft_vocab]
     return out
 
 
@@ -454,6 +484,7 @@ def result_row(mode: str, batch_size: int, method: str, config: GenerationConfig
         "drafter": stats.method_params,
         "draft_dtype": config.draft_dtype,
         "draft_choice": config.draft_choice,
+        "draft_vocab": config.draft_vocab,
         "draft_share": stats.draft_share,
         "draft_ms_per_step": 1000 * stats.draft_s / stats.forwards,
         "draft_ms_per_forward": 1000 * stats.draft_s / stats.draft_forwards if stats.draft_forwards else 0.0,

@@ -176,7 +176,7 @@ samples whose proposals the caller keeps. A causal chain calls it once per depth
 class InferenceModel:
     """Cached decoding with an MTPModel's weights (shared, not copied, where no packing is needed)."""
 
-    def __init__(self, model: MTPModel, heads: int, compile: bool = False) -> None:
+    def __init__(self, model: MTPModel, heads: int, compile: bool = False, draft_vocab: int = 0) -> None:
         config = model.config
         self.config, self.heads = config, heads
         self.eps = config.norm_eps
@@ -185,12 +185,17 @@ class InferenceModel:
         # verification path: the trunk and head 1 (all of `layers`)
         self.path = [PackedBlocks([block], config.n_heads, config.n_kv_heads) for block in model.layers]
         self.head1_output = Unembedding(model.unembedding(1).weight * final_norm)
-        # the draft heads' shared unembedding: head 1's, or its rows of a reduced draft vocabulary (then their logits
-        # are spread back over the whole vocabulary, -inf elsewhere: a proposal with no mass outside the subset)
+        # the draft heads' shared unembedding: head 1's, or its rows of a reduced draft vocabulary, trained or the first
+        # ``draft_vocab`` token ids chosen here (then their logits are spread back over the whole vocabulary, -inf
+        # elsewhere: a proposal with no mass outside the subset)
         self.vocab_size, self.draft_tokens = config.vocab_size, model.head_vocab(2) if heads > 1 else None
         self.draft_output = self.head1_output
         if self.draft_tokens is not None:
             self.draft_output = Unembedding(model.head_weight(2) * final_norm)
+        elif draft_vocab and heads > 1:
+            self.draft_tokens = torch.arange(draft_vocab, device=self.embeddings.device)
+            self.draft_output = Unembedding(self.head1_output.weight[:draft_vocab])
+        self.draft_rows = slice(draft_vocab or None)  # of a draft head's own unembedding (linear, medusa) it scores
         # rotary angles per position (max_seq_len, head_dim / 2): e^{i theta t} eager (fewest operations), as
         # (cos, sin) pairs (..., 2) compiled (inductor generates no code for complex numbers)
         if compile:
@@ -215,16 +220,19 @@ class InferenceModel:
                 self.drafter = Unembeddings(model, self)
 
     @classmethod
-    def of(cls, model: MTPModel, heads: int, compile: bool = False, draft_dtype: DraftDtype = "auto") -> InferenceModel:
-        """The inference form of ``model`` for ``heads`` heads, its draft heads in ``draft_dtype``: built once, reused
+    def of(
+        cls, model: MTPModel, heads: int, compile: bool = False, draft_dtype: DraftDtype = "auto", draft_vocab: int = 0
+    ) -> InferenceModel:
+        """The inference form of ``model`` for ``heads`` heads, its draft heads in ``draft_dtype`` scoring the first
+        ``draft_vocab`` token ids (0: a trained draft vocabulary, or every token): built once, reused
         while the weights (and buffers, such as a reduced draft vocabulary) stay the same (in place, same version), so
         repeated ``generate`` calls pay neither the packing nor a recompile. An int8 form is derived from the
         full-precision one (:meth:`with_int8_drafts`), whose verification path it shares."""
         weights = tuple((t.data_ptr(), t._version, t.dtype) for t in (*model.parameters(), *model.buffers()))
         built = _built.setdefault(model, {})
-        key = (heads, compile)
+        key = (heads, compile, draft_vocab if heads > 1 else 0)
         if key not in built or built[key][0] != weights:
-            built[key] = (weights, cls(model, heads, compile))
+            built[key] = (weights, cls(model, heads, compile, draft_vocab))
         form = built[key][1]
         return form if draft_dtype == "auto" else form.with_int8_drafts()
 
@@ -467,9 +475,9 @@ class Unembeddings:
         if residual[0]:  # (layers, h, d, d) transposed, so that x @ W^T is one bmm over heads
             self.residual = [torch.stack([layers[i].weight.T for layers in residual]) for i in range(len(residual[0]))]
             self.norm_weight = final_norm  # the residual blocks read the normed state: the weight cannot be folded
-            self.outputs = torch.stack([model.head_weight(k).T for k in heads])  # (h, d, V or K)
+            self.outputs = torch.stack([model.head_weight(k)[form.draft_rows].T for k in heads])  # (h, d, V or K)
         else:
-            self.outputs = torch.stack([(model.head_weight(k) * final_norm).T for k in heads])
+            self.outputs = torch.stack([(model.head_weight(k)[form.draft_rows] * final_norm).T for k in heads])
 
     def in_int8(self, form: InferenceModel) -> Unembeddings:
         """These heads with int8 residual layers and outputs, drafting for ``form``."""

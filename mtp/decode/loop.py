@@ -53,7 +53,7 @@ def generate(
     heads_tree = tree is not None and not config.gamma  # the heads draft the tree (else a drafter, or a hybrid)
     heads = tree.depth + 1 if heads_tree else config.heads
     heads_dtype = config.draft_dtype if drafter is None or config.hybrid else "auto"  # the heads' drafts' precision
-    inference = InferenceModel.of(model, heads, config.compile, heads_dtype)
+    inference = InferenceModel.of(model, heads, config.compile, heads_dtype, config.draft_vocab)
     proposer = _proposer(drafter, inference, config)
     stats = DecodeStats(
         rows=len(prompts), drafted=[0] * config.drafts, accepted=[0] * config.drafts,

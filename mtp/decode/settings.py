@@ -107,6 +107,11 @@ class GenerationConfig:
     dtype. Head 1 verifies at full precision, so greedy output is unchanged and sampling stays lossless; only
     acceptance may move."""
 
+    draft_vocab: int = 0
+    """Heads 2..k score only the first draft_vocab token ids (0: all): FR-Spec's frequency-ranked draft vocabulary, as
+    a BPE vocabulary lists its tokens (merges in the order they were learned, most frequent first). Only the drafts'
+    unembedding shrinks; head 1 verifies over every token, so greedy output is unchanged and sampling stays lossless."""
+
     draft_choice: DraftChoice = "auto"
     """Sampling with exact acceptance: sampled (drafts drawn from the drafter's distribution processed as the target's,
     top-p included), tempered (drawn after temperature and top-k only: no nucleus to find), top (the top-ranked drafts,
@@ -173,6 +178,8 @@ class GenerationConfig:
             )
         if self.drafts_per_step < 1:
             raise SettingError("{drafts_per_step} must be at least 1.", drafts_per_step=self.drafts_per_step)
+        if self.draft_vocab < 0:
+            raise SettingError("{draft_vocab} must be 0 (every token) or positive.", draft_vocab=self.draft_vocab)
         if self.drafts_per_step > 1 and (self.tree is not None or self.adaptive_drafts):
             raise SettingError(
                 "{drafts_per_step} verifies a tree of independent chains; it does not combine with a {tree:name} or "
@@ -285,6 +292,18 @@ class GenerationConfig:
                 f"{{heads}} exceeds this checkpoint's {model.n_future} head(s); only causal heads trained with "
                 f"model.share_depth=true draft beyond them; use {{heads:1..{model.n_future}}}.",
                 heads=self.heads,
+            )
+        if self.draft_vocab and model.draft_vocab:
+            raise SettingError(
+                f"this checkpoint's heads were trained to score its {model.draft_vocab} most frequent tokens, and "
+                "{draft_vocab} would choose others; leave {draft_vocab:0}.",
+                draft_vocab=self.draft_vocab,
+            )
+        if self.draft_vocab >= model.vocab_size:
+            raise SettingError(
+                f"{{draft_vocab}} must be below the vocabulary's {model.vocab_size} tokens (0: every token); "
+                f"use {{draft_vocab:{model.vocab_size // 4}}}, say.",
+                draft_vocab=self.draft_vocab,
             )
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")

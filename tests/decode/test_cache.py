@@ -94,6 +94,26 @@ def test_cached_steps_equal_the_full_forward_for_ragged_rows(head_type, compile,
     assert cache.host_lengths == [10, 11, 7] and cache.lengths.tolist() == [10, 11, 7]
 
 
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_a_draft_vocabulary_chosen_at_decoding_scores_the_first_token_ids(head_type):
+    """InferenceModel(draft_vocab=N): heads 2..k's logits are the full forward's over token ids 0..N-1 and -inf
+    above, on every kind of head (the ones sharing head 1's unembedding, and linear and medusa heads' own); head 1's
+    are untouched."""
+    model = tiny_model(**HEAD_TYPES[head_type])
+    tokens = torch.randint(0, 40, (3, 18), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = full_forward(model, tokens, 14)
+        inference = InferenceModel(model, heads=4, draft_vocab=24)
+        head1, drafts = cached_step(inference, tokens[:, :6], inference.new_cache(3, 32), [5, 3, 0], tokens)
+    kept = full.clone()
+    kept[1:, ..., 24:] = float("-inf")
+    check_step(kept, head1, drafts, [0, 0, 0], [5, 3, 0])
+    assert torch.isinf(drafts[..., 24:]).all() and torch.isfinite(drafts[..., :24]).all()
+    # the forms built once per model are kept apart by their draft vocabulary
+    every, first = InferenceModel.of(model, 4), InferenceModel.of(model, 4, draft_vocab=24)
+    assert every.draft_tokens is None and first.draft_tokens.tolist() == list(range(24))
+
+
 def test_fewer_heads_use_only_their_head_blocks():
     model = tiny_model()
     tokens = torch.randint(0, 40, (1, 5))

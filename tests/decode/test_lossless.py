@@ -191,6 +191,8 @@ def test_threshold_shrinks_with_the_sample_size():
         ("causal-shared", {"top_p": 0.9}, 0),
         ("transformer", {"top_p": 0.9}, 2),
         ("medusa", {}, 3),
+        ("causal", {"top_p": 0.9, "draft_vocab": 2}, 0),
+        ("medusa", {"draft_vocab": 3}, 0),
     ],
     ids=[
         "plain",
@@ -201,11 +203,14 @@ def test_threshold_shrinks_with_the_sample_size():
         "causal-shared-top_p",
         "draft-vocab-top_p",
         "medusa-draft-vocab",
+        "causal-decode-draft-vocab-top_p",
+        "medusa-decode-draft-vocab",
     ],
 )
 def test_lossless_with_head_blocks(head_type, filters, draft_vocab):
     """The same check on a random model with head blocks, where every context changes the logits; with a reduced
-    draft vocabulary, the drafts never propose the tokens outside it, which the target still gives."""
+    draft vocabulary (trained, or the first token ids chosen at decoding), the drafts never propose the tokens outside
+    it, which the target still gives."""
     settings = {**HEAD_TYPES[head_type], "draft_vocab": draft_vocab}
     model = tiny_model(n_future=3, vocab_size=4, seed=3, **settings)
     with torch.no_grad():
