@@ -662,7 +662,7 @@ MUTATIONS = [
     Mutation(
         "linear and medusa heads score every row of their own unembeddings under a draft vocabulary chosen at decoding",
         INFERENCE,
-        "self.draft_rows = slice(draft_vocab or None)",
+        "self.draft_rows = slice(draft_vocab)",
         "self.draft_rows = slice(None)",
         (f"{CACHE}::test_a_draft_vocabulary_chosen_at_decoding_scores_the_first_token_ids",),
     ),

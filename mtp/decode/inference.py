@@ -190,12 +190,13 @@ class InferenceModel:
         # elsewhere: a proposal with no mass outside the subset)
         self.vocab_size, self.draft_tokens = config.vocab_size, model.head_vocab(2) if heads > 1 else None
         self.draft_output = self.head1_output
+        self.draft_rows = slice(None)  # the rows of a draft head's own unembedding (linear, medusa) it scores
         if self.draft_tokens is not None:
             self.draft_output = Unembedding(model.head_weight(2) * final_norm)
         elif draft_vocab and heads > 1:
             self.draft_tokens = torch.arange(draft_vocab, device=self.embeddings.device)
             self.draft_output = Unembedding(self.head1_output.weight[:draft_vocab])
-        self.draft_rows = slice(draft_vocab or None)  # of a draft head's own unembedding (linear, medusa) it scores
+            self.draft_rows = slice(draft_vocab)
         # rotary angles per position (max_seq_len, head_dim / 2): e^{i theta t} eager (fewest operations), as
         # (cos, sin) pairs (..., 2) compiled (inductor generates no code for complex numbers)
         if compile:
