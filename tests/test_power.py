@@ -1313,6 +1313,13 @@ MUTATIONS = [
         (KERNEL_REFUSES,),
     ),
     Mutation(
+        "a child left running when its parent dies",
+        JAIL,
+        "libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)",
+        "pass",
+        (f"{JAIL_TESTS}::test_a_child_dies_with_its_parent",),
+    ),
+    Mutation(
         "pass@1 run without the jail where it cannot be built, unasked",
         "mtp/benchmarks/humaneval.py",
         'if sandbox == "jail" and (why := jail_layers()[1]):',

