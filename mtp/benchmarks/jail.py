@@ -16,8 +16,9 @@ writes one verdict line on its original stdout. In ``jail`` mode, before the pro
 4. drops every capability (root's included: what is left is a process with no privilege in any namespace);
 5. installs a seccomp filter that refuses, for every user: new processes and threads (fork, clone, exec), sockets,
    signals and resource changes aimed at another process, ptrace and other processes' memory, changes of a file's
-   mode, owner, times or extended attributes (which Landlock leaves to the file's permissions), mounts and namespace
-   changes, io_uring, BPF, perf, keys, kernel modules, reboot and swap.
+   mode, owner, times or extended attributes (which Landlock leaves to the file's permissions), System V IPC (shared
+   with other processes where there is no IPC namespace), mounts and namespace changes, io_uring, BPF, perf, keys,
+   kernel modules, reboot and swap.
 
 Steps 3 and 5 are the jail and are required: where the kernel cannot give them (an older or differently built
 kernel, an unsupported architecture), the child writes ``unjailed: <why>`` instead of running the program, and the
@@ -162,6 +163,21 @@ SYSCALLS = {
             fremovexattr=199,
             setxattrat=463,
             removexattrat=466,
+            shmget=29,
+            shmat=30,
+            shmctl=31,
+            shmdt=67,
+            semget=64,
+            semop=65,
+            semctl=66,
+            semtimedop=220,
+            msgget=68,
+            msgsnd=69,
+            msgrcv=70,
+            msgctl=71,
+            sched_setattr=314,
+            get_robust_list=274,
+            process_madvise=440,
         ),
     ),
     "aarch64": (
@@ -243,6 +259,21 @@ SYSCALLS = {
             fremovexattr=16,
             setxattrat=463,
             removexattrat=466,
+            shmget=194,
+            shmat=196,
+            shmctl=195,
+            shmdt=197,
+            semget=190,
+            semop=193,
+            semctl=191,
+            semtimedop=192,
+            msgget=186,
+            msgsnd=189,
+            msgrcv=188,
+            msgctl=187,
+            sched_setattr=274,
+            get_robust_list=100,
+            process_madvise=440,
         ),
     ),
 }

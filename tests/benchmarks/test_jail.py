@@ -9,6 +9,7 @@ scored the same in the jail as under the weaker guard, and the refusal where the
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import re
@@ -91,6 +92,10 @@ def world(tmp_path, monkeypatch):
     listener.listen(8)
     listener.setblocking(False)  # a connection the child made is queued before it exits: accept() sees it at once
     before = snapshot(tmp_path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    shm_key = 0x6D740000 + os.getpid() % 0xFFFF
+    segment = libc.shmget(shm_key, 4096, 0o1600)  # IPC_CREAT, owner read/write: System V memory another program shares
+    assert segment >= 0, os.strerror(ctypes.get_errno())
     escaped = f"/tmp/mtp-jail-escaped-{os.getpid()}-{tmp_path.name}.txt"  # outside the test's folder, its own name
     yield {
         "tmp": tmp_path,
@@ -99,10 +104,12 @@ def world(tmp_path, monkeypatch):
         "listener": listener,
         "before": before,
         "escaped": escaped,
+        "shm_key": shm_key,
     }
     sleeper.kill()
     sleeper.wait()
     listener.close()
+    libc.shmctl(segment, 0, None)  # IPC_RMID
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, bytes]]:
@@ -167,6 +174,7 @@ HOSTILE = {
     "signal through libc": "assert libc.kill({sleeper}, 9) == 0",
     "lower another process's limits": "import resource\nresource.prlimit({sleeper}, resource.RLIMIT_NOFILE, (0, 0))",
     "ptrace a process": "assert libc.ptrace(16, {sleeper}, 0, 0) == 0",  # PTRACE_ATTACH
+    "attach another program's System V memory": "assert libc.shmget({shm_key}, 0, 0) >= 0",
     "unshare into new namespaces": "assert libc.unshare(0x10000000) == 0",
     "mount": "assert libc.mount(b'none', b'{victims}', b'tmpfs', 0, None) == 0",
     # the network
@@ -184,6 +192,7 @@ def hostile_program(attack: str, world: dict) -> str:
         home=Path.home(),
         sleeper=world["sleeper"].pid,
         escaped=world["escaped"],
+        shm_key=world["shm_key"],
         port=world["listener"].getsockname()[1],
     )
     return UNGUARD + body + "\n"
