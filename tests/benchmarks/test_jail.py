@@ -245,6 +245,10 @@ JAIL_PROBE = """
 import ctypes, errno, os, socket, sys
 sys.path.insert(0, {folder!r})
 import jail
+if {without_namespaces}:  # as where user namespaces are not allowed: the jail must hold on Landlock and seccomp alone
+    def refuse(workdir, flags):
+        raise OSError(errno.EPERM, "unshare: user namespaces are not allowed here")
+    jail.enter_namespaces = refuse
 layers = jail.enter_jail(os.getcwd())
 libc = ctypes.CDLL(None, use_errno=True)
 def refused(result, expected=errno.EPERM):
@@ -258,26 +262,36 @@ checks = {{
     "write outside": refused(libc.open({outside!r}.encode(), os.O_WRONLY | os.O_CREAT, 0o644), errno.EACCES),
     "write inside": libc.open(b"inside.txt", os.O_WRONLY | os.O_CREAT, 0o644) >= 0,
     "no capabilities": set(caps) == {{"0000000000000000"}},
-    "no interface": [l.split(':')[0].strip() for l in open('/proc/self/net/dev').read().splitlines()[2:]] == ['lo'],
 }}
+if not {without_namespaces}:
+    interfaces = [line.split(':')[0].strip() for line in open('/proc/self/net/dev').read().splitlines()[2:]]
+    checks["no interface"] = interfaces == ['lo']
 print(";".join(layers))
 print(sorted(name for name, ok in checks.items() if not ok))
 """
 
 
 @needs_jail
-def test_the_kernel_refuses_below_the_python_guards(world, tmp_path):
-    """The jail alone (no Python guard applied): each refusal comes from the kernel, as a raw libc call sees it."""
+@pytest.mark.parametrize("namespaces", ["with namespaces", "without namespaces"])
+def test_the_kernel_refuses_below_the_python_guards(world, tmp_path, namespaces):
+    """The jail alone (no Python guard applied): each refusal comes from the kernel, as a raw libc call sees it; and
+    where no namespace can be had, Landlock and the filter alone still refuse all but the network namespace's part."""
     folder = tmp_path / "folder"
     folder.mkdir()
+    without = namespaces == "without namespaces"
     probe = JAIL_PROBE.format(
-        folder=str(Path(jail.__file__).parent), sleeper=world["sleeper"].pid, outside=str(world["victims"] / "x")
+        folder=str(Path(jail.__file__).parent),
+        sleeper=world["sleeper"].pid,
+        outside=str(world["victims"] / "x"),
+        without_namespaces=without,
     )
     result = subprocess.run([sys.executable, "-I", "-c", probe], cwd=folder, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     layers, failed = result.stdout.splitlines()
     assert failed == "[]", f"not refused by the kernel: {failed} (layers: {layers})"
-    assert (folder / "inside.txt").exists() is False  # written to the child's private tmpfs, gone with it
+    assert ("no namespaces" in layers) == without
+    # written to the child's private tmpfs (gone with it), or, without a mount namespace, to the folder itself
+    assert (folder / "inside.txt").exists() == without
     assert world["sleeper"].poll() is None
 
 
