@@ -61,6 +61,7 @@ from mtp.benchmarks.decode_runs import decode_prompts, output_checks
 from mtp.benchmarks.hf_peer import first_divergence, hf_generate, hf_llama, top2_margin
 from mtp.benchmarks.humaneval import HumanEvalScorer, completion_text
 from mtp.benchmarks.report import decode_table, exactness_summary, method_label, pass_cell, plot_decode, same_cell
+from mtp.benchmarks.results_page import provenance
 from mtp.checkpoint_load import load_checkpoint
 from mtp.cli import (
     add_device_flag,
@@ -207,7 +208,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run(checked_args(argv))
+    args = checked_args(argv)
+    args.argv = argv  # the command a results page is headed by (None: this process's own arguments)
+    run(args)
 
 
 def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -328,7 +331,9 @@ def run(args: argparse.Namespace) -> None:
         f"Decoding {args.checkpoint.name} (n={n}, {setup['dtype']}{', compiled' if args.compile else ''}) on "
         f"{device_name}: {prompt_set}, {args.max_new_tokens} new tokens each, best of {args.repeats} rounds"
     )
-    results = {"setup": setup, "results": rows, "hf": peer}
+    on_gpu = torch.cuda.get_device_name() if device.type == "cuda" else None
+    run_provenance = provenance(getattr(args, "argv", None), on_gpu)
+    results = {"provenance": run_provenance, "setup": setup, "results": rows, "hf": peer}
     if problems is not None and reference is not None:  # what the exact methods complete, for reading the outcomes
         results["humaneval_completions"] = {
             name: completion_text(loaded.tokenizer, prompt, output)
