@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-steps", type=int, default=3, help="timed training steps per checkpoint (0: skip)")
     parser.add_argument("--seq-len", type=int, default=256, help="training step shape (the default data config's)")
     parser.add_argument("--batch-size", type=int, default=8, help="training step shape (the default data config's)")
-    # CPU and fp32 by default: the README's comparison is measured so, where every head type runs the same kernels
+    # CPU and fp32 by default: docs/training.md's comparison is measured so, where every head type runs the same kernels
     add_device_flag(parser, default="cpu")
     add_dtype_flag(parser, default="float32")
     parser.add_argument("--out", type=Path, default=Path("results") / "compare_heads")
