@@ -30,6 +30,7 @@ from mtp.benchmarks.cli import (
     step_in_fresh_process,
 )
 from mtp.benchmarks.decode_runs import run
+from mtp.benchmarks.results_page import provenance
 from mtp.benchmarks.train_step import StepSpec
 from mtp.checkpoint_format import CHECKPOINT_KEY, read_checkpoint
 from mtp.checkpoint_load import load_checkpoint, resolve_dtype
@@ -224,7 +225,9 @@ def main(argv: list[str] | None = None) -> None:
         f"Head types on {where}, {dtype}: {rows[0]['prompt_set']}, {args.max_new_tokens} new tokens, batch 1, "
         f"best of {args.repeats} rounds"
     )
-    (args.out / "results.json").write_text(json.dumps({"title": title, "results": rows}, indent=2))
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    results = {"provenance": provenance(argv, gpu), "title": title, "results": rows}
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
     table = markdown(rows)
     (args.out / "results.md").write_text(f"{title}\n\n{table}\n")
     plot(rows, args.out / "heads.png", title)
