@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import signal
 import threading
 from collections.abc import Sequence
@@ -220,10 +221,29 @@ class Interrupted(SystemExit):
             log.warning("%s stopped the run after step %d: %s", name, self.step, where)
 
 
+LEADING_METRICS = (
+    "val/loss_head1",
+    "val/ppl",
+    "val/acc_head1",
+    "val/decoded_tokens_per_forward",
+    "val/expected_tokens_per_forward",
+)
+"""What the final validation line starts with: next-token quality, then what decoding will get."""
+
+
+def metric_order(name: str) -> tuple[int, int, str]:
+    """The leading metrics first, then the per-head and per-position ones by number (head 10 after head 2)."""
+    if name in LEADING_METRICS:
+        return (0, LEADING_METRICS.index(name), name)
+    number = re.search(r"(\d+)$", name)
+    return (1, int(number.group(1)) if number else 0, name)
+
+
 def report(trainer: L.Trainer, metrics: dict[str, float]) -> None:
     if not trainer.is_global_zero:
         return
-    shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith("val/"))
+    names = sorted((k for k in metrics if k.startswith("val/")), key=metric_order)
+    shown = ", ".join(f"{k}={metrics[k]:.4g}" for k in names)
     if shown:
         log.info("final validation: %s", shown)
     checkpoint = trainer.checkpoint_callback and trainer.checkpoint_callback.last_model_path

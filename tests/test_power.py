@@ -1339,12 +1339,13 @@ def test_each_mutation_applies_to_exactly_one_place():
             assert (ROOT / guard.split("::")[0]).is_file(), f"{mutation.name!r}: no test file {guard}"
 
 
-def test_readme_counts_the_mutations():
-    """README says how many one-line bugs this file plants; an entry added or removed changes that sentence too."""
-    said = re.search(r"applies each of its (\d+) plausible one-line bugs", (ROOT / "README.md").read_text())
-    assert said, "README no longer says how many mutation entries tests/test_power.py has"
+def test_docs_count_the_mutations():
+    """docs/testing.md says how many one-line bugs this file plants; an entry added or removed changes that sentence
+    too."""
+    said = re.search(r"applies each of its (\d+) plausible one-line bugs", (ROOT / "docs/testing.md").read_text())
+    assert said, "docs/testing.md no longer says how many mutation entries tests/test_power.py has"
     count = len(MUTATIONS)
-    assert int(said.group(1)) == count, f"README says {said.group(1)} mutation entries; there are {count}"
+    assert int(said.group(1)) == count, f"docs/testing.md says {said.group(1)} mutation entries; there are {count}"
 
 
 def copy_project(destination: Path) -> Path:

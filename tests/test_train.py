@@ -24,7 +24,7 @@ from mtp.lit import MTPLitModule
 from mtp.loss import split_window
 from mtp.model import MTPModel
 from mtp.optim import OptimConfig, parameter_groups, warmup_cosine
-from mtp.train import instantiate_group, train
+from mtp.train import instantiate_group, metric_order, train
 
 PRESETS = ["mtp1", "mtp2", "mtp4", "mtp8", "byte1", "byte8"]
 
@@ -522,3 +522,10 @@ def test_distilling_while_the_trunk_trains_is_warned_about(make_cfg, caplog):
     with caplog.at_level(logging.WARNING, logger="mtp"):
         build_model(make_cfg("mtp2"))
     assert not caplog.records
+
+
+def test_final_validation_line_leads_with_head1_and_orders_heads_by_number():
+    names = ["val/acc_head2", "val/loss_head10", "val/loss_head2", "val/ppl", "val/acceptance_pos1", "val/loss_head1"]
+    ordered = sorted(names, key=metric_order)
+    assert ordered[:2] == ["val/loss_head1", "val/ppl"]
+    assert ordered.index("val/loss_head2") < ordered.index("val/loss_head10")

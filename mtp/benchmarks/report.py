@@ -83,11 +83,15 @@ def _series(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[dict[str, 
     return series
 
 
-def write_results(out: Path, rows: list[dict[str, Any]], setup: dict[str, Any], title: str) -> None:
-    """results.json, results.md and memory.png under ``out``."""
+def write_results(
+    out: Path, rows: list[dict[str, Any]], setup: dict[str, Any], title: str, provenance: dict[str, str]
+) -> None:
+    """results.json (headed by the run's ``provenance``: see :mod:`mtp.benchmarks.results_page`), results.md and
+    memory.png under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(rows)
-    (out / "results.json").write_text(json.dumps({"setup": setup, "results": rows}, indent=2))
+    results = {"provenance": provenance, "setup": setup, "results": rows}
+    (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "results.md").write_text(f"{title}\n\n{table}\n")
     plot_memory(rows, out / "memory.png", title)
 

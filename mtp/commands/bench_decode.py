@@ -70,6 +70,7 @@ from mtp.benchmarks.humaneval import (
     sandbox_description,
 )
 from mtp.benchmarks.report import decode_table, exactness_summary, method_label, pass_cell, plot_decode, same_cell
+from mtp.benchmarks.results_page import provenance
 from mtp.checkpoint_load import load_checkpoint
 from mtp.cli import (
     add_device_flag,
@@ -224,7 +225,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run(checked_args(argv))
+    args = checked_args(argv)
+    args.argv = argv  # the command a results page is headed by (None: this process's own arguments)
+    run(args)
 
 
 def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -357,7 +360,9 @@ def run(args: argparse.Namespace) -> None:
         f"Decoding {args.checkpoint.name} (n={n}, {setup['dtype']}{', compiled' if args.compile else ''}) on "
         f"{device_name}: {prompt_set}, {args.max_new_tokens} new tokens each, best of {args.repeats} rounds"
     )
-    results = {"setup": setup, "results": rows, "hf": peer}
+    on_gpu = torch.cuda.get_device_name() if device.type == "cuda" else None
+    run_provenance = provenance(getattr(args, "argv", None), on_gpu)
+    results = {"provenance": run_provenance, "setup": setup, "results": rows, "hf": peer}
     if problems is not None and reference is not None:  # what the exact methods complete, for reading the outcomes
         results["humaneval_completions"] = {
             name: scorer.completion(prompt, output)

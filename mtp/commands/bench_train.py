@@ -20,6 +20,7 @@ import torch
 
 from mtp.benchmarks.cli import int_list, require_plotting, step_in_fresh_process
 from mtp.benchmarks.report import add_ratios_to_n1, markdown_table, write_results
+from mtp.benchmarks.results_page import provenance
 from mtp.benchmarks.train_step import StepSpec
 from mtp.cli import add_device_flag, pick_device, run_script
 from mtp.config import HEAD_LOSSES, HEAD_TYPES
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
         + (", activation checkpointing" if args.activation_checkpointing else "")
         + (", compiled blocks" if args.compile else "")
     )
-    write_results(args.out, rows, setup, title)
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else None
+    write_results(args.out, rows, setup, title, provenance(argv, gpu))
     print(f"\n{title}\n\n{markdown_table(rows)}\n\nwrote {args.out}/results.json, results.md, memory.png")
 
 

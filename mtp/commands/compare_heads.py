@@ -30,6 +30,7 @@ from mtp.benchmarks.cli import (
     step_in_fresh_process,
 )
 from mtp.benchmarks.decode_runs import run
+from mtp.benchmarks.results_page import provenance
 from mtp.benchmarks.train_step import StepSpec
 from mtp.checkpoint_format import CHECKPOINT_KEY, read_checkpoint
 from mtp.checkpoint_load import load_checkpoint, resolve_dtype
@@ -62,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-steps", type=int, default=3, help="timed training steps per checkpoint (0: skip)")
     parser.add_argument("--seq-len", type=int, default=256, help="training step shape (the default data config's)")
     parser.add_argument("--batch-size", type=int, default=8, help="training step shape (the default data config's)")
-    # CPU and fp32 by default: the README's comparison is measured so, where every head type runs the same kernels
+    # CPU and fp32 by default: docs/training.md's comparison is measured so, where every head type runs the same kernels
     add_device_flag(parser, default="cpu")
     add_dtype_flag(parser, default="float32")
     parser.add_argument("--out", type=Path, default=Path("results") / "compare_heads")
@@ -224,7 +225,9 @@ def main(argv: list[str] | None = None) -> None:
         f"Head types on {where}, {dtype}: {rows[0]['prompt_set']}, {args.max_new_tokens} new tokens, batch 1, "
         f"best of {args.repeats} rounds"
     )
-    (args.out / "results.json").write_text(json.dumps({"title": title, "results": rows}, indent=2))
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    results = {"provenance": provenance(argv, gpu), "title": title, "results": rows}
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
     table = markdown(rows)
     (args.out / "results.md").write_text(f"{title}\n\n{table}\n")
     plot(rows, args.out / "heads.png", title)

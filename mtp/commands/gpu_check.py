@@ -1,4 +1,4 @@
-"""GPU check kit: on a machine with a CUDA GPU, produce the README's GPU figures in one command.
+"""GPU check kit: on a machine with a CUDA GPU, produce the GPU figures in one command.
 
     python scripts/gpu_check.py                     # everything, into results/gpu_check/ (about 10 minutes on an H200)
     python scripts/gpu_check.py --checkpoint CKPT   # decode this checkpoint instead of training the default one

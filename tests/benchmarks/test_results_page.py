@@ -1,0 +1,63 @@
+"""A benchmark's output becomes a results page headed by its provenance; a rerun replaces the page."""
+
+import json
+
+import pytest
+
+from mtp.benchmarks.results_page import HEADER_FIELDS, page, provenance
+from mtp.commands.results_page import main
+from mtp.errors import UserError
+
+RUN = {
+    "date": "2026-01-02 03:04 UTC",
+    "commit": "0123456789ab",
+    "machine": "Some CPU, 2 cores",
+    "torch": "2.13.0",
+    "command": "python scripts/bench_decode.py model.gguf --hf",
+}
+
+
+def write_run(folder, provenance_fields=RUN):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(json.dumps({"provenance": provenance_fields, "results": []}))
+    table = "| method | tokens/s |\n|---|---|\n| ar | 10.0 |\n"
+    (folder / "results.md").write_text(f"Decoding model.gguf on CPU\n\n{table}")
+    (folder / "decode.png").write_bytes(b"\x89PNG")
+    return folder / "results.json"
+
+
+def test_page_is_headed_once_by_date_commit_machine_torch_and_command(tmp_path):
+    results = write_run(tmp_path / "run")
+    out = tmp_path / "docs/results/decode.md"
+    main([str(results), "--out", str(out)])
+    text = out.read_text()
+    assert text.startswith("# Decoding model.gguf on CPU\n")
+    for field in HEADER_FIELDS:
+        assert text.count(RUN[field]) == 1, field
+    assert "| ar | 10.0 |" in text
+    assert "![Decoding model.gguf on CPU](decode.png)" in text
+    assert (out.parent / "decode.png").read_bytes() == b"\x89PNG"
+
+
+def test_rerun_replaces_the_page(tmp_path):
+    out = tmp_path / "page.md"
+    main([str(write_run(tmp_path / "a")), "--out", str(out)])
+    main([str(write_run(tmp_path / "b", {**RUN, "commit": "fedcba987654"})), "--out", str(out)])
+    text = out.read_text()
+    assert "fedcba987654" in text and "0123456789ab" not in text
+
+
+def test_results_without_provenance_are_refused():
+    with pytest.raises(ValueError, match="lacks date, commit"):
+        page({"results": []}, "t", "")
+
+
+def test_missing_results_file_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="is not a file"):
+        main([str(tmp_path / "none.json"), "--out", str(tmp_path / "p.md")])
+
+
+def test_provenance_records_every_header_field():
+    run = provenance(["model.gguf", "--hf"])
+    assert set(run) == set(HEADER_FIELDS) and all(run.values())
+    assert run["command"].endswith("model.gguf --hf")
