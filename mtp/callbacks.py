@@ -10,8 +10,9 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, ThroughputMonitor
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ThroughputMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 from torch import Tensor
 
 from mtp.decode import GenerationConfig, generate
@@ -174,6 +175,31 @@ class TokenThroughputMonitor(ThroughputMonitor):
 
     def trained_tokens(self, batch: Tensor) -> int:
         return batch.size(0) * (batch.size(1) - self.n_future)
+
+
+class QuietModelSummary(ModelSummary):
+    """Lightning's summary without its FLOPs column and "0 Total Flops" line: Lightning counts FLOPs only for a
+    module with an ``example_input_array``, which would cost a forward of the whole model before training; mtp
+    reports training speed as trained tokens per second instead (``TokenThroughputMonitor``)."""
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
+        if not total_flops:
+            summary_data = [column for column in summary_data if column[0] != "FLOPs"]
+        table = _format_summary_table(
+            total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *summary_data
+        )
+        if not total_flops:
+            table = "\n".join(line for line in table.splitlines() if not line.endswith("Total Flops"))
+        logging.getLogger("lightning.pytorch.callbacks.model_summary").info("\n" + table)
 
 
 class DecodeProbe(L.Callback):

@@ -44,6 +44,30 @@ def test_overfit_debug_preset_rebuilds_the_training_loader(make_cfg):
     assert "train/loss" in metrics
 
 
+def test_the_model_summary_has_no_flops_line_when_nothing_counted_them(caplog):
+    """Lightning counts FLOPs only for a module with an example input; without one its summary printed a FLOPs column
+    of zeros and "0 Total Flops". The summary keeps every other line."""
+    from lightning.pytorch.utilities.model_summary import summarize
+
+    from mtp.callbacks import QuietModelSummary
+
+    module = L.LightningModule()
+    module.layer = torch.nn.Linear(4, 4)
+    summary = summarize(module, max_depth=1)
+    with caplog.at_level("INFO"):
+        QuietModelSummary.summarize(
+            summary._get_summary_data(),
+            summary.total_parameters,
+            summary.trainable_parameters,
+            summary.model_size,
+            summary.total_training_modes,
+            total_flops=summary.total_flops,
+        )
+    text = caplog.text
+    assert "Total params" in text and "layer" in text and "Linear" in text
+    assert "Flops" not in text and "FLOPs" not in text
+
+
 def test_every_config_group_instantiates_to_its_classes_and_settings(make_cfg):
     cfg = make_cfg("mtp2")
     run = cfg.paths.output_dir
@@ -54,11 +78,11 @@ def test_every_config_group_instantiates_to_its_classes_and_settings(make_cfg):
         "LearningRateMonitor",
         "TokenThroughputMonitor",
         "DecodeProbe",
-        "ModelSummary",
+        "QuietModelSummary",
     ]
     checkpoint, guard, lr_monitor, throughput, probe, summary = callbacks.values()
     assert isinstance(checkpoint, ModelCheckpoint) and isinstance(throughput, ThroughputMonitor)
-    assert type(lr_monitor) is LearningRateMonitor and type(summary) is ModelSummary
+    assert type(lr_monitor) is LearningRateMonitor and isinstance(summary, ModelSummary)
     expected = {
         "dirpath": f"{run}/checkpoints",
         "filename": "step{step:06d}",
