@@ -447,6 +447,40 @@ def test_bench_decode_hf_peer_decodes_the_same_tokens(tiny_checkpoints, tmp_path
     )
 
 
+def test_the_peer_table_has_a_self_speculative_row_only_for_a_model_with_heads():
+    """A model without heads (a GGUF as it is) has k=1 only: its "self-speculative" row would be the autoregressive
+    one again under another name; mtp's prompt lookup is then the row beside HF's prompt lookup."""
+    from mtp.commands.bench_decode import peer_table
+
+    checks = {"prompts": 4, "identical_outputs": 4}
+    peer = {
+        "hf_generate_tokens_per_s": 8.0,
+        "hf_prompt_lookup_tokens_per_s": 10.0,
+        "mtp_autoregressive_tokens_per_s": 12.0,
+        "mtp_self_speculative_heads": 1,
+        "mtp_self_speculative_tokens_per_s": 12.0,
+        "prompt_lookup_equals_hf_greedy": True,
+        "prompts": 4,
+        "greedy_outputs_differ": [],
+        **{f"{name}_checks": checks for name in ("hf_generate", "hf_prompt_lookup", "mtp_autoregressive")},
+        "mtp_self_speculative_checks": checks,
+    }
+    table = peer_table(peer)
+    assert "self-speculative" not in table and "mtp prompt lookup" not in table
+    assert "| mtp autoregressive (k=1) | 12.0 | 1.50x HF generate | 4/4 |" in table
+    with_lookup = peer_table(
+        {
+            **peer,
+            "mtp_prompt_lookup_gamma": 4,
+            "mtp_prompt_lookup_tokens_per_s": 5.0,
+            "mtp_prompt_lookup_checks": checks,
+        }
+    )
+    assert "| mtp prompt lookup (gamma 4) | 5.0 | 0.50x HF prompt lookup | 4/4 |" in with_lookup
+    with_heads = peer_table({**peer, "mtp_self_speculative_heads": 4, "mtp_self_speculative_tokens_per_s": 20.0})
+    assert "| mtp self-speculative (k=4) | 20.0 | 2.00x HF prompt lookup | 4/4 |" in with_heads
+
+
 def test_gpu_check_steps_are_checked_before_anything_runs(tmp_path):
     from mtp.commands.gpu_check import parse_args
 

@@ -556,6 +556,12 @@ class HFPeer:
             if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, "chain", "auto")
         }
         k = max(greedy1)
+        lookups = [
+            r
+            for r in rows
+            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, "lookup", "auto")
+        ]
+        lookup = max(lookups, key=lambda r: r["tokens_per_s"], default=None)  # the fastest gamma, as HF's is one
         return {
             "hf_generate_tokens_per_s": self.plain.tokens_per_s,
             "hf_prompt_lookup_tokens_per_s": self.lookup.tokens_per_s,
@@ -569,6 +575,15 @@ class HFPeer:
             "hf_prompt_lookup_checks": output_checks(self.lookup.outputs, ours, scorer),
             "mtp_autoregressive_checks": _checks_of(greedy1[1]),
             "mtp_self_speculative_checks": _checks_of(greedy1[k]),
+            **(
+                {
+                    "mtp_prompt_lookup_gamma": lookup["gamma"],
+                    "mtp_prompt_lookup_tokens_per_s": lookup["tokens_per_s"],
+                    "mtp_prompt_lookup_checks": _checks_of(lookup),
+                }
+                if lookup
+                else {}
+            ),
         }
 
 
@@ -599,8 +614,24 @@ def peer_table(peer: dict) -> str:
             f"| mtp autoregressive (k=1) | {ours_ar:,.1f} | {ours_ar / plain:.2f}x HF generate "
             f"| {checks('mtp_autoregressive')} |",
             f"| HF prompt lookup (10 tokens) | {lookup:,.1f} | | {checks('hf_prompt_lookup')} |",
-            f"| mtp self-speculative (k={k}) | {ours_spec:,.1f} | {ours_spec / lookup:.2f}x HF prompt lookup "
-            f"| {checks('mtp_self_speculative')} |",
+            *(  # a model without heads has no self-speculative row: its k=1 is the autoregressive row above
+                [
+                    f"| mtp self-speculative (k={k}) | {ours_spec:,.1f} | {ours_spec / lookup:.2f}x HF prompt lookup "
+                    f"| {checks('mtp_self_speculative')} |"
+                ]
+                if k > 1
+                else []
+            ),
+            *(
+                [
+                    f"| mtp prompt lookup (gamma {peer['mtp_prompt_lookup_gamma']}) "
+                    f"| {peer['mtp_prompt_lookup_tokens_per_s']:,.1f} "
+                    f"| {peer['mtp_prompt_lookup_tokens_per_s'] / lookup:.2f}x HF prompt lookup "
+                    f"| {checks('mtp_prompt_lookup')} |"
+                ]
+                if "mtp_prompt_lookup_tokens_per_s" in peer
+                else []
+            ),
             "",
             f"HF greedy tokens equal mtp's autoregressive ones for {same} of {peer['prompts']} prompts"
             + (f"; they part where rounding breaks a near-tie: {notes}." if notes else ".")
