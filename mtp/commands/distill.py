@@ -21,11 +21,10 @@ per line with the prompt under --prompt-field; .txt, one prompt per block of lin
 (folders, .py files or globs) and of the installed --packages (default: the standard library), their training split
 as --val-fraction splits files, tests left out; each as HumanEval writes a problem (the imports it uses, the def
 line, the docstring; no body), in an order drawn by --seed; --prompt-tokens and --prompts-per-document do not apply.
-With
---chat-template each prompt is wrapped as a user message in the model's own chat template (instruct models); a task
-is put as the decoding benchmark puts a HumanEval problem (EvalPlus's instruction, then the opening of the reply).
-HumanEval's own problems are never distilled: a task or a --prompts prompt that holds one is refused (the standard
-library has none).
+With --chat-template each prompt is wrapped as a user message in the model's own chat template (instruct models); a
+task is put as the decoding benchmark puts a HumanEval problem (EvalPlus's instruction, then the opening of the
+reply). HumanEval's own problems are never distilled: a task or a --prompts prompt that holds one is refused (the
+standard library has none).
 
 The model continues each prompt by up to --new-tokens tokens (greedy by default: what heads drafting for greedy
 decoding must predict), in batches of prompts of similar length, stopping a row at the model's end token.

@@ -94,13 +94,14 @@ class Extraction:
 
     tasks: list[Task] = field(default_factory=list)
     benchmark: list[tuple[Task, str]] = field(default_factory=list)
-    """Each task that holds a HumanEval problem, with the problem (:func:`benchmark_match`); not in ``tasks``."""
+    """Each documented function whose prompt holds a HumanEval problem, with the problem (:func:`benchmark_match`);
+    none of them is in ``tasks``."""
     files: int = 0
     """Python files parsed."""
     skipped_files: Counter[str] = field(default_factory=Counter)
     """Files left out, by reason."""
     skipped_functions: Counter[str] = field(default_factory=Counter)
-    """Top-level functions left out, by reason (``HumanEval problem`` counts ``benchmark``)."""
+    """Top-level functions left out, by reason (``HumanEval problems`` counts ``benchmark``)."""
     seconds: float = 0.0
 
     def describe(self) -> str:
