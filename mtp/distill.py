@@ -541,6 +541,12 @@ def completion_row(
     }
 
 
+def fits(prompt_tokens: int, new_tokens: int, context: int) -> bool:
+    """Whether a prompt of ``prompt_tokens`` leaves ``new_tokens`` of room in a model's ``context`` (generate()'s
+    room, as decode.py's)."""
+    return prompt_tokens + new_tokens + 2 <= context
+
+
 def whole_batches(rows: int, window: int, batch_size: int) -> int:
     """The rows of a window's first ``rows`` that make whole batches (batch ``j`` holds window positions
     ``j * batch_size`` up to the next multiple or the window's end)."""
@@ -617,7 +623,7 @@ def distill(
                     end = min(end, position + budget.max_prompts - totals.prompts)
                 batch = window[position:end]
                 for prompt in batch:
-                    if len(prompt.ids) + config.max_new_tokens + 2 > context:  # generate()'s room, as decode.py's
+                    if not fits(len(prompt.ids), config.max_new_tokens, context):
                         raise UserError(
                             f"{prompt.origin}: the prompt ({len(prompt.ids)} tokens) plus --new-tokens "
                             f"{config.max_new_tokens} does not fit the model's context of {context} tokens; lower "

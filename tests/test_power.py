@@ -1357,7 +1357,7 @@ MUTATIONS = [
         "a benchmark function too short to be a task is dropped instead of refused",
         TASKS,
         "problem = benchmark_match(prompt)",
-        "problem = benchmark_match(prompt) if why_not(node, lines, statements) is None else None",
+        "problem = benchmark_match(prompt) if why_not(node, lines, statements, prompt) is None else None",
         (FOLDER_REFUSED,),
     ),
     Mutation(

@@ -46,6 +46,7 @@ import importlib.metadata
 import itertools
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -74,10 +75,12 @@ from mtp.distill import (
     DistillFolder,
     ModelChat,
     Progress,
+    Prompt,
     chat_template_of,
     distill,
     encode_prompts,
     file_prompts,
+    fits,
     model_chat,
     model_fingerprint,
     source_prompts,
@@ -306,6 +309,23 @@ def task_extraction(args: argparse.Namespace) -> Extraction:
     return extraction
 
 
+def fitting_tasks(prompts: Iterable[Prompt], context: int, new_tokens: int) -> list[Prompt]:
+    """The tasks that leave --new-tokens of room in the model's context; the others are left out with a note (a task
+    cannot be shortened as a prompt of one's own file can, and a long docstring should not end the run)."""
+    kept, left_out = [], 0
+    for prompt in prompts:
+        if fits(len(prompt.ids), new_tokens, context):
+            kept.append(prompt)
+        else:
+            left_out += 1
+    if left_out:
+        print(
+            f"note: {left_out} tasks left out, too long for the model's context of {context} tokens with --new-tokens "
+            f"{new_tokens}"
+        )
+    return kept
+
+
 def check_prompt_file(path: Path, field_name: str) -> None:
     """A prompt file holds no HumanEval problem (read once before the model loads: its other faults show early too)."""
     for text, origin in file_prompts(path, field_name):
@@ -458,8 +478,15 @@ def distill_command(args: argparse.Namespace, argv: list[str] | None, started: f
     else:
         texts = file_prompts(args.prompts, args.prompt_field)
     prompts = encode_prompts(texts, tokenizer, template, tasks=tasks is not None)
+    if tasks is not None:
+        prompts = iter(fitting_tasks(prompts, loaded.model.config.max_seq_len, args.new_tokens))
     first = next(prompts, None)
     if first is None:
+        if tasks is not None:
+            raise UserError(
+                f"no task fits the model's context of {loaded.model.config.max_seq_len} tokens with --new-tokens "
+                f"{args.new_tokens}; lower --new-tokens."
+            )
         if source is None:
             raise UserError(f"{args.prompts} holds no prompt; write one per line (.jsonl) or per block (.txt).")
         raise UserError(

