@@ -7,8 +7,11 @@ generates, because that is what they must predict when it decodes. This module m
   training split only, so the held-out documents the benchmarks prompt with are never distilled; from each document
   one or more spans of MIN..MAX tokens (random, seeded per document: the first opens the document, later ones open a
   random line), each cut at the end of a line where one falls in range. Or prompts read whole from a .jsonl /.txt
-  file. Optionally each is wrapped as a user message in the model's chat template (:func:`model_chat`). The
-  benchmarks' HumanEval prompts are in none of the sources, so they are never distilled unless a user passes them.
+  file. Or HumanEval-style tasks (:func:`task_prompts`, from :mod:`mtp.data.tasks`: documented functions of a source
+  tree, the body left out), in an order seeded by ``seed``. Optionally each is wrapped as a user message in the
+  model's chat template (:func:`model_chat`); a task as EvalPlus puts a HumanEval problem to a chat model, the
+  benchmark's own format (:func:`mtp.data.prompts.instruction_prompt`). The benchmarks' HumanEval prompts are in none
+  of the sources; the command refuses a task or a prompt file that holds one (:func:`mtp.data.tasks.benchmark_match`).
 - **Order** (:func:`windows`): the prompts are taken in source order in windows of ``shard_prompts``; a window is
   sorted by prompt length, so that the rows of a batch (consecutive prompts of a window) pad little. The order is a
   function of the settings alone, never of budgets or of where an earlier run stopped.
@@ -41,7 +44,9 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from mtp.checkpoint_load import foreign_format
+from mtp.data.prompts import instruction_prompt
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
+from mtp.data.tasks import Task
 from mtp.data.tokenizer import prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
@@ -184,6 +189,13 @@ def file_prompts(path: Path, field_name: str) -> Iterator[tuple[str, str]]:
             yield row[field_name], f"{path.name} line {number}"
 
 
+def task_prompts(tasks: Iterable[Task], seed: int) -> Iterator[tuple[str, str]]:
+    """(prompt text, origin) of each task, in an order drawn by ``seed`` from the tasks alone (a hash of the seed and
+    the prompt's text): a budget then takes tasks from the whole tree, not from its first modules in file order."""
+    for task in sorted(tasks, key=lambda task: hashlib.sha256(f"{seed}:{task.prompt}".encode()).digest()):
+        yield task.prompt, task.origin
+
+
 # ------------------------------------------------------------------------------------------------------ chat template
 
 
@@ -290,15 +302,17 @@ class ChatTemplate:
 
 
 def encode_prompts(
-    texts: Iterable[tuple[str, str]], tokenizer: Tokenizer, chat: ChatTemplate | None = None
+    texts: Iterable[tuple[str, str]], tokenizer: Tokenizer, chat: ChatTemplate | None = None, tasks: bool = False
 ) -> Iterator[Prompt]:
     """Each (text, origin) as a :class:`Prompt`: as documents start in training, or rendered in the chat template
-    (its own special tokens only: a template writes the start token it wants)."""
+    (its own special tokens only: a template writes the start token it wants). With ``tasks`` each text is a code
+    problem, put in the chat template as the benchmark puts HumanEval's (EvalPlus's instruction and reply opening,
+    :func:`mtp.data.prompts.instruction_prompt`); without a template it is the text to complete either way."""
     for text, origin in texts:
         if chat is None:
             yield Prompt(text, prompt_ids(tokenizer, text), origin)
         else:
-            rendered = chat.render(text)
+            rendered = instruction_prompt(text, chat.render) if tasks else chat.render(text)
             yield Prompt(rendered, tokenizer.encode(rendered, add_special_tokens=False).ids, origin)
 
 
@@ -527,6 +541,12 @@ def completion_row(
     }
 
 
+def fits(prompt_tokens: int, new_tokens: int, context: int) -> bool:
+    """Whether a prompt of ``prompt_tokens`` leaves ``new_tokens`` of room in a model's ``context`` (generate()'s
+    room, as decode.py's)."""
+    return prompt_tokens + new_tokens + 2 <= context
+
+
 def whole_batches(rows: int, window: int, batch_size: int) -> int:
     """The rows of a window's first ``rows`` that make whole batches (batch ``j`` holds window positions
     ``j * batch_size`` up to the next multiple or the window's end)."""
@@ -603,7 +623,7 @@ def distill(
                     end = min(end, position + budget.max_prompts - totals.prompts)
                 batch = window[position:end]
                 for prompt in batch:
-                    if len(prompt.ids) + config.max_new_tokens + 2 > context:  # generate()'s room, as decode.py's
+                    if not fits(len(prompt.ids), config.max_new_tokens, context):
                         raise UserError(
                             f"{prompt.origin}: the prompt ({len(prompt.ids)} tokens) plus --new-tokens "
                             f"{config.max_new_tokens} does not fit the model's context of {context} tokens; lower "

@@ -184,6 +184,51 @@ def test_prompts_from_a_jsonl_or_txt_file(tiny_checkpoints, tmp_path):
         command.main([checkpoint, "--out", str(tmp_path / "x"), "--prompts", str(jsonl), *common])
 
 
+TASKS_MODULE = '''import os
+
+
+def count_existing(paths):
+    """Count the paths that exist on disk."""
+    found = [p for p in paths if os.path.exists(p)]
+    return len(found)
+
+
+def first_word(text):
+    """The first word of text, or an empty string."""
+    words = text.split()
+    return words[0] if words else ""
+
+
+def undocumented(x):
+    y = x + 1
+    return y
+'''
+
+
+def test_tasks_are_distilled_and_a_rerun_continues(tiny_checkpoints, corpus_dir, tmp_path, capsys):
+    """--source tasks: each task of the folder once, in the seed's order, its settings recorded; a rerun has nothing
+    left to do, and a document source into the same folder is refused."""
+    tree = tmp_path / "src"
+    tree.mkdir()
+    (tree / "paths.py").write_text(TASKS_MODULE)
+    out = tmp_path / "out"
+    argv = [str(tiny_checkpoints["mtp4"]), "--out", str(out), "--source", "tasks", "--paths", str(tree)]
+    argv += ["--val-fraction", "0", "--new-tokens", "4", "--batch-size", "1", "--device", "cpu"]
+    assert command.main(argv) == 0
+    assert "tasks from " + str(tree) + ": 2 tasks from 1 files; left out: functions: 1 without docstring" in (
+        capsys.readouterr().out
+    )
+    assert sorted(row["prompt"] for row in rows(out)) == [
+        'def first_word(text):\n    """The first word of text, or an empty string."""\n',
+        'import os\n\n\ndef count_existing(paths):\n    """Count the paths that exist on disk."""\n',
+    ]
+    settings = json.loads((out / SETTINGS_NAME).read_text())["settings"]["prompts"]
+    assert settings == {"source": {"kind": "tasks", "paths": [str(tree)], "packages": []}, "val_fraction": 0.0}
+    assert command.main(argv) == 0 and last_line(capsys)["prompts"] == "0"
+    with pytest.raises(UserError, match="made with --source tasks, but this run asks for --source files"):
+        command.main(distill_args(tiny_checkpoints["mtp4"], corpus_dir, out))
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -102,6 +102,11 @@ JAIL = "mtp/benchmarks/jail.py"
 JAIL_TESTS = "tests/benchmarks/test_jail.py"
 HOSTILE = f"{JAIL_TESTS}::test_a_hostile_program_ends_contained"
 KERNEL_REFUSES = f"{JAIL_TESTS}::test_the_kernel_refuses_below_the_python_guards"
+TASKS = "mtp/data/tasks.py"
+DISTILL_COMMAND = "mtp/commands/distill.py"
+TASKS_TESTS = "tests/data/test_tasks.py"
+BENCHMARK_CHECK = f"{TASKS_TESTS}::test_the_check_finds_a_humaneval_problem_whatever_its_spacing_and_name"
+FOLDER_REFUSED = f"{TASKS_TESTS}::test_a_folder_holding_a_humaneval_problem_is_refused_naming_the_function"
 MUTATIONS = [
     # -- lossless sampling
     Mutation(
@@ -1325,6 +1330,49 @@ MUTATIONS = [
         'if sandbox == "jail" and (why := jail_layers()[1]):',
         "if False and (why := jail_layers()[1]):",
         (f"{JAIL_TESTS}::test_without_a_jail_pass_at_1_refuses_unless_the_weaker_guard_is_asked_for",),
+    ),
+    # -- HumanEval's problems kept out of the distillation prompts
+    Mutation(
+        "the benchmark check finds no problem",
+        TASKS,
+        "task_id = FINGERPRINTS.get(key)",
+        "task_id = None",
+        (BENCHMARK_CHECK, FOLDER_REFUSED),
+    ),
+    Mutation(
+        "the benchmark check compares text with its whitespace as written",
+        TASKS,
+        'return " ".join(text.split())',
+        "return text.strip()",
+        (BENCHMARK_CHECK,),
+    ),
+    Mutation(
+        "the benchmark check ignores docstrings",
+        TASKS,
+        "normalized(text)), *docstring_fingerprints(text), *def_fingerprints(text)]",
+        "normalized(text)), *def_fingerprints(text)]",
+        (BENCHMARK_CHECK,),
+    ),
+    Mutation(
+        "a benchmark function too short to be a task is dropped instead of refused",
+        TASKS,
+        "problem = benchmark_match(prompt)",
+        "problem = benchmark_match(prompt) if why_not(node, lines, statements, prompt) is None else None",
+        (FOLDER_REFUSED,),
+    ),
+    Mutation(
+        "a benchmark function in a folder the user names is let through",
+        DISTILL_COMMAND,
+        "if named and extraction.benchmark:",
+        "if False and extraction.benchmark:",
+        (FOLDER_REFUSED,),
+    ),
+    Mutation(
+        "a prompt file is not checked for benchmark problems",
+        DISTILL_COMMAND,
+        "        check_prompt_file(args.prompts, args.prompt_field)\n",
+        "        pass\n",
+        (f"{TASKS_TESTS}::test_a_prompt_file_holding_a_humaneval_problem_is_refused",),
     ),
 ]
 

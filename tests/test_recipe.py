@@ -9,12 +9,24 @@ from omegaconf import OmegaConf
 from mtp.commands.pretrain import flags
 from mtp.errors import UserError
 from mtp.reference import reference_model
+from tests.conftest import compose_train
 from tests.test_scripts import assert_one_clear_error, pretrain
 
 
 def test_a_config_node_becomes_a_commands_flags():
     node = OmegaConf.create({"max_tokens": 1000, "hf": True, "compile": False, "out": "d", "batch_sizes": [1, 8]})
     assert flags(node) == ["--max-tokens", "1000", "--hf", "--out", "d", "--batch-sizes", "1,8"]
+
+
+def test_the_recipe_takes_the_task_source_by_an_override():
+    """distill.source=tasks distill.chat_template=true, as the recipe's comment says, become the command's flags;
+    without them the recipe passes neither (its own run is unchanged)."""
+    default = flags(compose_train(["experiment=pretrained_heads"]).distill)
+    assert "--source" not in default and "--chat-template" not in default
+    tasks = flags(
+        compose_train(["experiment=pretrained_heads", "distill.source=tasks", "distill.chat_template=true"]).distill
+    )
+    assert tasks == [*default, "--source", "tasks", "--chat-template"]
 
 
 def test_the_reference_model_is_one_sentence_with_its_install_when_absent(monkeypatch):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from tokenizers import Tokenizer
 
 from mtp.benchmarks import jail
-from mtp.data.prompts import HUMANEVAL_INSTALL, HumanEvalProblem
+from mtp.data.prompts import HUMANEVAL_INSTALL, HumanEvalProblem, instruction_prompt
 from mtp.errors import UserError
 
 STOP_SEQUENCES = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
@@ -111,28 +111,19 @@ def imports_of(prompt: str) -> str:
 PROMPT_FORMATS = ("chat", "raw")
 """How a HumanEval problem is put to the model: chat (an instruction in the model's chat template, the code taken
 from the reply, as EvalPlus runs instruct models) or raw (the prompt to complete, as the Codex paper does)."""
-INSTRUCTION = (
-    "Please provide a self-contained Python script that solves the following problem in a markdown code block:\n"
-    "```\n{prompt}\n```\n"
-)
-"""EvalPlus's instruction for chat models, with the problem's prompt (stripped) in it."""
-RESPONSE_PREFIX = (
-    "Below is a Python script with a self-contained function that solves the problem and passes corresponding "
-    "tests:\n```python\n"
-)
-"""The opening of the assistant's reply, written for it (EvalPlus's): the model continues inside a code block."""
 
 
 def chat_prompt(problem: HumanEvalProblem, render: Callable[[str], str]) -> str:
-    """The text a chat model is prompted with: the instruction as a user message rendered by ``render`` (the model's
-    chat template, ending where the assistant's turn begins), then :data:`RESPONSE_PREFIX`."""
-    return render(INSTRUCTION.format(prompt=problem.prompt.strip())) + RESPONSE_PREFIX
+    """The text a chat model is prompted with: EvalPlus's instruction around the problem's prompt as a user message
+    rendered by ``render``, then the opening of the reply (:func:`mtp.data.prompts.instruction_prompt`, which the
+    distillation's tasks are put with too)."""
+    return instruction_prompt(problem.prompt, render)
 
 
 def reply_code(text: str) -> str:
-    """The code of a reply that continues :data:`RESPONSE_PREFIX`: up to the code block's end, then only its imports,
-    functions, classes and assignments (EvalPlus's sanitizing: a test driver, ``if __name__ == ...`` or a ``print``
-    after the function is dropped). Code that does not parse is kept as it is, to fail its tests."""
+    """The code of a reply that continues :data:`mtp.data.prompts.RESPONSE_PREFIX`: up to the code block's end, then
+    only its imports, functions, classes and assignments (EvalPlus's sanitizing: a test driver, ``if __name__ == ...``
+    or a ``print`` after the function is dropped). Code that does not parse is kept as it is, to fail its tests."""
     code = text.split("```", 1)[0]
     try:
         tree = ast.parse(code)

@@ -6,6 +6,8 @@ scripts/distill.py, or mtp-distill once installed: the same arguments).
     python scripts/distill.py MODEL --out d --source files --paths 'corpus/**/*.py' --prompt-tokens 64,256
     python scripts/distill.py MODEL --out d --source hub --name DATASET --text-field content --max-prompts 5000
     python scripts/distill.py MODEL.gguf --out d --prompts questions.jsonl --chat-template --temperature 0.7
+    python scripts/distill.py MODEL.gguf --out d --source tasks --chat-template   # stdlib functions, HumanEval-style
+    python scripts/distill.py MODEL --out d --source tasks --paths src/ --packages requests
     python scripts/pretrain.py data=files 'data.source.paths=[data/distill/*.jsonl]' ...   # train on it
 
 MODEL is anything scripts/decode.py reads: an mtp .ckpt, a Hugging Face Llama or Meta directory, a GGUF file.
@@ -14,8 +16,15 @@ Prompts come from the training split of a document source (--source, as data= de
 model's training used, so that the held-out documents the benchmarks prompt with are never distilled): from each
 document --prompts-per-document spans of --prompt-tokens MIN,MAX tokens (random, seeded), the first opening the
 document, each ending at the end of a line where one falls in range. Or from --prompts FILE: .jsonl, one JSON object
-per line with the prompt under --prompt-field; .txt, one prompt per block of lines between blank lines. With
---chat-template each prompt is wrapped as a user message in the model's own chat template (instruct models).
+per line with the prompt under --prompt-field; .txt, one prompt per block of lines between blank lines. Or, with
+--source tasks, from HumanEval-style tasks: the documented top-level functions of the Python files under --paths
+(folders, .py files or globs) and of the installed --packages (default: the standard library), their training split
+as --val-fraction splits files, tests left out; each as HumanEval writes a problem (the imports it uses, the def
+line, the docstring; no body), in an order drawn by --seed; --prompt-tokens and --prompts-per-document do not apply.
+With --chat-template each prompt is wrapped as a user message in the model's own chat template (instruct models); a
+task is put as the decoding benchmark puts a HumanEval problem (EvalPlus's instruction, then the opening of the
+reply). HumanEval's own problems are never distilled: a task or a --prompts prompt that holds one is refused (the
+standard library has none).
 
 The model continues each prompt by up to --new-tokens tokens (greedy by default: what heads drafting for greedy
 decoding must predict), in batches of prompts of similar length, stopping a row at the model's end token.
@@ -31,11 +40,13 @@ end a run after a whole batch. The last line: key=value figures of this run, the
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import importlib.metadata
 import itertools
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -54,23 +65,31 @@ from mtp.cli import (
     run_script,
     settings_from,
 )
-from mtp.data.sources import SOURCE_KINDS, SourceConfig, source_files
+from mtp.data.sources import SOURCE_KINDS, SourceConfig, source_files, stdlib_root
+from mtp.data.tasks import Extraction, benchmark_match, extract_tasks, package_roots
 from mtp.data.tokenizer import eot_id
 from mtp.decode import GenerationConfig
 from mtp.distill import (
     Budget,
     ChatTemplate,
     DistillFolder,
+    ModelChat,
     Progress,
+    Prompt,
+    chat_template_of,
     distill,
     encode_prompts,
     file_prompts,
+    fits,
     model_chat,
     model_fingerprint,
     source_prompts,
+    task_prompts,
 )
 from mtp.errors import UserError
 
+TASKS = "tasks"
+"""--source tasks: HumanEval-style tasks from Python source (mtp.data.tasks) instead of a document source."""
 BATCHES_PER_SHARD = 4
 """--shard-prompts' default, in batches: a window of prompts sorted by length fills this many batches."""
 SOURCE_FLAGS = {
@@ -90,6 +109,7 @@ SETTING_FLAGS = {
     "prompts.source.split": "--split",
     "prompts.source.text_field": "--text-field",
     "prompts.source.streaming": "--streaming",
+    "prompts.source.packages": "--packages",
     "prompts.val_fraction": "--val-fraction",
     "prompts.prompt_tokens": "--prompt-tokens",
     "prompts.per_document": "--prompts-per-document",
@@ -114,9 +134,29 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint", type=Path, help="the model: an mtp .ckpt, a Hugging Face / Meta directory, a GGUF"
     )
     parser.add_argument("--out", type=Path, required=True, help="the folder of the shards and settings.json")
-    source = parser.add_argument_group("prompts from documents (the training split of a source, as data= has it)")
-    source.add_argument("--source", choices=SOURCE_KINDS, default=None, help="stdlib (default), files or hub")
-    source.add_argument("--paths", nargs="+", default=[], metavar="GLOB", help="files: glob patterns (** allowed)")
+    source = parser.add_argument_group(
+        "prompts from documents (the training split of a source, as data= has it), or from tasks"
+    )
+    source.add_argument(
+        "--source",
+        choices=(*SOURCE_KINDS, TASKS),
+        default=None,
+        help="stdlib (default), files or hub: spans of documents; tasks: HumanEval-style tasks from Python source",
+    )
+    source.add_argument(
+        "--paths",
+        nargs="+",
+        default=[],
+        metavar="GLOB",
+        help="files: glob patterns (** allowed); tasks: folders, .py files or globs (default: the standard library)",
+    )
+    source.add_argument(
+        "--packages",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="tasks: installed top-level packages (or modules) whose source to read too, e.g. requests",
+    )
     source.add_argument("--name", default="", help="hub: dataset name, or a local dataset folder")
     source.add_argument("--subset", default=None, help="hub: configuration name")
     source.add_argument("--split", default="train", help="hub: the split to read (default train)")
@@ -126,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--val-fraction",
         type=float,
         default=0.05,
-        help="documents held out by content hash, never distilled: at least the model's data.val_fraction (0.05)",
+        help="documents (tasks: files) held out by content hash, never distilled: at least the model's "
+        "data.val_fraction (0.05)",
     )
     source.add_argument(
         "--prompt-tokens", default="32,192", metavar="MIN,MAX", help="tokens per prompt span (default 32,192)"
@@ -180,8 +221,10 @@ def check_flags(args: argparse.Namespace) -> None:
     require_at_least(args, 0, "max_prompts", "max_tokens", "max_minutes")
     if not 0 <= args.val_fraction < 1:
         raise UserError(f"--val-fraction {args.val_fraction} must lie in [0, 1); the default is 0.05.")
-    if args.prompts is not None and (args.source is not None or args.paths or args.name):
+    if args.prompts is not None and (args.source is not None or args.paths or args.name or args.packages):
         raise UserError("--prompts replaces the document source; drop --source/--paths/--name, or drop --prompts.")
+    if args.packages and args.source != TASKS:
+        raise UserError("--packages names the packages whose tasks to distill; add --source tasks, or drop --packages.")
     if args.prompts is not None and not args.prompts.is_file():
         raise UserError(
             f"prompt file {args.prompts} does not exist; pass an existing .jsonl or .txt file to --prompts."
@@ -197,8 +240,9 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def source_config(args: argparse.Namespace) -> SourceConfig | None:
-    """The document source of the flags (checked: a files source's globs must match files), or None with --prompts."""
-    if args.prompts is not None:
+    """The document source of the flags (checked: a files source's globs must match files), or None with --prompts or
+    --source tasks."""
+    if args.prompts is not None or args.source == TASKS:
         return None
     config = SourceConfig(
         kind=args.source or "stdlib",
@@ -213,9 +257,94 @@ def source_config(args: argparse.Namespace) -> SourceConfig | None:
     return config
 
 
+def task_roots(args: argparse.Namespace) -> list[Path]:
+    """The folders and files --source tasks reads: --paths (each an existing folder or .py file, or a glob), then the
+    source of each of --packages; the standard library when neither is given."""
+    roots: list[Path] = []
+    for pattern in args.paths:
+        path = Path(pattern).expanduser()
+        found = [path] if path.exists() else sorted(Path(p) for p in glob.glob(str(path), recursive=True))
+        found = [p for p in found if p.is_dir() or (p.is_file() and p.suffix == ".py")]
+        if not found:
+            raise UserError(f"--paths {pattern} matches no folder or .py file; check the path or glob pattern.")
+        roots += found
+    for name in args.packages:
+        if not name.isidentifier():
+            raise UserError(
+                f"--packages {name}: name an installed top-level package (its subpackages come with it), or pass the "
+                "folder you want to --paths."
+            )
+        found = package_roots(name)
+        if not found:
+            raise UserError(
+                f"--packages {name}: no installed package or module of that name has Python source; install it, or "
+                "pass its source folder to --paths."
+            )
+        roots += found
+    return roots or [stdlib_root()]
+
+
+def task_extraction(args: argparse.Namespace) -> Extraction:
+    """The tasks of --source tasks, checked: at least one, and none that holds a HumanEval problem. The standard
+    library's are dropped and counted (a user cannot edit it; it has none at present); a source the user names is
+    refused in one sentence naming the function."""
+    roots = task_roots(args)
+    extraction = extract_tasks(roots, args.val_fraction)
+    named = bool(args.paths or args.packages)
+    where = ", ".join([*args.paths, *(f"package {name}" for name in args.packages)])
+    where = where or f"the standard library ({roots[0]})"
+    if named and extraction.benchmark:
+        task, problem = extraction.benchmark[0]
+        raise UserError(
+            f"{task.path} line {task.line}: function {task.name} is {problem}, a benchmark problem that must not be "
+            "among the distillation prompts; remove it from that file, or narrow --paths/--packages to leave the file "
+            "out."
+        )
+    if not extraction.tasks:
+        raise UserError(
+            f"no function with a docstring under {where} makes a task ({extraction.describe()}); point --paths at "
+            "Python source whose top-level functions have docstrings and bodies."
+        )
+    print(f"tasks from {where}: {extraction.describe()} ({extraction.seconds:.1f} s)")
+    return extraction
+
+
+def fitting_tasks(prompts: Iterable[Prompt], context: int, new_tokens: int) -> list[Prompt]:
+    """The tasks that leave --new-tokens of room in the model's context; the others are left out with a note (a task
+    cannot be shortened as a prompt of one's own file can, and a long docstring should not end the run)."""
+    kept, left_out = [], 0
+    for prompt in prompts:
+        if fits(len(prompt.ids), new_tokens, context):
+            kept.append(prompt)
+        else:
+            left_out += 1
+    if left_out:
+        print(
+            f"note: {left_out} tasks left out, too long for the model's context of {context} tokens with --new-tokens "
+            f"{new_tokens}"
+        )
+    return kept
+
+
+def check_prompt_file(path: Path, field_name: str) -> None:
+    """A prompt file holds no HumanEval problem (read once before the model loads: its other faults show early too)."""
+    for text, origin in file_prompts(path, field_name):
+        problem = benchmark_match(text)
+        if problem is not None:
+            raise UserError(
+                f"{origin} holds {problem}, a benchmark problem that must not be among the distillation prompts; "
+                f"remove that prompt from {path}."
+            )
+
+
 def settings_of(args: argparse.Namespace, source: SourceConfig | None, dtype: torch.dtype) -> dict[str, Any]:
     """Everything that decides the data, as settings.json records it (a rerun into the folder must match it)."""
-    if source is not None:
+    if args.source == TASKS:
+        prompts = {
+            "source": {"kind": TASKS, "paths": list(args.paths), "packages": list(args.packages)},
+            "val_fraction": args.val_fraction,
+        }
+    elif source is not None:
         described = {key: value for key, value in asdict(source).items() if key != "max_documents"}
         prompts = {
             "source": described,
@@ -316,14 +445,20 @@ def distill_command(args: argparse.Namespace, argv: list[str] | None, started: f
     check_flags(args)
     span = prompt_span(args.prompt_tokens)
     flags = settings_from(args, GenerationConfig, max_new_tokens=args.new_tokens, seed=args.seed)
+    if args.chat_template:  # its sentences (no template, one that does not parse) before anything slow
+        ChatTemplate(ModelChat(chat_template_of(args.checkpoint)), args.checkpoint)
     source = source_config(args)
+    if args.prompts is not None:
+        check_prompt_file(args.prompts, args.prompt_field)
+    tasks = task_extraction(args) if args.source == TASKS else None
     device = pick_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     settings = settings_of(args, source, dtype)
     folder = DistillFolder(args.out, settings, run_record(args, argv, device), args.force, describe_setting)
 
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
-    check_held_out(args, source, loaded.data)
+    stdlib_tasks = tasks is not None and not (args.paths or args.packages)
+    check_held_out(args, SourceConfig() if stdlib_tasks else source, loaded.data)  # stdlib tasks: the stdlib's split
     tokenizer = loaded.tokenizer
     chat = model_chat(args.checkpoint, tokenizer)
     template = ChatTemplate(chat, args.checkpoint) if args.chat_template else None
@@ -336,13 +471,22 @@ def distill_command(args: argparse.Namespace, argv: list[str] | None, started: f
         end_ids=sorted(end_ids),
         chat_template_sha256=hashlib.sha256(chat.template.encode()).hexdigest() if template is not None else None,
     )
-    if source is not None:
+    if tasks is not None:
+        texts = task_prompts(tasks.tasks, args.seed)
+    elif source is not None:
         texts = source_prompts(source, args.val_fraction, tokenizer, span, args.prompts_per_document, args.seed)
     else:
         texts = file_prompts(args.prompts, args.prompt_field)
-    prompts = encode_prompts(texts, tokenizer, template)
+    prompts = encode_prompts(texts, tokenizer, template, tasks=tasks is not None)
+    if tasks is not None:
+        prompts = iter(fitting_tasks(prompts, loaded.model.config.max_seq_len, args.new_tokens))
     first = next(prompts, None)
     if first is None:
+        if tasks is not None:
+            raise UserError(
+                f"no task fits the model's context of {loaded.model.config.max_seq_len} tokens with --new-tokens "
+                f"{args.new_tokens}; lower --new-tokens."
+            )
         if source is None:
             raise UserError(f"{args.prompts} holds no prompt; write one per line (.jsonl) or per block (.txt).")
         raise UserError(

@@ -9,6 +9,7 @@ with ``--no-deps``), and its execution helpers belong in a sandboxed child proce
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
@@ -79,3 +80,23 @@ def humaneval_problems(count: int | None = None) -> list[HumanEvalProblem]:
         ) from None
     problems = sorted(read_problems().values(), key=lambda p: int(re.sub(r"\D", "", p["task_id"])))
     return [HumanEvalProblem(p["task_id"], p["prompt"], p["test"], p["entry_point"]) for p in problems[:count]]
+
+
+INSTRUCTION = (
+    "Please provide a self-contained Python script that solves the following problem in a markdown code block:\n"
+    "```\n{prompt}\n```\n"
+)
+"""EvalPlus's instruction for chat models, with the problem's prompt (stripped) in it."""
+RESPONSE_PREFIX = (
+    "Below is a Python script with a self-contained function that solves the problem and passes corresponding "
+    "tests:\n```python\n"
+)
+"""The opening of the assistant's reply, written for it (EvalPlus's): the model continues inside a code block."""
+
+
+def instruction_prompt(prompt: str, render: Callable[[str], str]) -> str:
+    """The text a chat model is given a code problem with, as EvalPlus gives HumanEval's to instruct models: the
+    instruction around ``prompt`` (stripped) as a user message rendered by ``render`` (the model's chat template,
+    ending where the assistant's turn begins), then :data:`RESPONSE_PREFIX`. The benchmarks' HumanEval prompts and
+    the distillation's tasks (:mod:`mtp.data.tasks`) are both put this way."""
+    return render(INSTRUCTION.format(prompt=prompt.strip())) + RESPONSE_PREFIX

@@ -56,9 +56,14 @@ class SourceConfig:
             raise UserError(f"data.source.max_documents={self.max_documents} must be 0 (all) or positive.")
 
 
+def stdlib_root() -> Path:
+    """The running Python's standard-library source folder."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
 def stdlib_files() -> list[Path]:
     """The standard library's .py files, sorted; third-party packages excluded."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+    root = stdlib_root()
     return sorted(
         p for p in root.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)
     )
@@ -75,7 +80,7 @@ def stdlib_without_tests() -> str | None:
     The suite is about two thirds of the default corpus's tokens: without it the default run, in 450 steps, learns
     little beyond token frequencies (seen on a GPU machine whose Python 3.12 came from its Linux distribution:
     validation loss 6.5 where a full install gives 5.6)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+    root = stdlib_root()
     if len(list((root / "test").glob("test_*.py"))) >= TEST_SUITE_MIN:
         return None
     version = f"{sys.version_info.major}.{sys.version_info.minor}"

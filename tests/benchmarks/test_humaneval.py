@@ -273,11 +273,11 @@ def test_compare_heads_decodes_humaneval_prompts(tiny_checkpoints, tmp_path):
 
 # -- HumanEval as instruct models are run: the chat format
 from mtp.benchmarks.humaneval import (  # noqa: E402
-    RESPONSE_PREFIX,
     chat_prompt,
     program_of,
     reply_code,
 )
+from mtp.data.prompts import RESPONSE_PREFIX  # noqa: E402
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
