@@ -18,6 +18,17 @@ def test_a_config_node_becomes_a_commands_flags():
     assert flags(node) == ["--max-tokens", "1000", "--hf", "--out", "d", "--batch-sizes", "1,8"]
 
 
+def test_a_list_for_a_flag_that_takes_several_arguments_is_several_arguments():
+    """distill's --paths takes several arguments (nargs="+"): a config list of two folders must be two arguments,
+    not one "a,b" that matches nothing; comma lists stay one argument for the flags that split them."""
+    from mtp.commands import distill
+
+    node = OmegaConf.create({"paths": ["a", "b"], "packages": [], "prompt_tokens": [8, 32]})
+    argv = flags(node, distill.build_parser())
+    assert argv == ["--paths", "a", "b", "--prompt-tokens", "8,32"]
+    assert distill.build_parser().parse_args(["m", "--out", "o", *argv]).paths == ["a", "b"]
+
+
 def test_the_recipe_takes_the_task_source_by_an_override():
     """distill.source=tasks distill.chat_template=true, as the recipe's comment says, become the command's flags;
     without them the recipe passes neither (its own run is unchanged)."""

@@ -102,7 +102,7 @@ DRAFT_METHODS = ("draft", "hybrid", "staged")
 """The methods that need --draft."""
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--heads", type=int_list, default=None, help="k values (default 1..n)")
@@ -191,6 +191,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "resource limits and Python-level guards only: enough for careless code, not for code written to escape",
     )
     parser.add_argument("--out", type=Path, default=Path("results") / "bench_decode")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     args.modes = args.modes.split(",")
     if not set(args.modes) <= {"greedy", "sampling"}:

@@ -8,6 +8,7 @@ under the repository's logs/ unless PROJECT_ROOT names another root (conf/paths/
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import logging
 import os
@@ -129,12 +130,14 @@ def train_in_run_dir(cfg: DictConfig) -> None:
     with errors_reported(cleanup=lambda: remove_empty_run_dir(output_dir)):
         bench = None
         if cfg.get("bench_decode"):
-            bench = bench_decode.checked_args([str(output_dir / "checkpoints" / "last.ckpt"), *flags(cfg.bench_decode)])
+            bench = bench_decode.checked_args(
+                [str(output_dir / "checkpoints" / "last.ckpt"), *flags(cfg.bench_decode, bench_decode.build_parser())]
+            )
             bench.out = output_dir / "bench_decode"
         if cfg.get("distill"):
             if not cfg.get("init_from"):
                 raise UserError("distill needs the model to continue prompts: set init_from=PATH (or drop distill).")
-            status = distill.main([str(cfg.init_from), *flags(cfg.distill)])
+            status = distill.main([str(cfg.init_from), *flags(cfg.distill, distill.build_parser())])
             if status:
                 raise SystemExit(status)  # Ctrl-C while distilling: what it wrote is kept, training does not start
         train(cfg)
@@ -142,14 +145,18 @@ def train_in_run_dir(cfg: DictConfig) -> None:
             bench_decode.run(bench)
 
 
-def flags(settings: DictConfig) -> list[str]:
+def flags(settings: DictConfig, parser: argparse.ArgumentParser | None = None) -> list[str]:
     """A command's flags from a config node: ``max_tokens: 1000`` is ``--max-tokens 1000``, ``hf: true`` is ``--hf``
-    (false: left out), a list is comma-separated."""
+    (false: left out), a list is comma-separated, or several arguments for a flag of ``parser`` that takes several
+    (``paths: [a, b]`` is ``--paths a b``)."""
+    several = {a.dest for a in parser._actions if a.nargs in ("+", "*")} if parser is not None else set()
     argv = []
     for key, value in OmegaConf.to_container(settings, resolve=True).items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             argv.append(flag)
+        elif isinstance(value, list) and key in several:
+            argv += [flag, *map(str, value)] if value else []
         elif value is not False and value is not None:
             argv += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
     return argv
