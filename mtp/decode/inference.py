@@ -31,6 +31,7 @@ attention and MLP sublayers, on the same packed weights.
 from __future__ import annotations
 
 import copy
+import time
 import weakref
 from collections.abc import Callable, Iterable
 
@@ -95,14 +96,14 @@ class Unembedding:
     """Logits (..., V) of x (..., d) through a weight (V, d), in the layout that reads the weight fastest.
 
     A decoding step reads the whole matrix for a few rows of x, so its cost is how fast the weight streams from
-    memory, and CPU BLAS libraries stream the two layouts at different speeds: measured with torch 2.13 on this
-    project's 2-core CPU with the weight out of cache, x @ W^T with W^T stored contiguously is the faster up to 8 rows
-    (V=49152, d=576: 3.6 / 7.3 / 10.0 ms at 1 / 4 / 8 rows, against 4.3 / 13.2 / 13.3 ms as W @ x^T; V=8192, d=192:
-    146 against 239 us at 4 rows). From about 32 rows W @ x^T is the faster product alone, but its logits come out
-    transposed, and what reads them next costs more on that layout than the product saves (V=8192, d=192, other
-    weights read in between as in a step: the product and an argmax 0.7 against 1.2-2.2 ms at 32 rows, 1.7 against
-    3.3 ms at 96; with a softmax instead 1.8-2.5 against 3.2-3.4 ms at 32 rows). So on CPU the unembedding keeps the
-    transposed copy (one more copy of the matrix) and always multiplies by it; other devices use ``F.linear``.
+    memory, and CPU BLAS libraries stream the two layouts at speeds that depend on the CPU and on the number of rows:
+    on one machine x @ W^T with W^T stored contiguously is the faster at every step's row count, on another it is the
+    faster at one row and several times the slower at two to eight (where W @ x^T streams the weight at about its
+    one-row speed). So on CPU the unembedding keeps the transposed copy beside the weight and, the first time it
+    meets a row count, times both products on that input and keeps the faster for that shape (:func:`faster_layout`,
+    shared by every unembedding of the same shape in the process); W @ x^T's logits are copied back to rows
+    (reading them transposed costs more than the copy). Both are the same product, equal up to rounding. Other
+    devices use ``F.linear``.
     """
 
     def __init__(self, weight: Tensor) -> None:
@@ -119,8 +120,38 @@ class Unembedding:
     def __call__(self, x: Tensor) -> Tensor:
         if self.transposed is None:
             return F.linear(x, self.weight)
-        logits = torch.mm(x.reshape(-1, x.size(-1)), self.transposed)
+        rows = x.reshape(-1, x.size(-1))
+        products = (self.rows_by_transposed, self.rows_by_weight)
+        key = (tuple(self.weight.shape), rows.size(0), rows.dtype, self.weight.dtype)
+        logits = products[faster_layout(key, rows, products)](rows)
         return logits.reshape(*x.shape[:-1], self.weight.size(0))
+
+    def rows_by_transposed(self, rows: Tensor) -> Tensor:
+        return torch.mm(rows, self.transposed)
+
+    def rows_by_weight(self, rows: Tensor) -> Tensor:
+        return torch.mm(self.weight, rows.T).T.contiguous()
+
+
+_LAYOUTS: dict[tuple, int] = {}
+"""The faster product (index) per (weight shape, rows, dtype), measured once per process."""
+
+
+def faster_layout(key: tuple, rows: Tensor, products: tuple[Callable[[Tensor], Tensor], ...]) -> int:
+    """The index of the fastest of ``products`` (each the same product of ``rows`` in another layout), timed on
+    ``rows`` the first time ``key`` (the shapes and dtypes) is met: one warm-up call each, then the best of three."""
+    if key not in _LAYOUTS:
+        best = []
+        for product in products:
+            product(rows)
+            times = []
+            for _ in range(3):
+                start = time.perf_counter()
+                product(rows)
+                times.append(time.perf_counter() - start)
+            best.append(min(times))
+        _LAYOUTS[key] = min(range(len(products)), key=best.__getitem__)
+    return _LAYOUTS[key]
 
 
 class PackedBlocks:

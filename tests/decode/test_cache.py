@@ -186,3 +186,39 @@ def test_decoding_compiled_leaves_the_recompile_limit_as_it_was():
     out, _ = generate(model, [[1, 2, 3], [4]], GenerationConfig(max_new_tokens=4, heads=4, compile=True))
     assert out == expected
     assert torch._dynamo.config.recompile_limit == before
+
+
+def test_the_unembedding_takes_the_product_measured_faster_and_both_products_agree(monkeypatch):
+    """On CPU the unembedding times x @ W^T and W @ x^T the first time it meets a row count and keeps the faster
+    (which one depends on the CPU and the rows); both are the same logits up to rounding, in rows."""
+    import time
+
+    from mtp.decode import inference
+    from mtp.decode.inference import Unembedding, faster_layout
+
+    torch.manual_seed(0)
+    unembedding = Unembedding(torch.randn(300, 24))
+    for rows in (1, 3, 8):
+        x = torch.randn(rows, 24)
+        expected = x @ unembedding.weight.T
+        for product in (unembedding.rows_by_transposed, unembedding.rows_by_weight):
+            logits = product(x)
+            assert logits.is_contiguous() and torch.allclose(logits, expected, atol=1e-5)
+        assert torch.allclose(unembedding(x[None]), expected[None], atol=1e-5)
+
+    monkeypatch.setattr(inference, "_LAYOUTS", {})
+    calls = []
+
+    def slow(rows):
+        calls.append("slow")
+        time.sleep(0.003)
+        return rows
+
+    def fast(rows):
+        calls.append("fast")
+        return rows
+
+    assert faster_layout(("shape",), torch.zeros(2, 1), (slow, fast)) == 1
+    assert faster_layout(("shape",), torch.zeros(2, 1), (fast, slow)) == 1  # measured once: kept for that shape
+    assert calls == ["slow"] * 4 + ["fast"] * 4
+    assert faster_layout(("other",), torch.zeros(2, 1), (fast, slow)) == 0
