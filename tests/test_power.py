@@ -28,6 +28,7 @@ COPIED = ("mtp", "tests", "conf", "scripts", "pyproject.toml")
 LOSSLESS = "tests/decode/test_lossless.py::test_self_speculative_sampling_has_the_autoregressive_distribution"
 PROCESSING = "tests/decode/test_lossless.py::test_processed_probs_equal_the_reference"
 GREEDY = "tests/decode/test_generate.py"
+LAYOUT = "tests/decode/test_generate.py::test_greedy_decoding_equals_the_reference_in_either_matrix_layout"
 GREEDY_BY_CHANCE = f"{GREEDY}::test_greedy_self_speculative_equals_autoregressive_when_drafts_pass_and_fail_at_random"
 GREEDY_EXACT = (  # greedy decoding against the cache-free reference (not the file: it also compiles)
     f"{GREEDY}::test_greedy_decoding_equals_the_cache_free_reference_on_a_random_model",
@@ -455,6 +456,29 @@ MUTATIONS = [
         "return block.attention_norm.weight[:, None] * w",
         "return w",
         (CACHE,),
+    ),
+    Mutation(
+        "a weight-major product's rows come back in the wrong layout (right shape)",
+        INFERENCE,
+        "return torch.bmm(weight, x.transpose(1, 2)).transpose(1, 2).contiguous()",
+        "return torch.bmm(weight, x.transpose(1, 2)).reshape(x.size(0), x.size(1), -1)",
+        (LAYOUT,),
+    ),
+    Mutation(
+        "the weight-major copy of the blocks drops the attention output matrix's transpose",
+        INFERENCE,
+        """        for name in ("qkv", "wo", "gate_up", "down"):
+                setattr(other, name, getattr(self, name).transpose(1, 2).contiguous())""",
+        """        for name in ("qkv", "wo", "gate_up", "down"):
+                setattr(other, name, getattr(self, name).contiguous() if name == "wo" else getattr(self, name).transpose(1, 2).contiguous())""",
+        (LAYOUT,),
+    ),
+    Mutation(
+        "the unembedding's weight-major logits come back in the wrong layout (right shape)",
+        INFERENCE,
+        "return torch.mm(self.weight, rows.T).T.contiguous()",
+        "return torch.mm(self.weight, rows.T).reshape(rows.size(0), -1)",
+        (LAYOUT, CACHE),
     ),
     Mutation(
         "the final norm's weight is not folded into head 1's unembedding",

@@ -186,6 +186,19 @@ class PackedBlocks:
         self.grouped = n_heads != n_kv_heads  # grouped-query attention
         self.q_width, self.kv_width = n_heads * head_dim, n_kv_heads * head_dim
         self.int8, self._int8 = False, None
+        self.by_weight, self._by_weight = False, None  # products as W @ x^T (each matrix stored (out, in))
+
+    def weight_major(self) -> PackedBlocks:
+        """A copy of these blocks whose matrices are stored (out, in), multiplied as W @ x^T (:func:`product`), which
+        CPU BLAS streams faster than x @ W at a few rows on some CPUs (:meth:`InferenceModel.block_layout`); made once
+        and shared like :meth:`in_int8`'s."""
+        if self._by_weight is None:
+            other = copy.copy(self)
+            for name in ("qkv", "wo", "gate_up", "down"):
+                setattr(other, name, getattr(self, name).transpose(1, 2).contiguous())
+            other.by_weight, other._by_weight, other._int8 = True, None, None
+            self._by_weight = other
+        return self._by_weight
 
     def in_int8(self) -> PackedBlocks:
         """A copy of these blocks with int8 matrices, for drafting (made once: forms that share these blocks, such as
@@ -194,7 +207,7 @@ class PackedBlocks:
             quantized = copy.copy(self)
             quantized.qkv, quantized.wo = Int8Matrices(self.qkv), Int8Matrices(self.wo)
             quantized.gate_up, quantized.down = Int8Matrices(self.gate_up), Int8Matrices(self.down)
-            quantized.int8, quantized._int8 = True, None
+            quantized.int8, quantized._int8, quantized._by_weight = True, None, None
             self._int8 = quantized
         return self._int8
 
@@ -422,8 +435,32 @@ class InferenceModel:
             self.block_indices[blocks] = torch.arange(blocks, device=x.device)[:, None, None]
         where = (self.block_indices[blocks], cache.rows[None], cache.positions[None])
         keys, values = cache.keys[slots], cache.values[slots]
+        if not w.int8 and x.device.type == "cpu" and self.block_layout(x.size(1) * x.size(2), x.dtype):
+            w = w.weight_major()
         step = block_step if w.int8 else self.block_step
         return step(x, w, rotation, keys, values, where, cache.span, cache.mask, self.eps, last, feed_forward)
+
+    def block_layout(self, rows: int, dtype: torch.dtype) -> int:
+        """1 where the path's matrices multiply ``rows`` rows faster stored (out, in) as W @ x^T than as x @ W (CPU):
+        timed once per shape in the process (:func:`faster_layout`) over the path's feed-forward matrices in turn, so
+        that each streams from memory as in a step."""
+        first = self.path[0]
+        key = ("blocks", tuple(first.gate_up.shape[1:]), len(self.path), rows, dtype)
+        if key in _LAYOUTS:
+            return _LAYOUTS[key]
+        matrices = [blocks.gate_up for blocks in self.path if not blocks.int8]
+        transposed = [m.transpose(1, 2).contiguous() for m in matrices]
+        x = torch.randn(first.gate_up.size(0), rows, first.gate_up.size(1), dtype=dtype)
+
+        def by_input(x: Tensor) -> None:
+            for m in matrices:
+                torch.bmm(x, m)
+
+        def by_weight(x: Tensor) -> None:
+            for m in transposed:
+                torch.bmm(m, x.transpose(1, 2))
+
+        return faster_layout(key, x, (by_input, by_weight))
 
 
 class SkippingForm(InferenceModel):
@@ -672,7 +709,7 @@ def block_step(
     layer-skip draft that skips these blocks' MLP).
     """
     h, B, S, d = x.shape
-    qkv = product(F.rms_norm(x, (d,), eps=eps).view(h, B * S, d), w.qkv).view(h, B, S, -1)
+    qkv = product(F.rms_norm(x, (d,), eps=eps).view(h, B * S, d), w.qkv, w.by_weight).view(h, B, S, -1)
     qk = rotate(qkv[..., : w.q_width + w.kv_width].unflatten(-1, (-1, w.head_dim)), rotation)
     q, k = qk.split([w.n_heads, w.n_kv_heads], dim=3)  # (h, B, S, heads, head_dim)
     block, rows, positions = where
@@ -689,7 +726,10 @@ def block_step(
     )
     y = y.view(h, B, w.n_heads, S, w.head_dim).transpose(2, 3)  # (h, B, S, n_heads, head_dim)
     x, y = x.reshape(h, B * S, d), y.reshape(h, B * S, w.q_width)
-    x = x + w.wo(y) if isinstance(w.wo, Int8Matrices) else torch.baddbmm(x, y, w.wo)  # x + attention
+    if isinstance(w.wo, Int8Matrices) or w.by_weight:
+        x = x + product(y, w.wo, w.by_weight)  # x + attention
+    else:
+        x = torch.baddbmm(x, y, w.wo)
     if feed_forward:
         x = feed_forward_residual(x, w, eps)  # (h, B S, d)
     return x.view(h, B, S, d) if last is None else x
@@ -697,8 +737,8 @@ def block_step(
 
 def feed_forward_residual(x: Tensor, w: PackedBlocks, eps: float) -> Tensor:
     """x (h, M, d) plus the blocks' feed-forward (SwiGLU)."""
-    gate, up = product(F.rms_norm(x, (x.size(-1),), eps=eps), w.gate_up).chunk(2, dim=-1)
-    return x + product(F.silu(gate) * up, w.down)
+    gate, up = product(F.rms_norm(x, (x.size(-1),), eps=eps), w.gate_up, w.by_weight).chunk(2, dim=-1)
+    return x + product(F.silu(gate) * up, w.down, w.by_weight)
 
 
 def feed_forward_step(x: Tensor, w: PackedBlocks, eps: float) -> Tensor:
@@ -708,9 +748,14 @@ def feed_forward_step(x: Tensor, w: PackedBlocks, eps: float) -> Tensor:
     return feed_forward_residual(x.reshape(h, B * S, d), w, eps).view(h, B, S, d)
 
 
-def product(x: Tensor, weight: Tensor | Int8Matrices) -> Tensor:
-    """x (h, M, in) @ weight (h, in, out): one ``bmm``, or each matrix's product of an int8 stack."""
-    return weight(x) if isinstance(weight, Int8Matrices) else torch.bmm(x, weight)
+def product(x: Tensor, weight: Tensor | Int8Matrices, by_weight: bool = False) -> Tensor:
+    """x (h, M, in) @ weight (h, in, out): one ``bmm``, or each matrix's product of an int8 stack; ``by_weight``:
+    weight stored (h, out, in), the product taken as weight @ x^T and returned as (h, M, out) rows."""
+    if isinstance(weight, Int8Matrices):
+        return weight(x)
+    if by_weight:
+        return torch.bmm(weight, x.transpose(1, 2)).transpose(1, 2).contiguous()
+    return torch.bmm(x, weight)
 
 
 def rotate(x: Tensor, rotation: Tensor) -> Tensor:

@@ -168,3 +168,33 @@ def test_a_shared_causal_depth_drafts_beyond_the_trained_heads(trained_models):
 def test_drafting_beyond_the_trained_heads_needs_a_shared_depth():
     with pytest.raises(ValueError, match="share_depth"):
         greedy(tiny_model(head_type="causal"), [[1, 2]], heads=5)
+
+
+@pytest.mark.parametrize("layout", [0, 1], ids=["x_at_W", "W_at_xT"])
+@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+def test_greedy_decoding_equals_the_reference_in_either_matrix_layout(monkeypatch, trained_models, layout, head_type):
+    """On CPU each product picks the layout measured faster (x @ W, or W @ x^T from matrices stored (out, in)); the
+    choice depends on the machine, so each layout is forced here: both decode the reference's tokens, with drafts
+    passing (the accepting branch), on a random model, and in ragged batches."""
+    from mtp.decode import inference
+
+    monkeypatch.setattr(inference, "faster_layout", lambda key, rows, products: layout)
+    monkeypatch.setattr(inference, "_LAYOUTS", {})  # what earlier decodes measured: not consulted here
+    weight_major, calls = inference.PackedBlocks.weight_major, []
+
+    def counted(blocks):
+        calls.append(blocks)
+        return weight_major(blocks)
+
+    monkeypatch.setattr(inference.PackedBlocks, "weight_major", counted)
+    trained_model, prompts = trained_models(head_type), [[1, 2], [7, 8, 9, 10, 11], [20]]
+    reference = [greedy_without_cache(trained_model, prompt, 30) for prompt in prompts]
+    for heads in (1, 4):
+        out, stats = greedy(trained_model, prompts, heads, max_new_tokens=30)
+        assert out == reference, f"heads={heads}"
+    assert stats.tokens_per_forward > 2.5
+    random_model = tiny_model(**HEAD_TYPES[head_type])  # a cyclic model ignores much of attention; this one does not
+    reference = [greedy_without_cache(random_model, prompt, 16) for prompt in RAGGED]
+    for heads in (1, 4):
+        assert greedy(random_model, RAGGED, heads, max_new_tokens=16)[0] == reference, f"heads={heads}"
+    assert bool(calls) == bool(layout)  # the forced layout's matrices were the ones multiplied
