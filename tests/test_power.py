@@ -465,12 +465,10 @@ MUTATIONS = [
         (LAYOUT,),
     ),
     Mutation(
-        "the weight-major copy of the blocks drops the attention output matrix's transpose",
+        "the weight-major copy of the blocks leaves the attention output matrix as it was (in, out)",
         INFERENCE,
-        """        for name in ("qkv", "wo", "gate_up", "down"):
-                setattr(other, name, getattr(self, name).transpose(1, 2).contiguous())""",
-        """        for name in ("qkv", "wo", "gate_up", "down"):
-                setattr(other, name, getattr(self, name).contiguous() if name == "wo" else getattr(self, name).transpose(1, 2).contiguous())""",
+        'for name in ("qkv", "wo", "gate_up", "down"):',
+        'for name in ("qkv", "gate_up", "down"):',
         (LAYOUT,),
     ),
     Mutation(
