@@ -41,6 +41,7 @@ from torch import Tensor
 
 from mtp.decode.cache import KVCache
 from mtp.decode.int8 import Int8Matrices, Int8Unembedding
+from mtp.decode.memory import available_bytes
 from mtp.decode.settings import DraftDtype
 from mtp.decode.tree import DraftTree
 from mtp.model import Block, MTPModel
@@ -443,12 +444,19 @@ class InferenceModel:
     def block_layout(self, rows: int, dtype: torch.dtype) -> int:
         """1 where the path's matrices multiply ``rows`` rows faster stored (out, in) as W @ x^T than as x @ W (CPU):
         timed once per shape in the process (:func:`faster_layout`) over the path's feed-forward matrices in turn, so
-        that each streams from memory as in a step."""
+        that each streams from memory as in a step. 0 without timing where the weight-major copy would take more
+        than a quarter of the memory available."""
         first = self.path[0]
         key = ("blocks", tuple(first.gate_up.shape[1:]), len(self.path), rows, dtype)
         if key in _LAYOUTS:
             return _LAYOUTS[key]
-        matrices = [blocks.gate_up for blocks in self.path if not blocks.int8]
+        packed = [blocks for blocks in self.path if not blocks.int8]
+        copy_bytes = sum(m.numel() * m.element_size() for b in packed for m in (b.qkv, b.wo, b.gate_up, b.down))
+        available = available_bytes(torch.device("cpu"))
+        if available is not None and copy_bytes > available // 4:  # no room for a second copy of the weights
+            _LAYOUTS[key] = 0
+            return 0
+        matrices = [blocks.gate_up for blocks in packed]
         transposed = [m.transpose(1, 2).contiguous() for m in matrices]
         x = torch.randn(first.gate_up.size(0), rows, first.gate_up.size(1), dtype=dtype)
 

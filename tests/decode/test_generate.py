@@ -198,3 +198,19 @@ def test_greedy_decoding_equals_the_reference_in_either_matrix_layout(monkeypatc
     for heads in (1, 4):
         assert greedy(random_model, RAGGED, heads, max_new_tokens=16)[0] == reference, f"heads={heads}"
     assert bool(calls) == bool(layout)  # the forced layout's matrices were the ones multiplied
+
+
+def test_no_weight_major_copy_where_it_would_not_fit_in_memory(monkeypatch):
+    """The faster layout may need a second copy of the blocks' matrices: where that copy would take more than a
+    quarter of the memory available, decoding keeps the one layout without timing (and without the copy)."""
+    from mtp.decode import inference
+
+    monkeypatch.setattr(inference, "_LAYOUTS", {})
+    monkeypatch.setattr(inference, "available_bytes", lambda device: 1000)  # bytes: far below any copy
+    timed = []
+    monkeypatch.setattr(inference, "faster_layout", lambda key, rows, products: timed.append(key) or 1)
+    model = tiny_model()
+    reference = [greedy_without_cache(model, prompt, 8) for prompt in RAGGED]
+    assert greedy(model, RAGGED, 4, max_new_tokens=8)[0] == reference
+    assert not [key for key in timed if key[0] == "blocks"]  # the unembedding still times its own (no copy there)
+    assert all(blocks._by_weight is None for blocks in inference.InferenceModel.of(model, 4, False, "auto", 0).path)
