@@ -21,6 +21,7 @@ from mtp.errors import UserError, first_line
 from mtp.heads import legacy_name
 from mtp.interop import ModelFiles, gguf, hf, meta
 from mtp.interop import tokenizer as foreign_tokenizer
+from mtp.interop.chat import ModelChat, gguf_chat, hf_chat
 from mtp.model import MTPModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -157,3 +158,24 @@ def model_tokenizer(path: str | os.PathLike) -> str:
     if foreign_format(path):
         return read_foreign_tokenizer(path)
     return read_checkpoint(path, mmap=Path(path).is_file())[CHECKPOINT_KEY]["tokenizer"]
+
+
+def model_chat(path: str | os.PathLike, tokenizer: Tokenizer | None = None) -> ModelChat:
+    """The chat template and the start and end tokens the model at ``path`` declares (:mod:`mtp.interop.chat`): a
+    GGUF file's metadata (its start and end tokens only given its ``tokenizer``), a Hugging Face directory's
+    ``tokenizer_config.json``, an mtp checkpoint's entry (those of the model its training started from); none for
+    a model that declares no template."""
+    path = Path(path)
+    kind = foreign_format(path)
+    if kind == "gguf":
+        return gguf_chat(path, tokenizer)
+    if kind == "hf":
+        return hf_chat(path)
+    if kind is None and is_model(path) and path.exists():
+        return ModelChat.from_dict(read_checkpoint(path, mmap=path.is_file())[CHECKPOINT_KEY].get("chat"))
+    return ModelChat()
+
+
+def chat_template_of(path: str | os.PathLike) -> str | None:
+    """The chat template (Jinja text) the model at ``path`` declares (:func:`model_chat`), without its weights."""
+    return model_chat(path).template

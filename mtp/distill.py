@@ -43,7 +43,6 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from mtp.checkpoint_load import foreign_format
 from mtp.data.prompts import instruction_prompt
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
 from mtp.data.tasks import Task
@@ -51,7 +50,7 @@ from mtp.data.tokenizer import prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
 from mtp.files import write_whole
-from mtp.interop.gguf import metadata, open_gguf
+from mtp.interop.chat import ModelChat
 from mtp.model import MTPModel
 
 SHARD_PREFIX = "distill-"
@@ -199,65 +198,6 @@ def task_prompts(tasks: Iterable[Task], seed: int) -> Iterator[tuple[str, str]]:
 # ------------------------------------------------------------------------------------------------------ chat template
 
 
-@dataclass
-class ModelChat:
-    """What a model says about chat: its template (Jinja, as transformers renders it) and special tokens."""
-
-    template: str | None = None
-    bos_token: str = ""
-    eos_token: str | None = None
-    """The token that ends the model's turn (llama.cpp's and transformers' ``eos``): generation stops there too."""
-
-
-def model_chat(path: str | os.PathLike, tokenizer: Tokenizer) -> ModelChat:
-    """The chat template (:func:`chat_template_of`) and the start and end tokens a model declares: a GGUF file's
-    ``tokenizer.ggml.bos/eos_token_id``, a Hugging Face directory's ``tokenizer_config.json``; an mtp checkpoint
-    declares none."""
-    path = Path(path)
-    kind = foreign_format(path)
-    if kind == "gguf":
-        meta = metadata(open_gguf(path), skip_arrays=True)
-
-        def token(key: str) -> str | None:
-            return tokenizer.id_to_token(meta[key]) if key in meta else None
-
-        return ModelChat(
-            chat_template_of(path), token("tokenizer.ggml.bos_token_id") or "", token("tokenizer.ggml.eos_token_id")
-        )
-    if kind == "hf":
-        config = hf_tokenizer_config(path)
-
-        def token(key: str) -> str | None:
-            value = config.get(key)
-            return value.get("content") if isinstance(value, dict) else value
-
-        return ModelChat(chat_template_of(path), token("bos_token") or "", token("eos_token"))
-    return ModelChat()
-
-
-def chat_template_of(path: str | os.PathLike) -> str | None:
-    """The chat template (Jinja text) a model declares, without loading it: a GGUF file's
-    ``tokenizer.chat_template``; a Hugging Face directory's ``tokenizer_config.json`` (or ``chat_template.jinja``);
-    None for an mtp checkpoint or a model that declares none."""
-    path = Path(path)
-    kind = foreign_format(path)
-    if kind == "gguf":
-        return metadata(open_gguf(path), skip_arrays=True).get("tokenizer.chat_template")
-    if kind != "hf":
-        return None
-    template = hf_tokenizer_config(path).get("chat_template")
-    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
-    if template is None and (path / "chat_template.jinja").is_file():
-        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
-    return template
-
-
-def hf_tokenizer_config(path: Path) -> dict[str, Any]:
-    config_file = path / "tokenizer_config.json"
-    return json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-
-
 class ChatTemplate:
     """A model's chat template, rendered as transformers' ``apply_chat_template`` renders it (a sandboxed Jinja
     environment with trim_blocks and lstrip_blocks), for one user message and the assistant's turn to come."""
@@ -265,8 +205,9 @@ class ChatTemplate:
     def __init__(self, chat: ModelChat, model: str | os.PathLike) -> None:
         if not chat.template:
             raise UserError(
-                f"--chat-template: {model} declares no chat template (mtp checkpoints carry none; a GGUF file keeps it "
-                "in tokenizer.chat_template, a Hugging Face directory in tokenizer_config.json); drop --chat-template."
+                f"--chat-template: {model} declares no chat template (an mtp checkpoint carries that of the model its "
+                "training started from, a GGUF file keeps it in tokenizer.chat_template, a Hugging Face directory in "
+                "tokenizer_config.json); drop --chat-template."
             )
         try:
             from jinja2 import TemplateError  # optional (comes with transformers): only for chat templates

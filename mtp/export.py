@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mtp.checkpoint_load import load_checkpoint
+from mtp.checkpoint_load import load_checkpoint, model_chat
 from mtp.config import ModelConfig
 from mtp.data.prompts import held_out_prompts
 from mtp.data.tokenizer import eot_id
@@ -66,7 +66,7 @@ def export_hf(
     partial.mkdir()
     try:
         _write_weights(partial, path_tensors, shard_bytes, safetensors_torch)
-        eot = _write_tokenizer(partial, loaded.tokenizer, config, transformers)
+        eot = _write_tokenizer(partial, loaded.tokenizer, config, transformers, model_chat(checkpoint).template)
         hf_config = transformers.LlamaConfig(
             **llama_config(config), bos_token_id=eot, eos_token_id=eot, architectures=["LlamaForCausalLM"]
         )
@@ -198,8 +198,9 @@ def _write_weights(directory: Path, tensors: dict[str, Tensor], shard_bytes: int
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def _write_tokenizer(directory: Path, tokenizer, config: ModelConfig, transformers) -> int:
-    """tokenizer.json and tokenizer_config.json (end-of-text as eos, bos and pad); returns end-of-text's id."""
+def _write_tokenizer(directory: Path, tokenizer, config: ModelConfig, transformers, chat_template: str | None) -> int:
+    """tokenizer.json and tokenizer_config.json (end-of-text as eos, bos and pad; the chat template the checkpoint
+    carries, if any); returns end-of-text's id."""
     eot = eot_id(tokenizer)
     token = tokenizer.id_to_token(eot)
     wrapped = transformers.PreTrainedTokenizerFast(
@@ -214,6 +215,8 @@ def _write_tokenizer(directory: Path, tokenizer, config: ModelConfig, transforme
     (directory / "tokenizer.json").write_text(tokenizer.to_str())  # mtp's own JSON, byte for byte
     settings = json.loads((directory / "tokenizer_config.json").read_text())
     settings["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every transformers version knows
+    if chat_template:
+        settings["chat_template"] = chat_template
     (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
     return eot
 

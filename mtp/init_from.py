@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer
 
 from mtp.checkpoint_format import CHECKPOINT_KEY, model_weights, read_checkpoint
-from mtp.checkpoint_load import foreign_format, read_foreign, read_foreign_config
+from mtp.checkpoint_load import foreign_format, model_chat, read_foreign, read_foreign_config
 from mtp.config import HEAD_TYPES, ModelConfig, head_blocks, swiglu_width
 from mtp.errors import UserError
 from mtp.heads import current_names
+from mtp.interop.chat import ModelChat
 from mtp.model import MTPModel
 
 FREEZE_MODES = ("none", "trunk", "loaded")
@@ -41,19 +43,22 @@ HEAD_SETTINGS = ("head_type", "share_depth", "medusa_layers", "draft_vocab")
 
 @dataclass
 class Start:
-    """A checkpoint to start from: its model config, weights (the model's own names) and tokenizer JSON."""
+    """A checkpoint to start from: its model config, weights (the model's own names), tokenizer JSON and what it
+    declares about chat (carried into the checkpoints trained from it)."""
 
     path: str
     config: ModelConfig
     weights: dict[str, torch.Tensor]
     tokenizer: str
+    chat: ModelChat = ModelChat()
 
     @classmethod
     def read(cls, path: str | Path) -> Start:
         """An mtp checkpoint, or a Hugging Face Llama or Meta multi-token directory (:mod:`mtp.interop`)."""
         if foreign_format(path):
             files = read_foreign(path)
-            return cls(str(path), files.config, current_names(files.weights), files.tokenizer)
+            chat = model_chat(path, Tokenizer.from_str(files.tokenizer))
+            return cls(str(path), files.config, current_names(files.weights), files.tokenizer, chat)
         checkpoint = read_checkpoint(path)
         if Path(path).is_dir():
             raise UserError(
@@ -62,7 +67,8 @@ class Start:
             )
         meta = checkpoint[CHECKPOINT_KEY]
         weights = current_names(model_weights(checkpoint))  # a checkpoint of the earlier layout too
-        return cls(str(path), ModelConfig.from_dict(meta["model_config"]), weights, meta["tokenizer"])
+        config, chat = ModelConfig.from_dict(meta["model_config"]), ModelChat.from_dict(meta.get("chat"))
+        return cls(str(path), config, weights, meta["tokenizer"], chat)
 
     def grown(self, settings: dict[str, Any]) -> dict[str, Any]:
         """The model settings to train: ``settings`` with ``n_layers`` grown from the checkpoint's blocks.

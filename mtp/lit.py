@@ -17,6 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from mtp.checkpoint_format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
 from mtp.errors import UserError
+from mtp.interop.chat import ModelChat
 from mtp.loss import cross_entropy, head_logits, mtp_loss, split_window, window_states
 from mtp.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.model import IGNORE, MTPModel
@@ -53,6 +54,8 @@ class MTPLitModule(L.LightningModule):
         self.optim = OptimConfig(**(optim or {}))
         self.compile_blocks, self.activation_checkpointing = compile, activation_checkpointing
         self.draft_tokens_loaded = draft_tokens_loaded
+        self.chat = ModelChat()
+        """What the model training started from declares about chat (``init_from``); saved with the checkpoint."""
         if trunk_cache_gb < 0:
             raise UserError(f"trunk_cache_gb={trunk_cache_gb} must be 0 (off) or a positive number of gigabytes.")
         self.trunk_cache = None
@@ -248,6 +251,8 @@ class MTPLitModule(L.LightningModule):
             "tokenizer": datamodule.tokenizer.to_str(),
             "data": datamodule.description(),  # where held-out prompts come from (bench_decode)
         }
+        if self.chat.template:  # the start model's chat template: decode and bench_decode speak to it as to the start
+            checkpoint[CHECKPOINT_KEY]["chat"] = self.chat.to_dict()
 
     @property
     def flops_per_batch(self) -> int | None:

@@ -28,6 +28,7 @@ from mtp.config import ModelConfig
 from mtp.data.packing import writing_to_cache
 from mtp.errors import UserError
 from mtp.init_from import Start, check_freeze, freeze, settings_from_checkpoint
+from mtp.interop.chat import ModelChat
 from mtp.lit import MTPLitModule
 from mtp.model import MTPModel
 from mtp.reference import reference_model
@@ -66,6 +67,7 @@ def build(
         L.seed_everything(cfg.seed, workers=True)
     model, start, loaded = build_model(cfg)  # validates the model config before any data work
     module = instantiate(cfg.module, model=model, draft_tokens_loaded="draft_tokens" in loaded, _convert_="all")
+    module.chat = start.chat if start is not None else ModelChat()  # the start's chat template travels on
     start_tokenizer = start.tokenizer if start is not None else None  # the data is tokenized as that model was
     datamodule = instantiate(cfg.data, tokenizer=data_tokenizer(cfg, start_tokenizer), _convert_="all")
     loggers = instantiate_group(cfg.get("logger"))

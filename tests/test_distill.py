@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from mtp.checkpoint_load import read_foreign_tokenizer
+from mtp.checkpoint_load import model_chat, read_foreign_tokenizer
 from mtp.cli import run_script
 from mtp.commands import distill as command
 from mtp.data.sources import SourceConfig, in_validation, iter_texts, load_documents
@@ -22,16 +22,15 @@ from mtp.decode import GenerationConfig
 from mtp.distill import (
     SETTINGS_NAME,
     ChatTemplate,
-    ModelChat,
     Prompt,
     completion_row,
     document_prompts,
-    model_chat,
     source_prompts,
     whole_batches,
     windows,
 )
 from mtp.errors import UserError
+from mtp.interop.chat import ModelChat
 from mtp.train import train
 
 ROOT = Path(__file__).resolve().parents[1]

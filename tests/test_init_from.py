@@ -1,5 +1,8 @@
 """init_from + freeze: a trained model grows heads; frozen weights stay bit-identical and hold no optimizer state."""
 
+import json
+import shutil
+
 import pytest
 import torch
 from omegaconf import open_dict
@@ -143,3 +146,47 @@ def test_init_from_takes_every_shape_from_the_checkpoint(make_cfg, tiny_checkpoi
         assert getattr(module.config, name) == getattr(trained, name), name
     assert module.config.max_seq_len == 96 != trained.max_seq_len
     assert module.config.head_type == "causal"
+
+
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_the_start_models_chat_template_travels_with_the_heads_trained_on_it(make_cfg, tiny_checkpoints, tmp_path):
+    """A checkpoint trained from a model that declares a chat template carries it (decode, bench_decode and distill
+    speak to the heads' model as to the start), on through a second init_from and into an export; one started from
+    a model without a template carries none."""
+    from mtp.checkpoint_load import chat_template_of, model_chat
+    from mtp.commands import bench_decode
+    from mtp.distill import ChatTemplate
+    from mtp.interop.chat import ModelChat
+
+    chat = ModelChat(CHATML, "", "<|im_end|>")
+    checkpoint = torch.load(tiny_checkpoints["mtp4"], weights_only=True)
+    checkpoint[CHECKPOINT_KEY]["chat"] = chat.to_dict()
+    start = tmp_path / "start.ckpt"
+    torch.save(checkpoint, start)
+    assert model_chat(start) == chat
+    path = shutil.copy(
+        grow(make_cfg, start, "causal4", "freeze=loaded"), tmp_path / "grown.ckpt"
+    )  # runs share a folder
+    assert torch.load(path, weights_only=True)[CHECKPOINT_KEY]["chat"] == chat.to_dict()
+    assert (
+        ChatTemplate(model_chat(path), path).render("Sort.")
+        == "<|im_start|>user\nSort.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    args = [str(path), "--prompt-set", "humaneval", "--prompts", "2", "--out", str(tmp_path / "bench")]
+    assert bench_decode.checked_args(args).prompt_format == "chat"  # auto: the checkpoint declares the template
+    again = shutil.copy(grow(make_cfg, path, "mtp4", "freeze=loaded"), tmp_path / "again.ckpt")
+    assert model_chat(again) == chat
+    plain = grow(make_cfg, tiny_checkpoints["mtp4"], "causal4", "freeze=loaded")
+    assert "chat" not in torch.load(plain, weights_only=True)[CHECKPOINT_KEY]
+    assert chat_template_of(plain) is None and model_chat(plain) == ModelChat()
+    pytest.importorskip("transformers", reason="export needs transformers: pip install -e '.[hf]'")
+    from mtp.export import export_hf
+
+    export_hf(path, tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["chat_template"] == CHATML
+    assert chat_template_of(tmp_path / "hf") == CHATML

@@ -108,6 +108,7 @@ DISTILL_COMMAND = "mtp/commands/distill.py"
 TASKS_TESTS = "tests/data/test_tasks.py"
 BENCHMARK_CHECK = f"{TASKS_TESTS}::test_the_check_finds_a_humaneval_problem_whatever_its_spacing_and_name"
 FOLDER_REFUSED = f"{TASKS_TESTS}::test_a_folder_holding_a_humaneval_problem_is_refused_naming_the_function"
+CHAT_CARRIED = "tests/test_init_from.py::test_the_start_models_chat_template_travels_with_the_heads_trained_on_it"
 MUTATIONS = [
     # -- lossless sampling
     Mutation(
@@ -1395,6 +1396,20 @@ MUTATIONS = [
         "        check_prompt_file(args.prompts, args.prompt_field)\n",
         "        pass\n",
         (f"{TASKS_TESTS}::test_a_prompt_file_holding_a_humaneval_problem_is_refused",),
+    ),
+    Mutation(
+        "a checkpoint trained from a model with a chat template does not carry it",
+        "mtp/lit.py",
+        'checkpoint[CHECKPOINT_KEY]["chat"] = self.chat.to_dict()',
+        "pass",
+        (CHAT_CARRIED,),
+    ),
+    Mutation(
+        "an mtp checkpoint's chat template is not read back",
+        "mtp/checkpoint_load.py",
+        '[CHECKPOINT_KEY].get("chat"))',
+        '[CHECKPOINT_KEY].get("chats"))',
+        (CHAT_CARRIED,),
     ),
 ]
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import mtp
 from mtp.benchmarks.humaneval import PROMPT_FORMATS, chat_prompt
 from mtp.benchmarks.train_step import StepSpec
+from mtp.checkpoint_load import chat_template_of
 from mtp.data.prompts import HumanEvalProblem, held_out_prompts, humaneval_problems
 from mtp.data.tokenizer import prompt_ids
 from mtp.decode.tree_fit import FASTEST
-from mtp.distill import ChatTemplate, chat_template_of
+from mtp.distill import ChatTemplate
 from mtp.errors import UserError
 
 PROMPT_SETS = ("heldout", "humaneval")
@@ -119,9 +120,9 @@ def resolve_prompt_format(args: argparse.Namespace) -> str:
     declared = chat_template_of(args.checkpoint) is not None
     if args.prompt_format == "chat" and not declared:
         raise UserError(
-            f"--prompt-format chat: {args.checkpoint} declares no chat template (mtp checkpoints carry none; a GGUF "
-            "file keeps it in tokenizer.chat_template, a Hugging Face directory in tokenizer_config.json); use "
-            "--prompt-format raw."
+            f"--prompt-format chat: {args.checkpoint} declares no chat template (an mtp checkpoint carries that of the "
+            "model its training started from, a GGUF file keeps it in tokenizer.chat_template, a Hugging Face "
+            "directory in tokenizer_config.json); use --prompt-format raw."
         )
     return "chat" if declared else "raw"
 

@@ -71,7 +71,7 @@ from mtp.benchmarks.humaneval import (
 )
 from mtp.benchmarks.report import decode_table, exactness_summary, method_label, pass_cell, plot_decode, same_cell
 from mtp.benchmarks.results_page import provenance
-from mtp.checkpoint_load import load_checkpoint
+from mtp.checkpoint_load import load_checkpoint, model_chat
 from mtp.cli import (
     add_device_flag,
     add_dtype_flag,
@@ -94,7 +94,7 @@ from mtp.decode.proposers import LookupDrafter, draft_model_drafter
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
 from mtp.decode.tree import read_tree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
-from mtp.distill import ChatTemplate, model_chat
+from mtp.distill import ChatTemplate
 from mtp.errors import UserError
 
 METHODS = ("chain", "tree", "typical", "adaptive", "spectr", "draft", "hybrid", "staged", "layerskip", "lookup")

