@@ -1406,9 +1406,9 @@ MUTATIONS = [
     ),
     Mutation(
         "the recipe benchmarks its checkpoint in the raw format though the start model declares a chat template",
-        "mtp/commands/pretrain.py",
-        'settings["prompt_format"] = "chat" if start and chat_template_of(start) is not None else "raw"',
-        'settings["prompt_format"] = "raw"',
+        "mtp/benchmarks/cli.py",
+        "model = template_from or args.checkpoint",
+        "model = args.checkpoint",
         ("tests/test_recipe.py::test_the_recipes_benchmark_speaks_as_the_start_model_does",),
     ),
     Mutation(

@@ -106,19 +106,29 @@ def test_distillation_needs_a_model_to_start_from(tmp_path):
 
 
 def test_the_recipes_benchmark_speaks_as_the_start_model_does(tiny_checkpoints, tmp_path):
-    """The benchmark's flags are checked before the checkpoint exists: prompt_format auto is decided by init_from,
-    whose chat template the trained checkpoint will carry (chat for an instruct model, raw for one without)."""
-    from mtp.commands.pretrain import bench_flags
+    """The benchmark's flags are checked before the checkpoint exists: its prompt format is decided by init_from,
+    whose chat template the trained checkpoint will carry (auto: chat for an instruct model, raw for one without;
+    chat for a start without a template is refused naming it)."""
+    from mtp.commands import bench_decode
 
     instruct = tmp_path / "instruct"
     instruct.mkdir()
     (instruct / "config.json").write_text("{}")
     (instruct / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages[0]['content'] }}"}))
+    future = str(tmp_path / "run" / "checkpoints" / "last.ckpt")
 
-    def prompt_format(*overrides: str) -> str:
-        argv = bench_flags(compose_train(["experiment=pretrained_heads", *overrides]))
-        return argv[argv.index("--prompt-format") + 1]
+    def prompt_format(start, *flags: str) -> str:
+        argv = [future, "--prompt-set", "humaneval", "--out", str(tmp_path / "bench"), *flags]
+        return bench_decode.checked_args(argv, template_from=str(start)).prompt_format
 
-    assert prompt_format(f"init_from={instruct}") == "chat"
-    assert prompt_format(f"init_from={tiny_checkpoints['mtp4']}") == "raw"
-    assert prompt_format(f"init_from={instruct}", "bench_decode.prompt_format=raw") == "raw"
+    assert prompt_format(instruct) == prompt_format(instruct, "--prompt-format", "chat") == "chat"
+    assert prompt_format(tiny_checkpoints["mtp4"]) == "raw"
+    assert prompt_format(instruct, "--prompt-format", "raw") == "raw"
+    with pytest.raises(UserError, match=r"--prompt-format chat: .*last.ckpt declares no chat template"):
+        prompt_format(tiny_checkpoints["mtp4"], "--prompt-format", "chat")
+
+
+def test_a_recipe_asking_chat_of_a_start_without_a_template_is_refused_before_distilling(tiny_checkpoints, tmp_path):
+    result = pretrain(*recipe(tiny_checkpoints["mtp4"], tmp_path, "bench_decode.prompt_format=chat"), tmp_path=tmp_path)
+    assert_one_clear_error(result, "--prompt-format chat: ")
+    assert "declares no chat template" in result.stderr and not (tmp_path / "distilled").exists()

@@ -112,15 +112,17 @@ def add_prompt_format_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_prompt_format(args: argparse.Namespace) -> str:
+def resolve_prompt_format(args: argparse.Namespace, template_from: str | None = None) -> str:
     """``--prompt-format`` made definite before anything is loaded: auto is chat where the model declares a chat
-    template; chat for a model that declares none is refused in one sentence."""
+    template; chat for a model that declares none is refused in one sentence. ``template_from``: the model whose
+    template decides it, where the checkpoint does not exist yet (a recipe's: that of the model it starts from)."""
     if args.prompt_set != "humaneval" or args.prompt_format == "raw":
         return "raw"
-    declared = chat_template_of(args.checkpoint) is not None
+    model = template_from or args.checkpoint
+    declared = chat_template_of(model) is not None
     if args.prompt_format == "chat" and not declared:
         raise UserError(
-            f"--prompt-format chat: {args.checkpoint} declares no chat template (an mtp checkpoint carries that of the "
+            f"--prompt-format chat: {model} declares no chat template (an mtp checkpoint carries that of the "
             "model its training started from, a GGUF file keeps it in tokenizer.chat_template, a Hugging Face "
             "directory in tokenizer_config.json); use --prompt-format raw."
         )

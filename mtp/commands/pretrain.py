@@ -28,7 +28,6 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from mtp.checkpoint_load import chat_template_of
 from mtp.cli import checkout_root, errors_reported, run_script
 from mtp.commands import bench_decode, distill
 from mtp.errors import UserError, first_line
@@ -131,7 +130,10 @@ def train_in_run_dir(cfg: DictConfig) -> None:
     with errors_reported(cleanup=lambda: remove_empty_run_dir(output_dir)):
         bench = None
         if cfg.get("bench_decode"):
-            bench = bench_decode.checked_args([str(output_dir / "checkpoints" / "last.ckpt"), *bench_flags(cfg)])
+            # the checkpoint is not written yet: it will carry the chat template of init_from, which decides the format
+            checkpoint = str(output_dir / "checkpoints" / "last.ckpt")
+            argv = [checkpoint, *flags(cfg.bench_decode, bench_decode.build_parser())]
+            bench = bench_decode.checked_args(argv, template_from=cfg.get("init_from") or checkpoint)
             bench.out = output_dir / "bench_decode"
         if cfg.get("distill"):
             if not cfg.get("init_from"):
@@ -142,17 +144,6 @@ def train_in_run_dir(cfg: DictConfig) -> None:
         train(cfg)
         if bench is not None:
             bench_decode.run(bench)
-
-
-def bench_flags(cfg: DictConfig) -> list[str]:
-    """bench_decode's flags for the checkpoint this run will write. They are checked before it exists, so a prompt
-    format left to ``auto`` is decided here by the model training starts from: the checkpoint will carry its chat
-    template (chat where ``init_from`` declares one, raw otherwise)."""
-    settings = OmegaConf.to_container(cfg.bench_decode, resolve=True)
-    if settings.get("prompt_format", "auto") == "auto":
-        start = cfg.get("init_from")
-        settings["prompt_format"] = "chat" if start and chat_template_of(start) is not None else "raw"
-    return flags(OmegaConf.create(settings), bench_decode.build_parser())
 
 
 def flags(settings: DictConfig, parser: argparse.ArgumentParser | None = None) -> list[str]:
