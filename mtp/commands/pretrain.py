@@ -133,7 +133,7 @@ def train_in_run_dir(cfg: DictConfig) -> None:
             # the checkpoint is not written yet: it will carry the chat template of init_from, which decides the format
             checkpoint = str(output_dir / "checkpoints" / "last.ckpt")
             argv = [checkpoint, *flags(cfg.bench_decode, bench_decode.build_parser())]
-            bench = bench_decode.checked_args(argv, template_from=cfg.get("init_from") or checkpoint)
+            bench = bench_decode.checked_args(argv, template_from=cfg.get("init_from"))
             bench.out = output_dir / "bench_decode"
         if cfg.get("distill"):
             if not cfg.get("init_from"):
