@@ -109,6 +109,7 @@ TASKS_TESTS = "tests/data/test_tasks.py"
 BENCHMARK_CHECK = f"{TASKS_TESTS}::test_the_check_finds_a_humaneval_problem_whatever_its_spacing_and_name"
 FOLDER_REFUSED = f"{TASKS_TESTS}::test_a_folder_holding_a_humaneval_problem_is_refused_naming_the_function"
 CHAT_CARRIED = "tests/test_init_from.py::test_the_start_models_chat_template_travels_with_the_heads_trained_on_it"
+PROMPT_STEP = "tests/decode/test_memory.py::test_a_prompts_step_is_sized_by_the_logits_it_reads_its_last_position"
 MUTATIONS = [
     # -- lossless sampling
     Mutation(
@@ -1417,6 +1418,14 @@ MUTATIONS = [
         '[CHECKPOINT_KEY].get("chat"))',
         '[CHECKPOINT_KEY].get("chats"))',
         (CHAT_CARRIED,),
+    ),
+    # -- a step's memory
+    Mutation(
+        "the prompts' step sized by logits at every prompt position (refusing batches that fit)",
+        LOOP,
+        "check_step_fits(model.config, len(prompts), max_len, longest, 0, device, dtype, logit_positions=1)",
+        "check_step_fits(model.config, len(prompts), max_len, longest, 0, device, dtype)",
+        (PROMPT_STEP,),
     ),
 ]
 

@@ -48,8 +48,10 @@ def generate(
     config.check_device(device)
     longest, nodes = max(map(len, prompts)), tree.size if tree is not None else 0
     max_len = config.cache_length(longest)
-    widest = max(longest, 1 + (nodes or config.drafts))  # the prompt's step or a drafting step, per row
-    check_step_fits(model.config, len(prompts), max_len, widest, nodes, device, model.tok_embeddings.weight.dtype)
+    dtype = model.tok_embeddings.weight.dtype
+    # a drafting step (head 1's logits everywhere), then the prompts' step (logits at each row's last position only)
+    check_step_fits(model.config, len(prompts), max_len, 1 + (nodes or config.drafts), nodes, device, dtype)
+    check_step_fits(model.config, len(prompts), max_len, longest, 0, device, dtype, logit_positions=1)
     heads_tree = tree is not None and not config.gamma  # the heads draft the tree (else a drafter, or a hybrid)
     heads = tree.depth + 1 if heads_tree else config.heads
     heads_dtype = config.draft_dtype if drafter is None or config.hybrid else "auto"  # the heads' drafts' precision

@@ -60,11 +60,13 @@ def step_bytes(
     step_positions: int,
     tree_nodes: int = 0,
     dtype: torch.dtype = torch.float32,
+    logit_positions: int | None = None,
 ) -> StepMemory:
     """The peak memory of one decoding step of ``step_positions`` positions per row (1 + a tree's nodes, 1 + a chain's
     drafts, or a prompt's length) over ``batch_size`` rows, with a KV cache of ``max_len`` positions per row
     (:meth:`mtp.decode.settings.GenerationConfig.cache_length`) in ``dtype``. Attention spans the whole cache (as a
-    compiled step's does; an eager step's spans the held positions and the step's, at most as many)."""
+    compiled step's does; an eager step's spans the held positions and the step's, at most as many). Head 1's logits
+    are counted at ``logit_positions`` per row (default: every position; a prompt's step reads only its last)."""
     B, S, span = batch_size, step_positions, max(max_len, step_positions)
     element = torch.empty((), dtype=dtype).element_size()
     head_dim = config.d_model // config.n_heads
@@ -76,7 +78,7 @@ def step_bytes(
     return StepMemory(
         attention=pairs * config.n_heads * SCORE_BYTES,
         masks=pairs * (1 + SCORE_BYTES) + (tree_nodes + 1) ** 2,
-        logits=B * S * config.vocab_size * SCORE_BYTES,
+        logits=B * (S if logit_positions is None else logit_positions) * config.vocab_size * SCORE_BYTES,
         cache=cache,
         activations=B * S * widths * element,
     )
@@ -90,6 +92,7 @@ def check_step_fits(
     tree_nodes: int,
     device: torch.device | str,
     dtype: torch.dtype = torch.float32,
+    logit_positions: int | None = None,
 ) -> None:
     """Raise a one-sentence :class:`UserError` when a decoding step (:func:`step_bytes`; ``tree_nodes`` 0 for a chain
     or a prompt) needs more than :data:`FRACTION_OF_AVAILABLE` of the memory ``device`` has available now. Nothing
@@ -98,13 +101,14 @@ def check_step_fits(
     available = available_bytes(device)
     if available is None:
         return
-    need = step_bytes(model_config, batch_size, max_len, step_positions, tree_nodes, dtype)
+    need = step_bytes(model_config, batch_size, max_len, step_positions, tree_nodes, dtype, logit_positions)
     if need.total <= FRACTION_OF_AVAILABLE * available:
         return
     step = f"over the {tree_nodes:,}-node draft tree" if tree_nodes else f"over {step_positions:,} positions per row"
+    read = logit_positions or step_positions
     parts = {
         f"attention over {step_positions:,} positions": need.attention + need.masks,
-        f"logits of {step_positions:,} positions": need.logits,
+        f"logits of {read:,} position{'s' if read > 1 else ''}": need.logits,
         f"a KV cache of {max_len:,} positions per row": need.cache,
         f"hidden states of {step_positions:,} positions": need.activations,
     }

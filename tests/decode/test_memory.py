@@ -77,3 +77,21 @@ def test_fitting_refuses_before_decoding_when_the_measuring_step_does_not_fit(mo
     with pytest.raises(UserError, match="256-node draft tree at batch 2"):
         tree_fit.fit_to_model(tiny_model(n_future=8), [[1, 2], [3]], 16, GenerationConfig(8, heads=8))
     assert not decoded
+
+
+def test_a_prompts_step_is_sized_by_the_logits_it_reads_its_last_position(monkeypatch):
+    """The prompts' step reads head 1's logits at each row's last position only: a wide batch of long prompts over a
+    large vocabulary decodes where logits at every prompt position would not fit (the GPU heads recipe's distillation,
+    161-token prompts x 1,024 rows x 49,152 tokens, was refused for 43 GB of logits it never computes)."""
+    model, prompts = tiny_model(vocab_size=4000), [[1 + (i * 7 + j) % 3000 for j in range(60)] for i in range(8)]
+    every = step_bytes(model.config, 8, 80, 60)  # logits at all 60 positions: 8 x 60 x 4000 x 4 bytes
+    last = step_bytes(model.config, 8, 80, 60, logit_positions=1)
+    assert every.logits == 60 * last.logits == 8 * 60 * 4000 * 4
+    drafting = step_bytes(model.config, 8, 80, 4)
+    available = 2 * max(last.total, drafting.total) + 1  # half of it holds the prompts' and the drafting steps
+    assert 2 * every.total > available
+    monkeypatch.setattr(memory, "available_bytes", lambda device: available)
+    outputs, _ = loop.generate(model, prompts, GenerationConfig(8, heads=4))
+    assert all(len(row) == 8 for row in outputs)
+    with pytest.raises(UserError, match=r"over 60 positions per row at batch 8 .*\(logits of 60 positions\)"):
+        check_step_fits(model.config, 8, 80, 60, 0, "cpu")  # every position's logits: refused, and said so
