@@ -1,8 +1,9 @@
 """Tests with power: plausible one-line bugs, each applied to a copy of the project, must make the suite fail.
 
-A test proves a promise only if a plausible bug makes it fail. Every entry of MUTATIONS names one such bug
-(the exact text it replaces, which must occur exactly once, so that a refactor that moves the code fails here
-and gets the entry updated) and the tests that guard that behaviour. The slow test applies each mutation to
+A test proves a promise only if a plausible bug makes it fail. Every entry of MUTATIONS names one such bug: where
+it goes (the function or class of that qualified name, in whichever module defines it, so that moving code between
+modules keeps the entry), the exact text it replaces (once there; a change to that text fails here and gets the
+entry updated) and the tests that guard that behaviour. The slow test applies each mutation to
 a fresh copy of the project and runs those tests against the copy (in a child forked from one runner process
 that has imported torch once, tests/mutation_runner.py): they must fail. Add an
 entry with every exactness promise you add (a new drafter, verifier, cache operation or loss mode).
@@ -10,6 +11,8 @@ entry with every exactness promise you add (a new drafter, verifier, cache opera
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import os
 import re
@@ -87,230 +90,230 @@ RESUME = "tests/test_train.py::test_resume_mid_epoch_continues_the_data_order[va
 @dataclass(frozen=True)
 class Mutation:
     name: str
-    path: str
+    within: str
+    """Where the text is: the function or class of that qualified name (``KVCache.begin``, ``outer.inner``), in
+    whichever module of mtp/ defines it, so that moving code between modules keeps the entry; text at a module's top
+    level names the module (``mtp.interop.tokenizer``)."""
     original: str
+    """Text that occurs exactly once there."""
     mutated: str
     guards: tuple[str, ...]
     """Tests (pytest node ids or files) of which at least one must fail."""
 
 
-ACCEPTANCE = "mtp/decode/acceptance.py"
-LOOP = "mtp/decode/loop.py"
-PROPOSERS = "mtp/decode/proposers.py"
-HEADS = "mtp/heads.py"
-INFERENCE = "mtp/decode/inference.py"
-JAIL = "mtp/benchmarks/jail.py"
 JAIL_TESTS = "tests/benchmarks/test_jail.py"
 HOSTILE = f"{JAIL_TESTS}::test_a_hostile_program_ends_contained"
 KERNEL_REFUSES = f"{JAIL_TESTS}::test_the_kernel_refuses_below_the_python_guards"
-TASKS = "mtp/data/tasks.py"
-DISTILL_COMMAND = "mtp/commands/distill.py"
 TASKS_TESTS = "tests/data/test_tasks.py"
 BENCHMARK_CHECK = f"{TASKS_TESTS}::test_the_check_finds_a_humaneval_problem_whatever_its_spacing_and_name"
 FOLDER_REFUSED = f"{TASKS_TESTS}::test_a_folder_holding_a_humaneval_problem_is_refused_naming_the_function"
 CHAT_CARRIED = "tests/test_init_from.py::test_the_start_models_chat_template_travels_with_the_heads_trained_on_it"
+SPANS_ROUNDED = (
+    "tests/decode/test_cache.py::test_cached_steps_with_spans_rounded_up_equal_the_full_forward",
+    "tests/decode/test_tree.py::test_tree_decoding_with_spans_rounded_up_equals_autoregressive",
+)
 PROMPT_STEP = "tests/decode/test_memory.py::test_a_prompts_step_is_sized_by_the_logits_it_reads_its_last_position"
 MUTATIONS = [
     # -- lossless sampling
     Mutation(
         "accept with probability min(1, q) instead of min(1, q/p)",
-        ACCEPTANCE,
+        "accept_drafts",
         "return uniforms * proposal < target",
         "return uniforms < target",
         (LOSSLESS,),
     ),
     Mutation(
         "after a rejection, sample from q instead of the residual",
-        ACCEPTANCE,
+        "correction_probs",
         "residual = (target - proposal * rejected[:, None]).clamp_(min=0)",
         "residual = target.clone()",
         (LOSSLESS,),
     ),
     Mutation(
         "bonus token from the residual although every draft passed",
-        ACCEPTANCE,
+        "correction_probs",
         "residual = (target - proposal * rejected[:, None]).clamp_(min=0)",
         "residual = (target - proposal).clamp_(min=0)",
         (LOSSLESS,),
     ),
     Mutation(
         "temperature / top-k / top-p on the proposal but not on the target",
-        ACCEPTANCE,
+        "Rule.target",
         "return processed_probs(logits, c.temperature, c.top_k, c.top_p)",
         "return processed_probs(logits, 1.0)",
         (LOSSLESS,),
     ),
     Mutation(
         "residual built from the first draft's proposal instead of the rejected one's",
-        ACCEPTANCE,
+        "Lossless.chain",
         "p_first_rejected = proposals[rows, first_rejected]  # (B, V)",
         "p_first_rejected = proposals[rows, 0]",
         (LOSSLESS,),
     ),
     Mutation(
         "a top-ranked draft tested against half its target probability (a proposal of mass 2)",
-        ACCEPTANCE,
+        "Lossless.chain",
         "p = torch.ones(drafts.shape, device=drafts.device)",
         "p = torch.full(drafts.shape, 2.0, device=drafts.device)",
         TOP_DRAFTS_LOSSLESS,
     ),
     Mutation(
         "a rejected top-ranked draft left in the law the next token is drawn from",
-        ACCEPTANCE,
+        "one_hot_law",
         "return F.one_hot(tokens, like.size(-1)).to(like.dtype)",
         "return torch.zeros_like(like)",
         TOP_DRAFTS_LOSSLESS,
     ),
     Mutation(
         "a draw without replacement scaled to the whole mass, not what is left",
-        "mtp/decode/sampling.py",
+        "sample_distinct",
         "point = point * (total - mass.sum(dim=-1)).clamp(min=0)",
         "point = point * total",
         (*TREE_LOSSLESS, *DISTINCT_DRAWS),
     ),
     Mutation(
         "a tree's sibling drawn without replacement tested against the full law, as if drawn independently",
-        ACCEPTANCE,
+        "without_drawn",
         "rest = proposal.scatter(1, drawn, 0.0)",
         "rest = proposal",
         (*TREE_LOSSLESS, DISTINCT_RULE),
     ),
     Mutation(
         "the heads' proposal does not say its tree's siblings were drawn without replacement",
-        PROPOSERS,
+        "HeadsProposer.draft_in_step",
         "distinct=tree is not None and config.distinct_siblings)",
         "distinct=False)",
         TREE_LOSSLESS,
     ),
     Mutation(
         "a distinct sibling drawn after its law ran out is tried, with no proposal mass",
-        ACCEPTANCE,
+        "Lossless.tree",
         "trying = trying & (p > 0)  # a child",
         "trying = trying  # a child",
         (*TREE_LOSSLESS, DISTINCT_RAN_OUT),
     ),
     Mutation(
         "a draw without replacement not moved past the tokens drawn before it",
-        "mtp/decode/sampling.py",
+        "sample_distinct",
         "point = point + mass[..., i] * (point >= start[..., i])",
         "point = point + 0 * mass[..., i] * (point >= start[..., i])",
         (*TREE_LOSSLESS, *DISTINCT_DRAWS),
     ),
     Mutation(
         "a top-ranked tree node's one-hot proposal put on its parent's token",
-        ACCEPTANCE,
+        "Lossless.tree",
         "proposal = laws.of(child, tree) if laws is not None else one_hot_law(token, remaining)",
         "proposal = laws.of(child, tree) if laws is not None else one_hot_law(inputs[rows, node], remaining)",
         TOP_DRAFTS_LOSSLESS,
     ),
     Mutation(
         "a bounded test passes a draft outside head 1's nucleus",
-        ACCEPTANCE,
+        "nucleus_passes",
         "surely_passes = inside & accept_drafts(uniforms, proposal, sx)",
         "surely_passes = accept_drafts(uniforms, proposal, sx)",
         (LOSSLESS, BOUNDED),
     ),
     Mutation(
         "a bounded test takes the nucleus' mass as 1 when deciding a failure",
-        ACCEPTANCE,
+        "nucleus_passes",
         "surely_fails = ~inside | ~accept_drafts(uniforms, proposal, sx / np.maximum(above + sx, top_p))",
         "surely_fails = ~inside | ~accept_drafts(uniforms, proposal, sx)",
         (LOSSLESS, BOUNDED),
     ),
     Mutation(
         "a bounded tree try passes a first child outside head 1's nucleus",
-        ACCEPTANCE,
+        "Lossless._surely_pass",
         "passes = (above < self.config.top_p) & accept_drafts(uniform.numpy(), p.float().numpy(), sx)",
         "passes = accept_drafts(uniform.numpy(), p.float().numpy(), sx)",
         (BOUNDED_TREE,),
     ),
     Mutation(
         "a bounded tree try decided by one row for all",
-        ACCEPTANCE,
+        "Lossless._surely_pass",
         "return bool((passes | ~trying.numpy()).all())",
         "return bool((passes | ~trying.numpy()).any())",
         (BOUNDED_TREE,),
     ),
     Mutation(
         "rows a tree's exact try moves keep the law of the node they left",
-        ACCEPTANCE,
+        "Lossless.tree",
         "fresh = moved if fresh is None else fresh | moved",
         "fresh = fresh",
         (BOUNDED_TREE,),
     ),
     Mutation(
         "a tree walk that ends on a node whose law was never processed samples from nothing there",
-        ACCEPTANCE,
+        "Lossless.tree",
         "if fresh is not None and (fresh & ~at_leaf).any():",
         "if False:",
         (BOUNDED_TREE,),
     ),
     Mutation(
         "a node's proposal probability read from the wrong law",
-        ACCEPTANCE,
+        "NodeLaws.probability",
         "return self.probs[rows, self.law_index(tree, nodes.device)[nodes], tokens]",
         "return self.probs[rows, self.law_index(tree, nodes.device)[nodes - 1], tokens]",
         (BOUNDED_TREE,),
     ),
     Mutation(
         "an undecided bounded test taken as a failure instead of falling back",
-        ACCEPTANCE,
+        "nucleus_passes",
         "    return torch.from_numpy(surely_passes), torch.from_numpy((undecided & decisive).any(axis=1))",
         "    return torch.from_numpy(surely_passes), torch.zeros(len(sx), dtype=torch.bool)",
         (BOUNDED,),
     ),
     Mutation(
         "the law after the accepted drafts read after the first draft whatever was accepted",
-        ACCEPTANCE,
+        "Lossless.chain",
         "else self.target(head1[rows, accepted])",
         "else self.target(head1[rows, accepted.clamp(max=0)])",
         (LOSSLESS,),
     ),
     Mutation(
         "tempered drafts drawn from the law with top-p (a law that is not the one returned)",
-        "mtp/decode/settings.py",
+        "GenerationConfig.proposal_top_p",
         'return 1.0 if self.draft_choice == "tempered" or auto_tempered else self.top_p',
         "return self.top_p",
         ("tests/decode/test_lossless.py::test_sampled_drafts_come_from_the_law_the_choice_names",),
     ),
     Mutation(
         "the token after the drafts reuses the first acceptance uniform",
-        ACCEPTANCE,
+        "Lossless.chain",
         "return accepted, sample_from(law, self.layout.next_token(draws))",
         "return accepted, sample_from(law, draws[:, 0])",
         (LOSSLESS,),
     ),
     Mutation(
         "one seed for every row",
-        "mtp/decode/sampling.py",
+        "RowUniforms.__init__",
         "torch.Generator().manual_seed(seed + row)",
         "torch.Generator().manual_seed(seed)",
         (LOSSLESS, f"{GREEDY}::test_each_row_equals_decoding_it_alone"),
     ),
     Mutation(
         "top-p drops the token that crosses the threshold",
-        "mtp/decode/sampling.py",
+        "nucleus_floor",
         "kept = (before < top_p).sum(dim=-1, keepdim=True)  # at least 1: nothing is ahead of the first",
         "kept = (before + ordered < top_p).sum(dim=-1, keepdim=True)",
         (PROCESSING,),
     ),
     Mutation(
         "the CPU nucleus' candidates leave out tokens that can be in a nucleus",
-        "mtp/decode/sampling.py",
+        "nucleus_candidates",
         "m = max(1, int((probs > (1 - top_p) / V).sum(dim=-1).max()))",
         "m = max(1, int((probs > (1 - top_p) / 16).sum(dim=-1).max()))",
         ("tests/decode/test_lossless.py::test_top_p_over_a_large_vocabulary_equals_the_full_sort",),
     ),
     Mutation(
         "the CPU argmax takes the last of equal maxima",
-        "mtp/decode/sampling.py",
+        "top_tokens",
         "return torch.from_numpy(np.asarray(np.argmax(logits.detach().numpy(), axis=-1)))",
         "return logits.size(-1) - 1 - torch.from_numpy(np.asarray(np.argmax(logits.numpy()[..., ::-1], axis=-1)))",
         ("tests/decode/test_acceptance.py::test_top_tokens_are_torch_argmax_the_first_of_equal_maxima",),
     ),
     Mutation(
         "the CPU argmax over the wrong dimension",
-        "mtp/decode/sampling.py",
+        "top_tokens",
         "return torch.from_numpy(np.asarray(np.argmax(logits.detach().numpy(), axis=-1)))",
         "return torch.from_numpy(np.asarray(np.argmax(logits.detach().numpy(), axis=0)))",
         (
@@ -320,7 +323,7 @@ MUTATIONS = [
     ),
     Mutation(
         "a tree's test after an untried sibling reads that sibling's uniform",
-        ACCEPTANCE,
+        "Lossless.tree",
         "                    test += 1\n                    continue",
         "                    continue",
         (
@@ -329,7 +332,7 @@ MUTATIONS = [
     ),
     Mutation(
         "a failed tree try leaves the target as it was on CPU",
-        ACCEPTANCE,
+        "Lossless.tree",
         "if not skips or rejected.any():  # a row's target changes only when its try fails",
         "if not skips:  # a row's target changes only when its try fails",
         (
@@ -338,7 +341,7 @@ MUTATIONS = [
     ),
     Mutation(
         "top-k drops the k-th token",
-        "mtp/decode/sampling.py",
+        "processed_probs",
         'logits = logits.masked_fill(logits < kth, float("-inf"))',
         'logits = logits.masked_fill(logits <= kth, float("-inf"))',
         (PROCESSING,),
@@ -346,14 +349,14 @@ MUTATIONS = [
     # -- greedy exactness
     Mutation(
         "greedy accepts one draft more than match",
-        ACCEPTANCE,
+        "Greedy.chain",
         "accepted = accepted_prefix((drafts == choice[:, :-1]) & present)",
         "accepted = (accepted_prefix((drafts == choice[:, :-1]) & present) + 1).clamp(max=drafts.size(1))",
         GREEDY_EXACT,
     ),
     Mutation(
         "greedy counts every matching draft, not the matching prefix",
-        ACCEPTANCE,
+        "accepted_prefix",
         "return passes.long().cumprod(dim=1).sum(dim=1)",
         "return passes.long().sum(dim=1)",
         (GREEDY_BY_CHANCE,),
@@ -361,28 +364,28 @@ MUTATIONS = [
     # -- KV cache
     Mutation(
         "the cache keeps one position too few after verification",
-        LOOP,
+        "generate",
         "cache.rollback(kept, held_on_device + base + accepted + 1)",
         "cache.rollback(kept, held_on_device + base + accepted)",
         GREEDY_EXACT,
     ),
     Mutation(
         "the cache's host-side lengths keep one position too few",
-        LOOP,
+        "generate",
         "kept = [held[i] + h[0] + 1 + first_base[i] for i, h in enumerate(host)]",
         "kept = [held[i] + h[0] + first_base[i] for i, h in enumerate(host)]",
         GREEDY_EXACT,
     ),
     Mutation(
         "a new position does not attend to itself",
-        "mtp/decode/cache.py",
+        "KVCache.begin",
         "self.mask = keys[None, None, None, :] <= positions[:, None, :, None]",
         "self.mask = keys[None, None, None, :] < positions[:, None, :, None]",
         (CACHE,),
     ),
     Mutation(
         "cached positions are off by one for rotary",
-        "mtp/decode/cache.py",
+        "KVCache.begin",
         "positions = self.lengths[:, None] + torch.arange(new, device=device)",
         "positions = self.lengths[:, None] + 1 + torch.arange(new, device=device)",
         (CACHE,),
@@ -390,56 +393,56 @@ MUTATIONS = [
     # -- draft trees
     Mutation(
         "tree nodes at their slot's position instead of the root's plus their depth",
-        "mtp/decode/cache.py",
+        "KVCache.begin",
         'self.rotary = self.lengths[:, None] + tree["depth"][:new]',
         "self.rotary = positions",
         TREE_GREEDY,
     ),
     Mutation(
         "tree nodes attend to every earlier node, not only their ancestors",
-        "mtp/decode/cache.py",
+        "KVCache.begin",
         'attends = tree["attends"][:new, :new]  # (S, S)',
         "attends = torch.ones(new, new, dtype=torch.bool, device=device).tril()",
         TREE_GREEDY,
     ),
     Mutation(
         "the accepted path's keys and values are left where the tree put them",
-        "mtp/decode/cache.py",
+        "KVCache.keep_path",
         "source = self.lengths[:, None] + path",
         "source = self.lengths[:, None] + torch.arange(path.size(1), device=path.device)",
         TREE_GREEDY,
     ),
     Mutation(
         "a tree node is accepted without its parent",
-        ACCEPTANCE,
+        "_deepest_path",
         "ok[:, nodes] &= ok[:, parent[nodes]]",
         "ok[:, nodes] &= True",
         TREE_GREEDY,
     ),
     Mutation(
         "siblings are tested against the unnormalized rest of the target",
-        ACCEPTANCE,
+        "sibling_passes",
         "return uniform * proposal * remaining.sum(dim=-1) < token_probability",
         "return uniform * proposal < token_probability",
         TREE_LOSSLESS,
     ),
     Mutation(
         "a rejected sibling's proposal is not taken out of the target",
-        ACCEPTANCE,
+        "residual_after_rejection",
         "return torch.where(rejected[:, None], residual, remaining)",
         "return remaining",
         TREE_LOSSLESS,
     ),
     Mutation(
         "a row that ends at a leaf takes its bonus token from the root's distribution",
-        ACCEPTANCE,
+        "Lossless.tree",
         "at_leaf = slot[node] < 0",
         "at_leaf = slot[node] < -1",
         TREE_LOSSLESS,
     ),
     Mutation(
         "the residual after a rejection applies to a draft that was cut",
-        ACCEPTANCE,
+        "Lossless.chain",
         "law = correction_probs(after, p_first_rejected, accepted < live)",
         "law = correction_probs(after, p_first_rejected, accepted < D)",
         TREE_LOSSLESS,
@@ -447,91 +450,91 @@ MUTATIONS = [
     # -- the packed inference form
     Mutation(
         "rotary pairs packed as (2i, 2i + 1) of the original layout",
-        INFERENCE,
+        "rotary_permutation",
         "return torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()",
         "return torch.arange(head_dim)",
         (CACHE,),
     ),
     Mutation(
         "the attention norm's weight is not folded into q/k/v",
-        INFERENCE,
+        "PackedBlocks.__init__.qkv",
         "return block.attention_norm.weight[:, None] * w",
         "return w",
         (CACHE,),
     ),
     Mutation(
         "a weight-major product's rows come back in the wrong layout (right shape)",
-        INFERENCE,
+        "product",
         "return torch.bmm(weight, x.transpose(1, 2)).transpose(1, 2).contiguous()",
         "return torch.bmm(weight, x.transpose(1, 2)).reshape(x.size(0), x.size(1), -1)",
         (LAYOUT,),
     ),
     Mutation(
         "the weight-major copy of the blocks leaves the attention output matrix as it was (in, out)",
-        INFERENCE,
+        "PackedBlocks.weight_major",
         'for name in ("qkv", "wo", "gate_up", "down"):',
         'for name in ("qkv", "gate_up", "down"):',
         (LAYOUT,),
     ),
     Mutation(
         "the unembedding's weight-major logits come back in the wrong layout (right shape)",
-        INFERENCE,
+        "Unembedding.rows_by_weight",
         "return torch.mm(self.weight, rows.T).T.contiguous()",
         "return torch.mm(self.weight, rows.T).reshape(rows.size(0), -1)",
         (LAYOUT, CACHE),
     ),
     Mutation(
         "the final norm's weight is not folded into head 1's unembedding",
-        INFERENCE,
+        "InferenceModel.__init__",
         "self.head1_output = Unembedding(model.unembedding(1).weight * final_norm)",
         "self.head1_output = Unembedding(model.unembedding(1).weight)",
         (CACHE,),
     ),
     Mutation(
         "draft heads stacked in reverse order",
-        INFERENCE,
+        "ParallelBlocks.__init__",
         "[model.head_block(k) for k in range(2, form.heads + 1)]",
         "[model.head_block(k) for k in range(form.heads, 1, -1)]",
         (CACHE,),
     ),
     Mutation(
         "the draft heads' attention output is read at the step's first position",
-        INFERENCE,
+        "block_step",
         "x, q, mask, S = x[:, rows, last, None], q[:, rows, last, None], mask[rows, :, last][:, :, None], 1",
         "x, q, mask, S = x[:, rows, last, None], q[:, rows, 0, None], mask[rows, :, last][:, :, None], 1",
         (CACHE,),
     ),
     Mutation(
         "the draft heads' one query attends under the step's first position's mask",
-        INFERENCE,
+        "block_step",
         "x, q, mask, S = x[:, rows, last, None], q[:, rows, last, None], mask[rows, :, last][:, :, None], 1",
         "x, q, mask, S = x[:, rows, last, None], q[:, rows, last, None], mask[:, :, 0][:, :, None], 1",
         (CACHE,),
     ),
     Mutation(
         "the compiled step's rotary turns the wrong way",
-        INFERENCE,
+        "rotate",
         "a * sin + b * cos",
         "a * sin - b * cos",
         (f"{CACHE}::test_cached_steps_equal_the_full_forward_for_ragged_rows[transformer-compiled]",),
     ),
     Mutation(
         "drafts made after the step's first input instead of the last accepted one",
-        LOOP,
+        "generate",
         "proposer.draft_in_step(hidden, cache, base + accepted, inputs, next_token, draws)",
         "proposer.draft_in_step(hidden, cache, base, inputs, next_token, draws)",
         (f"{GREEDY}::test_greedy_decoding_equals_the_cache_free_reference_when_drafts_pass",),
     ),
     Mutation(
         "the prompt's step reads head 1 at every position",
-        LOOP,
+        "_verify",
         "inference.verify(inputs, cache, None if n_drafts else base[:, None])",
         "inference.verify(inputs, cache, None)",
         GREEDY_EXACT,
     ),
     Mutation(
         "every step reuses the first step's uniforms",
-        "mtp/decode/sampling.py",
+        "RowUniforms.next",
         "self.step += 1",
         "self.step += 0",
         (LOSSLESS,),
@@ -539,126 +542,126 @@ MUTATIONS = [
     # -- the model against an independent reference
     Mutation(
         "sign of one rotary term flipped",
-        "mtp/blocks.py",
+        "apply_rotary",
         "x1 * sin + x2 * cos",
         "x1 * sin - x2 * cos",
         (REFERENCE,),
     ),
     Mutation(
         "SwiGLU gate and up projections swapped",
-        "mtp/blocks.py",
+        "FeedForward.forward",
         "return self.w2(F.silu(self.w1(x)) * self.w3(x))",
         "return self.w2(F.silu(self.w3(x)) * self.w1(x))",
         (REFERENCE,),
     ),
     Mutation(
         "RMSNorm forgets its weight",
-        "mtp/blocks.py",
+        "RMSNorm.forward",
         "return normed.type_as(x) * self.weight",
         "return normed.type_as(x)",
         (REFERENCE,),
     ),
     Mutation(
         "attention output without the residual",
-        "mtp/blocks.py",
+        "Block.forward",
         "x = x + self.attention(self.attention_norm(x), cos, sin)",
         "x = self.attention(self.attention_norm(x), cos, sin)",
         (REFERENCE,),
     ),
     Mutation(
         "attention is not causal",
-        "mtp/blocks.py",
+        "Attention.forward",
         "y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.grouped)",
         "y = F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=self.grouped)",
         (MODEL,),
     ),
     Mutation(
         "parallel heads' blocks in reverse order",
-        HEADS,
+        "ParallelHeads.block",
         "return self.layers[k - 2]",
         "return self.layers[-(k - 1)]",
         (MODEL,),
     ),
     Mutation(
         "the key adapter drops the prefix a state dict's keys carry (a resumed run's LightningModule: model.)",
-        HEADS,
+        "current_names",
         "name = prefix + new + name[len(prefix + old) :]",
         "name = new + name[len(prefix + old) :]",
         (f"{LEGACY}::test_every_legacy_tensor_lands_in_todays_layout",),
     ),
     Mutation(
         "the model does not adapt the keys of checkpoints of the earlier layout",
-        "mtp/model.py",
+        "MTPModel.__init__",
         "self.register_load_state_dict_pre_hook(_current_names)",
         "pass",
         (f"{LEGACY}::test_a_legacy_checkpoint_decodes_what_it_decoded",),
     ),
     Mutation(
         "a sharded folder of the earlier layout is read under today's names",
-        "mtp/checkpoint_load.py",
+        "_load_sharded_weights",
         "stored_as = old if legacy else name",
         "stored_as = name",
         (f"{LEGACY}::test_a_legacy_sharded_folder_loads",),
     ),
     Mutation(
         "causal depths' blocks in reverse order",
-        HEADS,
+        "CausalHeads.block",
         "return self.layers[0 if self.share_depth else k - 2]",
         "return self.layers[0 if self.share_depth else -(k - 1)]",
         (MODEL,),
     ),
     Mutation(
         "causal depths read the hidden state first and the embedding second",
-        HEADS,
+        "CausalInput.forward",
         "return self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))",
         "return self.eh_proj(torch.cat([self.hnorm(hidden), self.enorm(embedded)], dim=-1))",
         (f"{MODEL}::test_causal_heads_follow_deepseek_v3",),
     ),
     Mutation(
         "causal heads condition on their own target",
-        "mtp/loss.py",
+        "window_states",
         "model.head_states(inputs, targets[:-1], trunk_output, causal_inputs)",
         "model.head_states(inputs, targets[1:], trunk_output, causal_inputs)",
         (f"{LOSS}::test_no_head_sees_its_target",),
     ),
     Mutation(
         "medusa heads lose their residual connection",
-        HEADS,
+        "MedusaHead.forward",
         "x = x + F.silu(layer(x))",
         "x = F.silu(layer(x))",
         (CACHE,),
     ),
     Mutation(
         "a causal draft conditions on the token one position early",
-        INFERENCE,
+        "CausalChain.draft",
         "(positions + k - 1 - held[:, None])",
         "(positions + k - 2 - held[:, None])",
         (CACHE,),
     ),
     Mutation(
         "the last causal depth drafts from its window's first position instead of the last accepted one",
-        INFERENCE,
+        "CausalChain.draft",
         "at_last = form._blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1), read)[0]",
         "at_last = form._blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1), read * 0)[0]",
         (CACHE,),
     ),
     Mutation(
         "causal depths keep one drafted entry as if it were final",
-        INFERENCE,
+        "ChainCache.rollback",
         "cache.rollback([max(0, n - k + 2) for n in lengths], (device_lengths - k + 2).clamp(min=0))",
         "cache.rollback([max(0, n - k + 3) for n in lengths], (device_lengths - k + 3).clamp(min=0))",
         (CACHE,),
     ),
     Mutation(
         "the next causal depth does not see the previous depth's draft",
-        INFERENCE,
+        "CausalChain.draft",
         "stream[rows[:, 0], last + k] = token",
         "stream[rows[:, 0], last + k - 1] = token",
         (CACHE,),
     ),
     Mutation(
         "freezing does nothing",
-        "mtp/init_from.py",
+        "freeze",
         "parameter.requires_grad_(False)",
         "parameter.requires_grad_(True)",
         ("tests/test_init_from.py::test_freeze_stops_exactly_the_gradients_of_its_part",),
@@ -666,49 +669,49 @@ MUTATIONS = [
     # -- a reduced draft vocabulary
     Mutation(
         "draft logits spread over the wrong token ids",
-        INFERENCE,
+        "InferenceModel.full_vocab",
         "return full.index_copy_(-1, self.draft_tokens, logits)",
         "return full.index_copy_(-1, self.draft_tokens.sort().indices, logits)",
         (CACHE,),
     ),
     Mutation(
         "targets outside a reduced draft vocabulary still pull on the sequential loss's gradients",
-        "mtp/loss.py",
+        "_HeadsCrossEntropy.forward",
         ".mul_(valid * scale)",
         ".mul_(scale)",
         (LOSS,),
     ),
     Mutation(
         "a draft head's targets indexed by token id rather than by their place in its vocabulary",
-        "mtp/model.py",
+        "MTPModel.head_targets",
         "index[vocab] = torch.arange(vocab.numel(), device=targets.device)",
         "index[vocab] = vocab.flip(0)",
         (f"{LOSS}::test_a_reduced_draft_vocabulary_scores_only_its_tokens",),
     ),
     Mutation(
         "a draft vocabulary chosen at decoding scores the last token ids' rows under the first ids' names",
-        INFERENCE,
+        "InferenceModel.__init__",
         "self.draft_output = Unembedding(self.head1_output.weight[:draft_vocab])",
         "self.draft_output = Unembedding(self.head1_output.weight[-draft_vocab:])",
         (f"{CACHE}::test_a_draft_vocabulary_chosen_at_decoding_scores_the_first_token_ids",),
     ),
     Mutation(
         "linear and medusa heads score every row of their own unembeddings under a draft vocabulary chosen at decoding",
-        INFERENCE,
+        "InferenceModel.__init__",
         "self.draft_rows = slice(draft_vocab)",
         "self.draft_rows = slice(None)",
         (f"{CACHE}::test_a_draft_vocabulary_chosen_at_decoding_scores_the_first_token_ids",),
     ),
     Mutation(
         "a form built for one draft vocabulary reused for another",
-        INFERENCE,
+        "InferenceModel.of",
         "key = (heads, compile, draft_vocab if heads > 1 else 0)",
         "key = (heads, compile)",
         (f"{CACHE}::test_a_draft_vocabulary_chosen_at_decoding_scores_the_first_token_ids",),
     ),
     Mutation(
         "the draft vocabulary made of the least frequent tokens",
-        "mtp/lit.py",
+        "MTPLitModule.choose_draft_tokens",
         "most = torch.sort(counts, descending=True, stable=True)",
         "most = torch.sort(counts, descending=False, stable=True)",
         (
@@ -718,14 +721,14 @@ MUTATIONS = [
     ),
     Mutation(
         "a head whose unembedding trains is skipped because its state is frozen",
-        "mtp/loss.py",
+        "trained_heads",
         "needed = [k for k in every if states[k - 1].requires_grad or model.unembedding(k).weight.requires_grad]",
         "needed = [k for k in every if states[k - 1].requires_grad]",
         (f"{LOSS}::test_a_frozen_head_is_not_computed_in_training",),
     ),
     Mutation(
         "the trunk cache hands back its rows in the wrong order",
-        "mtp/trunk_cache.py",
+        "TrunkCache.__call__",
         "return torch.stack([self.outputs[key] for key in keys])",
         "return torch.stack([self.outputs[key] for key in reversed(keys)])",
         ("tests/test_trunk_cache.py::test_a_cached_step_computes_exactly_the_uncached_one",),
@@ -733,49 +736,49 @@ MUTATIONS = [
     # -- the loss
     Mutation(
         "head targets shifted by one",
-        "mtp/loss.py",
+        "split_window",
         "targets = torch.stack([window[:, k : k + seq_len] for k in range(1, n_future + 1)])",
         "targets = torch.stack([window[:, k : k + seq_len] for k in range(0, n_future)])",
         (LOSS,),
     ),
     Mutation(
         "the sequential backward ignores the loss scale",
-        "mtp/loss.py",
+        "_HeadsCrossEntropy.backward",
         "g.mul_(grad_total.to(g.dtype))",
         "g.mul_(1.0)",
         (LOSS,),
     ),
     Mutation(
         "the sequential gradients ignore the head weights",
-        "mtp/loss.py",
+        "_HeadsCrossEntropy.forward",
         "scale = weights[k] / counted",
         "scale = 1.0 / counted",
         (LOSS,),
     ),
     Mutation(
         "the one-hot term of the cross-entropy gradient has the wrong sign",
-        "mtp/loss.py",
+        "_HeadsCrossEntropy.forward",
         "torch.full_like(log_norm, -1.0)",
         "torch.full_like(log_norm, 1.0)",
         (LOSS,),
     ),
     Mutation(
         "the shared unembedding keeps only the last piece's gradient",
-        "mtp/loss.py",
+        "_HeadsCrossEntropy.forward",
         'grad_weights[index] += torch.einsum("bcv,bcd->vd", grad_logits, piece)',
         'grad_weights[index] = torch.einsum("bcv,bcd->vd", grad_logits, piece)',
         (LOSS,),
     ),
     Mutation(
         "the chunked loss skips the last partial chunk",
-        "mtp/loss.py",
+        "_HeadsCrossEntropy.forward",
         "for start in range(0, T, step):",
         "for start in range(0, T - step + 1, step):",
         (LOSS,),
     ),
     Mutation(
         "linear heads all read the first unembedding",
-        "mtp/loss.py",
+        "sequential_loss",
         "which.append(position[key])",
         "which.append(0)",
         (LOSS,),
@@ -783,70 +786,70 @@ MUTATIONS = [
     # -- heads trained for acceptance
     Mutation(
         "head k learns head 1's distribution at its own position instead of where head 1 predicts the same token",
-        "mtp/loss.py",
+        "Teacher.for_head",
         "shift = k - 1",
         "shift = k - 2",
         (f"{LOSS}::test_distillation_is_the_kl_from_head1s_top_k_at_the_position_it_predicts_the_same_token",),
     ),
     Mutation(
         "the teacher's top K not renormalised",
-        "mtp/loss.py",
+        "Teacher.of_head1",
         "probs.append(top.softmax(dim=-1))",
         "probs.append(logits.softmax(dim=-1).gather(-1, index))",
         (f"{LOSS}::test_distillation_is_the_kl_from_head1s_top_k_at_the_position_it_predicts_the_same_token",),
     ),
     Mutation(
         "the sequential distillation gradient misses the temperature's factor",
-        "mtp/loss.py",
+        "_HeadsCrossEntropy.forward",
         "distill_scale = weights[k] * t / distill_counted",
         "distill_scale = weights[k] / distill_counted",
         (f"{LOSS}::test_distilled_sequential_gradients_equal_naive",),
     ),
     Mutation(
         "positions past the window still pull on the distillation gradient",
-        "mtp/loss.py",
+        "_HeadsCrossEntropy.forward",
         ".mul_(taught * distill_scale)",
         ".mul_(distill_scale)",
         (f"{LOSS}::test_distilled_sequential_gradients_equal_naive",),
     ),
     Mutation(
         "every causal depth reads head 1's draft instead of the previous depth's",
-        HEADS,
+        "CausalHeads.states",
         "reads(k, states[-1], following[k - 2])",
         "reads(k, states[0], following[k - 2])",
         (f"{LOSS}::test_drafted_causal_inputs_are_each_depths_argmax_fed_to_the_next",),
     ),
     Mutation(
         "mixed causal inputs ignore the rate asked",
-        "mtp/model.py",
+        "MTPModel.drafted_inputs",
         "torch.rand(true.shape, device=true.device) < self.config.causal_draft_rate",
         "torch.rand(true.shape, device=true.device) < 0.5",
         (f"{LOSS}::test_mixed_causal_inputs_read_drafts_at_the_rate_asked",),
     ),
     Mutation(
         "training ignores the head weight schedule",
-        "mtp/lit.py",
+        "MTPLitModule.training_step",
         "out = mtp_loss(self.model, batch, trunk=self.trunk_cache, weights=weights)",
         "out = mtp_loss(self.model, batch, trunk=self.trunk_cache)",
         ("tests/test_train.py::test_training_follows_the_head_weight_schedule_and_distils",),
     ),
     Mutation(
         "online updates train head 1's unembedding too",
-        "mtp/online.py",
+        "draft_head_parameters",
         "return [p for p in model.heads.parameters() if p is not head1]",
         "return list(model.heads.parameters())",
         ("tests/test_online.py::test_updates_raise_acceptance_and_leave_the_output_what_head_1_decodes",),
     ),
     Mutation(
         "online rejections compare a draft with the token before the one it drafts",
-        "mtp/online.py",
+        "OnlineHeads.rejections",
         "rejected[k - 2, t] = drafts[t] != tokens[t + k]",
         "rejected[k - 2, t] = drafts[t] != tokens[t + k - 1]",
         ("tests/test_online.py::test_rejections_are_where_a_heads_draft_differs_from_the_emitted_token",),
     ),
     Mutation(
         "online updates never step the optimizer",
-        "mtp/online.py",
+        "OnlineHeads.update",
         "            self.optimizer.step()",
         "            self.optimizer.zero_grad()",
         ("tests/test_online.py::test_updates_raise_acceptance_and_leave_the_output_what_head_1_decodes",),
@@ -854,28 +857,28 @@ MUTATIONS = [
     # -- metrics and data order
     Mutation(
         "teacher-forced acceptance compares against the wrong head-1 position",
-        "mtp/metrics.py",
+        "accepted_prefix_lengths",
         "[predictions[k - 1, :, :span] == predictions[0, :, k - 1 : k - 1 + span] for k in range(2, n + 1)]",
         "[predictions[k - 1, :, :span] == predictions[0, :, k - 2 : k - 2 + span] for k in range(2, n + 1)]",
         ("tests/test_metrics.py",),
     ),
     Mutation(
         "a resumed run replays the epoch from its start",
-        "mtp/data/datamodule.py",
+        "ResumableShuffle.__iter__",
         "start, self.skipped = self.skipped[1], None",
         "start, self.skipped = 0, None",
         (RESUME,),
     ),
     Mutation(
         "the loader's state counts one batch too many",
-        "mtp/data/datamodule.py",
+        "ResumableLoader._batches_skipped",
         "return sampler.skipped[1] // (self.batch_size * sampler.num_replicas)",
         "return sampler.skipped[1] // (self.batch_size * sampler.num_replicas) + 1",
         ("tests/data/test_datamodule.py::test_a_loaded_state_continues_every_rank_where_the_run_stopped",),
     ),
     Mutation(
         "Lightning's train-end save replaces the final-step last.ckpt",
-        "mtp/callbacks.py",
+        "ResumableCheckpoint.on_train_end",
         "if not self.saved_final_step:",
         "if True:",
         (RESUME,),
@@ -883,42 +886,42 @@ MUTATIONS = [
     # -- scale
     Mutation(
         "activation checkpointing does nothing",
-        "mtp/parallel.py",
+        "apply_activation_checkpointing",
         "block.forward = _checkpointed(block.forward)",
         "block.forward = block.forward",
         ("tests/test_parallel.py::test_activation_checkpointing_keeps_gradients_and_drops_saved_activations",),
     ),
     Mutation(
         "compile does nothing",
-        "mtp/parallel.py",
+        "apply_compile",
         "block.compile(fullgraph=True)",
         "block.train()",
         ("tests/test_parallel.py::test_compiled_blocks_train_like_eager[transformer]",),
     ),
     Mutation(
         "a draft model keeps one read draft more than the target accepted",
-        PROPOSERS,
+        "ModelDrafter.advance",
         "kept = [min(n, read) for n, read in zip(accepted, self.read_drafts, strict=True)]",
         "kept = [min(n + 1, read) for n, read in zip(accepted, self.read_drafts, strict=True)]",
         DRAFTER_CACHE,
     ),
     Mutation(
         "a draft model keeps the padding of its ragged first forward",
-        PROPOSERS,
+        "ModelDrafter.draft_chains",
         "cache.rollback(self.held)  # drop the padding",
         "pass",
         DRAFTER_CACHE,
     ),
     Mutation(
         "prompt lookup's drafts verified as if drawn uniformly",
-        PROPOSERS,
+        "LookupDrafter.propose",
         "probs = F.one_hot(drafts, self.vocab_size).float() if self.sampled else None",
         "probs = torch.full((*drafts.shape, self.vocab_size), 1 / self.vocab_size) if self.sampled else None",
         (f"{DRAFTED_LOSSLESS}[lookup]",),
     ),
     Mutation(
         "a drafter's proposals taken from the step's acceptance uniforms",
-        LOOP,
+        "generate",
         "rule.layout.drafter(draws) if draws is not None else None",
         "draws if draws is not None else None",
         (f"{DRAFTED_LOSSLESS}[draft]",),
@@ -926,7 +929,7 @@ MUTATIONS = [
     # -- int8 drafting
     Mutation(
         "int8 drafts: head 1's unembedding quantized along with the draft heads' (they share it)",
-        INFERENCE,
+        "InferenceModel.with_int8_drafts.quantize",
         "form.draft_output = self.draft_output.int8()",
         "form.draft_output = form.head1_output = self.draft_output.int8()",
         (
@@ -936,7 +939,7 @@ MUTATIONS = [
     ),
     Mutation(
         "int8 blocks quantized in place: a layer-skip draft turns the target's own blocks int8",
-        INFERENCE,
+        "PackedBlocks.in_int8",
         "quantized = copy.copy(self)\n            quantized.qkv",
         "quantized = self\n            quantized.qkv",
         (
@@ -946,7 +949,7 @@ MUTATIONS = [
     ),
     Mutation(
         "an int8 drafter drafts with its float form",
-        PROPOSERS,
+        "ModelDrafter.draft_chains",
         "form, cache, config, k = self.drafting, self.cache, self.config, self.branches",
         "form, cache, config, k = self.form, self.cache, self.config, self.branches",
         (f"{INT8}::test_int8_drafters_draft_with_int8_weights_and_leave_the_target_alone",),
@@ -954,56 +957,56 @@ MUTATIONS = [
     # -- layer skip over sublayers, and its searches
     Mutation(
         "a sublayer draft skips the MLP where attention was asked, and the attention where the MLP was",
-        INFERENCE,
+        "SkippingForm.__init__",
         "attention, feed_forward = (i, ATTENTION) not in skip, (i, FEED_FORWARD) not in skip",
         "attention, feed_forward = (i, FEED_FORWARD) not in skip, (i, ATTENTION) not in skip",
         SUBLAYER_LOGITS,
     ),
     Mutation(
         "a block whose attention is skipped is dropped whole (its MLP not run)",
-        INFERENCE,
+        "SkippingForm.__init__",
         "if attention or feed_forward:",
         "if attention:",
         SUBLAYER_LOGITS,
     ),
     Mutation(
         "a block whose MLP is skipped still runs it",
-        INFERENCE,
+        "SkippingForm.run_path",
         "x = self._blocks(blocks, x, rotation, cache, slots, feed_forward=feed_forward)",
         "x = self._blocks(blocks, x, rotation, cache, slots)",
         SUBLAYER_LOGITS,
     ),
     Mutation(
         "a sublayer draft's attending blocks share one cache slot",
-        INFERENCE,
+        "SkippingForm.__init__",
         "slice(self.attending, self.attending + 1) if attention else None",
         "slice(0, 1) if attention else None",
         SUBLAYER_LOGITS,
     ),
     Mutation(
         "--skip-layers 3a read as all of block 3",
-        "mtp/commands/drafter_setup.py",
+        "parse_skip_layers",
         "skip = sublayers_of(int(p[1]) if not p[2] else (int(p[1]), p[2]) for p in parts)",
         "skip = sublayers_of(int(p[1]) for p in parts)",
         (f"{LAYER_SKIP}::test_skip_sets_parse",),
     ),
     Mutation(
         "the sublayer search's sampler is not seeded",
-        "mtp/decode/skip_search.py",
+        "search_sublayers",
         "TPESampler(seed=seed,",
         "TPESampler(seed=None,",
         (f"{SUBLAYER_SEARCH}[0.0]",),
     ),
     Mutation(
         "the sublayer search keeps the slowest set",
-        "mtp/decode/skip_search.py",
+        "search_sublayers",
         'direction="minimize"',
         'direction="maximize"',
         (f"{SUBLAYER_SEARCH}[1.0]",),
     ),
     Mutation(
         "the block search's rounds skip the slowest block",
-        "mtp/decode/skip_search.py",
+        "search_blocks",
         "cost, block = min(round_)",
         "cost, block = max(round_)",
         (f"{LAYER_SKIP}::test_the_block_search_is_greedy_forward_selection",),
@@ -1011,63 +1014,63 @@ MUTATIONS = [
     # -- interop
     Mutation(
         "Meta's and GGUF's q and k rows taken as they are (interleaved rotary read as half-split)",
-        "mtp/interop/llama.py",
+        "interleaved_to_halves",
         "return weight.view(n, head_dim // 2, 2, in_features).transpose(1, 2).reshape(out_features, in_features)",
         "return weight",
         (META_LOGITS, GGUF_LOGITS),
     ),
     Mutation(
         "sentencepiece converted as transformers does it (a leading space dropped)",
-        "mtp/interop/tokenizer.py",
+        "converted_sentencepiece",
         "tokenizer.pre_tokenizer = None",
         "return tokenizer",
         (META_TOKENIZER,),
     ),
     Mutation(
         "a GGUF file's own output.weight replaced by the embedding (mtp's name looked up among GGUF's)",
-        "mtp/interop/gguf.py",
+        "read_gguf",
         'if "output.weight" not in tensors:',
         'if "heads.outputs.0.weight" not in tensors:',
         (GGUF_LOGITS,),
     ),
     Mutation(
         "a tied GGUF file's unembedding not copied from the embedding",
-        "mtp/interop/gguf.py",
+        "read_gguf",
         'weights["heads.outputs.0.weight"] = tied',
         "pass",
         (GGUF_TIED,),
     ),
     Mutation(
         "GGUF tensors reshaped in GGUF's (columns, rows) order",
-        "mtp/interop/gguf.py",
+        "dequantized",
         "shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))",
         "shape = tuple(int(n) for n in tensor.shape.tolist())",
         (GGUF_LOGITS,),
     ),
     Mutation(
         "the smollm pre-tokenizer without llama.cpp's digit split",
-        "mtp/interop/tokenizer.py",
+        "mtp.interop.tokenizer",
         '"smollm": [r"\\p{N}", GPT2_SPLIT],',
         '"smollm": [GPT2_SPLIT],',
         (f"{GGUF}::test_byte_level_ids_split_as_llama_cpp_splits[smollm]",),
     ),
     Mutation(
         "a GGUF file's control tokens taken for its unknown ones (type 2), so not matched whole in the text",
-        "mtp/interop/tokenizer.py",
+        "mtp.interop.tokenizer",
         "UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4",
         "UNKNOWN, CONTROL, USER_DEFINED = 2, 2, 4",
         (f"{GGUF}::test_byte_level_ids_split_as_llama_cpp_splits[gpt2]",),
     ),
     Mutation(
         "a GGUF file's control tokens added as ordinary tokens (kept in decoded text)",
-        "mtp/interop/tokenizer.py",
+        "gguf_tokenizer",
         "tokenizer.add_special_tokens(special)",
         "tokenizer.add_tokens([AddedToken(t.content, special=False, normalized=False) for t in special])",
         (GGUF_LOGITS,),
     ),
     Mutation(
         "a GGUF sentencepiece vocabulary split as transformers' Metaspace does (no space before a leading space)",
-        "mtp/interop/tokenizer.py",
+        "_sentencepiece_bpe",
         'tokenizer.normalizer = normalizers.Sequence([*prefix, normalizers.Replace(" ", SPACE)])',
         'tokenizer.normalizer, tokenizer.pre_tokenizer = normalizers.Replace(" ", SPACE), '
         'pre_tokenizers.Metaspace(prepend_scheme="first", split=False)',
@@ -1075,14 +1078,14 @@ MUTATIONS = [
     ),
     Mutation(
         "no BOS for Llama 3's splits when a GGUF file does not say (llama.cpp adds one)",
-        "mtp/interop/tokenizer.py",
+        "gguf_tokenizer",
         'meta.get("tokenizer.ggml.pre") in LLAMA3_NAMES',
         "False",
         (f"{GGUF}::test_bos_starts_a_text_where_llama_cpp_adds_it[llama-bpe-None-True]",),
     ),
     Mutation(
         "the unembedding taken from the embedding whenever config.json mentions tying",
-        "mtp/interop/hf.py",
+        "read_hf",
         'if "lm_head.weight" not in tensors and hf.get("tie_word_embeddings") and',
         'if "tie_word_embeddings" in hf and',
         (HF_ROUND_TRIP,),
@@ -1090,105 +1093,105 @@ MUTATIONS = [
     # -- reliability
     Mutation(
         "a SIGTERM stops the run without writing last.ckpt",
-        "mtp/callbacks.py",
+        "ResumableCheckpoint.on_exception",
         "if not isinstance(exception, SIGTERMException) or",
         "if not isinstance(exception, KeyboardInterrupt) or",
         (f"{RELIABILITY}::test_a_signal_saves_last_ckpt_and_the_resumed_run_is_the_uninterrupted_one[ctrl-c]",),
     ),
     Mutation(
         "the non-finite guard reads the loss only, not the gradient norm",
-        "mtp/callbacks.py",
+        "NonFiniteGuard.on_before_optimizer_step",
         "finite = torch.isfinite(norm) if norm is not None else",
         "finite = torch.ones((), dtype=torch.bool) if norm is not None else",
         (f"{RELIABILITY}::test_a_non_finite_step_stops_the_run_naming_it_and_the_last_good_checkpoint[gradient]",),
     ),
     Mutation(
         "a skipped batch's gradients are zeroed, so AdamW's momentum and decay still move the weights",
-        "mtp/callbacks.py",
+        "NonFiniteGuard.on_before_optimizer_step",
         "optimizer.zero_grad(set_to_none=True)",
         "optimizer.zero_grad(set_to_none=False)",
         (f"{RELIABILITY}::test_skip_nonfinite_drops_the_bad_update_and_says_so_then_stops_at_the_next",),
     ),
     Mutation(
         "no periodic last.ckpt",
-        "mtp/callbacks.py",
+        "ResumableCheckpoint.on_train_batch_end",
         "periodic = self.last_every_n_steps > 0 and step % self.last_every_n_steps == 0",
         "periodic = False",
         (f"{RELIABILITY}::test_last_ckpt_is_written_every_n_steps_and_at_the_final_step",),
     ),
     Mutation(
         "the data cache is built without its lock",
-        "mtp/data/packing.py",
+        "_exclusive",
         "fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)",
         "pass",
         (f"{CONCURRENT}::test_processes_preparing_at_once_share_one_build",),
     ),
     Mutation(
         "a killed builder's partial folder is never removed",
-        "mtp/data/packing.py",
+        "_build_into_place",
         "if remove_stale:",
         "if False:",
         (f"{CONCURRENT}::test_a_builder_killed_mid_build_leaves_nothing_trusted",),
     ),
     Mutation(
         "a full disk at a shard's last flush escapes as a raw OSError",
-        "mtp/data/packing.py",
+        "_write_shard",
         "with writing_to_cache(path):  # a full disk may show only here",
         "if True:  # a full disk may show only here",
         (f"{CONCURRENT}::test_a_full_disk_is_one_sentence_and_leaves_nothing",),
     ),
     Mutation(
         "validation weighs each batch equally, not by its tokens",
-        "mtp/lit.py",
+        "MTPLitModule.validation_step",
         "self.val_loss[k - 1].update(cross_entropy(logits, target), weight=(target != IGNORE).sum())",
         "self.val_loss[k - 1].update(cross_entropy(logits, target))",
         ("tests/test_train.py::test_validation_perplexity_is_exp_of_the_token_weighted_head1_loss",),
     ),
     Mutation(
         "a chain's rows the bounds left undecided keep the bounds' outcome",
-        ACCEPTANCE,
+        "Lossless.chain",
         "                passes[at] = accept_drafts(uniforms[at], p[at], q)",
         "                pass",
         (BOUNDED,),
     ),
     Mutation(
         "decoding during training reuses the inference form a fused optimizer step made stale",
-        "mtp/lit.py",
+        "MTPLitModule.on_train_batch_end",
         "            self.note_fused_step(optimizer)",
         "            pass",
         ("tests/test_train.py::test_fused_adamw_trains_in_bf16_mixed_with_gradient_clipping",),
     ),
     Mutation(
         "a fused optimizer's gradients are not clipped",
-        "mtp/lit.py",
+        "MTPLitModule.configure_gradient_clipping",
         "            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)",
         "            pass",
         ("tests/test_train.py::test_a_fused_optimizers_gradients_are_clipped_as_lightning_clips",),
     ),
     Mutation(
         "validation keeps the previous head's logits alive",
-        "mtp/lit.py",
+        "MTPLitModule.validation_step",
         "del logits  # before the next head's are computed: one head's (B, T, V) alive at a time",
         "pass",
         ("tests/test_train.py::test_validation_keeps_one_heads_logits_alive_at_a_time",),
     ),
     Mutation(
         "cli: an OSError escapes with a traceback",
-        "mtp/cli.py",
+        "errors_reported",
         "    except (UserError, OSError) as err:",
         "    except UserError as err:",
         ("tests/test_cli.py::test_an_os_error_is_one_line_naming_the_path_and_the_cause",),
     ),
     Mutation(
         "cli: a bad decoding setting named by its field, not its flag",
-        "mtp/cli.py",
+        "settings_named_by_flags",
         'err.render(flag_of, " ")',
         "str(err)",
         ("tests/test_cli.py::test_a_bad_decoding_setting_is_reported_under_its_flag",),
     ),
     Mutation(
         "GenerationConfig: top_p 0 accepted",
-        "mtp/decode/settings.py",
+        "GenerationConfig.__post_init__",
         "        if not 0 < self.top_p <= 1:",
         "        if not 0 <= self.top_p <= 1:",
         ("tests/test_cli.py::test_a_bad_decoding_setting_is_reported_under_its_flag",),
@@ -1196,56 +1199,56 @@ MUTATIONS = [
     # -- several draft sequences (SpecTr), hybrids, staged drafts (tests/decode/test_spectr.py)
     Mutation(
         "SpecTr: rho solved for one candidate whatever the number of candidates (min(1, q/p) for each of k)",
-        ACCEPTANCE,
+        "spectr_rho",
         "    k = k.to(target.dtype).clamp(min=1)\n    low, high",
         "    k = torch.ones_like(k, dtype=target.dtype)\n    low, high",
         (f"{SPECTR}::test_rho_and_residual_of_two_candidates_by_hand", *SPECTR_LOSSLESS),
     ),
     Mutation(
         "SpecTr: the residual of one failed candidate after k failed ones",
-        ACCEPTANCE,
+        "spectr_residual",
         "(1 - (1 - beta) ** k[:, None]) / beta.clamp(min=1e-30)",
         "(1 - (1 - beta) ** 1) / beta.clamp(min=1e-30)",
         (f"{SPECTR}::test_one_candidate_of_k_or_the_residual_is_distributed_as_the_target", *SPECTR_LOSSLESS),
     ),
     Mutation(
         "SpecTr: candidates below every node of the depth, agreeing with the accepted prefix or not",
-        ACCEPTANCE,
+        "SpecTr.tree",
         "            candidates = agrees[:, parent[nodes]] & (depth[nodes]",
         "            candidates = agrees[:, parent[nodes]].fill_(True) & (depth[nodes]",
         SPECTR_LOSSLESS,
     ),
     Mutation(
         "SpecTr: candidates only below the accepted node, not below the nodes that agree with it",
-        ACCEPTANCE,
+        "SpecTr.tree",
         "agrees[:, nodes] = candidates & (tokens == token[:, None]) & moved[:, None]",
         "agrees[:, nodes] = (nodes == chosen[:, None]) & moved[:, None]",
         (f"{SPECTR}::test_spectr_takes_a_child_of_any_node_that_agrees_with_the_accepted_token",),
     ),
     Mutation(
         "a draft model's k sequences drawn with one sequence's uniforms",
-        PROPOSERS,
+        "ModelDrafter.draft_chains",
         "draws = draws[:, : k * gamma].reshape(B, k, gamma).reshape(B * k, gamma)",
         "draws = draws[:, :gamma].repeat_interleave(k, dim=0)",
         (f"{SPECTR}::test_draft_sequences_and_hybrids_sample_the_autoregressive_distribution",),
     ),
     Mutation(
         "a tree's node laws read by depth though the drafter gave each node its own",
-        ACCEPTANCE,
+        "NodeLaws.law_index",
         '        if self.index is None:\n            return tree.tensors(device)["depth_law"]',
         '        if True:\n            return tree.tensors(device)["depth_law"]',
         (f"{SPECTR}::test_draft_sequences_and_hybrids_sample_the_autoregressive_distribution",),
     ),
     Mutation(
         "a hybrid step's drafts verified against laws in chain order, not the tree's node order",
-        PROPOSERS,
+        "HybridProposer.propose",
         "law_index=self.order if probs is not None else None",
         "law_index=None",
         (f"{SPECTR}::test_draft_sequences_and_hybrids_sample_the_autoregressive_distribution",),
     ),
     Mutation(
         "staged drafting: the draft's own drafts verified greedily when sampling",
-        PROPOSERS,
+        "StagedDrafter.start",
         "self.rule = Greedy(inner, layout) if inner.greedy else Lossless(inner, layout)",
         "self.rule = Greedy(inner, layout)",
         (f"{SPECTR}::test_staged_sampling_has_the_autoregressive_distribution",),
@@ -1253,21 +1256,21 @@ MUTATIONS = [
     # -- the fastest tree size
     Mutation(
         "a fastest fit sized by expected tokens alone, not per millisecond",
-        "mtp/decode/tree_fit.py",
+        "fit_to_model",
         "best = max(range(len(fits)), key=lambda i: trials[i].tokens_per_ms)",
         "best = max(range(len(fits)), key=lambda i: trials[i].expected_tokens)",
         (f"{TREE}::test_a_fastest_fit_takes_the_size_with_the_most_expected_tokens_per_ms",),
     ),
     Mutation(
         "the heads' chain taken as faster when it is slower",
-        "mtp/decode/tree_fit.py",
+        "FittedTree.chain_faster",
         "self.chain.tokens_per_ms > best.tokens_per_ms",
         "self.chain.tokens_per_ms < best.tokens_per_ms",
         (f"{TREE}::test_a_fastest_fit_takes_the_size_with_the_most_expected_tokens_per_ms",),
     ),
     Mutation(
         "timings pooled where they rise, not where they fall",
-        "mtp/decode/tree_fit.py",
+        "nondecreasing",
         "blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]",
         "blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]",
         (f"{TREE}::test_nondecreasing_pools_a_timing_spike_with_its_neighbours",),
@@ -1275,7 +1278,7 @@ MUTATIONS = [
     # -- the default corpus
     Mutation(
         "a standard library without its test suite not warned of when the data is prepared",
-        "mtp/data/packing.py",
+        "_build",
         'if source.kind == "stdlib" and (warning := stdlib_without_tests()):',
         'if source.kind == "files" and (warning := stdlib_without_tests()):',
         (
@@ -1284,7 +1287,7 @@ MUTATIONS = [
     ),
     Mutation(
         "the test suite looked for where the standard library keeps none",
-        "mtp/data/sources.py",
+        "stdlib_without_tests",
         'if len(list((root / "test").glob("test_*.py"))) >= TEST_SUITE_MIN:',
         'if len(list(root.glob("*.py"))) >= 1:',
         (
@@ -1294,63 +1297,63 @@ MUTATIONS = [
     # -- the HumanEval runner's jail
     Mutation(
         "the system-call filter lets a process fork (clone passes)",
-        JAIL,
+        "mtp.benchmarks.jail",
         "            clone=56,\n",
         "            clone=9056,\n",
         (HOSTILE, KERNEL_REFUSES),
     ),
     Mutation(
         "the folder's Landlock rule given to the whole file system",
-        JAIL,
+        "restrict_files",
         "rules = [(workdir, fs), ",
         'rules = [("/", fs), ',
         (HOSTILE,),
     ),
     Mutation(
         "Landlock lets the child read everywhere",
-        JAIL,
+        "mtp.benchmarks.jail",
         'READ_TREES = ("/usr", ',
         'READ_TREES = ("/", "/usr", ',
         (HOSTILE,),
     ),
     Mutation(
         "the filter lets a signal reach any process",
-        JAIL,
+        "filter_program",
         "op(BPF_JEQ_K, pid, 1, 0)",
         "op(BPF_JEQ_K, pid, 1, 1)",
         (HOSTILE, KERNEL_REFUSES),
     ),
     Mutation(
         "a file's times left to change (utimensat passes)",
-        JAIL,
+        "mtp.benchmarks.jail",
         "            utimensat=280,\n",
         "            utimensat=9280,\n",
         (HOSTILE,),
     ),
     Mutation(
         "capabilities kept in the jail",
-        JAIL,
+        "enter_jail",
         "    drop_capabilities()\n",
         "    pass\n",
         (KERNEL_REFUSES,),
     ),
     Mutation(
         "no network namespace of its own",
-        JAIL,
+        "enter_jail",
         "enter_namespaces(workdir, CLONE_NEWNET | CLONE_NEWIPC",
         "enter_namespaces(workdir, CLONE_NEWIPC",
         (KERNEL_REFUSES,),
     ),
     Mutation(
         "a child left running when its parent dies",
-        JAIL,
+        "main",
         "libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)",
         "pass",
         (f"{JAIL_TESTS}::test_a_child_dies_with_its_parent",),
     ),
     Mutation(
         "pass@1 run without the jail where it cannot be built, unasked",
-        "mtp/benchmarks/humaneval.py",
+        "check_sandbox",
         'if sandbox == "jail" and (why := jail_layers()[1]):',
         "if False and (why := jail_layers()[1]):",
         (f"{JAIL_TESTS}::test_without_a_jail_pass_at_1_refuses_unless_the_weaker_guard_is_asked_for",),
@@ -1358,63 +1361,63 @@ MUTATIONS = [
     # -- HumanEval's problems kept out of the distillation prompts
     Mutation(
         "the benchmark check finds no problem",
-        TASKS,
+        "benchmark_match",
         "task_id = FINGERPRINTS.get(key)",
         "task_id = None",
         (BENCHMARK_CHECK, FOLDER_REFUSED),
     ),
     Mutation(
         "the benchmark check compares text with its whitespace as written",
-        TASKS,
+        "normalized",
         'return " ".join(text.split())',
         "return text.strip()",
         (BENCHMARK_CHECK,),
     ),
     Mutation(
         "the benchmark check ignores docstrings",
-        TASKS,
+        "text_fingerprints",
         "normalized(text)), *docstring_fingerprints(text), *def_fingerprints(text)]",
         "normalized(text)), *def_fingerprints(text)]",
         (BENCHMARK_CHECK,),
     ),
     Mutation(
         "a benchmark function too short to be a task is dropped instead of refused",
-        TASKS,
+        "module_tasks",
         "problem = benchmark_match(prompt)",
         "problem = benchmark_match(prompt) if why_not(node, lines, statements, prompt) is None else None",
         (FOLDER_REFUSED,),
     ),
     Mutation(
         "a benchmark function in a folder the user names is let through",
-        DISTILL_COMMAND,
+        "task_extraction",
         "if named and extraction.benchmark:",
         "if False and extraction.benchmark:",
         (FOLDER_REFUSED,),
     ),
     Mutation(
         "a prompt file is not checked for benchmark problems",
-        DISTILL_COMMAND,
+        "distill_command",
         "        check_prompt_file(args.prompts, args.prompt_field)\n",
         "        pass\n",
         (f"{TASKS_TESTS}::test_a_prompt_file_holding_a_humaneval_problem_is_refused",),
     ),
     Mutation(
         "a checkpoint trained from a model with a chat template does not carry it",
-        "mtp/lit.py",
+        "MTPLitModule.on_save_checkpoint",
         'checkpoint[CHECKPOINT_KEY]["chat"] = self.chat.to_dict()',
         "pass",
         (CHAT_CARRIED,),
     ),
     Mutation(
         "the recipe benchmarks its checkpoint in the raw format though the start model declares a chat template",
-        "mtp/benchmarks/cli.py",
+        "resolve_prompt_format",
         "model = template_from or args.checkpoint",
         "model = args.checkpoint",
         ("tests/test_recipe.py::test_the_recipes_benchmark_speaks_as_the_start_model_does",),
     ),
     Mutation(
         "an mtp checkpoint's chat template is not read back",
-        "mtp/checkpoint_load.py",
+        "model_chat",
         '[CHECKPOINT_KEY].get("chat"))',
         '[CHECKPOINT_KEY].get("chats"))',
         (CHAT_CARRIED,),
@@ -1422,22 +1425,103 @@ MUTATIONS = [
     # -- a step's memory
     Mutation(
         "the prompts' step sized by logits at every prompt position (refusing batches that fit)",
-        LOOP,
+        "generate",
         "check_step_fits(model.config, len(prompts), max_len, longest, 0, device, dtype, logit_positions=1)",
         "check_step_fits(model.config, len(prompts), max_len, longest, 0, device, dtype)",
         (PROMPT_STEP,),
     ),
+    Mutation(
+        "an eager step's span rounded down to its multiple (attention misses the newest positions)",
+        "KVCache.begin",
+        "min(self.max_len, -(-needed // multiple) * multiple)",
+        "min(self.max_len, max(needed // multiple * multiple, multiple))",
+        SPANS_ROUNDED,
+    ),
 ]
+
+
+@functools.cache
+def definitions(source: str) -> list[tuple[str, int, int]]:
+    """(qualified name, start, end): the character span of every function and class of ``source`` (decorators
+    included), nested ones named outer.inner."""
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def offset(lineno: int, col: int) -> int:  # ast's columns count UTF-8 bytes
+        return starts[lineno - 1] + len(lines[lineno - 1].encode()[:col].decode(errors="ignore"))
+
+    found = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                first = min([child.lineno, *(decorator.lineno for decorator in child.decorator_list)])
+                found.append((prefix + child.name, offset(first, 0), offset(child.end_lineno, child.end_col_offset)))
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def place(mutation: Mutation, root: Path = ROOT) -> tuple[Path, int]:
+    """The file under ``root`` and the character offset of the mutation's text within ``mutation.within``; a one-
+    sentence AssertionError where it occurs there other than once."""
+    if mutation.within.startswith("mtp."):  # a module's top level
+        path = root / (mutation.within.replace(".", "/") + ".py")
+        spans = [(path, 0, len(path.read_text()))] if path.is_file() else []
+    else:
+        spans = [
+            (path, start, end)
+            for path in sorted((root / "mtp").rglob("*.py"))
+            for name, start, end in definitions(path.read_text())
+            if name == mutation.within
+        ]
+    found = [
+        (path, start + at)
+        for path, start, end in spans
+        for at in occurrences(path.read_text()[start:end], mutation.original)
+    ]
+    assert len(found) == 1, (
+        f"{mutation.name!r}: its text occurs {len(found)} times in {mutation.within} "
+        f"({len(spans)} definitions of that name in mtp/); update the entry"
+    )
+    return found[0]
+
+
+def occurrences(text: str, pattern: str) -> list[int]:
+    at, found = text.find(pattern), []
+    while at >= 0:
+        found.append(at)
+        at = text.find(pattern, at + 1)
+    return found
 
 
 def test_each_mutation_applies_to_exactly_one_place():
     names = [m.name for m in MUTATIONS]
     assert len(set(names)) == len(names)
     for mutation in MUTATIONS:
-        count = (ROOT / mutation.path).read_text().count(mutation.original)
-        assert count == 1, f"{mutation.name!r}: its text occurs {count} times in {mutation.path}; update the entry"
+        place(mutation)
         for guard in mutation.guards:
             assert (ROOT / guard.split("::")[0]).is_file(), f"{mutation.name!r}: no test file {guard}"
+
+
+def test_an_entry_follows_its_function_to_another_module(tmp_path):
+    """A refactor that moves code keeps every entry valid: the text is found by the definition that holds it."""
+    entry = Mutation("x", "Cache.begin", "span = held + new", "span = held", ())
+    source = "class Cache:\n    def begin(self, held, new):\n        span = held + new\n        return span\n"
+    (tmp_path / "mtp" / "decode").mkdir(parents=True)
+    (tmp_path / "mtp" / "decode" / "cache.py").write_text(source)
+    path, at = place(entry, tmp_path)
+    assert path == tmp_path / "mtp/decode/cache.py" and source[at:].startswith("span = held + new")
+    (tmp_path / "mtp" / "decode" / "cache.py").rename(tmp_path / "mtp" / "kv.py")  # moved: found there
+    assert place(entry, tmp_path)[0] == tmp_path / "mtp/kv.py"
+    (tmp_path / "mtp" / "kv.py").write_text(source.replace("held + new", "new + held"))  # the text changed: said
+    with pytest.raises(AssertionError, match="its text occurs 0 times in Cache.begin .1 definitions"):
+        place(entry, tmp_path)
 
 
 def test_docs_count_the_mutations():
@@ -1498,8 +1582,9 @@ def check_unmutated(project: Path) -> str | None:
 def run_mutations(jobs: list[tuple[Path, Mutation]]) -> list[str | None]:
     """Apply each mutation to its copy and run its guards there (tests/mutation_runner.py, one process for all)."""
     for project, mutation in jobs:
-        target = project / mutation.path
-        target.write_text(target.read_text().replace(mutation.original, mutation.mutated))
+        target, at = place(mutation, project)
+        text = target.read_text()
+        target.write_text(text[:at] + mutation.mutated + text[at + len(mutation.original) :])
     env = {k: v for k, v in os.environ.items() if k not in ("PROJECT_ROOT", "PYTHONPATH")}
     env.update(OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     spec = json.dumps([[str(project), list(mutation.guards)] for project, mutation in jobs])
@@ -1518,7 +1603,7 @@ def verdict(code: int, project: Path, mutation: Mutation) -> str | None:
     if code == 1:
         return None
     if code == 0:
-        return f"survived: {mutation.name} ({mutation.path}); its guards {', '.join(mutation.guards)} all pass"
+        return f"survived: {mutation.name} ({mutation.within}); its guards {', '.join(mutation.guards)} all pass"
     tail = " / ".join((project / "pytest.log").read_text(errors="replace").strip().splitlines()[-3:])
     return f"did not run (pytest exit {code}): {mutation.name}: {tail}"
 
