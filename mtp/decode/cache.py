@@ -25,11 +25,14 @@ class KVCache:
         device: torch.device | str,
         dtype: torch.dtype,
         full_span: bool = False,
+        span_multiple: int = 1,
     ) -> None:
         shape = (n_blocks, batch_size, n_kv_heads, max_len, head_dim)
         # full_span (for compiled steps): attention spans every preallocated position (masked), so that shapes stay
-        # the same from step to step
-        self.full_span = full_span
+        # the same from step to step; span_multiple: the span rounded up to a multiple of it (masked beyond the held
+        # positions), so that an eager step's shapes repeat, and a kernel planned per shape (cuDNN's attention on
+        # recent GPUs) is planned once per bucket rather than once per step
+        self.full_span, self.span_multiple = full_span, span_multiple
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
@@ -57,7 +60,8 @@ class KVCache:
         positions = self.lengths[:, None] + torch.arange(new, device=device)
         self.positions = positions
         self.rows = torch.arange(positions.size(0), device=device)[:, None]  # (B, 1)
-        self.span = self.max_len if self.full_span else self.max_length + new
+        needed, multiple = self.max_length + new, self.span_multiple
+        self.span = self.max_len if self.full_span else min(self.max_len, -(-needed // multiple) * multiple)
         keys = torch.arange(self.span, device=positions.device)
         if tree is None:
             self.rotary = positions

@@ -55,6 +55,11 @@ LARGE_UNEMBEDDING = 8_000_000
 49152 x 576 takes 3.6 ms for 1 row and 7.3 for 4, so the rows of leaves that are not accepted cost more than a second
 call after the one that is (a 4-sibling tree step 47.1 against 51.3 ms, measured in one process; the toy's 8192 x 192,
 about 0.26 ms a call and 0.03 a row, keeps up to 4 leaves in one call)."""
+SPAN_MULTIPLE = {"cuda": 128}
+"""By device type: an eager step's attention spans the held positions and the step's rounded up to a multiple of this
+(the rest masked), so that its shapes repeat from step to step: PyTorch prefers cuDNN's attention on Hopper and
+Blackwell GPUs (with cuDNN above 9.15), which builds an execution plan for every new shape, and a span one position
+longer every step is a new shape every step. On CPU, spans are exact (masked positions would cost compute)."""
 
 _built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(heads, compile): (weights, form)}
 
@@ -345,6 +350,7 @@ class InferenceModel:
         return KVCache(
             slots, batch_size, config.n_kv_heads, config.d_model // config.n_heads, max_len,
             self.embeddings.device, self.embeddings.dtype, full_span=self.compiled,
+            span_multiple=SPAN_MULTIPLE.get(self.embeddings.device.type, 1),
         )  # fmt: skip
 
     # -- one step

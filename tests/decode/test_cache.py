@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from mtp.decode import inference as inference_module
+from mtp.decode.cache import KVCache
 from mtp.decode.inference import InferenceModel
 from tests.decode import helpers
 from tests.decode.helpers import HEAD_TYPES
@@ -93,6 +95,28 @@ def test_cached_steps_equal_the_full_forward_for_ragged_rows(head_type, compile,
         check_step(full, head1, drafts, [7, 8, 4], [2, 0, 1])
     assert cache.host_lengths == [10, 11, 7] and cache.lengths.tolist() == [10, 11, 7]
 
+
+@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+def test_cached_steps_with_spans_rounded_up_equal_the_full_forward(monkeypatch, head_type):
+    """As on a GPU (inference.SPAN_MULTIPLE), attention spans the held positions rounded up to a multiple of 8 here:
+    the positions beyond are masked (empty, or stale after a rollback), so every step computes what the full
+    forward does; the causal heads' own caches round too."""
+    monkeypatch.setitem(inference_module.SPAN_MULTIPLE, "cpu", 8)
+    spans = []
+    begin = KVCache.begin
+    monkeypatch.setattr(KVCache, "begin", lambda self, *args: (begin(self, *args), spans.append(self.span))[0])
+    test_cached_steps_equal_the_full_forward_for_ragged_rows(head_type, False, 0)
+    assert set(spans) == {8, 16}  # 6 new positions, then up to 11 and 11 held and fed: each rounded up
+
+
+def test_a_span_rounds_up_to_its_multiple_within_the_cache():
+    cache = KVCache(1, 2, 1, 4, 12, "cpu", torch.float32, span_multiple=8)
+    cache.begin(3)
+    assert cache.span == 8 and cache.mask.shape == (2, 1, 3, 8)
+    assert cache.mask[0, 0].tolist() == [[j <= i for j in range(8)] for i in range(3)]  # the rest masked
+    cache.commit(3)
+    cache.begin(6)  # 9 positions: rounded up to 16, but the cache holds 12
+    assert cache.span == 12 and cache.mask.shape == (2, 1, 6, 12)
 
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 def test_a_draft_vocabulary_chosen_at_decoding_scores_the_first_token_ids(head_type):

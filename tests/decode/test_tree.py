@@ -208,3 +208,16 @@ def test_a_fixed_budget_times_nothing(monkeypatch):
     fitted = tree_fit.fit_to_model(partly_trained("transformer"), [[3, 4, 5]], 4, GenerationConfig(12, heads=4))
     assert timed == [] and fitted.trials == [] and fitted.chain is None and not fitted.chain_faster
     assert "sizes_tried" not in json.loads(fitted.to_json())
+
+
+def test_tree_decoding_with_spans_rounded_up_equals_autoregressive(monkeypatch):
+    """As on a GPU (inference.SPAN_MULTIPLE): a tree step attends over its span rounded up to a multiple of 8, the
+    positions beyond masked whatever they hold (a tree's nodes left behind by the last step among them)."""
+    model = partly_trained("transformer")
+    prompts = [[5, 6, 7, 8, 9], [2, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
+    reference, _ = generate(model, prompts, GenerationConfig(24, heads=1))
+    monkeypatch.setitem(inference.SPAN_MULTIPLE, "cpu", 8)
+    for decoding in (dict(heads=1), dict(heads=4), dict(heads=4, tree=TREE)):
+        out, stats = generate(model, prompts, GenerationConfig(24, **decoding))
+        assert out == reference, decoding
+        assert decoding["heads"] == 1 or stats.accepted[0] > 0
