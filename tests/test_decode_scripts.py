@@ -391,6 +391,13 @@ def test_bench_decode_refuses_draft_vocabularies_without_the_baseline_or_not_cou
     assert f"--draft-vocabs {given}: 0 (every token: the baseline rows) and any token counts" in capsys.readouterr().err
 
 
+def test_bench_decode_refuses_the_static_cache_row_without_the_hf_comparison(tiny_checkpoints, capsys):
+    bench = load_script("bench_decode")
+    with pytest.raises(SystemExit):
+        bench.checked_args([str(tiny_checkpoints["mtp4"]), "--hf-static"])
+    assert "--hf-static adds a row to the Hugging Face comparison; add --hf" in capsys.readouterr().err
+
+
 def test_bench_decode_refuses_a_draft_vocabulary_beyond_the_models(tiny_checkpoints, tmp_path):
     bench = load_script("bench_decode")
     argv = [str(tiny_checkpoints["mtp4"]), "--draft-vocabs", "0,100000", "--prompts", "1", "--prompt-tokens", "8"]
@@ -429,12 +436,16 @@ def test_bench_decode_hf_peer_decodes_the_same_tokens(tiny_checkpoints, tmp_path
     command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"]), "--hf"]
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
     command += ["--modes", "greedy", "--repeats", "1", "--out", str(out)]
-    result = subprocess.run(command, capture_output=True, text=True, env=run_env(), timeout=300)
+    result = subprocess.run([*command, "--hf-static"], capture_output=True, text=True, env=run_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     peer = json.loads((out / "results.json").read_text())["hf"]
     assert peer["hf_generate_tokens_per_s"] > 0 and peer["hf_prompt_lookup_tokens_per_s"] > 0
     assert peer["greedy_outputs_differ"] == [] and peer["prompt_lookup_equals_hf_greedy"]  # the same function
-    assert "| HF generate |" in (out / "results.md").read_text()
+    # HF's static cache (compiled on CUDA only) decodes the same tokens, its warm-up timed apart
+    assert peer["hf_static_checks"]["identical_outputs"] == 2 and not peer["hf_static_compiled"]
+    assert peer["hf_static_tokens_per_s"] > 0 and peer["hf_static_warmup_s"] > 0
+    page = (out / "results.md").read_text()
+    assert "| HF generate |" in page and "| HF generate, static cache |" in page and "its static cache |" in page
     without_greedy = subprocess.run(
         [*command[:-4], "--modes", "sampling", "--out", str(out)],
         capture_output=True,
@@ -479,6 +490,13 @@ def test_the_peer_table_has_a_self_speculative_row_only_for_a_model_with_heads()
     assert "| mtp prompt lookup (gamma 4) | 5.0 | 0.50x HF prompt lookup | 4/4 |" in with_lookup
     with_heads = peer_table({**peer, "mtp_self_speculative_heads": 4, "mtp_self_speculative_tokens_per_s": 20.0})
     assert "| mtp self-speculative (k=4) | 20.0 | 2.00x HF prompt lookup | 4/4 |" in with_heads
+    static = {"hf_static_tokens_per_s": 24.0, "hf_static_warmup_s": 31.5, "hf_static_compiled": True}
+    with_static = peer_table({**peer, **static, "hf_static_checks": checks})
+    assert "| HF generate, static cache, compiled | 24.0 | | 4/4 |" in with_static
+    assert "| mtp autoregressive (k=1) | 12.0 | 1.50x HF generate, 0.50x its static cache, compiled | 4/4 |" in (
+        with_static
+    )
+    assert "its warm-up (the longest prompt, compiled) took 31.5 s, outside its rate." in with_static
 
 
 def test_gpu_check_steps_are_checked_before_anything_runs(tmp_path):

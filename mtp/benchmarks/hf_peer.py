@@ -41,11 +41,17 @@ def hf_llama(model: MTPModel):
 
 
 @torch.inference_mode()
-def hf_generate(llama, prompts: list[list[int]], max_new_tokens: int, prompt_lookup: int = 0) -> PeerRun:
-    """Greedy ``generate`` of every prompt alone (batch 1; HF's prompt lookup allows no more), timed together."""
+def hf_generate(
+    llama, prompts: list[list[int]], max_new_tokens: int, prompt_lookup: int = 0, static: bool = False
+) -> PeerRun:
+    """Greedy ``generate`` of every prompt alone (batch 1; HF's prompt lookup allows no more), timed together.
+    ``static``: with HF's static cache, which ``generate`` itself compiles the decoding step over on CUDA (its
+    fastest path: keep the cache as large as the first call's, so later calls reuse it and what was compiled)."""
     device = next(llama.parameters()).device
     outputs, wall = [], 0.0
     extra = {"prompt_lookup_num_tokens": prompt_lookup} if prompt_lookup else {}
+    if static:
+        extra["cache_implementation"] = "static"
     for prompt in prompts:
         ids = torch.tensor([prompt], device=device)
         if device.type == "cuda":

@@ -185,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--hf", action="store_true", help="also time Hugging Face generate and prompt lookup on the same weights"
     )
     parser.add_argument(
+        "--hf-static",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --hf, also time generate with HF's static cache, which it compiles on CUDA (its fastest path; the "
+        "warm-up that compiles is reported apart); default: on CUDA",
+    )
+    parser.add_argument(
         WEAKER_SANDBOX_FLAG,
         action="store_true",
         help="where this machine cannot jail model-written code (no Landlock or seccomp), run HumanEval's tests under "
@@ -223,6 +230,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.hf and importlib.util.find_spec("transformers") is None:
         parser.error("--hf needs transformers: pip install -e '.[hf]'")
+    if args.hf_static and not args.hf:
+        parser.error("--hf-static adds a row to the Hugging Face comparison; add --hf")
     if args.hf and ("greedy" not in args.modes or 1 not in args.batch_sizes):
         parser.error("--hf compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes")
     require_at_least(args, 1, "gamma", "prompt_lookup", "prompts", "prompt_tokens", "repeats")  # --gammas: int_list
@@ -297,7 +306,8 @@ def run(args: argparse.Namespace) -> None:
     for _, batch_size, _, config, drafter in settings:  # warm-up (and, with --compile, compilation) of every shape
         generate(model, prompts[:batch_size], replace(config, max_new_tokens=4), drafter)
 
-    peer = HFPeer(model, prompts, args.max_new_tokens) if args.hf else None
+    static = args.hf_static if args.hf_static is not None else device.type == "cuda"
+    peer = HFPeer(model, prompts, args.max_new_tokens, static) if args.hf else None
     best: dict[int, DecodeStats] = {}
     checked = [i for i, setting in enumerate(settings) if setting[:2] == ("greedy", 1)]  # compared with autoregressive
     outputs: dict[int, list[list[int]]] = {}
@@ -438,6 +448,8 @@ def exactness_entries(rows: list[dict], peer: dict | None) -> list[tuple[str, di
     ]
     if peer is not None:
         entries += [("HF generate", peer["hf_generate_checks"]), ("HF prompt lookup", peer["hf_prompt_lookup_checks"])]
+        if "hf_static_checks" in peer:
+            entries.append(("HF generate, static cache", peer["hf_static_checks"]))
     return entries
 
 
@@ -534,18 +546,29 @@ def result_row(mode: str, batch_size: int, method: str, config: GenerationConfig
 class HFPeer:
     """HF greedy generate and prompt lookup on the same weights and prompts (batch 1), best of the same rounds."""
 
-    def __init__(self, model, prompts: list[list[int]], max_new_tokens: int) -> None:
+    def __init__(self, model, prompts: list[list[int]], max_new_tokens: int, static: bool = False) -> None:
+        """``static``: also generate with HF's static cache (compiled on CUDA), warmed up apart."""
         self.model, self.prompts, self.max_new_tokens = model, prompts, max_new_tokens
         self.llama = hf_llama(model)
         hf_generate(self.llama, prompts[:1], 4)  # warm-up
-        self.plain = self.lookup = None
+        self.plain = self.lookup = self.static = None
+        self.static_warmup_s = None
+        if static:  # the longest prompt in full: the static cache every later call reuses, compiled once
+            warmup = hf_generate(self.llama, [max(prompts, key=len)], max_new_tokens, static=True)
+            self.static_warmup_s = warmup.wall_time_s
+        self.compiled = static and next(self.llama.parameters()).device.type == "cuda"
 
     def run_round(self) -> None:
         plain = hf_generate(self.llama, self.prompts, self.max_new_tokens)
         lookup = hf_generate(self.llama, self.prompts, self.max_new_tokens, prompt_lookup=10)
         self.plain = plain if self.plain is None or plain.wall_time_s < self.plain.wall_time_s else self.plain
         self.lookup = lookup if self.lookup is None or lookup.wall_time_s < self.lookup.wall_time_s else self.lookup
-        print(f"   HF generate {plain.tokens_per_s:.1f} tokens/s, prompt lookup {lookup.tokens_per_s:.1f}", flush=True)
+        line = f"   HF generate {plain.tokens_per_s:.1f} tokens/s, prompt lookup {lookup.tokens_per_s:.1f}"
+        if self.static_warmup_s is not None:
+            static = hf_generate(self.llama, self.prompts, self.max_new_tokens, static=True)
+            self.static = static if self.static is None or static.wall_time_s < self.static.wall_time_s else self.static
+            line += f", static cache {static.tokens_per_s:.1f}"
+        print(line, flush=True)
 
     def compare(self, rows: list[dict], ours: list[list[int]], scorer: HumanEvalScorer | None = None) -> dict:
         """HF's speed beside mtp's (``rows``), and HF's outputs checked against ``ours``, mtp autoregressive
@@ -578,6 +601,16 @@ class HFPeer:
             "greedy_outputs_differ": differences,
             "hf_generate_checks": output_checks(self.plain.outputs, ours, scorer),
             "hf_prompt_lookup_checks": output_checks(self.lookup.outputs, ours, scorer),
+            **(
+                {
+                    "hf_static_tokens_per_s": self.static.tokens_per_s,
+                    "hf_static_warmup_s": self.static_warmup_s,
+                    "hf_static_compiled": self.compiled,
+                    "hf_static_checks": output_checks(self.static.outputs, ours, scorer),
+                }
+                if self.static is not None
+                else {}
+            ),
             "mtp_autoregressive_checks": _checks_of(greedy1[1]),
             "mtp_self_speculative_checks": _checks_of(greedy1[k]),
             **(
@@ -606,6 +639,8 @@ def peer_table(peer: dict) -> str:
         for d in peer["greedy_outputs_differ"]
     )
     scored = "pass_at_1" in peer["hf_generate_checks"]
+    static, compiled = peer.get("hf_static_tokens_per_s"), peer.get("hf_static_compiled")
+    static_name = "static cache, compiled" if compiled else "static cache"
 
     def checks(name: str) -> str:  # identical outputs (and pass@1) of one line's method
         found = peer[f"{name}_checks"]
@@ -616,8 +651,10 @@ def peer_table(peer: dict) -> str:
             "| greedy, batch 1 | tokens/s | mtp / HF | same tokens as mtp k=1 |" + (" pass@1 |" if scored else ""),
             "|---|---:|---:|---:|" + ("---:|" if scored else ""),
             f"| HF generate | {plain:,.1f} | | {checks('hf_generate')} |",
-            f"| mtp autoregressive (k=1) | {ours_ar:,.1f} | {ours_ar / plain:.2f}x HF generate "
-            f"| {checks('mtp_autoregressive')} |",
+            *([f"| HF generate, {static_name} | {static:,.1f} | | {checks('hf_static')} |"] if static else []),
+            f"| mtp autoregressive (k=1) | {ours_ar:,.1f} | {ours_ar / plain:.2f}x HF generate"
+            + (f", {ours_ar / static:.2f}x its {static_name}" if static else "")
+            + f" | {checks('mtp_autoregressive')} |",
             f"| HF prompt lookup (10 tokens) | {lookup:,.1f} | | {checks('hf_prompt_lookup')} |",
             *(  # a model without heads has no self-speculative row: its k=1 is the autoregressive row above
                 [
@@ -640,7 +677,13 @@ def peer_table(peer: dict) -> str:
             "",
             f"HF greedy tokens equal mtp's autoregressive ones for {same} of {peer['prompts']} prompts"
             + (f"; they part where rounding breaks a near-tie: {notes}." if notes else ".")
-            + f" HF prompt lookup equals HF greedy: {'yes' if peer['prompt_lookup_equals_hf_greedy'] else 'no'}.",
+            + f" HF prompt lookup equals HF greedy: {'yes' if peer['prompt_lookup_equals_hf_greedy'] else 'no'}."
+            + (
+                f" HF's {static_name}: its warm-up (the longest prompt{', compiled' if compiled else ''}) took "
+                f"{peer['hf_static_warmup_s']:.1f} s, outside its rate."
+                if static
+                else ""
+            ),
         ]
     )
 
