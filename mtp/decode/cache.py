@@ -5,7 +5,8 @@ at each row's next S positions; ``rollback`` sets a row's length back (rejected 
 entries beyond it are masked out and overwritten by the next forward. A forward over a draft tree
 (:class:`mtp.decode.tree.DraftTree`) writes its nodes at the next S slots too, but each node sits at position
 (held + depth) and sees only its ancestors; ``keep_path`` then moves the accepted path's entries to the slots
-that follow the held ones, where a sequence would have put them.
+that follow the held ones, where a sequence would have put them. Causal heads keep a cache per depth beside it
+(:class:`ChainCache`), rolled back and trimmed with it.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class KVCache:
         self.rows: Tensor | None = None
         self.mask: Tensor | None = None
         self.span = 0
-        self.chain = None  # causal heads' caches (mtp.decode.inference.ChainCache), rolled back and trimmed with this
+        self.chain: ChainCache | None = None  # causal heads' caches, rolled back and trimmed with this one
 
     @property
     def max_length(self) -> int:
@@ -124,3 +125,21 @@ class KVCache:
         self.host_lengths = [self.host_lengths[r] for r in rows]
         if self.chain is not None:
             self.chain.keep_rows(rows, index)
+
+
+class ChainCache:
+    """Causal depths' caches (one each, depth k's final entries lagging the trunk's by k - 2 positions) and the hidden
+    states the next depth reads (heads - 1, B, max_len, d): head 1's, then depths 2..heads-1's."""
+
+    def __init__(self, caches: list[KVCache], hidden: Tensor) -> None:
+        self.caches, self.hidden = caches, hidden
+
+    def rollback(self, lengths: list[int], device_lengths: Tensor) -> None:
+        """The trunk keeps ``lengths``: depth k keeps the positions whose tokens are all known, lengths - k + 2."""
+        for k, cache in enumerate(self.caches, start=2):
+            cache.rollback([max(0, n - k + 2) for n in lengths], (device_lengths - k + 2).clamp(min=0))
+
+    def keep_rows(self, rows: list[int], index: Tensor) -> None:
+        for cache in self.caches:
+            cache.keep_rows(rows)
+        self.hidden = self.hidden.index_select(1, index)

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtp.decode.cache import KVCache
+from mtp.decode.cache import ChainCache, KVCache
 from mtp.decode.int8 import Int8Matrices, Int8Unembedding
 from mtp.decode.memory import available_bytes
 from mtp.decode.settings import DraftDtype
@@ -588,7 +588,7 @@ class CausalChain:
     training. So depth k's keys and values at i are final once t_{i+k-1} is known (accepted), which lags the trunk
     by k - 2 positions; each step recomputes a depth from where its final entries end up to the last accepted
     position, with drafts standing in for the tokens not known yet (those entries are rolled back after the step).
-    Every depth keeps its own cache and a buffer of its hidden states (:class:`ChainCache`).
+    Every depth keeps its own cache and a buffer of its hidden states (:class:`mtp.decode.cache.ChainCache`).
     """
 
     def __init__(self, model: MTPModel, form: InferenceModel) -> None:
@@ -664,24 +664,6 @@ class CausalChain:
             drafts.append(token)
             depth_cache.commit(width)
         return torch.stack(drafts, dim=1)
-
-
-class ChainCache:
-    """Causal depths' caches (one each, depth k's final entries lagging the trunk's by k - 2 positions) and the hidden
-    states the next depth reads (heads - 1, B, max_len, d): head 1's, then depths 2..heads-1's."""
-
-    def __init__(self, caches: list[KVCache], hidden: Tensor) -> None:
-        self.caches, self.hidden = caches, hidden
-
-    def rollback(self, lengths: list[int], device_lengths: Tensor) -> None:
-        """The trunk keeps ``lengths``: depth k keeps the positions whose tokens are all known, lengths - k + 2."""
-        for k, cache in enumerate(self.caches, start=2):
-            cache.rollback([max(0, n - k + 2) for n in lengths], (device_lengths - k + 2).clamp(min=0))
-
-    def keep_rows(self, rows: list[int], index: Tensor) -> None:
-        for cache in self.caches:
-            cache.keep_rows(rows)
-        self.hidden = self.hidden.index_select(1, index)
 
 
 def compiled_block_step():
