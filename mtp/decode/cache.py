@@ -11,6 +11,8 @@ that follow the held ones, where a sequence would have put them. Causal heads ke
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor
 
@@ -107,14 +109,13 @@ class KVCache:
         """A copy of this cache with every row repeated ``times`` times (row b's copies at b * times ..): branches
         that continue the same context apart (a drafter's independent sequences). Causal chains are not copied."""
         assert self.chain is None, "causal heads' chains are not branched"
-        copy = object.__new__(KVCache)
-        copy.__dict__.update(self.__dict__)
-        copy.keys = self.keys.repeat_interleave(times, dim=1)
-        copy.values = self.values.repeat_interleave(times, dim=1)
-        copy.lengths = self.lengths.repeat_interleave(times)
-        copy.host_lengths = [n for n in self.host_lengths for _ in range(times)]
-        copy.positions = copy.rotary = copy.rows = copy.mask = None
-        return copy
+        branched = copy.copy(self)
+        branched.keys = self.keys.repeat_interleave(times, dim=1)
+        branched.values = self.values.repeat_interleave(times, dim=1)
+        branched.lengths = self.lengths.repeat_interleave(times)
+        branched.host_lengths = [n for n in self.host_lengths for _ in range(times)]
+        branched.positions = branched.rotary = branched.rows = branched.mask = None
+        return branched
 
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every row not in ``rows`` (finished ones), so that they stop costing compute."""
