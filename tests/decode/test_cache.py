@@ -118,6 +118,7 @@ def test_a_span_rounds_up_to_its_multiple_within_the_cache():
     cache.begin(6)  # 9 positions: rounded up to 16, but the cache holds 12
     assert cache.span == 12 and cache.mask.shape == (2, 1, 6, 12)
 
+
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 def test_a_draft_vocabulary_chosen_at_decoding_scores_the_first_token_ids(head_type):
     """InferenceModel(draft_vocab=N): heads 2..k's logits are the full forward's over token ids 0..N-1 and -inf
