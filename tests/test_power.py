@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -1440,6 +1441,9 @@ MUTATIONS = [
 ]
 
 
+PARSING = threading.Lock()
+
+
 @functools.cache
 def definitions(source: str) -> list[tuple[str, int, int]]:
     """(qualified name, start, end): the character span of every function and class of ``source`` (decorators
@@ -1463,7 +1467,9 @@ def definitions(source: str) -> list[tuple[str, int, int]]:
             else:
                 visit(child, prefix)
 
-    visit(ast.parse(source), "")
+    with PARSING:  # two mutation runners place their entries at once; CPython 3.11's parser is not thread-safe
+        tree = ast.parse(source)
+    visit(tree, "")
     return found
 
 
