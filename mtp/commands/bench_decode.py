@@ -62,7 +62,7 @@ from mtp.benchmarks.cli import (
     resolve_prompt_format,
 )
 from mtp.benchmarks.decode_runs import decode_prompts, output_checks
-from mtp.benchmarks.hf_peer import first_divergence, hf_generate, hf_llama, top2_margin
+from mtp.benchmarks.hf_peer import PeerRun, first_divergence, hf_generate, hf_llama, top2_margin
 from mtp.benchmarks.humaneval import (
     WEAKER_SANDBOX_FLAG,
     HumanEvalScorer,
@@ -561,12 +561,11 @@ class HFPeer:
     def run_round(self) -> None:
         plain = hf_generate(self.llama, self.prompts, self.max_new_tokens)
         lookup = hf_generate(self.llama, self.prompts, self.max_new_tokens, prompt_lookup=10)
-        self.plain = plain if self.plain is None or plain.wall_time_s < self.plain.wall_time_s else self.plain
-        self.lookup = lookup if self.lookup is None or lookup.wall_time_s < self.lookup.wall_time_s else self.lookup
+        self.plain, self.lookup = faster(self.plain, plain), faster(self.lookup, lookup)
         line = f"   HF generate {plain.tokens_per_s:.1f} tokens/s, prompt lookup {lookup.tokens_per_s:.1f}"
         if self.static_warmup_s is not None:
             static = hf_generate(self.llama, self.prompts, self.max_new_tokens, static=True)
-            self.static = static if self.static is None or static.wall_time_s < self.static.wall_time_s else self.static
+            self.static = faster(self.static, static)
             line += f", static cache {static.tokens_per_s:.1f}"
         print(line, flush=True)
 
@@ -623,6 +622,11 @@ class HFPeer:
                 else {}
             ),
         }
+
+
+def faster(best: PeerRun | None, run: PeerRun) -> PeerRun:
+    """The faster of the best round so far and this one (best of rounds, as mtp's rows)."""
+    return run if best is None or run.wall_time_s < best.wall_time_s else best
 
 
 def _checks_of(row: dict) -> dict:
