@@ -138,8 +138,8 @@ def attribute_docs(cls: type) -> dict[str, str]:
 
 
 def _argument_type(hint: Any, field: str) -> dict[str, Any]:
-    """argparse's type (and choices, or action) of a field annotated ``hint``: bool, int, float, str, a Literal of
-    them, or one of these or None."""
+    """argparse's type (and choices, or action) of a field annotated ``hint``: bool, int, float, str, Path, a Literal
+    of them, or one of these or None."""
     options = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in options and len(options) == 2:
         hint = options[0] if options[1] is type(None) else options[1]
@@ -147,9 +147,11 @@ def _argument_type(hint: Any, field: str) -> dict[str, Any]:
         return {"action": argparse.BooleanOptionalAction}
     if typing.get_origin(hint) is Literal:
         return {"type": type(typing.get_args(hint)[0]), "choices": typing.get_args(hint)}
-    if hint in (int, float, str):
+    if hint in (int, float, str, Path):
         return {"type": hint}
-    raise TypeError(f"{field}: {hint} has no flag; give it a bool, int, float, str or Literal type, or flag=False")
+    raise TypeError(
+        f"{field}: {hint} has no flag; give it a bool, int, float, str, Path or Literal type (or flag=False)"
+    )
 
 
 def _settings_key(cls: type) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mtp.checkpoint_format import read_checkpoint
-from mtp.commands import drafter_setup
+from mtp.commands.methods import layer_skip as drafter_setup
 from mtp.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -113,6 +113,7 @@ SPANS_ROUNDED = (
     "tests/decode/test_cache.py::test_cached_steps_with_spans_rounded_up_equal_the_full_forward",
     "tests/decode/test_tree.py::test_tree_decoding_with_spans_rounded_up_equals_autoregressive",
 )
+METHODS = "tests/test_methods.py"
 PROMPT_STEP = "tests/decode/test_memory.py::test_a_prompts_step_is_sized_by_the_logits_it_reads_its_last_position"
 MUTATIONS = [
     # -- lossless sampling
@@ -1437,6 +1438,21 @@ MUTATIONS = [
         "min(self.max_len, -(-needed // multiple) * multiple)",
         "min(self.max_len, max(needed // multiple * multiple, multiple))",
         SPANS_ROUNDED,
+    ),
+    # -- drafting methods as objects
+    Mutation(
+        "two drafting methods chosen at once, the second silently ignored",
+        "chosen_methods",
+        "if len(chosen) > 1:",
+        "if len(chosen) > 2:",
+        (f"{METHODS}::test_two_drafting_methods_at_once_are_refused_before_anything_loads",),
+    ),
+    Mutation(
+        "a method whose settings reuse another's flag registered (argparse would clash, or one would shadow it)",
+        "register",
+        "clash = sorted(f.name for f in fields(cls.settings) if f.name in taken)",
+        "clash = []",
+        (f"{METHODS}::test_a_method_whose_name_or_flags_clash_is_refused",),
     ),
 ]
 

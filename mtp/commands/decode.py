@@ -22,9 +22,10 @@ prints one JSON line per prompt instead (its other keys, the completion, and the
 draft heads from the positions where their drafts were rejected after every N prompts (mtp.online; head 1 unchanged,
 so the output is what it would be without), and a last line on stderr compares the stream's halves.
 
---draft, --skip-layers and --prompt-lookup replace the heads' drafts (they cannot be combined with
---self-speculative): each step verifies up to --gamma drafts from a draft model, from this model with some blocks or
-sublayers skipped, or from the continuation of an earlier match of the last tokens.
+The drafting methods (mtp.commands.methods: --draft, --skip-layers, --prompt-lookup, and any method registered
+there) replace the heads' drafts: each step verifies up to --gamma drafts from a draft model, from this model with
+some blocks or sublayers skipped, or from the continuation of an earlier match of the last tokens. With
+--self-speculative a draft model's or layer skip's chain is verified beside the heads' (a hybrid step).
 """
 
 from __future__ import annotations
@@ -49,15 +50,11 @@ from mtp.cli import (
     settings_from,
     settings_named_by_flags,
 )
-from mtp.commands.drafter_setup import (
-    add_skip_search_flags,
-    check_drafting_flags,
-    check_staged_flag,
-    drafting,
-    pick_drafter,
-)
+from mtp.commands.methods import REGISTRY, Target
+from mtp.commands.methods.base import chosen_methods, method_flags
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode import GenerationConfig, generate
+from mtp.decode.proposers import Proposer
 from mtp.decode.tree import DraftTree, read_tree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 from mtp.errors import UserError
@@ -103,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         notes={
             "heads": "default: all with --self-speculative, else 1",
             "compile": "a short warm-up decode compiles it before the timed one",
-            "gamma": "here the drafter of --draft, --skip-layers or --prompt-lookup",
+            "gamma": f"here the drafter of {method_flags('or')}",
         },
         heads=None,
         gamma=4,
@@ -120,29 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"nodes of a tree fitted by --tree auto, or {FASTEST}: the size of 1 to {FASTEST_SIZES[-1]} nodes whose "
         "steps, timed here, give the most expected tokens per second (default)",
     )
-    drafter = parser.add_mutually_exclusive_group()
-    drafter.add_argument(
-        "--draft", type=Path, help="draft with this checkpoint (same tokenizer; e.g. a tiny mtp1), verify with CKPT"
-    )
-    drafter.add_argument(
-        "--skip-layers",
-        help="draft with this model minus these blocks of head 1's path (0-based, e.g. 2,4,5; the last is head 1's "
-        "own block) or sublayers (3a: block 3's attention, 5m: block 5's MLP), or auto: the set that decodes "
-        "held-out prompts fastest",
-    )
-    parser.add_argument(
-        "--staged",
-        choices=("lookup", "heads"),
-        help="with --draft: decode the draft model speculatively too, its own drafts from prompt lookup or from its "
-        "heads (a draft trained as mtp2 or mtp4)",
-    )
-    drafter.add_argument(
-        "--prompt-lookup",
-        type=int,
-        metavar="N",
-        help="draft what followed the latest earlier occurrence of the last N (down to 1) tokens",
-    )
-    add_skip_search_flags(parser)
+    for method in REGISTRY.values():  # who drafts instead of the heads: each method's own flags
+        method.add_flags(parser)
     parser.add_argument("--compare", action="store_true", help="also decode autoregressively and report the speed-up")
     online = parser.add_argument_group("online updates of the draft heads (with --prompts and --self-speculative)")
     add_settings(online, OnlineSettings, notes={"online": "default: no updates"}, online=None)
@@ -169,7 +145,6 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.heads is not None and args.heads > 1 and not args.self_speculative:
         raise UserError(f"--heads {args.heads} drafts with extra heads; add --self-speculative (or use --heads 1).")
     check_drafting_flags(args)
-    check_staged_flag(args)
     if args.tree is not None and not args.self_speculative:
         raise UserError("--tree drafts with extra heads; add --self-speculative.")
     if args.prompts is not None:
@@ -182,6 +157,34 @@ def check_flags(args: argparse.Namespace) -> None:
             raise UserError("--online updates the heads between the prompts of a stream; give them with --prompts F.")
         if not args.self_speculative:
             raise UserError("--online updates the heads that draft; add --self-speculative.")
+
+
+def check_drafting_flags(args: argparse.Namespace) -> None:
+    """The drafting methods' flags, before anything is loaded: at most one method drafts, each checks its own flags,
+    and a drafter's chains combine with the heads' only where the method drafts beside them (GenerationConfig checks
+    --gamma against the heads' settings; it knows no drafters, so --gamma's floor of 1 with one is checked here)."""
+    chosen = chosen_methods(args)
+    for method in REGISTRY.values():
+        method.check(args, method in chosen)
+    if not chosen:
+        return
+    require_at_least(args, 1, "gamma")
+    if args.tree is not None:
+        raise UserError(f"{method_flags()} draft chains, not a --tree of the heads; drop --tree.")
+    if args.self_speculative and not chosen[0].beside_heads:
+        hybrids = " or ".join(m.flag() for m in REGISTRY.values() if m.beside_heads)
+        raise UserError(
+            f"{chosen[0].flag()} drafts without the heads, which does not combine with the heads' drafts; drop "
+            f"--self-speculative (a hybrid step takes {hybrids})."
+        )
+
+
+def pick_drafter(args: argparse.Namespace, loaded, config: GenerationConfig, device) -> Proposer | None:
+    """The proposer of the drafting method the flags choose (None: the heads draft, or nothing does)."""
+    chosen = chosen_methods(args)
+    if not chosen:
+        return None
+    return chosen[0](args).proposer(Target(loaded, config, device, args.dtype, args.compile))
 
 
 def read_prompts(path: Path) -> list[dict]:
@@ -258,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_flags(args)
     heads = args.heads if args.heads is not None else 1  # all heads with --self-speculative, once they are known
-    gamma = args.gamma if drafting(args) else 0
+    gamma = args.gamma if chosen_methods(args) else 0
     unknown = args.heads is None and args.self_speculative  # 2 stands in for all heads (at least 2 draft) until known
     settings_from(args, GenerationConfig, heads=2 if unknown else heads, gamma=gamma)  # checked before loading
     device = pick_device(args.device)

@@ -7,7 +7,7 @@ import argparse
 import pytest
 import torch
 
-from mtp.commands import drafter_setup
+from mtp.commands.methods import layer_skip as drafter_setup
 from mtp.decode import GenerationConfig, generate
 from mtp.decode import skip_search as skip_search_module
 from mtp.decode.inference import InferenceModel, skip_label, sublayers_of

@@ -1,5 +1,5 @@
-"""Turning the scripts' drafting flags into drafters: a draft checkpoint checked against the target, a skip set of
-blocks or sublayers read or searched for, prompt lookup (user errors are one sentence each)."""
+"""Layer skip (Draft & Verify, Zhang et al. 2023): the target drafts with some blocks of head 1's path, or some of
+their attention and MLP sublayers, skipped; the set is given, or searched for on held-out prompts (auto)."""
 
 from __future__ import annotations
 
@@ -8,25 +8,15 @@ import importlib.util
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
-import torch
-
-from mtp.checkpoint_load import LoadedCheckpoint, load_checkpoint
-from mtp.cli import require_at_least
+from mtp.checkpoint_load import LoadedCheckpoint
+from mtp.cli import add_settings, require_at_least
+from mtp.commands.methods.base import BenchRow, DraftingMethod, Target, register
 from mtp.data.prompts import prompts_beyond_the_benchmarks
 from mtp.decode import GenerationConfig
 from mtp.decode.inference import ATTENTION, FEED_FORWARD, Sublayer, sublayers_of
-from mtp.decode.proposers import (
-    LookupDrafter,
-    ModelDrafter,
-    Proposer,
-    StagedDrafter,
-    draft_model_drafter,
-    layer_skip_drafter,
-    staged_drafter,
-)
+from mtp.decode.proposers import ModelDrafter, Proposer, layer_skip_drafter
 from mtp.decode.skip_search import SearchResult, Trials, measure_costs, search_blocks, search_sublayers
 from mtp.errors import UserError
 from mtp.model import MTPModel
@@ -40,54 +30,10 @@ SKIP_PART = re.compile(rf"(\d+)([{ATTENTION}{FEED_FORWARD}]?)")
 """One item of a --skip-layers set: a block (7), its attention (3a) or its MLP (5m)."""
 
 
-def load_draft(path: Path, target: LoadedCheckpoint, device: torch.device, dtype: str) -> LoadedCheckpoint:
-    """A draft checkpoint for ``target``: an mtp checkpoint with the same tokenizer and vocabulary."""
-    try:
-        draft = load_checkpoint(path, device, dtype)
-    except UserError as err:
-        raise UserError(f"--draft: {err}") from err
-    if draft.tokenizer.to_str() != target.tokenizer.to_str():
-        raise UserError(
-            f"--draft {path} has a different tokenizer from the target's; train the draft on the target's tokenizer "
-            "(data/tokenizer=pretrained data.tokenizer.path=TARGET.ckpt)."
-        )
-    if draft.config.vocab_size != target.config.vocab_size:
-        raise UserError(
-            f"--draft {path} has model.vocab_size={draft.config.vocab_size} but the target has "
-            f"{target.config.vocab_size}; train the draft with model.vocab_size={target.config.vocab_size}."
-        )
-    return draft
-
-
-def staged_draft(path: Path, draft: LoadedCheckpoint, inner: str, compile: bool = False) -> StagedDrafter:
-    """The staged drafter of --draft ``path`` --staged ``inner``: the draft model's own drafts from prompt lookup or
-    from its heads, which it must have."""
-    if inner == "heads" and draft.config.n_future < 2:
-        raise UserError(
-            f"--staged heads drafts with the draft model's own heads, and --draft {path} has one; train the draft with "
-            "model=mtp2 (or mtp4), or use --staged lookup."
-        )
-    return staged_drafter(draft.model, inner, compile)
-
-
 def add_skip_search_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of --skip-layers auto's search (decode and bench_decode)."""
+    """The flags of --skip-layers auto's search (bench_decode's; decode has them among the method's settings)."""
     search = parser.add_argument_group("--skip-layers auto: the skip set's search")
-    search.add_argument(
-        "--skip-sublayers",
-        action="store_true",
-        help="search attention and MLP sublayers (3a, 5m) by Bayesian optimization (Optuna's TPE, seeded with --seed) "
-        "instead of whole blocks by greedy forward selection; needs the search extra",
-    )
-    search.add_argument(
-        "--search-trials", type=int, default=SEARCH_TRIALS, help="the sublayer search's trials (sets decoded)"
-    )
-    search.add_argument(
-        "--search-seconds",
-        type=float,
-        default=SEARCH_SECONDS,
-        help="no trial (sublayer search) or round (block search) starts after this many seconds",
-    )
+    add_settings(search, LayerSkipSettings, ("skip_sublayers", "search_trials", "search_seconds"))
 
 
 def check_skip_search_flags(args: argparse.Namespace, skip_layers: list[str | None]) -> None:
@@ -195,48 +141,64 @@ def skip_layers_drafter(
     return layer_skip_drafter(loaded.model, found.skip, compile, {"search": search})
 
 
-def pick_drafter(args, loaded: LoadedCheckpoint, config: GenerationConfig, device: torch.device) -> Proposer | None:
-    """The drafter of --draft, --skip-layers or --prompt-lookup (None: the heads draft, or nothing does); --skip-layers
-    auto searches on held-out prompts of the checkpoint's validation split."""
-    if args.draft is not None:
-        draft = load_draft(args.draft, loaded, device, args.dtype)
-        if args.staged is not None:
-            return staged_draft(args.draft, draft, args.staged, args.compile)
-        return draft_model_drafter(draft.model, args.compile)
-    if args.skip_layers is not None:
+@dataclass
+class LayerSkipSettings:
+    skip_layers: str | None = None
+    """Draft with this model minus these blocks of head 1's path (0-based, e.g. 2,4,5; the last is head 1's own
+    block) or sublayers (3a: block 3's attention, 5m: block 5's MLP), or auto: the set that decodes held-out prompts
+    fastest."""
+    skip_sublayers: bool = False
+    """Search attention and MLP sublayers (3a, 5m) by Bayesian optimization (Optuna's TPE, seeded with --seed) instead
+    of whole blocks by greedy forward selection; needs the search extra."""
+    search_trials: int = SEARCH_TRIALS
+    """The sublayer search's trials (sets decoded)."""
+    search_seconds: float = SEARCH_SECONDS
+    """No trial (sublayer search) or round (block search) starts after this many seconds."""
+
+
+@register
+class LayerSkip(DraftingMethod):
+    """The target itself drafts with some blocks or sublayers of head 1's path skipped (Draft & Verify)."""
+
+    name = "layerskip"
+    settings = LayerSkipSettings
+    selected_by = "skip_layers"
+    beside_heads = True
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser, bench: bool = False) -> None:
+        if not bench:
+            return super().add_flags(parser)
+        parser.add_argument(
+            "--skip-layers",
+            nargs="+",
+            default=["auto"],
+            help="for layerskip: sets to skip, a row each: blocks (2,4,5), sublayers (3a,5m: attention, MLP), or "
+            "auto: searched per mode (with --skip-sublayers, a row for the block search and one for the sublayer "
+            "search)",
+        )
+        add_skip_search_flags(parser)
+
+    @classmethod
+    def check(cls, args: argparse.Namespace, chosen: bool) -> None:
+        skip_layers = args.skip_layers if isinstance(args.skip_layers, list) else [args.skip_layers]
+        check_skip_search_flags(args, skip_layers if chosen else [])
+
+    def proposer(self, target: Target) -> Proposer:
+        args = self.args
         return skip_layers_drafter(
-            args.skip_layers, loaded, config, args.compile, args.skip_sublayers, args.search_trials, args.search_seconds
-        )
-    if args.prompt_lookup is not None:
-        return LookupDrafter(args.prompt_lookup, loaded.config.vocab_size, device)
-    return None
+            args.skip_layers, target.loaded, target.config, target.compile, args.skip_sublayers, args.search_trials,
+            args.search_seconds,
+        )  # fmt: skip
 
-
-def check_staged_flag(args) -> None:
-    """--staged names where a --draft model's own drafts come from: it needs one."""
-    if args.staged is not None and args.draft is None:
-        raise UserError("--staged decodes a draft model speculatively; give it with --draft DRAFT.ckpt.")
-
-
-def drafting(args) -> bool:
-    """Whether a drafter replaces the heads' drafts: --draft, --skip-layers or --prompt-lookup."""
-    return args.draft is not None or args.skip_layers is not None or args.prompt_lookup is not None
-
-
-def check_drafting_flags(args) -> None:
-    """The drafting flags' ranges and combinations, before anything is loaded (GenerationConfig checks --gamma against
-    the decoding settings of the heads' drafts, --heads and --draft-p-min; it knows no drafters, so --gamma's floor of
-    1 with one is checked here)."""
-    check_skip_search_flags(args, [args.skip_layers])
-    if not drafting(args):
-        return
-    require_at_least(args, 1, "gamma", "prompt_lookup")
-    if args.tree is not None:
-        raise UserError(
-            "--draft, --skip-layers and --prompt-lookup draft chains, not a --tree of the heads; drop --tree."
-        )
-    if args.self_speculative and args.prompt_lookup is not None:
-        raise UserError(
-            "--prompt-lookup drafts one continuation, which does not combine with the heads' drafts; drop "
-            "--self-speculative (a hybrid step takes --draft or --skip-layers)."
-        )
+    def bench_rows(
+        self, target: Target, methods: list[str], drafted: Callable[[int], GenerationConfig]
+    ) -> list[BenchRow]:
+        args, config, rows = self.args, drafted(self.args.gamma), []
+        for spec in args.skip_layers:
+            for sublayers in (False, True) if spec == "auto" and args.skip_sublayers else (False,):
+                drafter = skip_layers_drafter(
+                    spec, target.loaded, config, args.compile, sublayers, args.search_trials, args.search_seconds
+                )
+                rows.append((self.name, config, drafter))
+        return rows

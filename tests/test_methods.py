@@ -1,0 +1,158 @@
+"""A drafting method is one object: a method defined here, in the test file alone, gets decode's flags (and their
+errors), a decode run whose greedy output equals autoregressive decoding's, and a bench_decode row, without any
+change to the package."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mtp.commands import bench_decode, decode
+from mtp.commands.methods import REGISTRY, DraftingMethod, Target, register, unregister
+from mtp.decode.proposers import Proposal, Proposer
+from mtp.decode.settings import SettingError
+from mtp.errors import UserError
+
+
+class RepeatLast(Proposer):
+    """Drafts each row's last token, ``times`` over (a poor drafter, but an honest one: one-hot proposals)."""
+
+    method = "repeat"
+
+    def __init__(self, times: int, vocab_size: int, device: torch.device) -> None:
+        self.times, self.vocab_size, self.device = times, vocab_size, device
+
+    def params(self) -> dict[str, str]:
+        return {"times": str(self.times)}
+
+    def start(self, prompts, max_len, config=None) -> None:
+        super().start(prompts, max_len, config)
+        self.last = [p[-1] for p in prompts]
+
+    def advance(self, accepted: list[int], emitted: list[list[int]]) -> None:
+        self.last = [tokens[-1] for tokens in emitted]
+
+    def keep_rows(self, rows: list[int], index: Tensor) -> None:
+        self.last = [self.last[r] for r in rows]
+
+    def propose(self, gamma: int, draws: Tensor | None) -> Proposal:
+        count = min(gamma, self.times)
+        drafts = torch.tensor([[t] * count for t in self.last], device=self.device).view(len(self.last), count)
+        probs = F.one_hot(drafts, self.vocab_size).float() if self.sampled else None
+        return Proposal(drafts, probs, counts=[count] * len(self.last))
+
+
+@dataclass
+class RepeatSettings:
+    repeat_last: int | None = None
+    """Draft each row's last token this many times."""
+
+    def __post_init__(self) -> None:
+        if self.repeat_last is not None and self.repeat_last < 1:
+            raise SettingError("{repeat_last} must be at least 1.", repeat_last=self.repeat_last)
+
+
+class Repeat(DraftingMethod):
+    """Repeat drafts each row's last token again."""
+
+    name = "repeat"
+    settings = RepeatSettings
+    selected_by = "repeat_last"
+
+    def proposer(self, target: Target) -> Proposer:
+        return RepeatLast(self.options.repeat_last, target.loaded.config.vocab_size, target.device)
+
+
+@pytest.fixture
+def repeat_method():
+    register(Repeat)
+    yield Repeat
+    unregister(Repeat.name)
+
+
+def stats_of(line: str) -> dict[str, str]:
+    return dict(re.findall(r"(\S+)=(\S+)", line))
+
+
+def test_a_method_of_a_test_file_gets_flags_a_decode_run_and_a_benchmark_row(
+    repeat_method, tiny_checkpoints, tmp_path, capsys
+):
+    checkpoint = str(tiny_checkpoints["mtp4"])
+    assert "--repeat-last" in decode.build_parser().format_help()
+    argv = [checkpoint, "--compare", "--prompt", "def f(", "--max-new-tokens", "12", "--repeat-last", "2"]
+    assert decode.main(argv) == 0
+    out = capsys.readouterr().out
+    stats = stats_of(next(line for line in out.splitlines() if line.startswith("tokens=")))
+    assert "outputs_match=yes" in out and stats["method"] == "repeat" and stats["times"] == "2"
+    assert decode.main([*argv, "--temperature", "0.8", "--batch-size", "2"]) == 0  # sampling: one-hot proposals
+    capsys.readouterr()
+
+    bench = tmp_path / "bench"
+    bench_decode.main(
+        [checkpoint, "--methods", "repeat", "--repeat-last", "3", "--modes", "greedy", "--batch-sizes", "1"]
+        + ["--heads", "2", "--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--repeats", "1"]
+        + ["--out", str(bench)]
+    )
+    rows = json.loads((bench / "results.json").read_text())["results"]
+    row = next(r for r in rows if r["method"] == "repeat")
+    assert row["drafter"]["times"] == "3" and row["gamma"] == 4  # bench's --gamma, drafts capped by the method
+    assert row["identical_outputs"] == row["prompts"] == 2
+    assert "repeat (gamma 4, times 3)" in (bench / "results.md").read_text()
+
+
+def test_a_methods_bad_settings_are_one_sentence_naming_its_flag(repeat_method, tiny_checkpoints, capsys):
+    checkpoint = str(tiny_checkpoints["mtp4"])
+    with pytest.raises(UserError, match=r"^--repeat-last 0 must be at least 1\.$"):
+        decode.main([checkpoint, "--prompt", "x", "--repeat-last", "0"])
+    with pytest.raises(UserError, match=r"--repeat-last drafts without the heads, .* drop --self-speculative"):
+        decode.main([checkpoint, "--prompt", "x", "--repeat-last", "2", "--self-speculative"])
+    with pytest.raises(SystemExit) as exit_:
+        bench_decode.parse_args([checkpoint, "--methods", "repeat"])
+    assert exit_.value.code == 2
+    needs = "--methods repeat needs --repeat-last: Draft each row's last token this many times."
+    assert needs in capsys.readouterr().err
+
+
+def test_two_drafting_methods_at_once_are_refused_before_anything_loads(repeat_method):
+    parser = decode.build_parser()
+    for flags, named in (
+        (["--repeat-last", "2", "--prompt-lookup", "2"], "--prompt-lookup and --repeat-last"),
+        (["--draft", "d.ckpt", "--skip-layers", "1"], "--draft and --skip-layers"),
+    ):
+        with pytest.raises(UserError, match=rf"^{named} each choose who drafts; give one of them\.$"):
+            decode.check_flags(parser.parse_args(["missing.ckpt", "--prompt", "x", *flags]))
+    decode.check_flags(parser.parse_args(["missing.ckpt", "--prompt", "x", "--repeat-last", "2"]))
+
+
+def test_a_method_whose_name_or_flags_clash_is_refused(repeat_method):
+    with pytest.raises(ValueError, match="named 'repeat' is registered already"):
+        register(type("Other", (Repeat,), {}))
+
+    @dataclass
+    class Clashing:
+        prompt_lookup: int | None = None
+        """Clashes with prompt lookup's flag."""
+
+    with pytest.raises(ValueError, match="prompt_lookup are lookup's flags already"):
+        clash = {"name": "clash", "settings": Clashing, "selected_by": "prompt_lookup"}
+        register(type("Clash", (DraftingMethod,), clash))
+    assert "clash" not in REGISTRY
+
+
+def test_every_built_in_method_is_registered_and_answers_for_its_benchmark_entries():
+    assert list(REGISTRY) == ["draft", "layerskip", "lookup"]
+    assert bench_decode.methods() == (
+        "chain", "tree", "typical", "adaptive", "spectr", "draft", "hybrid", "staged", "layerskip", "lookup",
+    )  # fmt: skip
+    parser = decode.build_parser()
+    args = parser.parse_args(["x.ckpt", "--skip-layers", "1"])
+    assert isinstance(args, argparse.Namespace) and [m.name for m in REGISTRY.values() if m.selected(args)] == [
+        "layerskip"
+    ]
