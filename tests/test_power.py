@@ -366,16 +366,16 @@ MUTATIONS = [
     # -- KV cache
     Mutation(
         "the cache keeps one position too few after verification",
-        "generate",
+        "_Run.commit",
         "cache.rollback(kept, held_on_device + base + accepted + 1)",
         "cache.rollback(kept, held_on_device + base + accepted)",
         GREEDY_EXACT,
     ),
     Mutation(
         "the cache's host-side lengths keep one position too few",
-        "generate",
-        "kept = [held[i] + h[0] + 1 + first_base[i] for i, h in enumerate(host)]",
-        "kept = [held[i] + h[0] + first_base[i] for i, h in enumerate(host)]",
+        "_Run.commit",
+        "kept = [held[i] + h[0] + 1 + step.first_base[i] for i, h in enumerate(host)]",
+        "kept = [held[i] + h[0] + step.first_base[i] for i, h in enumerate(host)]",
         GREEDY_EXACT,
     ),
     Mutation(
@@ -522,9 +522,9 @@ MUTATIONS = [
     ),
     Mutation(
         "drafts made after the step's first input instead of the last accepted one",
-        "generate",
-        "proposer.draft_in_step(hidden, cache, base + accepted, inputs, next_token, draws)",
-        "proposer.draft_in_step(hidden, cache, base, inputs, next_token, draws)",
+        "_Run.verify",
+        "last = step.base + verdict.accepted",
+        "last = step.base",
         (f"{GREEDY}::test_greedy_decoding_equals_the_cache_free_reference_when_drafts_pass",),
     ),
     Mutation(
@@ -923,7 +923,7 @@ MUTATIONS = [
     ),
     Mutation(
         "a drafter's proposals taken from the step's acceptance uniforms",
-        "generate",
+        "_Run.propose",
         "rule.layout.drafter(draws) if draws is not None else None",
         "draws if draws is not None else None",
         (f"{DRAFTED_LOSSLESS}[draft]",),
@@ -1427,7 +1427,7 @@ MUTATIONS = [
     # -- a step's memory
     Mutation(
         "the prompts' step sized by logits at every prompt position (refusing batches that fit)",
-        "generate",
+        "_Run.__init__",
         "check_step_fits(model.config, len(prompts), max_len, longest, 0, device, dtype, logit_positions=1)",
         "check_step_fits(model.config, len(prompts), max_len, longest, 0, device, dtype)",
         (PROMPT_STEP,),

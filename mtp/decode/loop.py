@@ -20,6 +20,7 @@ drafts.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -35,100 +36,176 @@ from mtp.decode.stats import DecodeStats, SpanTimer
 from mtp.model import MTPModel
 
 
+@dataclass
+class Step:
+    """What a step verifies: per row its last accepted input, then its drafts (the prompts' step: the prompts,
+    right-padded), and where the drafts came from."""
+
+    inputs: Tensor
+    """(B, 1 + n_drafts): the last accepted input, then the drafts (a chain, or a tree's nodes)."""
+    base: Tensor
+    """(B,) the index in ``inputs`` of each row's last accepted input (0 after the prompts' step)."""
+    first_base: list[int]
+    """The same on the host."""
+    n_drafts: int = 0
+    live: Tensor | None = None
+    """(B,) on the device: the drafts (chain) or depths (tree) each row verifies."""
+    proposal: Proposal | None = None
+
+
+@dataclass
+class Verdict:
+    """A step's forward and its rule's verdict, per row: the drafts (depths) accepted, the token after them, the
+    accepted tree node (None: a chain), the accepted inputs (a tree step's path, which the cache now holds where a
+    sequence would), what the draft heads read there (B, S', d), and how many drafts the heads made of it."""
+
+    accepted: Tensor
+    next_token: Tensor
+    node: Tensor | None
+    inputs: Tensor
+    hidden: Tensor
+    proposed: Tensor | None = None
+
+
 @torch.inference_mode()
 def generate(
     model: MTPModel, prompts: list[list[int]], config: GenerationConfig, drafter: Proposer | None = None
 ) -> tuple[list[list[int]], DecodeStats]:
     """Continue every prompt (a list of token ids each) by up to ``max_new_tokens`` tokens; rows are independent.
     With ``drafter`` (and ``config.gamma`` > 0) the drafts come from it instead of the heads."""
-    if (drafter is not None) != (config.gamma > 0):
-        raise ValueError("pass a drafter together with gamma > 0 (and gamma only with a drafter)")
-    config.check_for(model.config, prompts)
-    device, tree, rule = next(model.parameters()).device, config.step_tree, rule_for(config)
-    config.check_device(device)
-    longest, nodes = max(map(len, prompts)), tree.size if tree is not None else 0
-    max_len = config.cache_length(longest)
-    dtype = model.tok_embeddings.weight.dtype
-    # a drafting step (head 1's logits everywhere), then the prompts' step (logits at each row's last position only)
-    check_step_fits(model.config, len(prompts), max_len, 1 + (nodes or config.drafts), nodes, device, dtype)
-    check_step_fits(model.config, len(prompts), max_len, longest, 0, device, dtype, logit_positions=1)
-    heads_tree = tree is not None and not config.gamma  # the heads draft the tree (else a drafter, or a hybrid)
-    heads = tree.depth + 1 if heads_tree else config.heads
-    heads_dtype = config.draft_dtype if drafter is None or config.hybrid else "auto"  # the heads' drafts' precision
-    inference = InferenceModel.of(model, heads, config.compile, heads_dtype, config.draft_vocab)
-    proposer = _proposer(drafter, inference, config)
-    stats = DecodeStats(
-        rows=len(prompts), drafted=[0] * config.drafts, accepted=[0] * config.drafts,
-        tree_nodes=tree.size if tree is not None else 0, acceptance_rule=rule.name, method=proposer.method,
-        method_params={"gamma": str(config.gamma), **proposer.params()} if drafter is not None else {},
-    )  # fmt: skip
-    rows = _Rows(len(prompts), config)
-    cache = inference.new_cache(len(prompts), max_len)
-    steps, per_step = config.max_new_tokens + 1, rule.layout.per_step  # every step emits a token, the prompt's too
-    uniforms = None if config.greedy else RowUniforms(config.seed, len(prompts), steps, per_step, device)
-    proposer.start(prompts, max_len, config)  # a drafter's cache allocated outside the timed part, as the target's is
-    draft_timer = SpanTimer(device)
-    start = time.perf_counter()
-
-    # Step 0: the prompts. Every prompt token counts as accepted; the last one is each row's base position.
-    inputs = torch.tensor([p + [0] * (longest - len(p)) for p in prompts], device=device)
-    first_base = [len(p) - 1 for p in prompts]
-    base = torch.tensor(first_base, device=device)
-    n_drafts, proposal, live = 0, None, None  # live: drafts (chain) or depths (tree) each row verifies, on the device
+    run = _Run(model, prompts, config, drafter)
+    step = run.prompts_step(prompts)  # step 0: every prompt token counts as accepted
     while True:
-        held, held_on_device = cache.host_lengths, cache.lengths
-        draws = uniforms.next(per_step) if uniforms is not None else None
-        accepted, next_token, node, inputs, hidden = _verify(
-            inference, cache, rule, tree, inputs, base, n_drafts, live, proposal, draws
-        )
-        draft_timer.start()  # the heads draft here, inside the step; a drafter below, between steps
-        proposed = proposer.draft_in_step(hidden, cache, base + accepted, inputs, next_token, draws)
-        draft_timer.stop()
-        proposed = torch.full_like(accepted, config.drafts) if proposed is None else proposed
-        cache.commit(inputs.size(1))
-        stats.forwards, stats.row_forwards = stats.forwards + 1, stats.row_forwards + len(rows.index)
-        # the one device-to-host transfer of the step: what each row accepted and emitted, and will draft next
-        pending = inputs[:, 1:] if n_drafts else base[:, None]
-        node = node if node is not None else torch.zeros_like(accepted)
-        host = torch.cat([torch.stack([accepted, next_token, proposed, node], 1), pending], 1).tolist()
-        if stats.forwards == 1:
-            stats.prefill_s = time.perf_counter() - start
-        # keep the last accepted input and everything before it: base + accepted + 1 new positions
-        kept = [held[i] + h[0] + 1 + first_base[i] for i, h in enumerate(host)]
-        cache.rollback(kept, held_on_device + base + accepted + 1)  # the same, computed where it is used
-
-        keep, accepted_counts, emitted_rows = rows.emit(host, n_drafts, tree is not None, stats)
-        if not keep:
+        draws = run.uniforms.next(run.rule.layout.per_step) if run.uniforms is not None else None
+        verdict = run.verify(step, draws)  # verify and accept; the heads propose from the same forward
+        rows, draws = run.commit(step, verdict, draws)  # roll back, emit, drop finished rows
+        if rows is None:
             break
+        step = run.propose(*rows, draws)  # the next step's drafts
+    return run.finish()
+
+
+class _Run:
+    """One call of :func:`generate`: its checks, the packed model, the proposer, the cache and the rows."""
+
+    def __init__(
+        self, model: MTPModel, prompts: list[list[int]], config: GenerationConfig, drafter: Proposer | None
+    ) -> None:
+        if (drafter is not None) != (config.gamma > 0):
+            raise ValueError("pass a drafter together with gamma > 0 (and gamma only with a drafter)")
+        config.check_for(model.config, prompts)
+        device, tree, rule = next(model.parameters()).device, config.step_tree, rule_for(config)
+        config.check_device(device)
+        longest, nodes = max(map(len, prompts)), tree.size if tree is not None else 0
+        max_len = config.cache_length(longest)
+        dtype = model.tok_embeddings.weight.dtype
+        # a drafting step (head 1's logits everywhere), then the prompts' step (logits at each row's last position only)
+        check_step_fits(model.config, len(prompts), max_len, 1 + (nodes or config.drafts), nodes, device, dtype)
+        check_step_fits(model.config, len(prompts), max_len, longest, 0, device, dtype, logit_positions=1)
+        heads_tree = tree is not None and not config.gamma  # the heads draft the tree (else a drafter, or a hybrid)
+        heads = tree.depth + 1 if heads_tree else config.heads
+        heads_dtype = config.draft_dtype if drafter is None or config.hybrid else "auto"  # the heads' drafts' precision
+        self.inference = InferenceModel.of(model, heads, config.compile, heads_dtype, config.draft_vocab)
+        self.proposer = proposer = _proposer(drafter, self.inference, config)
+        self.stats = DecodeStats(
+            rows=len(prompts), drafted=[0] * config.drafts, accepted=[0] * config.drafts, tree_nodes=nodes,
+            acceptance_rule=rule.name, method=proposer.method,
+            method_params={"gamma": str(config.gamma), **proposer.params()} if drafter is not None else {},
+        )  # fmt: skip
+        self.config, self.device, self.tree, self.rule = config, device, tree, rule
+        self.rows = _Rows(len(prompts), config)
+        self.cache = self.inference.new_cache(len(prompts), max_len)
+        steps = config.max_new_tokens + 1  # every step emits a token, the prompt's too
+        self.uniforms = (
+            None if config.greedy else RowUniforms(config.seed, len(prompts), steps, rule.layout.per_step, device)
+        )
+        proposer.start(
+            prompts, max_len, config
+        )  # a drafter's cache allocated outside the timed part, as the target's is
+        self.draft_timer = SpanTimer(device)
+        self.start = time.perf_counter()
+
+    def prompts_step(self, prompts: list[list[int]]) -> Step:
+        """The prompts, right-padded to the longest; the last token of each is its row's base position."""
+        longest = max(map(len, prompts))
+        inputs = torch.tensor([p + [0] * (longest - len(p)) for p in prompts], device=self.device)
+        first_base = [len(p) - 1 for p in prompts]
+        return Step(inputs, torch.tensor(first_base, device=self.device), first_base)
+
+    def verify(self, step: Step, draws: Tensor | None) -> Verdict:
+        """One forward of the target over the step and its rule's verdict; the heads draft from the same forward."""
+        verdict = _verify(self.inference, self.cache, self.rule, self.tree, step, draws)
+        self.draft_timer.start()  # the heads draft here, inside the step; a drafter in propose, between steps
+        last = step.base + verdict.accepted
+        verdict.proposed = self.proposer.draft_in_step(
+            verdict.hidden, self.cache, last, verdict.inputs, verdict.next_token, draws
+        )
+        self.draft_timer.stop()
+        return verdict
+
+    def commit(
+        self, step: Step, verdict: Verdict, draws: Tensor | None
+    ) -> tuple[tuple[list[int], list[list[int]], Tensor] | None, Tensor | None]:
+        """Keep what each row accepted in the cache, emit its tokens, and drop the rows that finished: (the rows'
+        accepted counts, emitted tokens and next token; None once every row is done) and the step's uniforms of the
+        rows that go on."""
+        cache, stats, config = self.cache, self.stats, self.config
+        accepted, base, inputs = verdict.accepted, step.base, verdict.inputs
+        held, held_on_device = cache.host_lengths, cache.lengths
+        proposed = torch.full_like(accepted, config.drafts) if verdict.proposed is None else verdict.proposed
+        cache.commit(inputs.size(1))
+        stats.forwards, stats.row_forwards = stats.forwards + 1, stats.row_forwards + len(self.rows.index)
+        # the one device-to-host transfer of the step: what each row accepted and emitted, and will draft next
+        pending = inputs[:, 1:] if step.n_drafts else base[:, None]
+        node = verdict.node if verdict.node is not None else torch.zeros_like(accepted)
+        host = torch.cat([torch.stack([accepted, verdict.next_token, proposed, node], 1), pending], 1).tolist()
+        if stats.forwards == 1:
+            stats.prefill_s = time.perf_counter() - self.start
+        # keep the last accepted input and everything before it: base + accepted + 1 new positions
+        kept = [held[i] + h[0] + 1 + step.first_base[i] for i, h in enumerate(host)]
+        cache.rollback(kept, held_on_device + base + accepted + 1)  # the same, computed where it is used
+        keep, accepted_counts, emitted_rows = self.rows.emit(host, step.n_drafts, self.tree is not None, stats)
+        if not keep:
+            return None, draws
+        next_token = verdict.next_token
         if len(keep) < len(host):  # finished rows leave the batch
-            index = torch.tensor(keep, device=device)
+            index = torch.tensor(keep, device=self.device)
             cache.keep_rows(keep)
-            proposer.keep_rows(keep, index)
-            if uniforms is not None:
-                uniforms.keep_rows(index)
+            self.proposer.keep_rows(keep, index)
+            if self.uniforms is not None:
+                self.uniforms.keep_rows(index)
                 draws = draws[index]
             next_token = next_token[index]
-        proposer.advance(accepted_counts, emitted_rows)
-        draft_timer.start()
+        return (accepted_counts, emitted_rows, next_token), draws
+
+    def propose(self, accepted: list[int], emitted: list[list[int]], next_token: Tensor, draws: Tensor | None) -> Step:
+        """The next step: each row's token after its accepted drafts, then the proposer's drafts (the heads' were
+        made in :meth:`verify`; a drafter drafts here, once the step's tokens are known)."""
+        rows, rule, proposer = self.rows, self.rule, self.proposer
+        proposer.advance(accepted, emitted)
+        self.draft_timer.start()
         proposal = proposer.propose(max(rows.verifying), rule.layout.drafter(draws) if draws is not None else None)
-        draft_timer.stop()
+        self.draft_timer.stop()
         if proposal.counts is not None:
             rows.verifying = [min(v, n) for v, n in zip(rows.verifying, proposal.counts, strict=True)]
         verifying = rows.verifying
         # the next step verifies what its deepest row drafts; the rest of its rows only their own
-        reuse = proposal.live is not None and not config.adaptive_drafts  # then it equals verifying, on the device
-        live = proposal.live if reuse else torch.tensor(verifying, device=device)
-        n_drafts = tree.nodes_up_to(max(verifying)) if tree is not None else max(verifying)
+        reuse = proposal.live is not None and not self.config.adaptive_drafts  # then it equals verifying, on the device
+        live = proposal.live if reuse else torch.tensor(verifying, device=self.device)
+        n_drafts = self.tree.nodes_up_to(max(verifying)) if self.tree is not None else max(verifying)
         inputs = torch.cat([next_token[:, None], proposal.tokens[:, :n_drafts]], dim=1)
-        first_base, base = [0] * len(verifying), torch.zeros(len(verifying), dtype=torch.long, device=device)
+        base = torch.zeros(len(verifying), dtype=torch.long, device=self.device)
+        return Step(inputs, base, [0] * len(verifying), n_drafts, live, proposal)
 
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    stats.wall_time_s = time.perf_counter() - start
-    stats.tokens = sum(map(len, rows.outputs))
-    stats.draft_forwards = proposer.forwards
-    stats.draft_s = draft_timer.seconds()
-    return rows.outputs, stats
+    def finish(self) -> tuple[list[list[int]], DecodeStats]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        stats = self.stats
+        stats.wall_time_s = time.perf_counter() - self.start
+        stats.tokens = sum(map(len, self.rows.outputs))
+        stats.draft_forwards = self.proposer.forwards
+        stats.draft_s = self.draft_timer.seconds()
+        return self.rows.outputs, stats
 
 
 def _proposer(drafter: Proposer | None, inference: InferenceModel, config: GenerationConfig) -> Proposer:
@@ -173,22 +250,9 @@ class _Rows:
         return keep, [accepted[i] for i in keep], [emitted[i] for i in keep]
 
 
-def _verify(
-    inference: InferenceModel,
-    cache: KVCache,
-    rule: Rule,
-    tree,
-    inputs: Tensor,
-    base: Tensor,
-    n_drafts: int,
-    live: Tensor | None,
-    proposal: Proposal | None,
-    draws: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor]:
-    """One forward of the target over the step's ``inputs`` (B, S) and its rule's verdict: accepted drafts (depth)
-    (B,), the token after them (B,), the accepted tree node (B,) (None: a chain), the step's accepted inputs (a tree
-    step's path, which the cache now holds where a sequence would) and what the draft heads read there (B, S', d).
-    ``base`` (B,): each row's last accepted input; the ``n_drafts`` inputs after it are drafts."""
+def _verify(inference: InferenceModel, cache: KVCache, rule: Rule, tree, step: Step, draws: Tensor | None) -> Verdict:
+    """One forward of the target over the step's inputs (B, S) and its rule's verdict (:class:`Verdict`)."""
+    inputs, base, n_drafts, live, proposal = step.inputs, step.base, step.n_drafts, step.live, step.proposal
     probs = proposal.probs if proposal is not None else None
     if tree is not None and n_drafts:
         cache.begin(inputs.size(1), tree.tensors(inputs.device))
@@ -199,7 +263,7 @@ def _verify(
         inputs = inputs.gather(1, path)  # (B, depth + 1): the accepted path (then its last node repeated)
         hidden = hidden.gather(1, path[..., None].expand(-1, -1, hidden.size(-1)))
         cache.begin(inputs.size(1))  # the draft heads read the accepted path as the sequence it is
-        return accepted, next_token, path[:, -1], inputs, hidden
+        return Verdict(accepted, next_token, path[:, -1], inputs, hidden)
     cache.begin(inputs.size(1))
     # head 1's logits where drafts are verified: after the last accepted input (base) and each pending draft
     head1, hidden = inference.verify(inputs, cache, None if n_drafts else base[:, None])  # (B, n_drafts + 1, V)
@@ -207,7 +271,7 @@ def _verify(
         accepted, next_token = rule.chain(head1, inputs[:, 1:], live, probs, draws)
     else:
         accepted, next_token = torch.zeros_like(base), rule.first(head1[:, 0], draws)
-    return accepted, next_token, None, inputs, hidden
+    return Verdict(accepted, next_token, None, inputs, hidden)
 
 
 def _extend(output: list[int], emitted: list[int], config: GenerationConfig) -> bool:
