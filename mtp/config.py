@@ -8,7 +8,7 @@ from typing import Any
 from mtp.errors import UserError
 
 HEAD_TYPES = ("transformer", "linear", "causal", "medusa")
-"""What heads 2..n can be (the modules: :mod:`mtp.heads`)."""
+"""What heads 2..n can be (the modules: :mod:`mtp.model.heads`)."""
 LOSS_MODES = ("sequential", "naive")
 HEAD_LOSSES = ("ce", "distill", "ce+distill")
 CAUSAL_INPUTS = ("true", "drafts", "mixed")
@@ -45,8 +45,8 @@ class ModelConfig:
     n_future: int = 4
     """Output heads; head k predicts the token k steps ahead (k = 1..n_future)."""
     head_type: str = "transformer"
-    """What heads 2..n are (:data:`HEAD_TYPES`; their modules: mtp.heads): 'transformer' (a block each, in parallel
-    on the trunk), 'linear' (an unembedding each), 'causal' (DeepSeek-V3 modules, each on the previous depth),
+    """What heads 2..n are (:data:`HEAD_TYPES`; their modules: mtp.model.heads): 'transformer' (a block each, in
+    parallel on the trunk), 'linear' (an unembedding each), 'causal' (DeepSeek-V3 modules, each on the previous depth),
     'medusa' (residual MLPs)."""
     share_depth: bool = False
     """Causal heads only: one module applied at every depth (decoding may then draft beyond n_future)."""

@@ -1,6 +1,6 @@
 """Files written whole or not at all: a temporary file beside the target, fsynced, renamed into place (the folder
-fsynced too). Used by checkpoints (mtp.checkpoint_save), distillation shards (mtp.distill) and the trunk cache; no
-Lightning here, so commands that only write data do not import it."""
+fsynced too). Used by checkpoints (mtp.checkpoint.save), distillation shards (mtp.pretrained.distill) and the trunk
+cache; no Lightning here, so commands that only write data do not import it."""
 
 from __future__ import annotations
 

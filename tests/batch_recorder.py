@@ -47,7 +47,7 @@ class StallSave(L.Callback):
     def setup(self, trainer, pl_module, stage) -> None:
         import io
 
-        import mtp.checkpoint_save
+        import mtp.checkpoint.save
 
         real_save, calls = torch.save, []
 
@@ -62,11 +62,11 @@ class StallSave(L.Callback):
             self.marker.touch()
             time.sleep(600)
 
-        mtp.checkpoint_save.torch = _TorchWith(stalling_save)
+        mtp.checkpoint.save.torch = _TorchWith(stalling_save)
 
 
 class _TorchWith:
-    """The torch module as mtp.checkpoint_save sees it, with another ``save``."""
+    """The torch module as mtp.checkpoint.save sees it, with another ``save``."""
 
     def __init__(self, save) -> None:
         self.save = save

@@ -82,7 +82,7 @@ def make_cfg(corpus_dir, shared_cache, tmp_path):
 @pytest.fixture(scope="session")
 def tiny_checkpoints(corpus_dir, shared_cache, tmp_path_factory) -> dict[str, Path]:
     """last.ckpt of a tiny BPE mtp4 and a tiny byte8 model, trained for 40 steps on the test corpus."""
-    from mtp.train import train
+    from mtp.training.train import train
 
     checkpoints = {}
     for preset in ("mtp4", "byte8"):

@@ -7,8 +7,8 @@ from torch.utils.data import DataLoader
 
 from mtp.config import ModelConfig
 from mtp.data import MTPDataModule
-from mtp.lit import MTPLitModule
 from mtp.model import MTPModel
+from mtp.training.lit import MTPLitModule
 
 MODEL = dict(vocab_size=320, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, n_future=3, loss="sequential")
 WINDOWS = torch.randint(0, 320, (4, 19), generator=torch.Generator().manual_seed(0))

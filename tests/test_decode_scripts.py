@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mtp.checkpoint_format import read_checkpoint
+from mtp.checkpoint.format import read_checkpoint
 from mtp.commands.methods import layer_skip as drafter_setup
 from mtp.errors import UserError
 

@@ -1,5 +1,5 @@
-"""scripts/distill.py (mtp/commands/distill.py over mtp/distill.py): self-distillation data from a tiny checkpoint
-made by the framework, read back by data=files and trained on."""
+"""scripts/distill.py (mtp/commands/distill.py over mtp/pretrained/distill.py): self-distillation data from a tiny
+checkpoint made by the framework, read back by data=files and trained on."""
 
 import errno
 import importlib.util
@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from mtp.checkpoint_load import model_chat, read_foreign_tokenizer
-from mtp.cli import run_script
+from mtp.checkpoint.load import model_chat, read_foreign_tokenizer
 from mtp.commands import distill as command
+from mtp.commands.cli import run_script
 from mtp.data.sources import SourceConfig, in_validation, iter_texts, load_documents
 from mtp.data.tokenizer import byte_tokenizer
 from mtp.decode import GenerationConfig
-from mtp.distill import (
+from mtp.errors import UserError
+from mtp.interop.chat import ModelChat
+from mtp.pretrained.distill import (
     SETTINGS_NAME,
     ChatTemplate,
     Prompt,
@@ -29,9 +31,7 @@ from mtp.distill import (
     whole_batches,
     windows,
 )
-from mtp.errors import UserError
-from mtp.interop.chat import ModelChat
-from mtp.train import train
+from mtp.training.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM_TEMPLATE = (

@@ -7,8 +7,8 @@ import torch
 from test_decode_scripts import load_script
 from test_scripts import pretrain, tiny_data
 
-from mtp.checkpoint_format import read_checkpoint
-from mtp.checkpoint_load import load_checkpoint
+from mtp.checkpoint.format import read_checkpoint
+from mtp.checkpoint.load import load_checkpoint
 
 
 def fsdp_run(corpus_dir, cache, tmp_path: Path, name: str, steps: int, *extra: str) -> Path:

@@ -6,13 +6,13 @@ import lightning as L
 import pytest
 import torch
 
-from mtp.checkpoint_load import load_checkpoint
+from mtp.checkpoint.load import load_checkpoint
 from mtp.config import ModelConfig
 from mtp.decode import GenerationConfig, generate
-from mtp.loss import mtp_loss
 from mtp.model import MTPModel
-from mtp.parallel import parallelize
-from mtp.train import train
+from mtp.training.loss import mtp_loss
+from mtp.training.parallel import parallelize
+from mtp.training.train import train
 
 pytestmark = pytest.mark.gpu
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from mtp.checkpoint_format import CHECKPOINT_KEY
+from mtp.checkpoint.format import CHECKPOINT_KEY
 from mtp.config import ModelConfig
 from mtp.errors import UserError
-from mtp.init_from import freeze
-from mtp.loss import mtp_loss
 from mtp.model import MTPModel
-from mtp.train import build, train
+from mtp.pretrained.init_from import freeze
+from mtp.training.loss import mtp_loss
+from mtp.training.train import build, train
 from tests.test_scripts import assert_one_clear_error, pretrain, tiny_data
 
 
@@ -158,10 +158,10 @@ def test_the_start_models_chat_template_travels_with_the_heads_trained_on_it(mak
     """A checkpoint trained from a model that declares a chat template carries it (decode, bench_decode and distill
     speak to the heads' model as to the start), on through a second init_from and into an export; one started from
     a model without a template carries none."""
-    from mtp.checkpoint_load import chat_template_of, model_chat
+    from mtp.checkpoint.load import chat_template_of, model_chat
     from mtp.commands import bench_decode
-    from mtp.distill import ChatTemplate
     from mtp.interop.chat import ModelChat
+    from mtp.pretrained.distill import ChatTemplate
 
     chat = ModelChat(CHATML, "", "<|im_end|>")
     checkpoint = torch.load(tiny_checkpoints["mtp4"], weights_only=True)
@@ -185,7 +185,7 @@ def test_the_start_models_chat_template_travels_with_the_heads_trained_on_it(mak
     assert "chat" not in torch.load(plain, weights_only=True)[CHECKPOINT_KEY]
     assert chat_template_of(plain) is None and model_chat(plain) == ModelChat()
     pytest.importorskip("transformers", reason="export needs transformers: pip install -e '.[hf]'")
-    from mtp.export import export_hf
+    from mtp.pretrained.export import export_hf
 
     export_hf(path, tmp_path / "hf")
     assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["chat_template"] == CHATML

@@ -11,14 +11,14 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from mtp.checkpoint_format import CHECKPOINT_KEY, SHARDED_META, model_weights, read_checkpoint
-from mtp.checkpoint_load import load_checkpoint
+from mtp.checkpoint.format import CHECKPOINT_KEY, SHARDED_META, model_weights, read_checkpoint
+from mtp.checkpoint.load import load_checkpoint
 from mtp.config import HEAD_TYPES, ModelConfig
 from mtp.decode.loop import generate
 from mtp.decode.settings import GenerationConfig
-from mtp.heads import HEADS, current_names, legacy_name
-from mtp.init_from import Start
 from mtp.model import MTPModel
+from mtp.model.heads import HEADS, current_names, legacy_name
+from mtp.pretrained.init_from import Start
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
 NAMES = sorted(p.stem for p in LEGACY.glob("*.ckpt"))

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from mtp.config import ModelConfig
-from mtp.loss import head_logits, mtp_loss, split_window, window_states
 from mtp.model import MTPModel
+from mtp.training.loss import head_logits, mtp_loss, split_window, window_states
 
 
 def make_model(n_future=4, seed=0, **kwargs) -> MTPModel:
@@ -282,7 +282,7 @@ def test_distillation_with_hand_made_logits():
     """The loss of logits and teachers written out: zero where the head already has the teacher's distribution;
     where the teacher splits its mass between tokens 0 and 1 and the head's logits are (30, -30, -30, -30),
     KL = 1/2 log(1/2 / 1) + 1/2 log(1/2 / e^-60) = 30 - log 2; past the window, no teacher."""
-    from mtp.loss import Teacher, distill_loss
+    from mtp.training.loss import Teacher, distill_loss
 
     big = 30.0
     teacher_logits = torch.tensor([[[0.0, 0.0, -big, -big], [0.0, -big, -big, -big], [0.0, 0.0, 0.0, 0.0]]])

@@ -1,6 +1,6 @@
 import torch
 
-from mtp.metrics import ExpectedTokensPerForward, accepted_prefix_lengths
+from mtp.training.metrics import ExpectedTokensPerForward, accepted_prefix_lengths
 
 
 def test_accepted_prefix_lengths_by_hand():

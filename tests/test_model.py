@@ -64,7 +64,7 @@ def test_grouped_query_attention_matches_repeated_heads():
     cos, sin = model.rotary(5)
     expected_k = attention.wk(x).view(2, 5, 2, 8).repeat_interleave(2, dim=2)
     expected_v = attention.wv(x).view(2, 5, 2, 8).repeat_interleave(2, dim=2)
-    from mtp.blocks import apply_rotary
+    from mtp.model.blocks import apply_rotary
 
     q = apply_rotary(attention.wq(x).view(2, 5, 4, 8).transpose(1, 2), cos, sin)
     k = apply_rotary(expected_k.transpose(1, 2), cos, sin)

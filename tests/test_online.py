@@ -1,4 +1,5 @@
-"""Online updates of the draft heads (mtp.online): the output stays head 1's, acceptance rises on what was served."""
+"""Online updates of the draft heads (mtp.pretrained.online): the output stays head 1's, acceptance rises on what was
+served."""
 
 import copy
 import gzip
@@ -13,7 +14,7 @@ from mtp.decode import GenerationConfig, generate
 from mtp.decode.settings import SettingError
 from mtp.errors import UserError
 from mtp.model import MTPModel
-from mtp.online import OnlineHeads, OnlineSettings, draft_head_parameters
+from mtp.pretrained.online import OnlineHeads, OnlineSettings, draft_head_parameters
 
 TYPES = {"transformer": {}, "linear": {}, "causal": {}, "medusa": {}}
 

@@ -11,9 +11,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mtp.config import ModelConfig
-from mtp.loss import mtp_loss
 from mtp.model import MTPModel
-from mtp.parallel import parallelize
+from mtp.training.loss import mtp_loss
+from mtp.training.parallel import parallelize
 
 WORLD = 2
 FSDP_CASES = list(itertools.product([1, 2, 4], ["transformer", "linear"], [False, True])) + list(

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from mtp.commands.pretrain import flags
 from mtp.errors import UserError
-from mtp.reference import reference_model
+from mtp.pretrained.reference import reference_model
 from tests.conftest import compose_train
 from tests.test_scripts import assert_one_clear_error, pretrain
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from mtp.callbacks import NonFiniteGuard, ResumableCheckpoint
-from mtp.checkpoint_format import read_checkpoint
+from mtp.checkpoint.format import read_checkpoint
 from mtp.errors import UserError
-from mtp.train import Interrupted, train
+from mtp.training.callbacks import NonFiniteGuard, ResumableCheckpoint
+from mtp.training.train import Interrupted, train
 from tests.test_scripts import tiny_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,18 +216,18 @@ def test_a_sigkill_during_a_checkpoint_write_leaves_the_previous_one_loadable(co
     torn = list(folder.glob(".last.ckpt.*.tmp"))
     assert len(torn) == 1 and torn[0].stat().st_size > 0
     assert read_checkpoint(folder / "last.ckpt")["global_step"] == 2
-    from mtp.checkpoint_load import load_checkpoint
+    from mtp.checkpoint.load import load_checkpoint
 
     assert load_checkpoint(folder / "last.ckpt").global_step == 2
     # resuming from it works, and the next save clears the torn file
-    from mtp.checkpoint_save import AtomicCheckpointIO
+    from mtp.checkpoint.save import AtomicCheckpointIO
 
     AtomicCheckpointIO().save_checkpoint(read_checkpoint(folder / "last.ckpt"), folder / "last.ckpt")
     assert not list(folder.glob(".last.ckpt.*.tmp"))
 
 
 def test_a_full_disk_during_a_checkpoint_write_is_one_sentence_and_keeps_the_previous_one(make_cfg, monkeypatch):
-    import mtp.checkpoint_save
+    import mtp.checkpoint.save
 
     real_save, calls = torch.save, []
 
@@ -238,7 +238,7 @@ def test_a_full_disk_during_a_checkpoint_write_is_one_sentence_and_keeps_the_pre
         f.write(b"x" * 1000)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(mtp.checkpoint_save.torch, "save", fills_the_disk)
+    monkeypatch.setattr(mtp.checkpoint.save.torch, "save", fills_the_disk)
     cfg = make_cfg(
         "mtp2",
         ["trainer.max_steps=6", "trainer.limit_val_batches=0", "callbacks.model_checkpoint.every_n_train_steps=2"],
@@ -323,7 +323,7 @@ def test_a_non_finite_step_stops_the_run_naming_it_and_the_last_good_checkpoint(
 def test_skip_nonfinite_drops_the_bad_update_and_says_so_then_stops_at_the_next(make_cfg, caplog):
     cfg = make_cfg("mtp2", ["trainer.max_steps=8", "trainer.limit_val_batches=0", "skip_nonfinite=1"])
     poison = PoisonStep({3})
-    with caplog.at_level(logging.WARNING, logger="mtp.callbacks"):
+    with caplog.at_level(logging.WARNING, logger="mtp.training.callbacks"):
         train(cfg, [poison])
     assert (
         "step 3: the loss was nan and the gradient norm nan; skipped this batch (1 of skip_nonfinite=1)." in caplog.text
@@ -349,7 +349,7 @@ def test_bad_settings_are_one_sentence(make_cfg):
 
 
 def test_a_failed_write_of_the_start_tokenizer_is_one_sentence_and_leaves_nothing(tmp_path, monkeypatch):
-    from mtp.train import save_tokenizer
+    from mtp.training.train import save_tokenizer
 
     def full(self, *args, **kwargs):
         Path.write_bytes(self, b"{")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mtp"
-TOP = ("mtp.commands", "mtp.benchmarks", "mtp.cli")
+TOP = ("mtp.commands", "mtp.benchmarks")
 """The layers above the library: the commands, the benchmarks and the command-line helpers."""
 
 
@@ -61,6 +61,17 @@ def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+ROOT_MODULES = {"errors", "config", "files"}
+"""The modules at the package root, beside ``__init__``: what every layer uses. Everything else sits in the folder of
+its layer (model, checkpoint, training, pretrained, data, decode, interop, commands, benchmarks)."""
+
+
+def test_the_package_root_holds_at_most_three_modules():
+    at_root = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    assert len(at_root) <= 3, f"mtp/ holds {sorted(at_root)} beside __init__.py; at most three (what every layer uses)"
+    assert at_root <= ROOT_MODULES, f"mtp/{sorted(at_root - ROOT_MODULES)[0]}.py belongs in its layer's folder"
+
+
 def test_no_import_circle_in_the_package():
     circle = cycle_in(package_graph())
     assert circle is None, " -> ".join(circle)
@@ -89,7 +100,7 @@ def test_the_decoder_does_not_parse_arguments(name):
     assert "argparse" not in imports_of(MODULES[name]), f"{name} imports argparse"
 
 
-HEAD_TYPE_OWNERS = ("mtp.config", "mtp.heads")
+HEAD_TYPE_OWNERS = ("mtp.config", "mtp.model.heads")
 """The modules that may look at a head type's name: the config (which names exist) and the heads (what each is)."""
 
 

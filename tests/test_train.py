@@ -15,16 +15,16 @@ from omegaconf import OmegaConf, open_dict
 from torch.utils.data import DataLoader
 from torchmetrics.text import Perplexity
 
-from mtp.checkpoint_format import read_checkpoint
-from mtp.checkpoint_load import load_checkpoint
-from mtp.checkpoint_save import AtomicCheckpointIO
+from mtp.checkpoint.format import read_checkpoint
+from mtp.checkpoint.load import load_checkpoint
+from mtp.checkpoint.save import AtomicCheckpointIO
 from mtp.config import ModelConfig
 from mtp.errors import UserError
-from mtp.lit import MTPLitModule
-from mtp.loss import split_window
 from mtp.model import MTPModel
-from mtp.optim import OptimConfig, parameter_groups, warmup_cosine
-from mtp.train import instantiate_group, metric_order, train
+from mtp.training.lit import MTPLitModule
+from mtp.training.loss import split_window
+from mtp.training.optim import OptimConfig, parameter_groups, warmup_cosine
+from mtp.training.train import instantiate_group, metric_order, train
 
 PRESETS = ["mtp1", "mtp2", "mtp4", "mtp8", "byte1", "byte8"]
 
@@ -49,7 +49,7 @@ def test_the_model_summary_has_no_flops_line_when_nothing_counted_them(caplog):
     of zeros and "0 Total Flops". The summary keeps every other line."""
     from lightning.pytorch.utilities.model_summary import summarize
 
-    from mtp.callbacks import QuietModelSummary
+    from mtp.training.callbacks import QuietModelSummary
 
     module = L.LightningModule()
     module.layer = torch.nn.Linear(4, 4)
@@ -149,7 +149,7 @@ def test_run_logs_metrics_and_writes_a_checkpoint_with_its_tokenizer(make_cfg, c
     run = Path(cfg.paths.output_dir)
     last = run / "checkpoints" / "last.ckpt"
     assert last.is_file()
-    said = [r.getMessage() for r in caplog.records if r.name == "mtp.train"]
+    said = [r.getMessage() for r in caplog.records if r.name == "mtp.training.train"]
     assert f"checkpoint: {last}" in said and any(m.startswith("final validation: val/") for m in said)
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert {"train/loss", "train/loss_head1", "train/loss_head2", "val/ppl", "val/acc_head2"} <= metrics.keys()
@@ -303,7 +303,7 @@ def test_resume_mid_epoch_continues_the_data_order(make_cfg, tmp_path, validatio
 def test_the_corpus_is_prepared_once_and_a_resume_checkpoint_read_once(make_cfg, tmp_path, monkeypatch):
     """The Trainer drives the datamodule (prepare_data, then setup reuses it); the resume file is checked
     without reading its tensors (mmap) and read in full only by Lightning's restore."""
-    import mtp.checkpoint_load
+    import mtp.checkpoint.load
     import mtp.data.datamodule
 
     first = make_cfg("mtp2", ["trainer.max_steps=2"])
@@ -314,7 +314,7 @@ def test_the_corpus_is_prepared_once_and_a_resume_checkpoint_read_once(make_cfg,
     real_prepare, real_load = mtp.data.datamodule.prepare, torch.load
     monkeypatch.setattr(mtp.data.datamodule, "prepare", lambda *a, **k: prepared.append(1) or real_prepare(*a, **k))
     monkeypatch.setattr(
-        mtp.checkpoint_load.torch,
+        mtp.checkpoint.load.torch,
         "load",
         lambda f, *a, **k: loads.append(k.get("mmap", False)) or real_load(f, *a, **k),
     )
@@ -401,7 +401,7 @@ class RecordFused(L.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         """Whether the inference form the DecodeProbe decoded with at the last validation holds the final weights."""
         from mtp.decode.inference import InferenceModel
-        from mtp.parallel import is_sharded
+        from mtp.training.parallel import is_sharded
 
         model = pl_module.model
         if is_sharded(model):  # never decoded in training (the DecodeProbe skips it)
@@ -537,7 +537,7 @@ def test_training_follows_the_head_weight_schedule_and_distils(make_cfg):
 
 
 def test_distilling_while_the_trunk_trains_is_warned_about(make_cfg, caplog):
-    from mtp.train import build_model
+    from mtp.training.train import build_model
 
     with caplog.at_level(logging.WARNING, logger="mtp"):
         build_model(make_cfg("mtp2", ["model.head_loss=distill"]))

@@ -5,11 +5,11 @@ import torch
 
 from mtp.config import ModelConfig
 from mtp.errors import UserError
-from mtp.init_from import freeze
-from mtp.loss import mtp_loss
 from mtp.model import MTPModel
-from mtp.train import train
-from mtp.trunk_cache import TrunkCache
+from mtp.pretrained.init_from import freeze
+from mtp.training.loss import mtp_loss
+from mtp.training.train import train
+from mtp.training.trunk_cache import TrunkCache
 
 
 def frozen_model(head_type: str = "causal") -> MTPModel:

@@ -13,12 +13,12 @@ from pathlib import Path
 import mtp
 from mtp.benchmarks.humaneval import PROMPT_FORMATS, chat_prompt
 from mtp.benchmarks.train_step import StepSpec
-from mtp.checkpoint_load import chat_template_of
+from mtp.checkpoint.load import chat_template_of
 from mtp.data.prompts import HumanEvalProblem, held_out_prompts, humaneval_problems
 from mtp.data.tokenizer import prompt_ids
 from mtp.decode.tree_fit import FASTEST
-from mtp.distill import ChatTemplate
 from mtp.errors import UserError
+from mtp.pretrained.distill import ChatTemplate
 
 PROMPT_SETS = ("heldout", "humaneval")
 

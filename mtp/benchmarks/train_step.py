@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from mtp.config import ModelConfig
-from mtp.loss import mtp_loss
 from mtp.model import MTPModel
-from mtp.optim import parameter_groups
-from mtp.parallel import parallelize
+from mtp.training.loss import mtp_loss
+from mtp.training.optim import parameter_groups
+from mtp.training.parallel import parallelize
 
 
 @dataclass

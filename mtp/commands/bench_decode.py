@@ -71,8 +71,8 @@ from mtp.benchmarks.humaneval import (
 )
 from mtp.benchmarks.report import decode_table, exactness_summary, method_label, pass_cell, plot_decode, same_cell
 from mtp.benchmarks.results_page import provenance
-from mtp.checkpoint_load import load_checkpoint, model_chat
-from mtp.cli import (
+from mtp.checkpoint.load import load_checkpoint, model_chat
+from mtp.commands.cli import (
     add_device_flag,
     add_dtype_flag,
     add_settings,
@@ -88,8 +88,8 @@ from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
 from mtp.decode.tree import read_tree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
-from mtp.distill import ChatTemplate
 from mtp.errors import UserError
+from mtp.pretrained.distill import ChatTemplate
 
 HEADS_METHODS = ("chain", "tree", "typical", "adaptive", "spectr")
 """The ways the heads draft; the registered drafting methods (:mod:`mtp.commands.methods`) add theirs."""

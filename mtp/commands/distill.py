@@ -55,8 +55,8 @@ from typing import Any, NoReturn
 import torch
 from tqdm import tqdm
 
-from mtp.checkpoint_load import chat_template_of, load_checkpoint, model_chat, resolve_dtype
-from mtp.cli import (
+from mtp.checkpoint.load import chat_template_of, load_checkpoint, model_chat, resolve_dtype
+from mtp.commands.cli import (
     add_device_flag,
     add_dtype_flag,
     add_settings,
@@ -69,7 +69,9 @@ from mtp.data.sources import SOURCE_KINDS, SourceConfig, source_files, stdlib_ro
 from mtp.data.tasks import Extraction, benchmark_match, extract_tasks, package_roots
 from mtp.data.tokenizer import eot_id
 from mtp.decode import GenerationConfig
-from mtp.distill import (
+from mtp.errors import UserError
+from mtp.interop.chat import ModelChat
+from mtp.pretrained.distill import (
     Budget,
     ChatTemplate,
     DistillFolder,
@@ -83,8 +85,6 @@ from mtp.distill import (
     source_prompts,
     task_prompts,
 )
-from mtp.errors import UserError
-from mtp.interop.chat import ModelChat
 
 TASKS = "tasks"
 """--source tasks: HumanEval-style tasks from Python source (mtp.data.tasks) instead of a document source."""

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from mtp.cli import run_script
-from mtp.export import EXPORT_DTYPES, export_hf, verify_export
+from mtp.commands.cli import run_script
+from mtp.pretrained.export import EXPORT_DTYPES, export_hf, verify_export
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -21,8 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
-from mtp.checkpoint_load import load_checkpoint
-from mtp.cli import (
+from mtp.checkpoint.load import load_checkpoint
+from mtp.commands.cli import (
     add_device_flag,
     add_dtype_flag,
     add_settings,

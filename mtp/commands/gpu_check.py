@@ -43,9 +43,9 @@ from typing import NoReturn
 
 import torch
 
-from mtp.cli import checkout_root, run_script
+from mtp.commands.cli import checkout_root, run_script
 from mtp.errors import UserError
-from mtp.reference import reference_model
+from mtp.pretrained.reference import reference_model
 
 STEPS = ("tests", "p1", "p2", "pretrain", "decode", "compiled", "heads")
 """The kit's steps in the order they run (--steps picks some: a device lease may not hold them all)."""

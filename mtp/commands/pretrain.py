@@ -28,10 +28,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from mtp.cli import checkout_root, errors_reported, run_script
 from mtp.commands import bench_decode, distill
+from mtp.commands.cli import checkout_root, errors_reported, run_script
 from mtp.errors import UserError, first_line
-from mtp.train import train
+from mtp.training.train import train
 
 LITLOGGER_TIP = "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]"
 """The start of the advertisement Lightning 2.6 logs for every Trainer without a LitLogger."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from mtp.benchmarks.results_page import page
-from mtp.cli import run_script
+from mtp.commands.cli import run_script
 from mtp.errors import UserError
 
 PLOTS = ("decode.png", "memory.png", "heads.png")

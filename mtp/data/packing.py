@@ -62,7 +62,8 @@ class TokenizerConfig:
     """bpe: vocabulary size to train (end-of-text included)."""
     path: str | None = None
     """pretrained: a tokenizer.json file. A model's path (an mtp checkpoint, a Hugging Face or Meta directory, a GGUF
-    file; a draft for that model) is replaced by its tokenizer's file where the run is assembled (mtp.train)."""
+    file; a draft for that model) is replaced by its tokenizer's file where the run is assembled
+    (mtp.training.train)."""
     train_bytes: int = 0
     """bpe: train on at most this many bytes of the training split (0: all of it)."""
 

@@ -64,7 +64,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 
 def pretrained_json(path: str | Path) -> str:
     """The JSON of a tokenizer.json file. A model's path (a checkpoint, a Hugging Face or Meta directory, a GGUF file)
-    is turned into its tokenizer's file where the run is assembled (:func:`mtp.train.build`), not here."""
+    is turned into its tokenizer's file where the run is assembled (:func:`mtp.training.train.build`), not here."""
     path = Path(path)
     if not path.is_file():
         raise UserError(

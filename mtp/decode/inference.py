@@ -44,7 +44,8 @@ from mtp.decode.int8 import Int8Matrices, Int8Unembedding
 from mtp.decode.memory import available_bytes
 from mtp.decode.settings import DraftDtype
 from mtp.decode.tree import DraftTree
-from mtp.model import Block, MTPModel
+from mtp.model import MTPModel
+from mtp.model.blocks import Block
 
 LEAVES_UNEMBEDDED_AT_ONCE = 4
 """On CPU, a tree step unembeds head 1 after every node when the tree has at most this many leaves; with more, after

@@ -23,7 +23,7 @@ import torch
 
 from mtp.config import ModelConfig
 from mtp.errors import UserError
-from mtp.heads import HEADS
+from mtp.model.heads import HEADS
 
 FRACTION_OF_AVAILABLE = 0.5
 """A step may use at most this fraction of the memory available when decoding starts: the estimate leaves out the

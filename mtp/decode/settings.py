@@ -1,7 +1,7 @@
 """What a decoding run is asked to do (:class:`GenerationConfig`), each setting checked where it is defined.
 
 A setting out of its range, or at odds with another, is a :class:`SettingError`: one sentence naming the setting, its
-value and a fix, which the command lines render under their flags (:func:`mtp.cli.settings_named_by_flags`).
+value and a fix, which the command lines render under their flags (:func:`mtp.commands.cli.settings_named_by_flags`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class SettingError(ValueError):
     ``template`` has a ``{field}`` for each field it names (``values``: field -> its value): ``{top_p}`` shows the
     field and its value, ``{tree:name}`` the field alone, ``{heads:1}`` the field with the value 1. ``str()`` spells
     fields as Python does (``top_p=1.5``); a command line renders the same sentence with its flags (``--top-p 1.5``,
-    :func:`mtp.cli.settings_named_by_flags`).
+    :func:`mtp.commands.cli.settings_named_by_flags`).
     """
 
     def __init__(self, template: str, **values: object) -> None:
@@ -63,7 +63,7 @@ class _Named:
 
 @dataclass
 class GenerationConfig:
-    """How to decode. Each field is a flag of the decoding commands (:func:`mtp.cli.add_settings`: ``top_p`` is
+    """How to decode. Each field is a flag of the decoding commands (:func:`mtp.commands.cli.add_settings`: ``top_p`` is
     ``--top-p``, its docstring's first sentence the flag's help) unless its metadata says ``flag=False``."""
 
     max_new_tokens: int = 128

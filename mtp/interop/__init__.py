@@ -10,8 +10,8 @@ Models come in from two kinds of directory and one kind of file besides mtp's ow
 - a GGUF file of the Llama architecture (llama.cpp's format, quantized or not) (:mod:`mtp.interop.gguf`).
 
 :class:`ModelFiles` is what each reader returns: what an mtp checkpoint would have held. The readers depend on the
-config and the model only; :mod:`mtp.checkpoint_load` dispatches to them, and the exporters (:mod:`mtp.export`)
-sit above that loader.
+config and the model only; :mod:`mtp.checkpoint.load` dispatches to them, and the exporters
+(:mod:`mtp.pretrained.export`) sit above that loader.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 tokens that open and end a turn. A GGUF file keeps them in its metadata (``tokenizer.chat_template``,
 ``tokenizer.ggml.bos/eos_token_id``), a Hugging Face directory in ``tokenizer_config.json`` (or
 ``chat_template.jinja``); an mtp checkpoint carries those of the model its training started from
-(:func:`mtp.checkpoint_load.model_chat` reads every format)."""
+(:func:`mtp.checkpoint.load.model_chat` reads every format)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Hugging Face Llama directories: read one (written by :mod:`mtp.export`, or a Llama trained elsewhere) as an
-mtp model.
+"""Hugging Face Llama directories: read one (written by :mod:`mtp.pretrained.export`, or a Llama trained elsewhere) as
+an mtp model.
 
 An exported directory is a standard ``LlamaForCausalLM`` that transformers, vLLM, TGI and llama.cpp's converter
 read with no code of ours: ``config.json``, ``generation_config.json``, ``model.safetensors`` (or shards
@@ -28,11 +28,11 @@ from torch import Tensor
 
 from mtp.config import ModelConfig
 from mtp.errors import UserError, first_line
-from mtp.heads import current_names
 from mtp.interop import ModelFiles
 from mtp.interop.llama import ffn_multiple_for, head_path_names, llama_config
 from mtp.interop.tokenizer import directory_tokenizer
 from mtp.model import MTPModel
+from mtp.model.heads import current_names
 
 MTP_CONFIG, MTP_HEADS = "mtp_config.json", "mtp_heads.safetensors"
 MTP_FORMAT = 1

@@ -14,8 +14,8 @@ from torch import Tensor
 
 from mtp.config import ModelConfig
 from mtp.errors import UserError
-from mtp.heads import HEADS
 from mtp.model import MTPModel
+from mtp.model.heads import HEADS
 
 BLOCK_NAMES = {
     # one block: mtp name -> Hugging Face Llama name

@@ -3,8 +3,8 @@
 
 Their model is mtp's ``transformer`` head type with the names of mtp's earlier layout (``layers`` = trunk + head 1's
 block, ``extra_heads`` = heads 2..n, one ``norm``, one ``output``), so the import renames the heads' tensors
-(:func:`mtp.heads.current_names`) and converts one convention: Meta's rotary rotates interleaved pairs (2i, 2i + 1)
-of each attention head, mtp's (like Hugging Face's) rotates (i, i + head_dim / 2); the rows of ``wq`` and ``wk`` are
+(:func:`mtp.model.heads.current_names`) and converts one convention: Meta's rotary rotates interleaved pairs (2i, 2i +
+1) of each attention head, mtp's (like Hugging Face's) rotates (i, i + head_dim / 2); the rows of ``wq`` and ``wk`` are
 permuted so that both compute the same attention (:func:`interleaved_to_halves`, the permutation of transformers'
 Llama conversion script).
 """
@@ -19,11 +19,11 @@ from torch import Tensor
 
 from mtp.config import ModelConfig
 from mtp.errors import UserError, first_line
-from mtp.heads import current_names
 from mtp.interop import ModelFiles
 from mtp.interop.hf import check_tensors, expected_shapes
 from mtp.interop.llama import ffn_multiple_for, interleaved_to_halves
 from mtp.interop.tokenizer import directory_tokenizer
+from mtp.model.heads import current_names
 
 DEFAULT_CONTEXT = 4096
 """Positions the rotary tables cover when params.json does not say (Meta's 7B multi-token models saw 4096)."""

@@ -286,8 +286,8 @@ CHATML = (
 
 
 def test_the_chat_prompt_is_evalplus_instruction_in_the_template_then_the_reply_opening():
-    from mtp.distill import ChatTemplate
     from mtp.interop.chat import ModelChat
+    from mtp.pretrained.distill import ChatTemplate
 
     text = chat_prompt(ADD, ChatTemplate(ModelChat(CHATML), "model.gguf").render)
     assert text == (

@@ -49,13 +49,13 @@ def test_pretrained_errors(tmp_path):
 
 def test_a_model_path_becomes_its_tokenizer_where_the_run_is_built(tiny_checkpoints, tmp_path):
     """A draft model for a target trains on the target's own tokens: data.tokenizer.path=TARGET.ckpt. The data layer
-    reads tokenizer files only; the run's assembly (mtp.train.data_tokenizer) turns a model's path into its tokenizer's
-    file."""
+    reads tokenizer files only; the run's assembly (mtp.training.train.data_tokenizer) turns a model's path into its
+    tokenizer's file."""
     from omegaconf import OmegaConf
 
-    from mtp.checkpoint_load import load_checkpoint
+    from mtp.checkpoint.load import load_checkpoint
     from mtp.data.packing import TokenizerConfig
-    from mtp.train import data_tokenizer
+    from mtp.training.train import data_tokenizer
 
     def resolved(path):
         tokenizer = {"kind": "pretrained", "path": str(path)}

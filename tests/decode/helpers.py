@@ -37,7 +37,7 @@ def head1_logits(model: MTPModel, tokens: torch.Tensor) -> torch.Tensor:
 
 def train_on_cycles(model: MTPModel, steps: int = 150) -> MTPModel:
     """Train on counting windows (token t+1 = token t + 1), so that most drafts are accepted."""
-    from mtp.loss import mtp_loss
+    from mtp.training.loss import mtp_loss
 
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -19,13 +19,13 @@ import torch
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, pre_tokenizers
 
-from mtp.checkpoint_load import load_checkpoint, read_foreign_tokenizer
+from mtp.checkpoint.load import load_checkpoint, read_foreign_tokenizer
 from mtp.data.packing import TokenizerConfig, prepare
 from mtp.data.sources import SourceConfig
 from mtp.data.tokenizer import EOT, prompt_ids, train_bpe
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
-from mtp.train import data_tokenizer
+from mtp.training.train import data_tokenizer
 
 gguf = pytest.importorskip("gguf", reason="GGUF files need the gguf extra: pip install -e '.[gguf]'")
 
@@ -377,7 +377,7 @@ def test_decode_script_reads_a_gguf_and_says_what_is_wrong_with_a_bad_one(bpe, t
 
 
 def test_init_from_a_gguf_grows_heads_on_its_trunk(bpe, make_cfg, tmp_path):
-    from mtp.train import train
+    from mtp.training.train import train
 
     vocab, _ = bpe
     path = write_gguf(tmp_path / "model.gguf", vocab)

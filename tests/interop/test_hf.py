@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtp.checkpoint_load import load_checkpoint, read_foreign
+from mtp.checkpoint.load import load_checkpoint, read_foreign
 from mtp.data.tokenizer import byte_tokenizer, prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
-from mtp.export import export_hf, verify_export
 from mtp.interop.hf import MTP_HEADS
+from mtp.pretrained.export import export_hf, verify_export
 
 transformers = pytest.importorskip("transformers", reason="interop needs transformers: pip install -e '.[hf]'")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -76,7 +76,7 @@ def test_head_k_export_is_that_heads_path(tiny_checkpoints, tmp_path):
 
 def random_checkpoint(path: Path, **settings) -> Path:
     """An untrained mtp checkpoint in the layout scripts/pretrain.py writes (no training: cheap)."""
-    from mtp.checkpoint_format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
+    from mtp.checkpoint.format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
     from mtp.config import ModelConfig
     from mtp.model import MTPModel
 
@@ -139,7 +139,7 @@ def tiny_llama(tmp_path: Path, **overrides) -> Path:
 
 @pytest.mark.slow
 def test_a_random_llama_imports_trains_four_heads_and_decodes_self_speculatively(make_cfg, tmp_path):
-    from mtp.train import train
+    from mtp.training.train import train
 
     llama = tiny_llama(tmp_path)
     reference = transformers.AutoModelForCausalLM.from_pretrained(llama).eval()
@@ -168,8 +168,8 @@ def test_a_random_llama_imports_trains_four_heads_and_decodes_self_speculatively
 
 def test_new_heads_of_an_imported_llama_start_as_its_last_block(tmp_path):
     from mtp.config import ModelConfig
-    from mtp.init_from import Start
     from mtp.model import MTPModel
+    from mtp.pretrained.init_from import Start
 
     start = Start.read(tiny_llama(tmp_path))
     model = MTPModel(ModelConfig(**{**start.grown(start.config.to_dict() | {"n_future": 3}), "n_future": 3}))
@@ -225,7 +225,7 @@ def test_export_refuses_bad_input_and_leaves_nothing_half_written(tiny_checkpoin
     with pytest.raises(UserError, match="head 5 does not exist"):
         export_hf(tiny_checkpoints["mtp4"], tmp_path / "a", head=5)
 
-    import mtp.export as export
+    import mtp.pretrained.export as export
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")

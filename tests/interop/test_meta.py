@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtp.checkpoint_load import load_checkpoint
+from mtp.checkpoint.load import load_checkpoint
 from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.model import MTPModel

@@ -2,9 +2,9 @@
 prompt lookup, or one of your own) is a :class:`DraftingMethod` subclass, registered by name with :func:`register`.
 
 Its ``settings`` dataclass is its flags (each field, typed and with an attribute docstring, is a flag of
-``decode`` and ``bench_decode``: :func:`mtp.cli.add_settings`); one of them, ``selected_by``, chooses it on decode's
-command line; :meth:`DraftingMethod.proposer` builds the :class:`~mtp.decode.proposers.Proposer` that drafts, and
-:meth:`DraftingMethod.bench_rows` the benchmark's rows of it. The commands know methods only through the registry,
+``decode`` and ``bench_decode``: :func:`mtp.commands.cli.add_settings`); one of them, ``selected_by``, chooses it on
+decode's command line; :meth:`DraftingMethod.proposer` builds the :class:`~mtp.decode.proposers.Proposer` that drafts,
+and :meth:`DraftingMethod.bench_rows` the benchmark's rows of it. The commands know methods only through the registry,
 so a method is one module (or one test file): a Proposer, a settings dataclass, a DraftingMethod, ``@register``.
 """
 
@@ -17,8 +17,8 @@ from typing import ClassVar
 
 import torch
 
-from mtp.checkpoint_load import LoadedCheckpoint
-from mtp.cli import add_settings, flag_of, settings_from
+from mtp.checkpoint.load import LoadedCheckpoint
+from mtp.commands.cli import add_settings, flag_of, settings_from
 from mtp.decode import GenerationConfig
 from mtp.decode.proposers import Proposer
 from mtp.errors import UserError

@@ -13,8 +13,8 @@ from typing import Literal
 import torch
 
 from mtp.benchmarks.cli import int_list
-from mtp.checkpoint_load import LoadedCheckpoint, load_checkpoint
-from mtp.cli import add_settings
+from mtp.checkpoint.load import LoadedCheckpoint, load_checkpoint
+from mtp.commands.cli import add_settings
 from mtp.commands.methods.base import BenchRow, DraftingMethod, Target, register
 from mtp.decode import GenerationConfig
 from mtp.decode.proposers import Proposer, StagedDrafter, draft_model_drafter, staged_drafter

@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from mtp.checkpoint_load import LoadedCheckpoint
-from mtp.cli import add_settings, require_at_least
+from mtp.checkpoint.load import LoadedCheckpoint
+from mtp.commands.cli import add_settings, require_at_least
 from mtp.commands.methods.base import BenchRow, DraftingMethod, Target, register
 from mtp.data.prompts import prompts_beyond_the_benchmarks
 from mtp.decode import GenerationConfig

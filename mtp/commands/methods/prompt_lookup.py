@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from mtp.cli import require_at_least
+from mtp.commands.cli import require_at_least
 from mtp.commands.methods.base import DraftingMethod, Target, register
 from mtp.decode.proposers import LookupDrafter, Proposer
 

@@ -24,13 +24,13 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from mtp.checkpoint_format import CHECKPOINT_KEY, model_weights, read_checkpoint
-from mtp.checkpoint_load import foreign_format, model_chat, read_foreign, read_foreign_config
+from mtp.checkpoint.format import CHECKPOINT_KEY, model_weights, read_checkpoint
+from mtp.checkpoint.load import foreign_format, model_chat, read_foreign, read_foreign_config
 from mtp.config import HEAD_TYPES, ModelConfig, head_blocks, swiglu_width
 from mtp.errors import UserError
-from mtp.heads import current_names
 from mtp.interop.chat import ModelChat
 from mtp.model import MTPModel
+from mtp.model.heads import current_names
 
 FREEZE_MODES = ("none", "trunk", "loaded")
 # settings the trunk's weights fix; the checkpoint's value must be the config's

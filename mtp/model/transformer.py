@@ -3,11 +3,11 @@
 Layout, after the released multi-token checkpoints of Gloeckle et al. (2024):
 
 - ``layers``: the trunk, then head 1's block where the head type has one (transformer, causal heads);
-- ``heads``: heads 2..n and every head's unembedding, one module of the head type (:mod:`mtp.heads`);
+- ``heads``: heads 2..n and every head's unembedding, one module of the head type (:mod:`mtp.model.heads`);
 - ``norm``: one final RMSNorm shared by every head.
 
-The blocks are :mod:`mtp.blocks`'. Checkpoints of the layout before the heads were a module load as they are
-(:func:`mtp.heads.current_names`, applied to every state dict the model loads).
+The blocks are :mod:`mtp.model.blocks`'. Checkpoints of the layout before the heads were a module load as they are
+(:func:`mtp.model.heads.current_names`, applied to every state dict the model loads).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mtp.blocks import Block, RMSNorm, rotary_tables
 from mtp.config import ModelConfig
-from mtp.heads import HEADS, Heads, current_names
+from mtp.model.blocks import Block, RMSNorm, rotary_tables
+from mtp.model.heads import HEADS, Heads, current_names
 
 IGNORE = -100
 """A target no loss counts: a token outside a draft head's reduced vocabulary (PyTorch's ignore_index)."""

@@ -1,4 +1,4 @@
-"""Loading a model from any checkpoint mtp reads: its own format (:mod:`mtp.checkpoint_format`), a Hugging Face
+"""Loading a model from any checkpoint mtp reads: its own format (:mod:`mtp.checkpoint.format`), a Hugging Face
 Llama or Meta multi-token directory, or a GGUF file (the readers of :mod:`mtp.interop`). The one place that
 dispatches on a path's format; the exporters and everything that decodes sit above it.
 """
@@ -15,14 +15,14 @@ import torch
 import torch.distributed.checkpoint as dcp
 from tokenizers import Tokenizer
 
-from mtp.checkpoint_format import CHECKPOINT_KEY, SHARDED_META, model_weights, read_checkpoint
+from mtp.checkpoint.format import CHECKPOINT_KEY, SHARDED_META, model_weights, read_checkpoint
 from mtp.config import ModelConfig
 from mtp.errors import UserError, first_line
-from mtp.heads import legacy_name
 from mtp.interop import ModelFiles, gguf, hf, meta
 from mtp.interop import tokenizer as foreign_tokenizer
 from mtp.interop.chat import ModelChat, gguf_chat, hf_chat
 from mtp.model import MTPModel
+from mtp.model.heads import legacy_name
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -79,7 +79,7 @@ def load_checkpoint(
 
 def _load_sharded_weights(path: Path, model: MTPModel) -> None:
     """Fill ``model`` from the ``state_dict`` entries of a DCP folder (the LightningModule's ``model.*`` keys), of
-    today's layout or the earlier one (:func:`mtp.heads.current_names`)."""
+    today's layout or the earlier one (:func:`mtp.model.heads.current_names`)."""
     try:
         stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata  # "state_dict.model.<name>" keys
         state = {}

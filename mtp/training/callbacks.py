@@ -17,7 +17,7 @@ from torch import Tensor
 
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
-from mtp.parallel import is_sharded
+from mtp.training.parallel import is_sharded
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     SIGTERM (preemption: SLURM, Kubernetes) is Lightning's: its signal connector notes it on every process and the
     fit loop raises ``SIGTERMException`` once the running batch (and a validation in progress) has finished; this
-    callback then writes last.ckpt (``mtp.train.train`` turns Ctrl-C into the same request).
+    callback then writes last.ckpt (``mtp.training.train.train`` turns Ctrl-C into the same request).
     """
 
     def __init__(self, *args: Any, every_n_train_steps: int | None = None, **kwargs: Any) -> None:

@@ -1,5 +1,5 @@
-"""LightningModule: trains the MTP model it is given (built where the run is assembled, :func:`mtp.train.build`):
-steps, metrics, AdamW + schedule, sharding in ``configure_model``."""
+"""LightningModule: trains the MTP model it is given (built where the run is assembled,
+:func:`mtp.training.train.build`): steps, metrics, AdamW + schedule, sharding in ``configure_model``."""
 
 from __future__ import annotations
 
@@ -15,27 +15,27 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from mtp.checkpoint_format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
+from mtp.checkpoint.format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
 from mtp.errors import UserError
 from mtp.interop.chat import ModelChat
-from mtp.loss import cross_entropy, head_logits, mtp_loss, split_window, window_states
-from mtp.metrics import AcceptanceByPosition, ExpectedTokensPerForward
-from mtp.model import IGNORE, MTPModel
-from mtp.optim import OptimConfig, parameter_groups, warmup_cosine
-from mtp.parallel import is_sharded, parallelize
-from mtp.trunk_cache import TrunkCache
+from mtp.model.transformer import IGNORE, MTPModel
+from mtp.training.loss import cross_entropy, head_logits, mtp_loss, split_window, window_states
+from mtp.training.metrics import AcceptanceByPosition, ExpectedTokensPerForward
+from mtp.training.optim import OptimConfig, parameter_groups, warmup_cosine
+from mtp.training.parallel import is_sharded, parallelize
+from mtp.training.trunk_cache import TrunkCache
 
 
 class MTPLitModule(L.LightningModule):
     """Training of the MTP model ``model`` (built, and grown from ``init_from`` and frozen if asked, where the run is
-    assembled: :func:`mtp.train.build`); the rest of the settings come from the config's ``module`` node.
+    assembled: :func:`mtp.training.train.build`); the rest of the settings come from the config's ``module`` node.
 
     ``draft_tokens_loaded``: the reduced draft vocabulary came with the model's checkpoint (else the data chooses it).
     With the trunk frozen, ``trunk_cache_gb`` keeps up to that many GiB of the trunk's outputs of training windows, so
-    that later epochs run only the heads (mtp.trunk_cache). ``compile`` and ``activation_checkpointing`` are applied
-    per block in ``configure_model`` (see mtp.parallel), together with FSDP2 sharding over the strategy's data-parallel
-    mesh when it is Lightning's ModelParallelStrategy (``trainer=fsdp``). Decoding during validation is a callback's
-    (:class:`mtp.callbacks.DecodeProbe`).
+    that later epochs run only the heads (mtp.training.trunk_cache). ``compile`` and ``activation_checkpointing`` are
+    applied per block in ``configure_model`` (see mtp.training.parallel), together with FSDP2 sharding over the
+    strategy's data-parallel mesh when it is Lightning's ModelParallelStrategy (``trainer=fsdp``). Decoding during
+    validation is a callback's (:class:`mtp.training.callbacks.DecodeProbe`).
     """
 
     def __init__(
@@ -103,7 +103,7 @@ class MTPLitModule(L.LightningModule):
 
     def _sharding(self) -> tuple[Any, Any]:
         """(mesh, mixed-precision policy) for FSDP2 under ModelParallelStrategy, else (None, None): the strategy's
-        data-parallel mesh (mtp.parallel.FullyShardedStrategy puts every process there; mtp uses no tensor
+        data-parallel mesh (mtp.training.parallel.FullyShardedStrategy puts every process there; mtp uses no tensor
         parallelism), and bf16 parameters with fp32 gradient reduction when the trainer's precision plugin computes
         in bf16 (``bf16-mixed``, ``bf16-true``)."""
         if not isinstance(self.trainer.strategy, ModelParallelStrategy):

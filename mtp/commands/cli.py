@@ -3,7 +3,7 @@
 - one error handler: a :class:`UserError`, or an ``OSError`` (a disk full, a folder that cannot be written), is one
   sentence on stderr, ``error: ...``, and exit status 2, without a traceback;
 - one device choice (``--device auto|cpu|cuda``) and one dtype flag (``--dtype``; its policy is
-  :func:`mtp.checkpoint_load.resolve_dtype`'s: auto is bf16 on CUDA, fp32 elsewhere);
+  :func:`mtp.checkpoint.load.resolve_dtype`'s: auto is bf16 on CUDA, fp32 elsewhere);
 - settings as flags: :func:`add_settings` makes a flag of each field of a settings dataclass (its type, default and
   attribute docstring: one field with its docstring in :class:`~mtp.decode.settings.GenerationConfig` is a flag of
   every decoding command), :func:`settings_from` builds it back, and the class alone checks it, its errors
@@ -32,7 +32,7 @@ import torch
 from omegaconf.errors import InterpolationResolutionError
 
 import mtp
-from mtp.checkpoint_load import DTYPES
+from mtp.checkpoint.load import DTYPES
 from mtp.decode.settings import SettingError
 from mtp.decode.tree_fit import FASTEST
 from mtp.errors import FULL_DISK, UserError
@@ -101,7 +101,7 @@ def pick_device(name: str) -> torch.device:
 
 
 def add_dtype_flag(parser: argparse.ArgumentParser, default: str = "auto") -> None:
-    """--dtype for commands that load a checkpoint (:func:`mtp.checkpoint_load.load_checkpoint` resolves it)."""
+    """--dtype for commands that load a checkpoint (:func:`mtp.checkpoint.load.load_checkpoint` resolves it)."""
     parser.add_argument(
         "--dtype",
         choices=["auto", *DTYPES],

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mtp.blocks import Block, RMSNorm
 from mtp.config import ModelConfig
+from mtp.model.blocks import Block, RMSNorm
 
 Reads = Callable[[int, Tensor, Tensor], Tensor]
 """What a causal depth reads in training: ``reads(k, state, true)`` -> token ids (B, T) (see :meth:`Heads.states`)."""
@@ -86,7 +86,8 @@ class Heads(nn.Module):
 
     def grow(self, head1: Block | None, loaded: set[str]) -> None:
         """Start the parameters not in ``loaded`` (names within this module) from head 1's: blocks from head 1's
-        block ``head1``, unembeddings from head 1's (a model grown from one with fewer heads, :mod:`mtp.init_from`)."""
+        block ``head1``, unembeddings from head 1's (a model grown from one with fewer heads,
+        :mod:`mtp.pretrained.init_from`)."""
         names = {id(module): name for name, module in self.named_modules()}
         with torch.no_grad():
             for block in self.blocks():

@@ -1,5 +1,5 @@
 """mtp's checkpoint format, read with ``torch.load(weights_only=True)`` and usable without Lightning (writing:
-:mod:`mtp.checkpoint_save`; loading a model from it or from a foreign format: :mod:`mtp.checkpoint_load`).
+:mod:`mtp.checkpoint.save`; loading a model from it or from a foreign format: :mod:`mtp.checkpoint.load`).
 
 The bottom layer of the artifacts: it knows the format's constants and how to check and read a file, and imports
 nothing of mtp but its errors.

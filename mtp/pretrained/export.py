@@ -1,7 +1,7 @@
 """Exporting an mtp model as a Hugging Face Llama directory, and checking an export against the model it came from
 (the directory's layout: :mod:`mtp.interop.hf`, which reads it back).
 
-Above the loader (:mod:`mtp.checkpoint_load`): it reads any checkpoint mtp reads, and decodes to compare.
+Above the loader (:mod:`mtp.checkpoint.load`): it reads any checkpoint mtp reads, and decodes to compare.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mtp.checkpoint_load import load_checkpoint, model_chat
+from mtp.checkpoint.load import load_checkpoint, model_chat
 from mtp.config import ModelConfig
 from mtp.data.prompts import held_out_prompts
 from mtp.data.tokenizer import eot_id

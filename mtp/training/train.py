@@ -20,18 +20,18 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from mtp.callbacks import ResumableCheckpoint
-from mtp.checkpoint_format import check_checkpoint
-from mtp.checkpoint_load import is_model, model_tokenizer
-from mtp.checkpoint_save import AtomicCheckpointIO
+from mtp.checkpoint.format import check_checkpoint
+from mtp.checkpoint.load import is_model, model_tokenizer
+from mtp.checkpoint.save import AtomicCheckpointIO
 from mtp.config import ModelConfig
 from mtp.data.packing import writing_to_cache
 from mtp.errors import UserError
-from mtp.init_from import Start, check_freeze, freeze, settings_from_checkpoint
 from mtp.interop.chat import ModelChat
-from mtp.lit import MTPLitModule
 from mtp.model import MTPModel
-from mtp.reference import reference_model
+from mtp.pretrained.init_from import Start, check_freeze, freeze, settings_from_checkpoint
+from mtp.pretrained.reference import reference_model
+from mtp.training.callbacks import ResumableCheckpoint
+from mtp.training.lit import MTPLitModule
 
 # ${reference_model:} in a config: the offline reference model's GGUF file (experiment=pretrained_heads's init_from)
 OmegaConf.register_new_resolver("reference_model", lambda: str(reference_model()), replace=True)

@@ -1,4 +1,5 @@
-"""Writing checkpoints: whole files only (reading them: mtp.checkpoint_load; when to write them: mtp.callbacks)."""
+"""Writing checkpoints: whole files only (reading them: mtp.checkpoint.load; when to write them:
+mtp.training.callbacks)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from mtp.checkpoint_format import read_checkpoint
+from mtp.checkpoint.format import read_checkpoint
 from mtp.errors import UserError
 from mtp.files import write_whole
 

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtp.model import IGNORE, MTPModel
+from mtp.model.transformer import IGNORE, MTPModel
 
 
 @dataclass
@@ -311,7 +311,8 @@ def window_states(
 
     Causal heads condition on the tokens before the one they predict, head k at t on token t + k - 1: the true ones,
     or under ``causal_inputs`` drafts/mixed the earlier depth's drafts (training's choice, ``model.causal_inputs``).
-    ``trunk(inputs)``: the trunk's output from elsewhere (:class:`mtp.trunk_cache.TrunkCache`); default: the model's.
+    ``trunk(inputs)``: the trunk's output from elsewhere (:class:`mtp.training.trunk_cache.TrunkCache`); default: the
+    model's.
     """
     inputs, targets = split_window(window, model.config.n_future)
     trunk_output = trunk(inputs) if trunk else None
