@@ -621,8 +621,8 @@ MUTATIONS = [
     Mutation(
         "causal heads condition on their own target",
         "window_states",
-        "model.head_states(inputs, targets[:-1], trunk_output, causal_inputs)",
-        "model.head_states(inputs, targets[1:], trunk_output, causal_inputs)",
+        "model.head_states(inputs, targets[:-1], trunk_output, draft_rate)",
+        "model.head_states(inputs, targets[1:], trunk_output, draft_rate)",
         (f"{LOSS}::test_no_head_sees_its_target",),
     ),
     Mutation(
@@ -823,15 +823,15 @@ MUTATIONS = [
     Mutation(
         "mixed causal inputs ignore the rate asked",
         "MTPModel.drafted_inputs",
-        "torch.rand(true.shape, device=true.device) < self.config.causal_draft_rate",
+        "torch.rand(true.shape, device=true.device) < rate",
         "torch.rand(true.shape, device=true.device) < 0.5",
         (f"{LOSS}::test_mixed_causal_inputs_read_drafts_at_the_rate_asked",),
     ),
     Mutation(
         "training ignores the head weight schedule",
         "MTPLitModule.training_step",
-        "out = mtp_loss(self.model, batch, trunk=self.trunk_cache, weights=weights)",
-        "out = mtp_loss(self.model, batch, trunk=self.trunk_cache)",
+        "out = mtp_loss(self.model, batch, self.loss, trunk=self.trunk_cache, weights=weights)",
+        "out = mtp_loss(self.model, batch, self.loss, trunk=self.trunk_cache)",
         ("tests/test_train.py::test_training_follows_the_head_weight_schedule_and_distils",),
     ),
     Mutation(
