@@ -194,6 +194,12 @@ def test_a_settings_field_becomes_a_flag_with_help_and_a_field_named_error():
         cli.settings_from(parser.parse_args(["--depth", "0"]), Toy)
     with pytest.raises(SystemExit):
         parser.parse_args(["--mode", "slow"])
+    renamed = {"max_new_tokens": "--new-tokens"}  # a setting whose flag has another name
+    with pytest.raises(UserError, match=re.escape("--new-tokens 0 must be at least 1; go longer (--depth).")):
+        with cli.settings_named_by_flags(renamed):
+            raise SettingError(
+                "{max_new_tokens} must be at least 1; go longer ({depth:name}).", max_new_tokens=0, depth=2
+            )
 
 
 @NO_CUDA

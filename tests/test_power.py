@@ -1184,9 +1184,16 @@ MUTATIONS = [
         ("tests/test_cli.py::test_an_os_error_is_one_line_naming_the_path_and_the_cause",),
     ),
     Mutation(
+        "distill: the last line names the budget that stopped the run by the library's setting, not the flag",
+        "stop_reason",
+        "RENAMED_FLAGS.get(stopped, flag_of(stopped)) if stopped in settings else stopped",
+        "stopped",
+        ("tests/test_distill.py::test_a_spent_time_budget_stops_before_decoding",),
+    ),
+    Mutation(
         "cli: a bad decoding setting named by its field, not its flag",
         "settings_named_by_flags",
-        'err.render(flag_of, " ")',
+        'err.render(lambda field: named.get(field, flag_of(field)), " ")',
         "str(err)",
         ("tests/test_cli.py::test_a_bad_decoding_setting_is_reported_under_its_flag",),
     ),
