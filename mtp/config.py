@@ -1,4 +1,10 @@
-"""ModelConfig: every size and switch of an MTP model, validated on construction."""
+"""The settings of a model and of its training loss, each validated on construction.
+
+:class:`ModelConfig` is every size and switch of an MTP model (what a checkpoint needs to rebuild it);
+:class:`LossConfig` is how the model trains (the Hydra config's ``loss`` group). Checks that need both are
+:meth:`LossConfig.check_model`'s. Checkpoints written before the two were apart kept the loss settings among the
+model's: :func:`stored_configs` reads both layouts.
+"""
 
 from __future__ import annotations
 
@@ -61,34 +67,6 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
-    loss: str = "sequential"
-    """'sequential' (per-head backward, O(V+d) peak memory) or 'naive' (all heads' logits alive)."""
-    loss_weights: list[float] | None = None
-    """Per-head loss weights (length n_future); None means 1.0 for every head."""
-    loss_chunk: int = 0
-    """If > 0, sequential mode computes each head's unembedding + loss in chunks of this many positions."""
-    head_loss: str = "ce"
-    """What heads 2..n learn from (:data:`HEAD_LOSSES`; head 1 always from the corpus token): 'ce' the corpus token
-    k steps ahead; 'distill' head 1's distribution for that token (HASS: its top ``distill_top_k`` tokens, at the
-    position where head 1 predicts it); 'ce+distill' the sum of both."""
-    distill_top_k: int = 10
-    """Distillation: how many of head 1's most probable tokens its distribution is cut to (then renormalised)."""
-    distill_temperature: float = 1.0
-    """Distillation: both distributions at this temperature (the loss scaled by its square, Hinton et al.)."""
-    causal_inputs: str = "true"
-    """Causal heads only, in training (:data:`CAUSAL_INPUTS`): the token depth k reads before the one it predicts is
-    'true' (the corpus's), 'drafts' (depth k-1's argmax there, what decoding feeds it: EAGLE-3's training-time test)
-    or 'mixed' (the draft at a ``causal_draft_rate`` fraction of positions drawn at random, elsewhere the true one)."""
-    causal_draft_rate: float = 0.5
-    """causal_inputs=mixed: the fraction of positions where depth k reads depth k-1's draft."""
-    loss_weights_schedule: str = "constant"
-    """How the head weights move over training (:data:`WEIGHT_SCHEDULES`): 'constant' (``loss_weights`` throughout),
-    'steps' (``loss_weights`` until ``loss_weights_switch`` of the run, then ``loss_weights_final``: DeepSeek-V3's
-    lambda 0.3 -> 0.1), 'linear' (from ``loss_weights`` to ``loss_weights_final`` over the run)."""
-    loss_weights_final: list[float] | None = None
-    """The head weights at the end of a 'steps' or 'linear' schedule (one per head)."""
-    loss_weights_switch: float = 0.7
-    """'steps' schedule: the fraction of training steps after which ``loss_weights_final`` applies."""
     ffn_hidden: int = field(init=False)
     """Derived: SwiGLU hidden width."""
 
@@ -98,17 +76,21 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
-        """Build from a plain mapping (a Hydra node); unknown keys are a user error."""
+        """Build from a plain mapping (a Hydra node); unknown keys are a user error (a loss setting given as a model
+        setting: one naming where it moved)."""
         known = {f.name for f in fields(cls) if f.init}
         unknown = sorted(set(values) - known)
+        moved = [name for name in unknown if name in MOVED_TO_LOSS]
+        if moved:
+            raise UserError(
+                f"{', '.join(f'model.{name}' for name in moved)} moved to the loss settings; set "
+                f"{', '.join(f'loss.{MOVED_TO_LOSS[name]}' for name in moved)} instead."
+            )
         if unknown:
             raise UserError(
                 f"unknown model setting(s) {', '.join(unknown)}; valid settings are {', '.join(sorted(known))}."
             )
-        if values.get("causal_inputs") is True:  # model.causal_inputs=true on Hydra's command line is a boolean
-            values = {**values, "causal_inputs": "true"}
-        lists = ("loss_weights", "loss_weights_final")
-        return cls(**{k: (list(v) if k in lists and v is not None else v) for k, v in values.items()})
+        return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)
@@ -130,20 +112,6 @@ class ModelConfig:
     def n_layer_blocks(self) -> int:
         """Blocks in ``layers``: the trunk, and head 1's block where it has one (``n_layers`` counts every block)."""
         return self.n_layers - self.head_blocks
-
-    @property
-    def weights(self) -> list[float]:
-        return list(self.loss_weights) if self.loss_weights is not None else [1.0] * self.n_future
-
-    def weights_at(self, progress: float) -> list[float]:
-        """The head weights at a fraction ``progress`` (0..1) of training, under ``loss_weights_schedule``."""
-        if self.loss_weights_schedule == "constant":
-            return self.weights
-        start, final = self.weights, list(self.loss_weights_final)
-        if self.loss_weights_schedule == "steps":
-            return final if progress >= self.loss_weights_switch else start
-        progress = min(max(progress, 0.0), 1.0)
-        return [a + (b - a) * progress for a, b in zip(start, final, strict=True)]
 
     def validate(self) -> None:
         def positive(name: str) -> None:
@@ -172,8 +140,6 @@ class ModelConfig:
                 f"model.draft_vocab={self.draft_vocab} sizes the draft heads' vocabulary, and model.n_future=1 has "
                 "none; set model.n_future > 1 or model.draft_vocab=0."
             )
-        if self.loss not in LOSS_MODES:
-            raise UserError(f"model.loss={self.loss!r} is not one of {', '.join(LOSS_MODES)}.")
         if self.head1_block and self.n_layer_blocks < 2:
             needed = self.head_blocks + 2
             raise UserError(
@@ -186,52 +152,153 @@ class ModelConfig:
             raise UserError(f"head dimension d_model/n_heads={self.d_model // self.n_heads} must be even for rotary.")
         if self.n_heads % self.n_kv_heads:
             raise UserError(f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads={self.n_heads}.")
-        if self.loss_weights is not None:
-            if len(self.loss_weights) != self.n_future:
-                raise UserError(
-                    f"model.loss_weights has {len(self.loss_weights)} entries but n_future={self.n_future}; "
-                    "give one weight per head."
-                )
-            if any(w < 0 for w in self.loss_weights) or sum(self.loss_weights) <= 0:
-                raise UserError("model.loss_weights must be non-negative with a positive sum.")
+
+
+@dataclass
+class LossConfig:
+    """How a model trains: the loss's implementation, what heads 2..n learn from, what causal depths read and the
+    head weights over the run (the Hydra config's ``loss`` group: ``loss.head_loss=distill``)."""
+
+    mode: str = "sequential"
+    """'sequential' (per-head backward, O(V+d) peak memory) or 'naive' (all heads' logits alive)."""
+    loss_weights: list[float] | None = None
+    """Per-head loss weights (one per head: model.n_future of them); None means 1.0 for every head."""
+    loss_chunk: int = 0
+    """If > 0, sequential mode computes each head's unembedding + loss in chunks of this many positions."""
+    head_loss: str = "ce"
+    """What heads 2..n learn from (:data:`HEAD_LOSSES`; head 1 always from the corpus token): 'ce' the corpus token
+    k steps ahead; 'distill' head 1's distribution for that token (HASS: its top ``distill_top_k`` tokens, at the
+    position where head 1 predicts it); 'ce+distill' the sum of both."""
+    distill_top_k: int = 10
+    """Distillation: how many of head 1's most probable tokens its distribution is cut to (then renormalised)."""
+    distill_temperature: float = 1.0
+    """Distillation: both distributions at this temperature (the loss scaled by its square, Hinton et al.)."""
+    causal_inputs: str = "true"
+    """Causal heads only, in training (:data:`CAUSAL_INPUTS`): the token depth k reads before the one it predicts is
+    'true' (the corpus's), 'drafts' (depth k-1's argmax there, what decoding feeds it: EAGLE-3's training-time test)
+    or 'mixed' (the draft at a ``causal_draft_rate`` fraction of positions drawn at random, elsewhere the true one)."""
+    causal_draft_rate: float = 0.5
+    """causal_inputs=mixed: the fraction of positions where depth k reads depth k-1's draft."""
+    loss_weights_schedule: str = "constant"
+    """How the head weights move over training (:data:`WEIGHT_SCHEDULES`): 'constant' (``loss_weights`` throughout),
+    'steps' (``loss_weights`` until ``loss_weights_switch`` of the run, then ``loss_weights_final``: DeepSeek-V3's
+    lambda 0.3 -> 0.1), 'linear' (from ``loss_weights`` to ``loss_weights_final`` over the run)."""
+    loss_weights_final: list[float] | None = None
+    """The head weights at the end of a 'steps' or 'linear' schedule (one per head)."""
+    loss_weights_switch: float = 0.7
+    """'steps' schedule: the fraction of training steps after which ``loss_weights_final`` applies."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> LossConfig:
+        """Build from a plain mapping (a Hydra node); unknown keys are a user error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise UserError(
+                f"unknown loss setting(s) {', '.join(unknown)}; valid settings are {', '.join(sorted(known))}."
+            )
+        if values.get("causal_inputs") is True:  # loss.causal_inputs=true on Hydra's command line is a boolean
+            values = {**values, "causal_inputs": "true"}
+        lists = ("loss_weights", "loss_weights_final")
+        return cls(**{k: (list(v) if k in lists and v is not None else v) for k, v in values.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def weights(self, n_future: int) -> list[float]:
+        """The head weights of ``n_future`` heads: ``loss_weights``, or 1.0 for every head."""
+        return list(self.loss_weights) if self.loss_weights is not None else [1.0] * n_future
+
+    def weights_at(self, progress: float, n_future: int) -> list[float]:
+        """The head weights at a fraction ``progress`` (0..1) of training, under ``loss_weights_schedule``."""
+        if self.loss_weights_schedule == "constant":
+            return self.weights(n_future)
+        start, final = self.weights(n_future), list(self.loss_weights_final)
+        if self.loss_weights_schedule == "steps":
+            return final if progress >= self.loss_weights_switch else start
+        progress = min(max(progress, 0.0), 1.0)
+        return [a + (b - a) * progress for a, b in zip(start, final, strict=True)]
+
+    @property
+    def draft_rate(self) -> float:
+        """The fraction of positions where causal depth k reads depth k-1's draft in training (``causal_inputs``: 0 for
+        'true', 1 for 'drafts', ``causal_draft_rate`` for 'mixed'): :meth:`mtp.model.MTPModel.head_states`' own."""
+        return {"true": 0.0, "drafts": 1.0}.get(self.causal_inputs, self.causal_draft_rate)
+
+    def validate(self) -> None:
         for name, value, allowed in (
+            ("mode", self.mode, LOSS_MODES),
             ("head_loss", self.head_loss, HEAD_LOSSES),
             ("causal_inputs", self.causal_inputs, CAUSAL_INPUTS),
             ("loss_weights_schedule", self.loss_weights_schedule, WEIGHT_SCHEDULES),
         ):
             if value not in allowed:
-                raise UserError(f"model.{name}={value!r} is not one of {', '.join(allowed)}.")
+                raise UserError(f"loss.{name}={value!r} is not one of {', '.join(allowed)}.")
+        for name in ("loss_weights", "loss_weights_final"):
+            weights = getattr(self, name)
+            if weights is not None and (any(w < 0 for w in weights) or sum(weights) <= 0):
+                raise UserError(f"loss.{name} must be non-negative with a positive sum.")
         if self.distill_top_k < 1:
-            raise UserError(f"model.distill_top_k={self.distill_top_k} must be at least 1 (10 is HASS's).")
+            raise UserError(f"loss.distill_top_k={self.distill_top_k} must be at least 1 (10 is HASS's).")
         if not self.distill_temperature > 0:
-            raise UserError(f"model.distill_temperature={self.distill_temperature} must be positive (1.0: as is).")
-        if self.causal_inputs != "true" and self.head_type != "causal":
-            raise UserError(
-                f"model.causal_inputs={self.causal_inputs} applies to causal heads only, not "
-                f"head_type={self.head_type!r}; set model.head_type=causal or drop model.causal_inputs."
-            )
+            raise UserError(f"loss.distill_temperature={self.distill_temperature} must be positive (1.0: as is).")
         if not 0 <= self.causal_draft_rate <= 1:
-            raise UserError(f"model.causal_draft_rate={self.causal_draft_rate} must lie between 0 and 1.")
+            raise UserError(f"loss.causal_draft_rate={self.causal_draft_rate} must lie between 0 and 1.")
         if self.loss_weights_schedule == "constant" and self.loss_weights_final is not None:
             raise UserError(
-                "model.loss_weights_final is read only by a schedule; set model.loss_weights_schedule=steps or "
-                "linear, or drop model.loss_weights_final."
+                "loss.loss_weights_final is read only by a schedule; set loss.loss_weights_schedule=steps or "
+                "linear, or drop loss.loss_weights_final."
             )
-        if self.loss_weights_schedule != "constant":
-            if self.loss_weights_final is None:
-                example = ",".join(["1.0"] + ["0.1"] * (self.n_future - 1))
-                raise UserError(
-                    f"model.loss_weights_schedule={self.loss_weights_schedule} needs the weights to end at: set "
-                    f"model.loss_weights_final (one per head, e.g. [{example}])."
-                )
-            if len(self.loss_weights_final) != self.n_future:
-                raise UserError(
-                    f"model.loss_weights_final has {len(self.loss_weights_final)} entries but n_future="
-                    f"{self.n_future}; give one weight per head."
-                )
-            if any(w < 0 for w in self.loss_weights_final) or sum(self.loss_weights_final) <= 0:
-                raise UserError("model.loss_weights_final must be non-negative with a positive sum.")
+        if self.loss_weights_schedule != "constant" and self.loss_weights_final is None:
+            example = ",".join(["1.0"] + ["0.1"] * (len(self.loss_weights or [1.0] * 4) - 1))
+            raise UserError(
+                f"loss.loss_weights_schedule={self.loss_weights_schedule} needs the weights to end at: set "
+                f"loss.loss_weights_final (one per head, e.g. [{example}])."
+            )
         if not 0 < self.loss_weights_switch <= 1:
-            raise UserError(f"model.loss_weights_switch={self.loss_weights_switch} must lie in (0, 1].")
+            raise UserError(f"loss.loss_weights_switch={self.loss_weights_switch} must lie in (0, 1].")
         if self.loss_chunk < 0:
-            raise UserError(f"model.loss_chunk={self.loss_chunk} must be 0 (off) or a positive number of positions.")
+            raise UserError(f"loss.loss_chunk={self.loss_chunk} must be 0 (off) or a positive number of positions.")
+
+    def check_model(self, model: ModelConfig) -> None:
+        """The checks that need the model's settings too: one weight per head, drafted inputs for causal heads only."""
+        for name in ("loss_weights", "loss_weights_final"):
+            weights = getattr(self, name)
+            if weights is not None and len(weights) != model.n_future:
+                raise UserError(
+                    f"loss.{name} has {len(weights)} entries but model.n_future={model.n_future}; give one weight per "
+                    "head."
+                )
+        if self.causal_inputs != "true" and model.head_type != "causal":
+            raise UserError(
+                f"loss.causal_inputs={self.causal_inputs} applies to causal heads only, not "
+                f"model.head_type={model.head_type!r}; set model.head_type=causal or drop loss.causal_inputs."
+            )
+
+
+MOVED_TO_LOSS = {"loss": "mode"} | {
+    name: name
+    for name in ("loss_weights", "loss_chunk", "head_loss", "distill_top_k", "distill_temperature", "causal_inputs")
+    + ("causal_draft_rate", "loss_weights_schedule", "loss_weights_final", "loss_weights_switch")
+}
+"""The model settings that moved to :class:`LossConfig` (``loss`` as ``mode``): checkpoints written before it kept
+them in their model config."""
+
+
+def stored_loss_settings(model: dict[str, Any], loss: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The loss settings a checkpoint recorded: its ``loss_config`` entry (``loss``), or, in a checkpoint written
+    before :class:`LossConfig`, those it kept among its model settings (``model``), each under its new name."""
+    if loss is not None:
+        return dict(loss)
+    return {MOVED_TO_LOSS[name]: value for name, value in model.items() if name in MOVED_TO_LOSS}
+
+
+def stored_configs(model: dict[str, Any], loss: dict[str, Any] | None = None) -> tuple[ModelConfig, LossConfig]:
+    """The model and loss configs a checkpoint stored (its ``model_config`` and ``loss_config`` entries), of either
+    layout: the loss settings an earlier checkpoint kept among the model's move to the loss config (the key adapter
+    of the settings: :func:`stored_loss_settings`); those it never had keep their defaults."""
+    kept = {name: value for name, value in model.items() if name not in MOVED_TO_LOSS}
+    return ModelConfig.from_dict(kept), LossConfig.from_dict(stored_loss_settings(model, loss))

@@ -17,7 +17,8 @@ import pytest
 import torch
 from hydra.core.global_hydra import GlobalHydra
 
-from mtp.commands import bench_decode, bench_train, cli, compare_heads, decode, fit_tree, pretrain
+from mtp import cli
+from mtp.commands import bench_decode, bench_train, compare_heads, decode, fit_tree, pretrain
 from mtp.decode import GenerationConfig
 from mtp.decode.settings import SettingError
 from mtp.errors import UserError
@@ -193,6 +194,12 @@ def test_a_settings_field_becomes_a_flag_with_help_and_a_field_named_error():
         cli.settings_from(parser.parse_args(["--depth", "0"]), Toy)
     with pytest.raises(SystemExit):
         parser.parse_args(["--mode", "slow"])
+    renamed = {"max_new_tokens": "--new-tokens"}  # a setting whose flag has another name
+    with pytest.raises(UserError, match=re.escape("--new-tokens 0 must be at least 1; go longer (--depth).")):
+        with cli.settings_named_by_flags(renamed):
+            raise SettingError(
+                "{max_new_tokens} must be at least 1; go longer ({depth:name}).", max_new_tokens=0, depth=2
+            )
 
 
 @NO_CUDA

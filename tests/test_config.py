@@ -1,10 +1,13 @@
+from dataclasses import fields
+
 import pytest
 from conftest import ROOT, compose_train
-from hydra.errors import MissingConfigException
+from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from mtp.config import ModelConfig
+from mtp.commands.pretrain import config_error_sentence
+from mtp.config import LossConfig, ModelConfig, stored_configs
 from mtp.errors import UserError
 
 
@@ -12,7 +15,7 @@ def test_derived_values():
     config = ModelConfig(d_model=96, n_layers=6, n_heads=4, n_kv_heads=2, n_future=4)
     assert config.ffn_hidden % config.ffn_multiple_of == 0 and config.ffn_hidden >= 8 * 96 // 3
     assert config.n_layer_blocks == 3
-    assert config.weights == [1.0] * 4
+    assert LossConfig().weights(config.n_future) == [1.0] * 4
     assert ModelConfig(n_layers=6, n_future=4, head_type="linear").n_layer_blocks == 6
 
 
@@ -23,20 +26,7 @@ def test_derived_values():
         ({"n_future": 10, "n_layers": 10}, "leaves no trunk layer"),
         ({"n_kv_heads": 3}, "must divide"),
         ({"head_type": "eagle"}, "head_type='eagle' is not one of"),
-        ({"loss": "fast"}, "loss='fast' is not one of"),
-        ({"loss_weights": [1.0, 1.0]}, "one weight per head"),
-        ({"loss_weights": [1.0, -1.0, 1.0, 1.0]}, "non-negative"),
         ({"vocab_size": 0}, "vocab_size=0 must be at least 1"),
-        ({"head_loss": "kl"}, "head_loss='kl' is not one of ce, distill, ce\\+distill"),
-        ({"distill_top_k": 0}, "distill_top_k=0 must be at least 1"),
-        ({"distill_temperature": 0.0}, "distill_temperature=0.0 must be positive"),
-        ({"causal_inputs": "drafts"}, "applies to causal heads only.*set model.head_type=causal"),
-        ({"head_type": "causal", "causal_inputs": "sampled"}, "causal_inputs='sampled' is not one of"),
-        ({"head_type": "causal", "causal_draft_rate": 1.5}, "causal_draft_rate=1.5 must lie between 0 and 1"),
-        ({"loss_weights_schedule": "cosine"}, "loss_weights_schedule='cosine' is not one of"),
-        ({"loss_weights_schedule": "steps"}, r"set model.loss_weights_final .*\[1.0,0.1,0.1,0.1\]"),
-        ({"loss_weights_schedule": "linear", "loss_weights_final": [1.0]}, "has 1 entries but n_future=4"),
-        ({"loss_weights_final": [1.0, 0.1, 0.1, 0.1]}, "read only by a schedule"),
     ],
 )
 def test_bad_values_name_the_problem(kwargs, message):
@@ -44,14 +34,74 @@ def test_bad_values_name_the_problem(kwargs, message):
         ModelConfig(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mode": "fast"}, "loss.mode='fast' is not one of"),
+        ({"loss_weights": [1.0, -1.0, 1.0, 1.0]}, "loss.loss_weights must be non-negative"),
+        ({"head_loss": "kl"}, "loss.head_loss='kl' is not one of ce, distill, ce\\+distill"),
+        ({"distill_top_k": 0}, "loss.distill_top_k=0 must be at least 1"),
+        ({"distill_temperature": 0.0}, "loss.distill_temperature=0.0 must be positive"),
+        ({"causal_inputs": "sampled"}, "loss.causal_inputs='sampled' is not one of"),
+        ({"causal_draft_rate": 1.5}, "loss.causal_draft_rate=1.5 must lie between 0 and 1"),
+        ({"loss_weights_schedule": "cosine"}, "loss.loss_weights_schedule='cosine' is not one of"),
+        ({"loss_weights_schedule": "steps"}, r"set loss.loss_weights_final .*\[1.0,0.1,0.1,0.1\]"),
+        ({"loss_weights_schedule": "steps", "loss_weights": [1.0, 0.3]}, r"e.g. \[1.0,0.1\]"),
+        ({"loss_weights_final": [1.0, 0.1, 0.1, 0.1]}, "read only by a schedule"),
+        ({"loss_chunk": -1}, "loss.loss_chunk=-1 must be 0"),
+    ],
+)
+def test_bad_loss_values_name_the_problem(kwargs, message):
+    with pytest.raises(UserError, match=message):
+        LossConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("model", "loss", "message"),
+    [
+        ({}, {"loss_weights": [1.0, 1.0]}, r"^loss.loss_weights has 2 entries but model.n_future=4; give one weight"),
+        ({"n_future": 2}, {"loss_weights_schedule": "linear", "loss_weights_final": [1.0]}, "_final has 1 entries"),
+        ({}, {"causal_inputs": "drafts"}, "^loss.causal_inputs=drafts applies to causal heads only, not model.head_"),
+    ],
+)
+def test_loss_settings_that_contradict_the_model_are_one_sentence(model, loss, message):
+    config, settings = ModelConfig(**model), LossConfig(**loss)
+    with pytest.raises(UserError, match=message):
+        settings.check_model(config)
+    LossConfig().check_model(config)
+    LossConfig(loss_weights=[1.0, 1.0]).check_model(ModelConfig(n_future=2))
+    LossConfig(causal_inputs="mixed").check_model(ModelConfig(head_type="causal"))
+
+
 def test_causal_inputs_true_from_the_command_line_is_the_word():
-    """Hydra reads model.causal_inputs=true as a boolean."""
-    assert ModelConfig.from_dict({"head_type": "causal", "causal_inputs": True}).causal_inputs == "true"
+    """Hydra reads loss.causal_inputs=true as a boolean."""
+    assert LossConfig.from_dict({"causal_inputs": True}).causal_inputs == "true"
 
 
 def test_unknown_key_is_named():
     with pytest.raises(UserError, match="unknown model setting.*dmodel"):
         ModelConfig.from_dict({"dmodel": 3})
+    with pytest.raises(UserError, match="unknown loss setting.*headloss; valid settings are causal_draft_rate"):
+        LossConfig.from_dict({"headloss": "ce"})
+
+
+def test_a_loss_setting_given_to_the_model_says_where_it_moved():
+    with pytest.raises(UserError, match=r"^model.head_loss, model.loss moved to the loss settings; set "
+                       r"loss.head_loss, loss.mode instead.$"):  # fmt: skip
+        ModelConfig.from_dict({"head_loss": "distill", "loss": "naive"})
+
+
+def test_a_stored_model_config_of_either_layout_gives_both_configs():
+    """A checkpoint written before LossConfig kept the loss settings in its model config: they move to the loss
+    config (``loss`` as ``mode``), and those it never had keep their defaults; today's keeps them apart."""
+    model = ModelConfig(n_future=2, head_type="causal")
+    loss = LossConfig(mode="naive", loss_weights=[1.0, 0.5], head_loss="distill", causal_inputs="drafts")
+    old = model.to_dict() | {"loss": "naive", "loss_weights": [1.0, 0.5], "head_loss": "distill"}
+    old |= {"causal_inputs": "drafts"}
+    assert stored_configs(old) == (model, loss)
+    assert stored_configs(model.to_dict(), loss.to_dict()) == (model, loss)
+    oldest = model.to_dict() | {"loss": "sequential", "loss_weights": None, "loss_chunk": 0}  # tests/fixtures/legacy
+    assert stored_configs(oldest) == (model, LossConfig())
 
 
 def test_linear_heads_need_no_extra_layers():
@@ -62,8 +112,10 @@ def test_linear_heads_need_no_extra_layers():
 
 
 def test_round_trip_through_dict():
-    config = ModelConfig(n_future=2, loss_weights=[1.0, 0.5])
+    config = ModelConfig(n_future=2, draft_vocab=8)
     assert ModelConfig.from_dict(config.to_dict()) == config
+    loss = LossConfig(loss_weights=[1.0, 0.5], loss_weights_schedule="linear", loss_weights_final=[1.0, 0.0])
+    assert LossConfig.from_dict(loss.to_dict()) == loss
 
 
 CONF = ROOT / "conf"
@@ -98,17 +150,6 @@ def test_every_model_preset_composes_to_its_recorded_settings(preset):
         "share_depth": False,
         "medusa_layers": 1,
         "draft_vocab": 0,
-        "loss": "sequential",
-        "loss_weights": None,
-        "loss_chunk": 0,
-        "head_loss": "ce",
-        "distill_top_k": 10,
-        "distill_temperature": 1.0,
-        "causal_inputs": "true",
-        "causal_draft_rate": 0.5,
-        "loss_weights_schedule": "constant",
-        "loss_weights_final": None,
-        "loss_weights_switch": 0.7,
         **SMALL,
     }
     composed = compose_train([f"model={preset}"])
@@ -122,6 +163,23 @@ def test_every_model_preset_composes_to_its_recorded_settings(preset):
     for cfg in (rest, default):
         del cfg["model"], cfg["data"]["tokenizer"], cfg["hydra"]  # hydra: its record of the overrides differs
     assert rest == default
+
+
+def test_the_loss_group_holds_every_loss_setting_at_its_default():
+    """conf/loss/default.yaml: LossConfig's fields in order, at their defaults, handed to the LightningModule; a key
+    is set as loss.key on the command line, and a loss setting given as a model one says where it moved."""
+    composed = compose_train([])
+    assert list(composed.loss) == [f.name for f in fields(LossConfig)]
+    assert LossConfig.from_dict(OmegaConf.to_container(composed.loss, resolve=True)) == LossConfig()
+    assert composed.module.loss == composed.loss
+    distilled = compose_train(["experiment=pretrained_heads", "loss.head_loss=distill", "loss.causal_inputs=true"])
+    assert LossConfig.from_dict(OmegaConf.to_container(distilled.module.loss)).head_loss == "distill"
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_train(["model.head_loss=distill"])
+    assert config_error_sentence(error.value) == "model.head_loss is a loss setting now; set loss.head_loss instead."
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_train(["model.loss=naive"])
+    assert config_error_sentence(error.value) == "model.loss is a loss setting now; set loss.mode instead."
 
 
 def test_model_base_files_are_not_presets():

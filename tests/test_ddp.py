@@ -10,7 +10,7 @@ from mtp.data import MTPDataModule
 from mtp.model import MTPModel
 from mtp.training.lit import MTPLitModule
 
-MODEL = dict(vocab_size=320, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, n_future=3, loss="sequential")
+MODEL = dict(vocab_size=320, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, n_future=3)
 WINDOWS = torch.randint(0, 320, (4, 19), generator=torch.Generator().manual_seed(0))
 
 

@@ -594,26 +594,27 @@ def test_compare_heads_writes_one_row_per_checkpoint(tiny_checkpoints, tmp_path)
 
 
 @pytest.mark.parametrize(
-    "model",
+    ("model", "loss"),
     [
-        {"head_type": "causal", "share_depth": True},
-        {"head_type": "medusa", "medusa_layers": 2},
-        {"head_type": "transformer", "loss_chunk": 8},
+        ({"head_type": "causal", "share_depth": True}, {"causal_inputs": "drafts"}),
+        ({"head_type": "medusa", "medusa_layers": 2}, {}),
+        ({"head_type": "transformer"}, {"loss_chunk": 8, "head_loss": "distill"}),
     ],
 )
-def test_compare_heads_times_the_checkpoints_own_model(model):
-    """The training step compare_heads times is the checkpoint's model, every setting of it, not one rebuilt from a
-    few fields (a shared causal depth or a second medusa layer changes the parameters)."""
+def test_compare_heads_times_the_checkpoints_own_model(model, loss):
+    """The training step compare_heads times is the checkpoint's model and loss, every setting of them, not ones
+    rebuilt from a few fields (a shared causal depth or a second medusa layer changes the parameters)."""
     import torch
 
-    from mtp.config import ModelConfig
+    from mtp.config import LossConfig, ModelConfig
     from mtp.model import MTPModel
 
     compare_heads = load_script("compare_heads")
     config = ModelConfig(vocab_size=64, d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, max_seq_len=64, **model)
     flags = compare_heads.parse_args(["x.ckpt", "--seq-len", "16", "--batch-size", "2", "--train-steps", "1"])
-    timed = compare_heads.step_spec(config, flags, torch.device("cpu")).model_config()
-    assert timed.max_seq_len == 16 and timed.loss_chunk == config.loss_chunk
+    spec = compare_heads.step_spec(config, LossConfig(**loss), flags, torch.device("cpu"))
+    timed = spec.model_config()
+    assert timed.max_seq_len == 16 and spec.loss_settings() == LossConfig(**loss)
     shapes = [{name: value.shape for name, value in MTPModel(c).state_dict().items()} for c in (timed, config)]
     assert shapes[0] == shapes[1]
 

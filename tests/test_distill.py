@@ -16,17 +16,23 @@ from tokenizers import Tokenizer
 from mtp.checkpoint.load import model_chat, read_foreign_tokenizer
 from mtp.commands import distill as command
 from mtp.commands.cli import run_script
+from mtp.config import ModelConfig
 from mtp.data.sources import SourceConfig, in_validation, iter_texts, load_documents
 from mtp.data.tokenizer import byte_tokenizer
-from mtp.decode import GenerationConfig
+from mtp.decode import GenerationConfig, SettingError
 from mtp.errors import UserError
 from mtp.interop.chat import ModelChat
+from mtp.model import MTPModel
 from mtp.pretrained.distill import (
     SETTINGS_NAME,
     ChatTemplate,
+    DistillFolder,
+    DistillSettings,
     Prompt,
     completion_row,
+    distill,
     document_prompts,
+    file_prompts,
     source_prompts,
     whole_batches,
     windows,
@@ -359,6 +365,48 @@ def test_document_prompts_are_seeded_and_open_lines():
     assert all(20 <= len(span) <= 60 for span in spans)
     assert text.index(spans[1]) < text.index(spans[2])
     assert document_prompts("x = 1\n", tokenizer, random.Random(1), 20, 60, 1) == []  # too short to continue
+
+
+def test_distill_is_a_library_call_whose_errors_name_its_settings(tmp_path):
+    """distill() with a DistillSettings, no command line: it decodes into the folder until a budget is spent, and a
+    mistake is a SettingError naming the setting (batch_size, force, max_new_tokens), never a flag."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=320, d_model=32, n_layers=3, n_heads=2, n_kv_heads=1, n_future=2, max_seq_len=40)
+    model, tokenizer = MTPModel(config).eval(), byte_tokenizer()
+    prompts = [Prompt(text, [256, *text.encode()], f"prompt {i}") for i, text in enumerate(["ab", "cde", "f", "gh"])]
+    settings = DistillSettings(GenerationConfig(max_new_tokens=4), batch_size=2, max_prompts=3, end_ids={256})
+    assert settings.shard_prompts == 8  # four batches
+    progress = distill(model, tokenizer, prompts, DistillFolder(tmp_path, {"seed": 0}, {}), settings)
+    assert (progress.prompts, progress.totals.prompts, progress.stopped) == (3, 3, "max_prompts")
+    assert len(rows(tmp_path)) == 3 and json.loads((tmp_path / SETTINGS_NAME).read_text())["runs"][0]["stopped"] == (
+        "max_prompts"
+    )
+
+    errors = []
+    for bad in ({"batch_size": 0}, {"shard_prompts": 0}, {"max_tokens": -1}):
+        with pytest.raises(SettingError) as error:
+            DistillSettings(**bad)
+        errors.append(str(error.value))
+    assert errors[0] == "batch_size=0 must be at least 1." and errors[1] == "shard_prompts=0 must be at least 1."
+    assert errors[2] == "max_tokens=-1 must be at least 0 (0: no limit)."
+    with pytest.raises(SettingError) as error:
+        DistillFolder(tmp_path, {"seed": 1}, {})
+    errors.append(str(error.value))
+    assert error.value.render(lambda name: f"--{name}", " ").endswith(
+        "pass --force to start over there (its shards are replaced), or choose another --out."
+    )
+    long = [Prompt("x" * 38, [256] + [120] * 38, "prompt {0}")]  # braces in an origin stay as they are
+    with pytest.raises(SettingError) as error:
+        distill(model, tokenizer, long, DistillFolder(tmp_path / "long", {}, {}), DistillSettings())
+    errors.append(str(error.value))
+    assert errors[-1].startswith("prompt {0}: the prompt (39 tokens) plus max_new_tokens=128 does not fit")
+    with pytest.raises(SettingError) as error:
+        list(file_prompts(tmp_path / "prompts.csv", "prompt"))
+    errors.append(str(error.value))
+    assert all("--" not in message for message in errors), errors
+    source = (ROOT / "mtp" / "distill.py").read_text()
+    assert not re.findall(r"--[a-z]", source), "mtp.pretrained.distill names settings, not the command's flags"
 
 
 def test_windows_sort_by_length_and_whole_batches():

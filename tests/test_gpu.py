@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mtp.checkpoint.load import load_checkpoint
-from mtp.config import ModelConfig
+from mtp.config import LossConfig, ModelConfig
 from mtp.decode import GenerationConfig, generate
 from mtp.model import MTPModel
 from mtp.training.loss import mtp_loss
@@ -32,7 +32,7 @@ def windows(batch: int = 4, length: int = 260) -> torch.Tensor:
 def bf16_step(model: MTPModel, tokens: torch.Tensor, mode: str) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = mtp_loss(model, tokens, mode).total
+        loss = mtp_loss(model, tokens, LossConfig(mode=mode)).total
     loss.backward()
     return loss.item(), {name: p.grad.float() for name, p in model.named_parameters()}
 

@@ -1,6 +1,8 @@
 """Checkpoints written before the head types were modules (tests/fixtures/legacy, made at 58142ae) load and decode
 what that commit decoded from them: every head type, a shared causal depth, two medusa layers, a draft vocabulary;
-through every way a checkpoint comes in (decoding, init_from, a resumed run's state dict, a sharded folder)."""
+through every way a checkpoint comes in (decoding, init_from, a resumed run's state dict, a sharded folder). And
+checkpoints written before the loss settings had their own config (those fixtures too) keep them in their model
+config: they load, the loss settings read back apart (a resumed run's: tests/test_train.py)."""
 
 import json
 import warnings
@@ -13,12 +15,12 @@ from torch import nn
 
 from mtp.checkpoint.format import CHECKPOINT_KEY, SHARDED_META, model_weights, read_checkpoint
 from mtp.checkpoint.load import load_checkpoint
-from mtp.config import HEAD_TYPES, ModelConfig
+from mtp.config import HEAD_TYPES, LossConfig, stored_configs
 from mtp.decode.loop import generate
 from mtp.decode.settings import GenerationConfig
 from mtp.model import MTPModel
 from mtp.model.heads import HEADS, current_names, legacy_name
-from mtp.pretrained.init_from import Start
+from mtp.pretrained.init_from import Start, start_config
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
 NAMES = sorted(p.stem for p in LEGACY.glob("*.ckpt"))
@@ -38,9 +40,7 @@ def head_logit_sums(model: MTPModel, prompt: list[int]) -> list[float]:
 
 
 def test_the_fixtures_cover_every_head_type():
-    configs = [
-        ModelConfig.from_dict(read_checkpoint(LEGACY / f"{n}.ckpt")[CHECKPOINT_KEY]["model_config"]) for n in NAMES
-    ]
+    configs = [stored_configs(read_checkpoint(LEGACY / f"{n}.ckpt")[CHECKPOINT_KEY]["model_config"])[0] for n in NAMES]
     assert {c.head_type for c in configs} == set(HEAD_TYPES) == set(HEADS)
     assert any(c.share_depth for c in configs) and any(c.medusa_layers > 1 for c in configs)
     assert any(c.draft_vocab for c in configs)
@@ -53,7 +53,7 @@ def test_the_fixtures_cover_every_head_type():
 def test_a_legacy_checkpoint_decodes_what_it_decoded(name):
     expected = record(name)
     loaded = load_checkpoint(LEGACY / f"{name}.ckpt", "cpu", "float32")
-    assert loaded.global_step == 7
+    assert loaded.global_step == 7 and loaded.loss == LossConfig()  # its loss, loss_weights and loss_chunk: defaults
     sums = head_logit_sums(loaded.model, expected["prompt"])
     assert sums == pytest.approx(expected["logit_sums"], rel=1e-5, abs=1e-3)
     for key, tokens in expected["decoded"].items():
@@ -67,7 +67,7 @@ def test_every_legacy_tensor_lands_in_todays_layout(name):
     """Strict loads through the adapter (the module hook a resumed run's LightningModule goes through too): nothing
     missing, nothing left over, every tensor where the renaming puts it."""
     checkpoint = read_checkpoint(LEGACY / f"{name}.ckpt")
-    config = ModelConfig.from_dict(checkpoint[CHECKPOINT_KEY]["model_config"])
+    config, _ = stored_configs(checkpoint[CHECKPOINT_KEY]["model_config"])
 
     class Module(nn.Module):  # the LightningModule's layout: the model under "model."
         def __init__(self) -> None:
@@ -83,6 +83,32 @@ def test_every_legacy_tensor_lands_in_todays_layout(name):
     # the parameters in the earlier order: a resumed run's optimizer state (kept by position) fits them
     old_parameters = [k for k in model_weights(checkpoint) if k != "draft_tokens"]
     assert [legacy_name(k) for k, _ in module.model.named_parameters()] == old_parameters
+
+
+def test_loss_settings_kept_in_the_model_config_move_to_the_loss_config(tmp_path):
+    """Every checkpoint written before LossConfig kept the loss settings it trained with in its model config (the
+    fixtures three of them, later ones eleven): decoding, init_from and the benchmarks read the model apart from
+    them, and the loss settings read back as a LossConfig (``loss`` as ``mode``)."""
+    checkpoint = read_checkpoint(LEGACY / "causal.ckpt")
+    old = {"loss": "naive", "loss_weights": [1.0, 0.5, 0.5], "head_loss": "distill", "distill_top_k": 4}
+    old |= {"causal_inputs": "drafts", "loss_weights_schedule": "linear", "loss_weights_final": [1.0, 0.0, 0.0]}
+    checkpoint[CHECKPOINT_KEY]["model_config"] |= old
+    path = tmp_path / "trained_before_loss_config.ckpt"
+    torch.save(checkpoint, path)
+    loaded = load_checkpoint(path, "cpu", "float32")
+    assert loaded.config == load_checkpoint(LEGACY / "causal.ckpt").config and loaded.config.head_type == "causal"
+    assert loaded.loss == LossConfig(
+        mode="naive",
+        loss_weights=[1.0, 0.5, 0.5],
+        head_loss="distill",
+        distill_top_k=4,
+        causal_inputs="drafts",
+        loss_weights_schedule="linear",
+        loss_weights_final=[1.0, 0.0, 0.0],
+    )
+    expected = record("causal")
+    assert head_logit_sums(loaded.model, expected["prompt"]) == pytest.approx(expected["logit_sums"], rel=1e-5)
+    assert Start.read(path).config == start_config(path) == loaded.config
 
 
 def test_init_from_a_legacy_checkpoint_keeps_its_heads():

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mtp.config import ModelConfig
+from mtp.config import LossConfig, ModelConfig
 from mtp.model import MTPModel
 from mtp.training.loss import head_logits, mtp_loss, split_window, window_states
 
@@ -16,9 +16,10 @@ def make_model(n_future=4, seed=0, **kwargs) -> MTPModel:
     return MTPModel(config)
 
 
-def gradients(model: MTPModel, window: torch.Tensor, mode: str, scale: float = 1.0):
+def gradients(model: MTPModel, window: torch.Tensor, mode: str, scale: float = 1.0, **settings):
+    """The loss in ``mode`` under the loss ``settings``, and every parameter's gradient."""
     model.zero_grad()
-    out = mtp_loss(model, window, mode)
+    out = mtp_loss(model, window, LossConfig(mode=mode, **settings))
     (scale * out.total).backward()
     return out, {name: p.grad.clone() for name, p in model.named_parameters()}
 
@@ -69,11 +70,12 @@ def test_sequential_gradients_equal_naive(head_type, n_future, loss_chunk, draft
         pytest.skip("a reduced draft vocabulary needs draft heads")
     weights = [1.0 / k for k in range(1, n_future + 1)]
     settings = {"head_type": head_type, **HEAD_TYPES[head_type], "draft_vocab": draft_vocab}
-    model = perturbed(make_model(n_future, loss_weights=weights, loss_chunk=loss_chunk, **settings))
+    model = perturbed(make_model(n_future, **settings))
     with_draft_vocab(model)
     window = torch.randint(0, 97, (3, 16 + n_future))
-    naive, naive_grads = gradients(model, window, "naive", scale=0.5)
-    sequential, sequential_grads = gradients(model, window, "sequential", scale=0.5)
+    loss = {"loss_weights": weights, "loss_chunk": loss_chunk}
+    naive, naive_grads = gradients(model, window, "naive", scale=0.5, **loss)
+    sequential, sequential_grads = gradients(model, window, "sequential", scale=0.5, **loss)
     torch.testing.assert_close(sequential.total, naive.total, rtol=1e-5, atol=0)
     torch.testing.assert_close(sequential.per_head, naive.per_head, rtol=1e-5, atol=0)
     assert naive_grads.keys() == sequential_grads.keys()
@@ -130,7 +132,7 @@ def test_a_frozen_head_is_not_computed_in_training():
         p.requires_grad_(name in trained)
     for mode in ("naive", "sequential"):
         model.zero_grad()
-        out = mtp_loss(model, window, mode)
+        out = mtp_loss(model, window, LossConfig(mode=mode))
         out.total.backward()
         assert out.heads == [2, 3] and torch.isnan(out.per_head[0]) and torch.isfinite(out.per_head[1:]).all()
         for name, p in model.named_parameters():
@@ -142,7 +144,7 @@ def test_a_frozen_head_is_not_computed_in_training():
     for name, p in model.named_parameters():  # a frozen state whose unembedding trains is computed
         p.requires_grad_(name in trained or name == "heads.outputs.0.weight")
     model.zero_grad()
-    out = mtp_loss(model, window, "sequential")
+    out = mtp_loss(model, window, LossConfig(mode="sequential"))
     out.total.backward()
     assert out.heads == [1, 2, 3]
     torch.testing.assert_close(
@@ -158,7 +160,7 @@ def test_sequential_backward_accumulates_like_autograd():
     for mode in ("naive", "sequential"):
         model.zero_grad()
         for window in windows:
-            (mtp_loss(model, window, mode).total / 2).backward()
+            (mtp_loss(model, window, LossConfig(mode=mode)).total / 2).backward()
         grads[mode] = [p.grad.clone() for p in model.parameters()]
     for a, b in zip(grads["naive"], grads["sequential"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
@@ -229,12 +231,13 @@ def test_head_logits_yields_every_head_in_turn_one_alive_at_a_time(head_type):
 def test_distilled_sequential_gradients_equal_naive(head_type, head_loss, loss_chunk, draft_vocab):
     weights = [1.0, 0.5, 0.25, 0.125]
     settings = {"head_type": head_type, **HEAD_TYPES[head_type], "draft_vocab": draft_vocab}
-    settings |= {"head_loss": head_loss, "distill_top_k": 7, "distill_temperature": 1.5}
-    model = perturbed(make_model(4, loss_weights=weights, loss_chunk=loss_chunk, **settings))
+    loss = {"head_loss": head_loss, "distill_top_k": 7, "distill_temperature": 1.5}
+    loss |= {"loss_weights": weights, "loss_chunk": loss_chunk}
+    model = perturbed(make_model(4, **settings))
     with_draft_vocab(model)
     window = torch.randint(0, 97, (3, 16 + 4))
-    naive, naive_grads = gradients(model, window, "naive", scale=0.5)
-    sequential, sequential_grads = gradients(model, window, "sequential", scale=0.5)
+    naive, naive_grads = gradients(model, window, "naive", scale=0.5, **loss)
+    sequential, sequential_grads = gradients(model, window, "sequential", scale=0.5, **loss)
     torch.testing.assert_close(sequential.total, naive.total, rtol=1e-5, atol=0)
     torch.testing.assert_close(sequential.per_head, naive.per_head, rtol=1e-5, atol=0)
     for name, grad in naive_grads.items():
@@ -267,10 +270,10 @@ def reference_distillation(model, window, k, top_k, temperature, draft_tokens=No
 
 @pytest.mark.parametrize("draft_vocab", [0, 40])
 def test_distillation_is_the_kl_from_head1s_top_k_at_the_position_it_predicts_the_same_token(draft_vocab):
-    model = make_model(4, head_loss="distill", distill_top_k=5, distill_temperature=2.0, draft_vocab=draft_vocab)
+    model = make_model(4, draft_vocab=draft_vocab)
     with_draft_vocab(model)
     window = torch.randint(0, 97, (2, 12 + 4))
-    out = mtp_loss(model, window, "sequential")
+    out = mtp_loss(model, window, LossConfig(head_loss="distill", distill_top_k=5, distill_temperature=2.0))
     tokens = model.draft_tokens if draft_vocab else None
     for k in (2, 3, 4):
         expected = reference_distillation(model, window, k, 5, 2.0, tokens)
@@ -303,11 +306,11 @@ def test_distillation_with_hand_made_logits():
 def test_drafted_causal_inputs_are_each_depths_argmax_fed_to_the_next(share_depth):
     """causal_inputs=drafts: depth k reads depth k-1's argmax at the same position, what greedy decoding feeds it;
     built here depth by depth through the true-token path."""
-    model = make_model(4, head_type="causal", share_depth=share_depth, causal_inputs="drafts")
+    model = make_model(4, head_type="causal", share_depth=share_depth)
     window = torch.randint(0, 97, (2, 10 + 4))
     inputs, targets = split_window(window, 4)
     with torch.no_grad():
-        drafted = model.head_states(inputs, targets[:-1], causal_inputs="drafts")
+        drafted = model.head_states(inputs, targets[:-1], draft_rate=LossConfig(causal_inputs="drafts").draft_rate)
         following = targets[:-1].clone()
         for k in range(2, 5):
             states = model.head_states(inputs, following)
@@ -319,33 +322,35 @@ def test_drafted_causal_inputs_are_each_depths_argmax_fed_to_the_next(share_dept
 
 
 def test_mixed_causal_inputs_read_drafts_at_the_rate_asked():
-    model = make_model(4, head_type="causal", causal_inputs="mixed", causal_draft_rate=0.5)
+    model = make_model(4, head_type="causal")
     window = torch.randint(0, 97, (4, 64 + 4))
     inputs, targets = split_window(window, 4)
     state = torch.randn(4, 64, 32)
-    drafted = model.drafted_inputs(False, 2, state, targets[0])
+    drafted = model.drafted_inputs(1.0, 2, state, targets[0])
     differs = drafted != targets[0]
     torch.manual_seed(0)
-    mixed = model.drafted_inputs(True, 2, state, targets[0])
+    rate = LossConfig(causal_inputs="mixed", causal_draft_rate=0.5).draft_rate
+    mixed = model.drafted_inputs(rate, 2, state, targets[0])
     from_drafts = (mixed == drafted) & differs
     from_text = (mixed == targets[0]) & differs
     assert torch.equal(from_drafts | from_text, differs)  # every position reads one or the other
     share = from_drafts.sum() / differs.sum()
     assert 0.35 < share < 0.65
     for rate, expected in ((0.0, targets[0]), (1.0, drafted)):
-        model.config.causal_draft_rate = rate
-        assert torch.equal(model.drafted_inputs(True, 2, state, targets[0]), expected)
+        assert torch.equal(model.drafted_inputs(rate, 2, state, targets[0]), expected)
+    assert LossConfig(causal_inputs="true", causal_draft_rate=0.5).draft_rate == 0.0
 
 
 @pytest.mark.parametrize("causal_inputs", ["drafts", "mixed"])
 @pytest.mark.parametrize("share_depth", [False, True])
 def test_drafted_causal_inputs_sequential_gradients_equal_naive(causal_inputs, share_depth):
-    model = make_model(4, head_type="causal", share_depth=share_depth, causal_inputs=causal_inputs, loss_chunk=5)
+    model = make_model(4, head_type="causal", share_depth=share_depth)
     window = torch.randint(0, 97, (3, 16 + 4))
+    loss = {"causal_inputs": causal_inputs, "loss_chunk": 5}
     torch.manual_seed(1)
-    naive, naive_grads = gradients(model, window, "naive")
+    naive, naive_grads = gradients(model, window, "naive", **loss)
     torch.manual_seed(1)
-    sequential, sequential_grads = gradients(model, window, "sequential")
+    sequential, sequential_grads = gradients(model, window, "sequential", **loss)
     torch.testing.assert_close(sequential.per_head, naive.per_head, rtol=1e-5, atol=0)
     for name, grad in naive_grads.items():
         relative = (sequential_grads[name] - grad).norm() / grad.norm()
@@ -355,12 +360,11 @@ def test_drafted_causal_inputs_sequential_gradients_equal_naive(causal_inputs, s
 
 
 def test_weight_schedules():
-    steps = ModelConfig(
-        n_future=3, loss_weights=[1, 0.3, 0.3], loss_weights_schedule="steps", loss_weights_final=[1, 0.1, 0.1]
-    )
-    assert steps.weights_at(0.0) == [1, 0.3, 0.3] and steps.weights_at(0.69) == [1, 0.3, 0.3]
-    assert steps.weights_at(0.7) == [1, 0.1, 0.1]
-    linear = ModelConfig(n_future=2, loss_weights_schedule="linear", loss_weights_final=[1.0, 0.0])
-    assert linear.weights_at(0.0) == [1.0, 1.0] and linear.weights_at(0.25) == [1.0, 0.75]
-    assert linear.weights_at(1.0) == [1.0, 0.0]
-    assert ModelConfig(n_future=2, loss_weights=[1.0, 0.5]).weights_at(0.9) == [1.0, 0.5]
+    steps = LossConfig(loss_weights=[1, 0.3, 0.3], loss_weights_schedule="steps", loss_weights_final=[1, 0.1, 0.1])
+    assert steps.weights_at(0.0, 3) == [1, 0.3, 0.3] and steps.weights_at(0.69, 3) == [1, 0.3, 0.3]
+    assert steps.weights_at(0.7, 3) == [1, 0.1, 0.1]
+    linear = LossConfig(loss_weights_schedule="linear", loss_weights_final=[1.0, 0.0])
+    assert linear.weights_at(0.0, 2) == [1.0, 1.0] and linear.weights_at(0.25, 2) == [1.0, 0.75]
+    assert linear.weights_at(1.0, 2) == [1.0, 0.0]
+    assert LossConfig(loss_weights=[1.0, 0.5]).weights_at(0.9, 2) == [1.0, 0.5]
+    assert LossConfig().weights(3) == [1.0, 1.0, 1.0]

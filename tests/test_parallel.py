@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mtp.config import ModelConfig
+from mtp.config import LossConfig, ModelConfig
 from mtp.model import MTPModel
 from mtp.training.loss import mtp_loss
 from mtp.training.parallel import parallelize
@@ -42,7 +42,7 @@ def window(n_future: int, batch: int = 4) -> torch.Tensor:
 
 def gradients(model: MTPModel, tokens: torch.Tensor, mode: str) -> dict[str, torch.Tensor]:
     model.zero_grad(set_to_none=True)
-    mtp_loss(model, tokens, mode).total.backward()
+    mtp_loss(model, tokens, LossConfig(mode=mode)).total.backward()
     return {name: p.grad for name, p in model.named_parameters()}
 
 
@@ -133,7 +133,7 @@ def test_compiled_blocks_train_like_eager(head_type):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         values = []
         for step in range(3):
-            loss = mtp_loss(model, window(4, batch=4 + step), mode).total
+            loss = mtp_loss(model, window(4, batch=4 + step), LossConfig(mode=mode)).total
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()

@@ -622,8 +622,8 @@ MUTATIONS = [
     Mutation(
         "causal heads condition on their own target",
         "window_states",
-        "model.head_states(inputs, targets[:-1], trunk_output, causal_inputs)",
-        "model.head_states(inputs, targets[1:], trunk_output, causal_inputs)",
+        "model.head_states(inputs, targets[:-1], trunk_output, draft_rate)",
+        "model.head_states(inputs, targets[1:], trunk_output, draft_rate)",
         (f"{LOSS}::test_no_head_sees_its_target",),
     ),
     Mutation(
@@ -824,15 +824,15 @@ MUTATIONS = [
     Mutation(
         "mixed causal inputs ignore the rate asked",
         "MTPModel.drafted_inputs",
-        "torch.rand(true.shape, device=true.device) < self.config.causal_draft_rate",
+        "torch.rand(true.shape, device=true.device) < rate",
         "torch.rand(true.shape, device=true.device) < 0.5",
         (f"{LOSS}::test_mixed_causal_inputs_read_drafts_at_the_rate_asked",),
     ),
     Mutation(
         "training ignores the head weight schedule",
         "MTPLitModule.training_step",
-        "out = mtp_loss(self.model, batch, trunk=self.trunk_cache, weights=weights)",
-        "out = mtp_loss(self.model, batch, trunk=self.trunk_cache)",
+        "out = mtp_loss(self.model, batch, self.loss, trunk=self.trunk_cache, weights=weights)",
+        "out = mtp_loss(self.model, batch, self.loss, trunk=self.trunk_cache)",
         ("tests/test_train.py::test_training_follows_the_head_weight_schedule_and_distils",),
     ),
     Mutation(
@@ -1185,9 +1185,16 @@ MUTATIONS = [
         ("tests/test_cli.py::test_an_os_error_is_one_line_naming_the_path_and_the_cause",),
     ),
     Mutation(
+        "distill: the last line names the budget that stopped the run by the library's setting, not the flag",
+        "stop_reason",
+        "RENAMED_FLAGS.get(stopped, flag_of(stopped)) if stopped in settings else stopped",
+        "stopped",
+        ("tests/test_distill.py::test_a_spent_time_budget_stops_before_decoding",),
+    ),
+    Mutation(
         "cli: a bad decoding setting named by its field, not its flag",
         "settings_named_by_flags",
-        'err.render(flag_of, " ")',
+        'err.render(lambda field: named.get(field, flag_of(field)), " ")',
         "str(err)",
         ("tests/test_cli.py::test_a_bad_decoding_setting_is_reported_under_its_flag",),
     ),

@@ -50,6 +50,11 @@ def assert_one_clear_error(result: subprocess.CompletedProcess, message: str) ->
             ["-m", "model=mtp1,mtp5"], "error: model=mtp5 names no config in conf/model/;", marks=pytest.mark.slow
         ),
         pytest.param(["model.n_future=12"], "error: model.n_future=12 leaves no trunk layer", marks=pytest.mark.slow),
+        pytest.param(
+            ["loss.loss_weights=[1.0,0.5]"],
+            "error: loss.loss_weights has 2 entries but model.n_future=4; give one weight per head.",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_bad_config_is_one_sentence(overrides, message, tmp_path):

@@ -18,7 +18,7 @@ from torchmetrics.text import Perplexity
 from mtp.checkpoint.format import read_checkpoint
 from mtp.checkpoint.load import load_checkpoint
 from mtp.checkpoint.save import AtomicCheckpointIO
-from mtp.config import ModelConfig
+from mtp.config import LossConfig, ModelConfig
 from mtp.errors import UserError
 from mtp.model import MTPModel
 from mtp.training.lit import MTPLitModule
@@ -269,6 +269,34 @@ def test_resume_continues_the_run(make_cfg, tmp_path):
     step_counts = [s["step"].item() for s in resumed["optimizer_states"][0]["state"].values()]
     assert set(step_counts) == {6.0}
     assert first_state["lr_schedulers"][0]["last_epoch"] == 3 and resumed["lr_schedulers"][0]["last_epoch"] == 6
+
+
+def test_resuming_a_checkpoint_keeps_its_loss_settings_unless_the_command_line_sets_them(make_cfg, tmp_path, caplog):
+    """A checkpoint written before the loss settings had their own config kept them in its model config: a run
+    resumed from it trains with them (and records them as today's checkpoints do), each one the command line sets
+    excepted."""
+    first = make_cfg("mtp2", ["trainer.max_steps=2", "loss.head_loss=ce+distill", "loss.distill_top_k=4"])
+    train(first)
+    checkpoint = read_checkpoint(Path(first.paths.output_dir) / "checkpoints" / "last.ckpt")
+    meta = checkpoint["mtp"]
+    assert meta["loss_config"] == LossConfig(head_loss="ce+distill", distill_top_k=4).to_dict()
+    old = {("loss" if name == "mode" else name): value for name, value in meta.pop("loss_config").items()}
+    meta["model_config"] |= old  # the layout of a checkpoint written before LossConfig
+    legacy = tmp_path / "legacy.ckpt"
+    torch.save(checkpoint, legacy)
+
+    def resumed(*overrides: str) -> dict:
+        cfg = make_cfg("mtp2", ["trainer.max_steps=3", f"ckpt_path={legacy}", *overrides])
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(tmp_path / "resumed" / str(len(overrides)))
+        train(cfg)
+        return read_checkpoint(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")["mtp"]["loss_config"]
+
+    with caplog.at_level(logging.INFO, logger="mtp"):
+        kept = resumed()
+    assert kept == LossConfig(head_loss="ce+distill", distill_top_k=4).to_dict()
+    assert "resuming with the checkpoint's loss settings loss.head_loss=ce+distill loss.distill_top_k=4" in caplog.text
+    assert resumed("loss.distill_top_k=3")["distill_top_k"] == 3
 
 
 class RecordBatches(L.Callback):
@@ -523,10 +551,10 @@ def test_training_follows_the_head_weight_schedule_and_distils(make_cfg):
     """A run of 4 steps with the linear schedule from 1 to 0: the last step (step 3 of 4) trains heads 2..n with
     weight 1/4, logged beside the losses; the distilled heads' loss (a KL) is logged too."""
     extra = [
-        "model.loss_weights_schedule=linear",
-        "model.loss_weights_final=[1.0,0.0,0.0,0.0]",
-        "model.head_loss=ce+distill",
-        "model.distill_top_k=4",
+        "loss.loss_weights_schedule=linear",
+        "loss.loss_weights_final=[1.0,0.0,0.0,0.0]",
+        "loss.head_loss=ce+distill",
+        "loss.distill_top_k=4",
     ]
     metrics = train(make_cfg("mtp4", extra))
     assert metrics["train/weight_head1"] == 1.0
@@ -537,14 +565,14 @@ def test_training_follows_the_head_weight_schedule_and_distils(make_cfg):
 
 
 def test_distilling_while_the_trunk_trains_is_warned_about(make_cfg, caplog):
-    from mtp.training.train import build_model
+    from mtp.training.train import build
 
     with caplog.at_level(logging.WARNING, logger="mtp"):
-        build_model(make_cfg("mtp2", ["model.head_loss=distill"]))
+        build(make_cfg("mtp2", ["loss.head_loss=distill"]))
     assert any("collapsed head 1" in r.getMessage() for r in caplog.records)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="mtp"):
-        build_model(make_cfg("mtp2"))
+        build(make_cfg("mtp2"))
     assert not caplog.records
 
 

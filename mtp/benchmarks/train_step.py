@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from mtp.config import ModelConfig
+from mtp.config import LossConfig, ModelConfig
 from mtp.model import MTPModel
 from mtp.training.loss import mtp_loss
 from mtp.training.optim import parameter_groups
@@ -51,13 +51,24 @@ class StepSpec:
     model: dict[str, Any] | None = None
     """A whole ModelConfig (:meth:`~mtp.config.ModelConfig.to_dict`, e.g. a checkpoint's) to time instead of the one
     the fields above describe (they then only label the row); its context becomes ``seq_len``."""
+    loss_config: dict[str, Any] | None = None
+    """A whole LossConfig (:meth:`~mtp.config.LossConfig.to_dict`, e.g. a checkpoint's) to train with instead of the
+    one ``loss``, ``loss_chunk`` and ``head_loss`` describe (they then only label the row)."""
 
     @classmethod
-    def of_model(cls, config: ModelConfig, **shape: Any) -> StepSpec:
-        """The step of ``config``'s model, every field of it (head type, shared depth, medusa layers, ...), in
-        ``shape`` (seq_len, batch_size, steps, device, bf16, ...)."""
-        labels = ("n_future", "vocab_size", "loss", "head_type", "d_model", "n_layers", "n_heads", "n_kv_heads")
-        return cls(**{name: getattr(config, name) for name in labels}, **shape, model=config.to_dict())
+    def of_model(cls, config: ModelConfig, loss: LossConfig, **shape: Any) -> StepSpec:
+        """The step of ``config``'s model, every field of it (head type, shared depth, medusa layers, ...), trained
+        under ``loss``, in ``shape`` (seq_len, batch_size, steps, device, bf16, ...)."""
+        labels = ("n_future", "vocab_size", "head_type", "d_model", "n_layers", "n_heads", "n_kv_heads")
+        return cls(
+            **{name: getattr(config, name) for name in labels},
+            loss=loss.mode,
+            loss_chunk=loss.loss_chunk,
+            head_loss=loss.head_loss,
+            **shape,
+            model=config.to_dict(),
+            loss_config=loss.to_dict(),
+        )
 
     def model_config(self) -> ModelConfig:
         """The model this step trains."""
@@ -72,10 +83,13 @@ class StepSpec:
             n_future=self.n_future,
             head_type=self.head_type,
             max_seq_len=self.seq_len,
-            loss=self.loss,
-            loss_chunk=self.loss_chunk,
-            head_loss=self.head_loss,
         )
+
+    def loss_settings(self) -> LossConfig:
+        """The loss this step trains with."""
+        if self.loss_config is not None:
+            return LossConfig.from_dict(self.loss_config)
+        return LossConfig(mode=self.loss, loss_chunk=self.loss_chunk, head_loss=self.head_loss)
 
 
 def resident_bytes() -> int:
@@ -91,7 +105,8 @@ def measure(spec: StepSpec) -> dict:
     torch.manual_seed(spec.seed)
     device = torch.device(spec.device)
     cuda = device.type == "cuda"
-    config = spec.model_config()
+    config, loss_settings = spec.model_config(), spec.loss_settings()
+    loss_settings.check_model(config)
     model = MTPModel(config).to(device)
     parallelize(model, activation_checkpointing=spec.activation_checkpointing, compile=spec.compile)
     optimizer = torch.optim.AdamW(parameter_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.95), fused=cuda)
@@ -106,7 +121,7 @@ def measure(spec: StepSpec) -> dict:
 
     def step() -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.bf16):
-            loss = mtp_loss(model, window).total
+            loss = mtp_loss(model, window, loss_settings).total
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -5,7 +5,9 @@ The bottom layer of the artifacts: it knows the format's constants and how to ch
 nothing of mtp but its errors.
 
 Lightning's checkpoint dict carries, under :data:`CHECKPOINT_KEY`, the model config and the tokenizer JSON,
-so a checkpoint alone is enough to decode. Two layouts are read:
+so a checkpoint alone is enough to decode, and the loss config the model trained with (``loss_config``; a
+checkpoint written before it keeps the loss settings in its model config: :func:`mtp.config.stored_configs`).
+Two layouts are read:
 
 - a single file (every strategy but FSDP's sharded save): the whole dict, weights under ``state_dict``;
 - a directory (``trainer=fsdp``, Lightning's ModelParallelStrategy with ``save_distributed_checkpoint``):
@@ -64,11 +66,6 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bo
             f"but this version of mtp reads format {CHECKPOINT_FORMAT}; load it with a matching mtp."
         )
     return checkpoint
-
-
-def check_checkpoint(path: str | os.PathLike) -> None:
-    """Fail with one sentence if ``path`` is not a complete mtp checkpoint, without reading its tensors."""
-    read_checkpoint(path, mmap=not Path(path).is_dir())
 
 
 def model_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:

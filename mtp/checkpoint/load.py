@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 from tokenizers import Tokenizer
 
 from mtp.checkpoint.format import CHECKPOINT_KEY, SHARDED_META, model_weights, read_checkpoint
-from mtp.config import ModelConfig
+from mtp.config import LossConfig, ModelConfig, stored_configs
 from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles, gguf, hf, meta
 from mtp.interop import tokenizer as foreign_tokenizer
@@ -35,6 +35,8 @@ class LoadedCheckpoint:
     global_step: int
     data: dict[str, Any]
     """The training data's source and validation fraction (empty for checkpoints that predate it)."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """The loss settings the model trained with (the defaults for a model from another format)."""
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -63,14 +65,15 @@ def load_checkpoint(
     else:
         checkpoint = read_checkpoint(path, map_location=device)
         meta = checkpoint[CHECKPOINT_KEY]
-        config = ModelConfig.from_dict(meta["model_config"])
+        config, loss = stored_configs(meta["model_config"], meta.get("loss_config"))
         if Path(path).is_dir():
             model = MTPModel(config).to(device)
             _load_sharded_weights(Path(path), model)
         else:
             model = MTPModel.with_weights(config, model_weights(checkpoint))
         tokenizer = Tokenizer.from_str(meta["tokenizer"])
-        loaded = LoadedCheckpoint(model, tokenizer, config, checkpoint.get("global_step", 0), meta.get("data", {}))
+        step, data = checkpoint.get("global_step", 0), meta.get("data", {})
+        loaded = LoadedCheckpoint(model, tokenizer, config, step, data, loss)
     model.eval()
     model.to(device=device, dtype=resolve_dtype(dtype, device))
     model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()

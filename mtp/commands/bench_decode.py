@@ -256,9 +256,10 @@ def run(args: argparse.Namespace) -> None:
     model, n = loaded.model, loaded.config.n_future
     heads = sorted({1, *(args.heads or range(1, n + 1))})  # 1: the baseline speed-ups are measured against
     chat = None
-    if args.prompt_format == "chat":  # the model's own template (resolve_prompt_format saw that it declares one)
-        chat = ChatTemplate(model_chat(args.checkpoint, loaded.tokenizer), args.checkpoint)
-    prompts, names = benchmark_prompts(loaded, problems, args.prompts, args.prompt_tokens, chat)
+    with settings_named_by_flags({"chat_template": "--prompt-format chat"}):  # a template that fails to render
+        if args.prompt_format == "chat":  # the model's own template (resolve_prompt_format saw that it declares one)
+            chat = ChatTemplate(model_chat(args.checkpoint, loaded.tokenizer), args.checkpoint)
+        prompts, names = benchmark_prompts(loaded, problems, args.prompts, args.prompt_tokens, chat)
     chain = settings_from(args, GenerationConfig, heads=max(heads), draft_p_min=0.0)  # sampling's chain at the top k
     with settings_named_by_flags():  # the heads and the widest steps fit, before trees are fitted or layers searched
         chain.check_for(loaded.config, prompts)

@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.add_argument(f"--{name}", type=int, default=None)
     parser.add_argument("--loss-chunk", type=int, default=0, help="sequential: positions per unembedding chunk")
     parser.add_argument(
-        "--head-loss", choices=HEAD_LOSSES, default="ce", help="what heads 2..n learn from (model.head_loss)"
+        "--head-loss", choices=HEAD_LOSSES, default="ce", help="what heads 2..n learn from (loss.head_loss)"
     )
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in backward")
     parser.add_argument("--compile", action="store_true", help="torch.compile each block (warm-up steps compile)")

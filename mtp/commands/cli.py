@@ -22,7 +22,7 @@ import sys
 import textwrap
 import types
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
@@ -204,13 +204,16 @@ def settings_from(args: argparse.Namespace, cls: type[T], **values: Any) -> T:
 
 
 @contextmanager
-def settings_named_by_flags() -> Iterator[None]:
+def settings_named_by_flags(flags: Mapping[str, str] | None = None) -> Iterator[None]:
     """A :class:`SettingError` raised inside (by a settings class, or by ``generate``'s checks of them) becomes a
-    UserError, the same sentence with each field spelled as its flag: ``--top-p 1.5`` for ``top_p=1.5``."""
+    UserError, the same sentence with each field spelled as its flag: ``--top-p 1.5`` for ``top_p=1.5``. ``flags``:
+    the flag of each setting whose flag is not its name in kebab case (distill's ``max_new_tokens``: ``--new-tokens``).
+    """
+    named = flags or {}
     try:
         yield
     except SettingError as err:
-        raise UserError(err.render(flag_of, " ")) from None
+        raise UserError(err.render(lambda field: named.get(field, flag_of(field)), " ")) from None
 
 
 def require_at_least(args: argparse.Namespace, least: int, *names: str) -> None:

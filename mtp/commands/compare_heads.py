@@ -44,7 +44,7 @@ from mtp.commands.cli import (
     settings_from,
     settings_named_by_flags,
 )
-from mtp.config import ModelConfig
+from mtp.config import LossConfig, ModelConfig
 from mtp.decode import GenerationConfig
 from mtp.errors import UserError
 
@@ -90,11 +90,12 @@ def logged_validation(checkpoint: Path) -> dict[str, float]:
     return {tag: value for tag, (_, value) in values.items()}
 
 
-def step_spec(config: ModelConfig, args: argparse.Namespace, device: torch.device) -> StepSpec:
-    """The training step timed for a checkpoint of ``config``: its whole model (shared depth, medusa layers and all)
-    in the step shape of the flags (bf16 autocast when the decoding runs in bf16)."""
+def step_spec(config: ModelConfig, loss: LossConfig, args: argparse.Namespace, device: torch.device) -> StepSpec:
+    """The training step timed for a checkpoint of ``config`` trained under ``loss``: its whole model (shared depth,
+    medusa layers and all) in the step shape of the flags (bf16 autocast when the decoding runs in bf16)."""
     return StepSpec.of_model(
         config,
+        loss,
         seq_len=args.seq_len,
         batch_size=args.batch_size,
         steps=args.train_steps,
@@ -103,18 +104,18 @@ def step_spec(config: ModelConfig, args: argparse.Namespace, device: torch.devic
     )
 
 
-def training_choices(config: ModelConfig) -> str:
+def training_choices(loss: LossConfig) -> str:
     """How the heads were trained where it is not the default (what they learn from, what causal depths read, how
     the head weights moved), e.g. ", head_loss=distill, causal_inputs=drafts"; empty for the defaults."""
-    default = {f.name: f.default for f in fields(ModelConfig)}
+    default = {f.name: f.default for f in fields(LossConfig)}
     names = ("head_loss", "distill_top_k", "distill_temperature", "causal_inputs", "causal_draft_rate")
     names += ("loss_weights", "loss_weights_schedule", "loss_weights_final", "loss_weights_switch")
-    changed = [name for name in names if getattr(config, name) != default[name]]
-    if config.causal_inputs != "mixed":
+    changed = [name for name in names if getattr(loss, name) != default[name]]
+    if loss.causal_inputs != "mixed":
         changed = [name for name in changed if name != "causal_draft_rate"]
-    if config.head_loss == "ce":
+    if loss.head_loss == "ce":
         changed = [name for name in changed if not name.startswith("distill_")]
-    return "".join(f", {name}={getattr(config, name)}".replace(" ", "").replace(",", ", ", 1) for name in changed)
+    return "".join(f", {name}={getattr(loss, name)}".replace(" ", "").replace(",", ", ", 1) for name in changed)
 
 
 def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, device: torch.device) -> dict:
@@ -134,10 +135,11 @@ def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, dev
             stats = run(model, prompts, generation, batch_size=1)
             if key not in best or stats.wall_time_s < best[key].wall_time_s:
                 best[key] = stats
+    shared = " (shared depth)" if config.share_depth else ""
     row = {
         "checkpoint": str(path),
         "prompt_set": describe_prompts(prompts, names, args.problems, args.prompt_tokens),
-        "head_type": config.head_type + (" (shared depth)" if config.share_depth else "") + training_choices(config),
+        "head_type": config.head_type + shared + training_choices(loaded.loss),
         "n_future": config.n_future,
         "parameters": sum(p.numel() for p in model.parameters()),
         "global_step": loaded.global_step,
@@ -152,7 +154,7 @@ def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, dev
             "tokens_per_s": spec.tokens_per_s,
         }
     if args.train_steps:
-        row["train"] = step_in_fresh_process(step_spec(config, args, device))  # tokens/s and peak memory
+        row["train"] = step_in_fresh_process(step_spec(config, loaded.loss, args, device))  # tokens/s and peak memory
     print(f"{path}: {json.dumps({k: v for k, v in row.items() if k != 'validation'})}", flush=True)
     return row
 

@@ -47,7 +47,7 @@ import itertools
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
@@ -60,10 +60,12 @@ from mtp.commands.cli import (
     add_device_flag,
     add_dtype_flag,
     add_settings,
+    flag_of,
     pick_device,
     require_at_least,
     run_script,
     settings_from,
+    settings_named_by_flags,
 )
 from mtp.data.sources import SOURCE_KINDS, SourceConfig, source_files, stdlib_root
 from mtp.data.tasks import Extraction, benchmark_match, extract_tasks, package_roots
@@ -72,9 +74,10 @@ from mtp.decode import GenerationConfig
 from mtp.errors import UserError
 from mtp.interop.chat import ModelChat
 from mtp.pretrained.distill import (
-    Budget,
+    BATCHES_PER_SHARD,
     ChatTemplate,
     DistillFolder,
+    DistillSettings,
     Progress,
     Prompt,
     distill,
@@ -88,8 +91,9 @@ from mtp.pretrained.distill import (
 
 TASKS = "tasks"
 """--source tasks: HumanEval-style tasks from Python source (mtp.data.tasks) instead of a document source."""
-BATCHES_PER_SHARD = 4
-"""--shard-prompts' default, in batches: a window of prompts sorted by length fills this many batches."""
+RENAMED_FLAGS = {"max_new_tokens": "--new-tokens", "deadline": "--max-minutes"}
+"""The flag of each setting of mtp.pretrained.distill whose flag is not its name in kebab case (``batch_size``:
+--batch-size)."""
 SOURCE_FLAGS = {
     "data.source.kind": "--source",
     "data.source.paths": "--paths",
@@ -215,8 +219,8 @@ def prompt_span(text: str) -> tuple[int, int]:
 
 def check_flags(args: argparse.Namespace) -> None:
     """The flags that no settings class checks, before anything is read."""
-    require_at_least(args, 1, "new_tokens", "batch_size", "prompts_per_document", "shard_prompts")
-    require_at_least(args, 0, "max_prompts", "max_tokens", "max_minutes")
+    require_at_least(args, 1, "new_tokens", "prompts_per_document")
+    require_at_least(args, 0, "max_minutes")
     if not 0 <= args.val_fraction < 1:
         raise UserError(f"--val-fraction {args.val_fraction} must lie in [0, 1); the default is 0.05.")
     if args.prompts is not None and (args.source is not None or args.paths or args.name or args.packages):
@@ -335,7 +339,28 @@ def check_prompt_file(path: Path, field_name: str) -> None:
             )
 
 
-def settings_of(args: argparse.Namespace, source: SourceConfig | None, dtype: torch.dtype) -> dict[str, Any]:
+def run_settings(args: argparse.Namespace, started: float) -> DistillSettings:
+    """The run's decoding, batches, shards and budgets from the flags (each checked by its class); the model's end
+    tokens are added once it is loaded. --max-minutes counts from ``started``, the command's start."""
+    return DistillSettings(
+        generation=settings_from(args, GenerationConfig, max_new_tokens=args.new_tokens, seed=args.seed),
+        batch_size=args.batch_size,
+        shard_prompts=args.shard_prompts,
+        max_prompts=args.max_prompts,
+        max_tokens=args.max_tokens,
+        deadline=started + 60 * args.max_minutes if args.max_minutes else None,
+    )
+
+
+def stop_reason(stopped: str) -> str:
+    """Why a run stopped as the last line says it: a budget as its flag (``--max-tokens``), else as it is."""
+    settings = {field.name for field in fields(DistillSettings)}
+    return RENAMED_FLAGS.get(stopped, flag_of(stopped)) if stopped in settings else stopped
+
+
+def settings_of(
+    args: argparse.Namespace, source: SourceConfig | None, dtype: torch.dtype, run: DistillSettings
+) -> dict[str, Any]:
     """Everything that decides the data, as settings.json records it (a rerun into the folder must match it)."""
     if args.source == TASKS:
         prompts = {
@@ -361,8 +386,8 @@ def settings_of(args: argparse.Namespace, source: SourceConfig | None, dtype: to
         "temperature": args.temperature,
         "top_k": args.top_k,
         "top_p": args.top_p,
-        "batch_size": args.batch_size,
-        "shard_prompts": args.shard_prompts or BATCHES_PER_SHARD * args.batch_size,
+        "batch_size": run.batch_size,
+        "shard_prompts": run.shard_prompts,
         "dtype": str(dtype).removeprefix("torch."),
     }
 
@@ -433,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     args = build_parser().parse_args(argv)
     try:
-        return distill_command(args, argv, started)
+        with settings_named_by_flags(RENAMED_FLAGS):  # the library names its settings; the user typed flags
+            return distill_command(args, argv, started)
     except UserError as err:
         raise UserError(flags_for_sources(str(err))) from err
 
@@ -441,8 +467,8 @@ def main(argv: list[str] | None = None) -> int:
 def distill_command(args: argparse.Namespace, argv: list[str] | None, started: float) -> int:
     """The command behind :func:`main`: flags checked, the folder checked, the model loaded, the prompts decoded."""
     check_flags(args)
+    run = run_settings(args, started)
     span = prompt_span(args.prompt_tokens)
-    flags = settings_from(args, GenerationConfig, max_new_tokens=args.new_tokens, seed=args.seed)
     if args.chat_template:  # its sentences (no template, one that does not parse) before anything slow
         ChatTemplate(ModelChat(chat_template_of(args.checkpoint)), args.checkpoint)
     source = source_config(args)
@@ -451,7 +477,7 @@ def distill_command(args: argparse.Namespace, argv: list[str] | None, started: f
     tasks = task_extraction(args) if args.source == TASKS else None
     device = pick_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    settings = settings_of(args, source, dtype)
+    settings = settings_of(args, source, dtype, run)
     folder = DistillFolder(args.out, settings, run_record(args, argv, device), args.force, describe_setting)
 
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
@@ -492,8 +518,8 @@ def distill_command(args: argparse.Namespace, argv: list[str] | None, started: f
             "--source/--paths at longer documents or lower --prompt-tokens."
         )
 
-    budget = Budget(args.max_prompts, args.max_tokens, started + 60 * args.max_minutes if args.max_minutes else None)
-    config = replace(flags, eos_id=end_id)
+    end_text = (chat.eos_token or "") if template is not None else ""
+    run = replace(run, generation=replace(run.generation, eos_id=end_id), end_ids=end_ids, end_text=end_text)
     progress_bar = progress_display(args.max_prompts)
 
     def show(progress: Progress) -> None:
@@ -502,24 +528,12 @@ def distill_command(args: argparse.Namespace, argv: list[str] | None, started: f
         progress_bar.set_postfix_str(f"tokens={progress.totals.tokens} tokens/s={progress.tokens_per_s:.1f}")
 
     with progress_bar:
-        result = distill(
-            loaded.model,
-            tokenizer,
-            itertools.chain([first], prompts),
-            folder,
-            config,
-            args.batch_size,
-            settings["shard_prompts"],
-            end_ids,
-            (chat.eos_token or "") if template is not None else "",
-            budget,
-            show,
-        )
+        result = distill(loaded.model, tokenizer, itertools.chain([first], prompts), folder, run, show)
     totals = result.totals
     print(
         f"prompts={result.prompts} tokens={result.tokens} seconds={result.seconds:.1f} "
         f"tokens/s={result.tokens_per_s:.1f} total_prompts={totals.prompts} total_tokens={totals.tokens} "
-        f"stopped={result.stopped} out={args.out}"
+        f"stopped={stop_reason(result.stopped)} out={args.out}"
     )
     return 130 if result.stopped == "interrupted" else 0
 

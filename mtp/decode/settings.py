@@ -14,6 +14,7 @@ import torch
 
 from mtp.config import ModelConfig
 from mtp.decode.tree import DraftTree
+from mtp.errors import UserError
 
 Acceptance = Literal["exact", "typical", "spectr"]
 ACCEPTANCE_RULES: tuple[str, ...] = get_args(Acceptance)
@@ -25,8 +26,10 @@ SiblingDraws = Literal["distinct", "independent"]
 SIBLING_DRAWS: tuple[str, ...] = get_args(SiblingDraws)
 
 
-class SettingError(ValueError):
-    """A GenerationConfig setting out of its range or at odds with another: one sentence naming the value and the fix.
+class SettingError(UserError, ValueError):
+    """A setting out of its range or at odds with another (of GenerationConfig, of mtp.pretrained.distill's): one
+    sentence naming the value and the fix; a UserError, as written (``str()``), where no command renders it under its
+    flags.
 
     ``template`` has a ``{field}`` for each field it names (``values``: field -> its value): ``{top_p}`` shows the
     field and its value, ``{tree:name}`` the field alone, ``{heads:1}`` the field with the value 1. ``str()`` spells

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtp.config import ModelConfig
+from mtp.config import ModelConfig, stored_configs
 from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles
 from mtp.interop.llama import ffn_multiple_for, head_path_names, llama_config
@@ -119,7 +119,7 @@ def _model_config(hf: dict[str, Any], path: Path) -> ModelConfig:
             f"{path / MTP_CONFIG} has format {meta.get('format')} and head path {meta.get('head_path')}; this mtp "
             f"reads format {MTP_FORMAT} with head path 1 (exports with --head k are plain Llamas: delete the file)."
         )
-    config = ModelConfig.from_dict(meta["model_config"])
+    config = stored_configs(meta["model_config"])[0]  # the loss settings an earlier export kept there are dropped
     ours, theirs = llama_config(config), llama_config(derived)
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"):
         if ours[key] != theirs[key]:

@@ -142,15 +142,15 @@ class MTPModel(nn.Module):
         return full.index_copy_(-1, vocab, logits)
 
     def head_states(
-        self, idx: Tensor, following: Tensor | None = None, trunk: Tensor | None = None, causal_inputs: str = "true"
+        self, idx: Tensor, following: Tensor | None = None, trunk: Tensor | None = None, draft_rate: float = 0.0
     ) -> list[Tensor]:
         """What each head's unembedding reads: its hidden state after the shared norm, n_future x (B, T, d_model).
 
         ``following`` (n_future - 1, B, T), following[j-1][b, t] = token t + j: the tokens causal heads condition
         on (the window's targets in training); other head types ignore it. ``trunk``: :meth:`trunk`'s output for
-        ``idx``, when the caller has it already (a frozen trunk's, kept from an earlier epoch). ``causal_inputs``:
-        'true' (``following``), 'drafts' or 'mixed' (:attr:`mtp.config.ModelConfig.causal_inputs`; training passes
-        the config's, evaluation the true tokens).
+        ``idx``, when the caller has it already (a frozen trunk's, kept from an earlier epoch). ``draft_rate``: the
+        fraction of positions where causal depth k reads depth k-1's draft instead of ``following``'s token (0: the
+        true tokens, evaluation's; 1: drafts everywhere; training passes :attr:`mtp.config.LossConfig.draft_rate`).
 
         Training and evaluation call the model through this one method (the unembedding comes after, one head
         at a time), so a wrapper that hooks a forward method (FSDP2's ``register_fsdp_forward_method``) needs
@@ -159,19 +159,19 @@ class MTPModel(nn.Module):
         z = self.trunk(idx) if trunk is None else trunk
         rotary = self.rotary(z.size(1))
         head1 = self.layers[-1](z, *rotary) if self.config.head1_block else z
-        reads = None if causal_inputs == "true" else partial(self.drafted_inputs, causal_inputs == "mixed")
+        reads = partial(self.drafted_inputs, draft_rate) if draft_rate > 0 else None
         return self.heads.states(z, head1, self.norm, rotary, self.tok_embeddings, following, reads)
 
-    def drafted_inputs(self, mixed: bool, k: int, state: Tensor, true: Tensor) -> Tensor:
-        """The tokens causal depth k reads in training under ``causal_inputs`` drafts or mixed: depth k-1's argmax at
-        each position (what greedy decoding feeds it; no gradient flows through the choice), or under mixed that at
-        a ``causal_draft_rate`` fraction of positions drawn at random and ``true`` (B, T) elsewhere. ``state``: depth
-        k-1's normed state (B, T, d)."""
+    def drafted_inputs(self, rate: float, k: int, state: Tensor, true: Tensor) -> Tensor:
+        """The tokens causal depth k reads in training at a draft ``rate`` (:attr:`mtp.config.LossConfig.draft_rate`):
+        depth k-1's argmax (what greedy decoding feeds it; no gradient flows through the choice) at every position
+        (rate 1: loss.causal_inputs=drafts), or at a ``rate`` fraction of positions drawn at random and ``true``
+        (B, T) elsewhere (loss.causal_inputs=mixed). ``state``: depth k-1's normed state (B, T, d)."""
         with torch.no_grad():
             drafted = self.head_tokens(k - 1, self.head_logits(k - 1, state).argmax(dim=-1))
-        if not mixed:
+        if rate >= 1:
             return drafted
-        chosen = torch.rand(true.shape, device=true.device) < self.config.causal_draft_rate
+        chosen = torch.rand(true.shape, device=true.device) < rate
         return torch.where(chosen, drafted, true)
 
     def forward(self, idx: Tensor, following: Tensor | None = None) -> Tensor:

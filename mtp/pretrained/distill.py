@@ -15,9 +15,9 @@ generates, because that is what they must predict when it decodes. This module m
 - **Order** (:func:`windows`): the prompts are taken in source order in windows of ``shard_prompts``; a window is
   sorted by prompt length, so that the rows of a batch (consecutive prompts of a window) pad little. The order is a
   function of the settings alone, never of budgets or of where an earlier run stopped.
-- **Decoding** (:func:`distill`): mtp's ``generate``, batch after batch; row ``i`` of the whole stream samples with
-  seed ``seed + i`` (greedy ignores it). A row stops at the model's end token (a completion also ends at the first
-  of the model's other end tokens, e.g. an instruct model's end of turn).
+- **Decoding** (:func:`distill`, its settings a :class:`DistillSettings`): mtp's ``generate``, batch after batch;
+  row ``i`` of the whole stream samples with seed ``seed + i`` (greedy ignores it). A row stops at the model's end
+  token (a completion also ends at the first of the model's other end tokens, e.g. an instruct model's end of turn).
 - **Output** (:class:`DistillFolder`): JSON-lines shards ``distill-00000.jsonl``, one per window, each row
   ``{"text", "prompt", "completion", "prompt_ids", "completion_ids", "finish"}`` (``text`` is what ``data=files``
   trains on), and ``settings.json``: the settings that made the data, the runs and running totals. Every file is
@@ -25,6 +25,9 @@ generates, because that is what they must predict when it decodes. This module m
 - **Resume**: a rerun with the same settings keeps every whole batch already in the shards (checked against the
   prompts it regenerates) and decodes from there with the same batches, so an interrupted run and its continuation
   write exactly what one uninterrupted run writes. Different settings in the same folder are refused in one sentence.
+
+A mistake in a setting is a :class:`~mtp.decode.settings.SettingError` naming the setting (``batch_size``,
+``force``, ``prompts``); scripts/distill.py spells it as its flag (:func:`mtp.commands.cli.settings_named_by_flags`).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from mtp.data.prompts import instruction_prompt
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
 from mtp.data.tasks import Task
 from mtp.data.tokenizer import prompt_ids
-from mtp.decode import GenerationConfig, generate
+from mtp.decode import GenerationConfig, SettingError, generate
 from mtp.errors import UserError
 from mtp.files import write_whole
 from mtp.interop.chat import ModelChat
@@ -62,6 +65,13 @@ FINGERPRINT_BYTES = 1 << 20
 MiB is mostly its vocabulary, the same in two fine-tunes of one base, so the last MiB (tensors) is hashed too."""
 CHARS_PER_TOKEN = 8
 """Characters tokenized ahead per wanted token (code averages 3-4; a shortfall doubles the span and tries again)."""
+BATCHES_PER_SHARD = 4
+"""The default shard, in batches: a window of prompts sorted by length fills this many batches."""
+
+
+def literal(text: object) -> str:
+    """``text`` as it reads inside a :class:`SettingError`'s template (its braces doubled: a path may hold some)."""
+    return str(text).replace("{", "{{").replace("}", "}}")
 
 
 @dataclass(frozen=True)
@@ -150,7 +160,10 @@ def file_prompts(path: Path, field_name: str) -> Iterator[tuple[str, str]]:
     """(prompt text, origin) from a file: .jsonl, one JSON object per line, the prompt under ``field_name``; .txt,
     one prompt per block of lines between blank lines (a prompt with blank lines in it needs .jsonl)."""
     if not path.is_file():
-        raise UserError(f"prompt file {path} does not exist; pass an existing .jsonl or .txt file to --prompts.")
+        raise SettingError(
+            f"prompt file {literal(path)} does not exist; pass an existing .jsonl or .txt file to {{prompts:name}}.",
+            prompts=path,
+        )
     if path.suffix == ".txt":
         block: list[str] = []
         start = 1
@@ -166,7 +179,8 @@ def file_prompts(path: Path, field_name: str) -> Iterator[tuple[str, str]]:
             yield "".join(block).rstrip("\n"), f"{path.name} line {start}"
         return
     if path.suffix != ".jsonl":
-        raise UserError(f"--prompts {path}: cannot read {path.suffix or 'a file without suffix'}; use .jsonl or .txt.")
+        suffix = literal(path.suffix or "a file without suffix")
+        raise SettingError(f"{{prompts}}: cannot read {suffix}; use .jsonl or .txt.", prompts=path)
     with path.open(encoding="utf-8", errors="replace") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
@@ -179,9 +193,10 @@ def file_prompts(path: Path, field_name: str) -> Iterator[tuple[str, str]]:
                 ) from None
             if not isinstance(row, dict) or field_name not in row:
                 fields = ", ".join(row) if isinstance(row, dict) else "none"
-                raise UserError(
-                    f"{path} line {number} has no field {field_name!r} (fields: {fields}); "
-                    "name the prompt's field with --prompt-field."
+                raise SettingError(
+                    f"{literal(path)} line {number} has no field {literal(repr(field_name))} (fields: "
+                    f"{literal(fields)}); name the prompt's field with {{prompt_field:name}}.",
+                    prompt_field=field_name,
                 )
             if not isinstance(row[field_name], str) or not row[field_name]:
                 raise UserError(f"{path} line {number}: {field_name!r} is not a non-empty string; fix that line.")
@@ -204,16 +219,19 @@ class ChatTemplate:
 
     def __init__(self, chat: ModelChat, model: str | os.PathLike) -> None:
         if not chat.template:
-            raise UserError(
-                f"--chat-template: {model} declares no chat template (an mtp checkpoint carries that of the model its "
-                "training started from, a GGUF file keeps it in tokenizer.chat_template, a Hugging Face directory in "
-                "tokenizer_config.json); drop --chat-template."
+            raise SettingError(
+                f"{{chat_template:name}}: {literal(model)} declares no chat template (an mtp checkpoint carries that "
+                "of the model its training started from, a GGUF file keeps it in tokenizer.chat_template, a Hugging "
+                "Face directory in tokenizer_config.json); drop {chat_template:name}.",
+                chat_template=True,
             )
         try:
             from jinja2 import TemplateError  # optional (comes with transformers): only for chat templates
             from jinja2.sandbox import ImmutableSandboxedEnvironment
-        except ImportError as err:  # optional: only --chat-template needs it
-            raise UserError("--chat-template renders the model's template with jinja2; pip install jinja2.") from err
+        except ImportError as err:  # optional: only chat templates need it
+            raise SettingError(
+                "{chat_template:name} renders the model's template with jinja2; pip install jinja2.", chat_template=True
+            ) from err
 
         def raise_exception(message: str) -> None:
             raise TemplateError(message)
@@ -225,8 +243,10 @@ class ChatTemplate:
         try:
             self._template = environment.from_string(chat.template)
         except TemplateError as err:
-            raise UserError(
-                f"--chat-template: {model}'s chat template does not parse ({err}); drop --chat-template."
+            raise SettingError(
+                f"{{chat_template:name}}: {literal(model)}'s chat template does not parse ({literal(err)}); drop "
+                "{chat_template:name}.",
+                chat_template=True,
             ) from None
 
     def render(self, text: str) -> str:
@@ -237,8 +257,10 @@ class ChatTemplate:
                 messages=messages, add_generation_prompt=True, bos_token=self._bos, eos_token=self._eos
             )
         except self._error as err:
-            raise UserError(
-                f"--chat-template: the model's chat template failed ({err}); drop --chat-template."
+            raise SettingError(
+                f"{{chat_template:name}}: the model's chat template failed ({literal(err)}); drop "
+                "{chat_template:name}.",
+                chat_template=True,
             ) from None
 
 
@@ -335,7 +357,7 @@ class DistillFolder:
     setting that differs, spelled by ``describe(key, value)`` as the user sets it) and removes temporary files a
     killed run left. Nothing is written until the first shard (``settings.json`` just before it), so a run that
     fails early leaves the folder as it was. With ``force`` the folder's shards and settings are replaced at that
-    first write.
+    first write. It refuses a folder in a :class:`SettingError` naming ``force`` and ``out``.
     """
 
     def __init__(
@@ -360,24 +382,31 @@ class DistillFolder:
                 old = json.loads(settings_file.read_text(encoding="utf-8"))
                 old_settings = old["settings"]
             except (ValueError, KeyError, TypeError):
-                raise UserError(
-                    f"{settings_file} is not a settings file of scripts/distill.py; pass --force to start over in "
-                    f"{out} (its shards are replaced) or choose another --out."
+                raise SettingError(
+                    f"{literal(settings_file)} is not a distillation's settings file; pass {{force:name}} to start "
+                    f"over in {literal(out)} (its shards are replaced) or choose another {{out:name}}.",
+                    force=force,
+                    out=out,
                 ) from None
             new, before = flatten(settings), flatten(old_settings)
             for key in [*new, *(k for k in before if k not in new)]:
                 if new.get(key) != before.get(key):
-                    raise UserError(
-                        f"{out} holds data made with {describe(key, before.get(key))}, but this run asks for "
-                        f"{describe(key, new.get(key))}; rerun with the same settings to continue it, pass --force "
-                        "to start over there (its shards are replaced), or choose another --out."
+                    made, asked = literal(describe(key, before.get(key))), literal(describe(key, new.get(key)))
+                    raise SettingError(
+                        f"{literal(out)} holds data made with {made}, but this run asks for {asked}; rerun with the "
+                        "same settings to continue it, pass {force:name} to start over there (its shards are "
+                        "replaced), or choose another {out:name}.",
+                        force=force,
+                        out=out,
                     )
             self.record["runs"], self.record["totals"] = old.get("runs", []), old.get("totals", {})
             self.started = True
         elif not force and self.shards():
-            raise UserError(
-                f"{out} holds distillation shards but no {SETTINGS_NAME}; pass --force to start over there (its "
-                "shards are replaced) or choose another --out."
+            raise SettingError(
+                f"{literal(out)} holds distillation shards but no {SETTINGS_NAME}; pass {{force:name}} to start over "
+                "there (its shards are replaced) or choose another {out:name}.",
+                force=force,
+                out=out,
             )
         self.record["runs"].append(run)
 
@@ -395,8 +424,10 @@ class DistillFolder:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError:
-                    raise UserError(
-                        f"{path} line {number} is damaged; delete that shard (it is decoded again) or pass --force."
+                    raise SettingError(
+                        f"{literal(path)} line {number} is damaged; delete that shard (it is decoded again) or pass "
+                        "{force:name}.",
+                        force=self.force,
                     ) from None
         return rows
 
@@ -428,16 +459,40 @@ class DistillFolder:
 
 
 @dataclass
-class Budget:
-    """When to stop; prompts and tokens count everything in the folder, earlier runs' included."""
+class DistillSettings:
+    """How :func:`distill` decodes its prompts into a folder, checked on construction (a :class:`SettingError` names
+    the setting). The budgets count everything in the folder, earlier runs' included; a run ends after a whole
+    batch."""
 
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    """The decoding (sampling, ``max_new_tokens``, ``eos_id``); its seed is the stream's: row ``i`` of the whole
+    stream samples with ``seed + i``."""
+    batch_size: int = 32
+    """Prompts decoded at once."""
+    shard_prompts: int | None = None
+    """Prompts per shard: a window of this many, sorted by length, whose batches are decoded in turn (None:
+    :data:`BATCHES_PER_SHARD` batches)."""
+    end_ids: set[int] = field(default_factory=set)
+    """A completion ends at the first of these tokens (the model's end token, an instruct model's end of turn)."""
+    end_text: str = ""
+    """What closes the text of a completion that ended at one of ``end_ids`` (the end of a chat turn)."""
     max_prompts: int = 0
-    """0: no limit."""
+    """Stop at this many prompts in the folder (0: no limit)."""
     max_tokens: int = 0
-    """Stop once this many tokens are generated (after the batch that reaches it); 0: no limit."""
+    """Stop once the folder holds this many generated tokens, after the batch that reaches it (0: no limit)."""
     deadline: float | None = None
-    """``time.monotonic()`` after which no batch starts; nor does one the last batch's duration says would end
-    past it."""
+    """``time.monotonic()`` after which no batch starts, nor one that the last batch's duration says would end past
+    it (None: no limit)."""
+
+    def __post_init__(self) -> None:
+        if self.shard_prompts is None:
+            self.shard_prompts = BATCHES_PER_SHARD * self.batch_size
+        for name in ("batch_size", "shard_prompts"):
+            if getattr(self, name) < 1:
+                raise SettingError(f"{{{name}}} must be at least 1.", **{name: getattr(self, name)})
+        for name in ("max_prompts", "max_tokens"):
+            if getattr(self, name) < 0:
+                raise SettingError(f"{{{name}}} must be at least 0 (0: no limit).", **{name: getattr(self, name)})
 
 
 @dataclass
@@ -449,8 +504,8 @@ class Progress:
     seconds: float = 0.0
     totals: Totals = field(default_factory=Totals)
     stopped: str = ""
-    """Why the run ended: the source is exhausted, a budget (--max-prompts, --max-tokens, --max-minutes) or an
-    interruption."""
+    """Why the run ended: ``all-prompts`` (the source is exhausted), the budget setting that ended it
+    (``max_prompts``, ``max_tokens``, ``deadline``) or ``interrupted``."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -499,24 +554,18 @@ def distill(
     tokenizer: Tokenizer,
     prompts: Iterable[Prompt],
     folder: DistillFolder,
-    config: GenerationConfig,
-    batch_size: int,
-    shard_prompts: int,
-    end_ids: set[int],
-    end_text: str = "",
-    budget: Budget | None = None,
+    settings: DistillSettings,
     on_batch: Callable[[Progress], None] | None = None,
 ) -> Progress:
-    """Decode ``prompts`` (in :func:`windows` of ``shard_prompts``, batches of ``batch_size``) into ``folder``: one
-    shard per window, written when the window is done or the run stops.
+    """Decode ``prompts`` into ``folder`` as ``settings`` say (in :func:`windows` of ``shard_prompts``, batches of
+    ``batch_size``, until a budget is spent): one shard per window, written when the window is done or the run
+    stops; ``on_batch`` sees the progress after each batch.
 
     Rows already there are kept (whole batches only, each checked against the prompt it must hold) and their prompts
-    skipped, so the batches, and with them the rows, are those of one uninterrupted run. ``config`` holds the
-    decoding settings; its seed is the stream's: row ``i`` of the stream samples with ``seed + i``. ``end_ids`` and
-    ``end_text``: see :func:`completion_row`. Returns this run's figures and the folder's totals. Ctrl-C ends the
-    run after writing the whole batches of the window in progress.
+    skipped, so the batches, and with them the rows, are those of one uninterrupted run. Returns this run's figures
+    and the folder's totals. Ctrl-C ends the run after writing the whole batches of the window in progress.
     """
-    budget = budget or Budget()
+    config, batch_size = settings.generation, settings.batch_size
     context = model.config.max_seq_len
     progress = Progress()
     totals = progress.totals
@@ -533,16 +582,18 @@ def distill(
     first = 0  # the stream index of the window's first prompt
     in_progress: tuple[int, list[dict[str, Any]], int] | None = None  # window index, its rows, rows read back
     try:
-        for index, window in enumerate(windows(prompts, shard_prompts)):
+        for index, window in enumerate(windows(prompts, settings.shard_prompts)):
             rows = folder.rows(index)
             for prompt, row in zip(window, rows, strict=False):
                 if row.get("prompt_ids") != prompt.ids:
-                    raise UserError(
-                        f"{folder.out / SHARD_NAME.format(index)} holds other prompts than these settings give "
-                        f"({prompt.origin} differs: the documents changed since); pass --force to start over there "
-                        "or choose another --out."
+                    raise SettingError(
+                        f"{literal(folder.out / SHARD_NAME.format(index))} holds other prompts than these settings "
+                        f"give ({literal(prompt.origin)} differs: the documents changed since); pass {{force:name}} "
+                        "to start over there or choose another {out:name}.",
+                        force=folder.force,
+                        out=folder.out,
                     )
-            if not (budget.max_prompts and totals.prompts + len(rows) == budget.max_prompts):
+            if not (settings.max_prompts and totals.prompts + len(rows) == settings.max_prompts):
                 # a batch cut by an earlier run's budget is decoded again, whole (this run's budget cuts it the same)
                 rows = rows[: whole_batches(len(rows), len(window), batch_size)]
             kept = len(rows)
@@ -551,30 +602,32 @@ def distill(
             totals.tokens += sum(len(row["completion_ids"]) for row in rows)
             position = kept
             while position < len(window):
-                if budget.max_prompts and totals.prompts >= budget.max_prompts:
-                    progress.stopped = "--max-prompts"
-                elif budget.max_tokens and totals.tokens >= budget.max_tokens:
-                    progress.stopped = "--max-tokens"
-                elif budget.deadline is not None and time.monotonic() + last_batch_s > budget.deadline:
-                    progress.stopped = "--max-minutes"
+                if settings.max_prompts and totals.prompts >= settings.max_prompts:
+                    progress.stopped = "max_prompts"
+                elif settings.max_tokens and totals.tokens >= settings.max_tokens:
+                    progress.stopped = "max_tokens"
+                elif settings.deadline is not None and time.monotonic() + last_batch_s > settings.deadline:
+                    progress.stopped = "deadline"
                 if progress.stopped:
                     break
                 end = min(position - position % batch_size + batch_size, len(window))
-                if budget.max_prompts:
-                    end = min(end, position + budget.max_prompts - totals.prompts)
+                if settings.max_prompts:
+                    end = min(end, position + settings.max_prompts - totals.prompts)
                 batch = window[position:end]
                 for prompt in batch:
                     if not fits(len(prompt.ids), config.max_new_tokens, context):
-                        raise UserError(
-                            f"{prompt.origin}: the prompt ({len(prompt.ids)} tokens) plus --new-tokens "
-                            f"{config.max_new_tokens} does not fit the model's context of {context} tokens; lower "
-                            "--new-tokens, or --prompt-tokens / shorten that prompt."
+                        raise SettingError(
+                            f"{literal(prompt.origin)}: the prompt ({len(prompt.ids)} tokens) plus {{max_new_tokens}} "
+                            f"does not fit the model's context of {context} tokens; lower {{max_new_tokens:name}}, or "
+                            "{prompt_tokens:name} / shorten that prompt.",
+                            max_new_tokens=config.max_new_tokens,
+                            prompt_tokens=None,
                         )
                 batch_start = time.monotonic()
                 seeded = replace(config, seed=config.seed + first + position)
                 outputs, _ = generate(model, [prompt.ids for prompt in batch], seeded)
                 new = [
-                    completion_row(prompt, output, tokenizer, config, end_ids, end_text)
+                    completion_row(prompt, output, tokenizer, config, settings.end_ids, settings.end_text)
                     for prompt, output in zip(batch, outputs, strict=True)
                 ]
                 rows.extend(new)

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 
 from mtp.checkpoint.format import CHECKPOINT_KEY, model_weights, read_checkpoint
 from mtp.checkpoint.load import foreign_format, model_chat, read_foreign, read_foreign_config
-from mtp.config import HEAD_TYPES, ModelConfig, head_blocks, swiglu_width
+from mtp.config import HEAD_TYPES, ModelConfig, head_blocks, stored_configs, swiglu_width
 from mtp.errors import UserError
 from mtp.interop.chat import ModelChat
 from mtp.model import MTPModel
@@ -67,7 +67,7 @@ class Start:
             )
         meta = checkpoint[CHECKPOINT_KEY]
         weights = current_names(model_weights(checkpoint))  # a checkpoint of the earlier layout too
-        config, chat = ModelConfig.from_dict(meta["model_config"]), ModelChat.from_dict(meta.get("chat"))
+        config, chat = stored_configs(meta["model_config"])[0], ModelChat.from_dict(meta.get("chat"))
         return cls(str(path), config, weights, meta["tokenizer"], chat)
 
     def grown(self, settings: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +121,7 @@ def start_config(path: str | Path) -> ModelConfig:
     """The model config of a checkpoint to start from (any format :class:`Start` reads), without its weights."""
     if foreign_format(path):
         return read_foreign_config(path)
-    return ModelConfig.from_dict(read_checkpoint(path, mmap=Path(path).is_file())[CHECKPOINT_KEY]["model_config"])
+    return stored_configs(read_checkpoint(path, mmap=Path(path).is_file())[CHECKPOINT_KEY]["model_config"])[0]
 
 
 def settings_from_checkpoint(path: str | Path, settings: dict[str, Any], explicit: Collection[str]) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 After each prompt is decoded, the positions where a draft head disagrees with the token decoding emitted there (where
 its draft is rejected whenever verified: head k at position t drafts token t + k) are kept with the sequence; every
 ``online`` prompts the heads take ``online_steps`` AdamW steps on those positions, learning head 1's distribution
-there (its top ``online_top_k`` tokens: the distillation target of ``model.head_loss=distill``,
+there (its top ``online_top_k`` tokens: the distillation target of ``loss.head_loss=distill``,
 :class:`mtp.training.loss.Teacher`). Only heads 2..n train: the trunk, head 1's block, the shared norm and head 1's
 unembedding (shared with the draft heads by transformer and causal heads) stay as they are, so the decoded output is
 exactly what head 1 decodes before and after any update (greedy: autoregressive decoding's tokens; sampling: its

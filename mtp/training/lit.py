@@ -16,6 +16,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from mtp.checkpoint.format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
+from mtp.config import LossConfig
 from mtp.errors import UserError
 from mtp.interop.chat import ModelChat
 from mtp.model.transformer import IGNORE, MTPModel
@@ -28,7 +29,9 @@ from mtp.training.trunk_cache import TrunkCache
 
 class MTPLitModule(L.LightningModule):
     """Training of the MTP model ``model`` (built, and grown from ``init_from`` and frozen if asked, where the run is
-    assembled: :func:`mtp.training.train.build`); the rest of the settings come from the config's ``module`` node.
+    assembled: :func:`mtp.training.train.build`); the rest of the settings come from the config's ``module`` node:
+    ``loss`` (:class:`mtp.config.LossConfig`'s settings, the config's ``loss`` group, checked against the model's here)
+    and ``optim`` (:class:`mtp.training.optim.OptimConfig`'s).
 
     ``draft_tokens_loaded``: the reduced draft vocabulary came with the model's checkpoint (else the data chooses it).
     With the trunk frozen, ``trunk_cache_gb`` keeps up to that many GiB of the trunk's outputs of training windows, so
@@ -41,6 +44,7 @@ class MTPLitModule(L.LightningModule):
     def __init__(
         self,
         model: MTPModel,
+        loss: dict[str, Any] | None = None,
         optim: dict[str, Any] | None = None,
         compile: bool = False,
         activation_checkpointing: bool = False,
@@ -51,6 +55,8 @@ class MTPLitModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters(ignore=["model"])  # the model's settings travel as its config (on_save_checkpoint)
         self.model, self.config = model, model.config
+        self.loss = LossConfig.from_dict(loss or {})
+        self.loss.check_model(self.config)
         self.optim = OptimConfig(**(optim or {}))
         self.compile_blocks, self.activation_checkpointing = compile, activation_checkpointing
         self.draft_tokens_loaded = draft_tokens_loaded
@@ -126,21 +132,21 @@ class MTPLitModule(L.LightningModule):
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         weights = self.head_weights()
-        out = mtp_loss(self.model, batch, trunk=self.trunk_cache, weights=weights)
+        out = mtp_loss(self.model, batch, self.loss, trunk=self.trunk_cache, weights=weights)
         self.log("train/loss", out.total, prog_bar=True)
         for k in out.heads:  # a head with nothing to train is not computed (a frozen head 1: see trained_heads)
             self.log(f"train/loss_head{k}", out.per_head[k - 1])
-            if self.config.loss_weights_schedule != "constant":
+            if self.loss.loss_weights_schedule != "constant":
                 self.log(f"train/weight_head{k}", weights[k - 1])
         return out.total
 
     def head_weights(self) -> list[float]:
-        """The head weights of this step under ``model.loss_weights_schedule``: its place in the run is the optimizer
+        """The head weights of this step under ``loss.loss_weights_schedule``: its place in the run is the optimizer
         steps taken over the steps the run will take (what the learning-rate schedule reads too)."""
-        if self.config.loss_weights_schedule == "constant":
-            return self.config.weights
+        if self.loss.loss_weights_schedule == "constant":
+            return self.loss.weights(self.n_future)
         total = self.trainer.estimated_stepping_batches
-        return self.config.weights_at(self.trainer.global_step / max(1, total))
+        return self.loss.weights_at(self.trainer.global_step / max(1, total), self.n_future)
 
     def on_train_epoch_end(self) -> None:
         if self.trunk_cache is not None and self.trainer.world_size == 1:  # processes would share one file
@@ -248,6 +254,7 @@ class MTPLitModule(L.LightningModule):
         checkpoint[CHECKPOINT_KEY] = {
             "format": CHECKPOINT_FORMAT,
             "model_config": self.config.to_dict(),
+            "loss_config": self.loss.to_dict(),  # how it trained: a resumed run keeps it (train.resumed_loss)
             "tokenizer": datamodule.tokenizer.to_str(),
             "data": datamodule.description(),  # where held-out prompts come from (bench_decode)
         }

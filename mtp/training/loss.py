@@ -17,7 +17,7 @@ so the backward from the deepest depth carries the gradient of h_{k-1} down to t
 between forward and backward is n hidden states of width d and the blocks' activations, never more than one
 head's logits: peak O(V + n d) per token.
 
-Under ``model.head_loss=distill`` (or ``ce+distill``) heads 2..n learn head 1's distribution cut to its top K
+Under ``loss.head_loss=distill`` (or ``ce+distill``) heads 2..n learn head 1's distribution cut to its top K
 (:class:`Teacher`, computed without a gradient, one chunk at a time) instead of (or beside) the corpus token; the
 same Function computes that term's gradient T (softmax(logits / T) - teacher) piece by piece, so the peak stays
 O(V + n d) per token, plus K indices and probabilities per position and head.
@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mtp.config import LossConfig
 from mtp.model.transformer import IGNORE, MTPModel
 
 
@@ -72,7 +73,7 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 @dataclass
 class Teacher:
     """Head 1's distribution at every position, cut to its ``top_k`` most probable tokens and renormalised (HASS's
-    top-K distillation target): what heads 2..n learn under ``model.head_loss=distill``. Computed without a gradient
+    top-K distillation target): what heads 2..n learn under ``loss.head_loss=distill``. Computed without a gradient
     (the teacher is a constant of the step) and one chunk of positions at a time, so that no (B, T, V) tensor stays.
     The tokens are indices into a draft head's logits (the reduced draft vocabulary's order when there is one: the
     teacher is head 1's distribution over the tokens a draft head scores)."""
@@ -138,19 +139,21 @@ def distill_loss(logits: Tensor, teacher: Teacher) -> Tensor:
     return t * t * ((cross - teacher.entropy) * valid).sum() / valid.sum().clamp(min=1)
 
 
-def head_teachers(model: MTPModel, states: list[Tensor], heads: list[int], chunk: int = 0) -> dict[int, Teacher]:
-    """Head k's teacher for every head k >= 2 among ``heads`` that distils (``model.head_loss``); empty under 'ce'."""
-    config = model.config
-    distilled = [k for k in heads if k > 1] if config.head_loss != "ce" else []
+def head_teachers(
+    model: MTPModel, states: list[Tensor], heads: list[int], settings: LossConfig, chunk: int = 0
+) -> dict[int, Teacher]:
+    """Head k's teacher for every head k >= 2 among ``heads`` that distils (``settings.head_loss``); empty under
+    'ce'."""
+    distilled = [k for k in heads if k > 1] if settings.head_loss != "ce" else []
     if not distilled:
         return {}
-    teacher = Teacher.of_head1(model, states[0], config.distill_top_k, config.distill_temperature, chunk)
+    teacher = Teacher.of_head1(model, states[0], settings.distill_top_k, settings.distill_temperature, chunk)
     return {k: teacher.for_head(k) for k in distilled}
 
 
-def uses_ce(model: MTPModel, k: int) -> bool:
+def uses_ce(settings: LossConfig, k: int) -> bool:
     """Whether head k's loss has the corpus token's cross-entropy (head 1 always; heads 2..n unless 'distill')."""
-    return k == 1 or model.config.head_loss != "distill"
+    return k == 1 or settings.head_loss != "distill"
 
 
 def trained_heads(model: MTPModel, states: list[Tensor]) -> list[int]:
@@ -182,14 +185,16 @@ def _per_head(losses: Tensor, heads: list[int], n: int) -> Tensor:
     return per_head
 
 
-def naive_loss(model: MTPModel, states: list[Tensor], targets: Tensor, weights: list[float]) -> LossOutput:
-    """Every head's logits at once, through plain autograd."""
+def naive_loss(
+    model: MTPModel, states: list[Tensor], targets: Tensor, weights: list[float], settings: LossConfig
+) -> LossOutput:
+    """Every head's logits at once, through plain autograd (what heads 2..n learn from: ``settings``)."""
     heads = trained_heads(model, states)
-    teachers = head_teachers(model, states, heads)
+    teachers = head_teachers(model, states, heads, settings)
     losses = []
     for k in heads:
         logits = model.head_logits(k, states[k - 1])
-        loss = cross_entropy(logits, model.head_targets(k, targets[k - 1])) if uses_ce(model, k) else 0.0
+        loss = cross_entropy(logits, model.head_targets(k, targets[k - 1])) if uses_ce(settings, k) else 0.0
         losses.append(loss + distill_loss(logits, teachers[k]) if k in teachers else loss)
     losses = torch.stack(losses)
     total = (losses * losses.new_tensor([weights[k - 1] for k in heads])).sum()
@@ -197,9 +202,11 @@ def naive_loss(model: MTPModel, states: list[Tensor], targets: Tensor, weights: 
 
 
 def sequential_loss(
-    model: MTPModel, states: list[Tensor], targets: Tensor, weights: list[float], chunk: int = 0
+    model: MTPModel, states: list[Tensor], targets: Tensor, weights: list[float], settings: LossConfig
 ) -> LossOutput:
-    """The same loss as :func:`naive_loss`, with at most one head's (or one chunk's) logits alive at a time."""
+    """The same loss as :func:`naive_loss`, with at most one head's (or one chunk's: ``settings.loss_chunk``
+    positions) logits alive at a time."""
+    chunk = settings.loss_chunk
     heads = trained_heads(model, states)
     # the distinct matrices the heads score with: one per unembedding module and vocabulary (the rows of a reduced
     # draft vocabulary are gathered once, by ordinary autograd, which carries their gradient back to the module's)
@@ -213,8 +220,8 @@ def sequential_loss(
         which.append(position[key])
     head_targets = torch.stack([model.head_targets(k, targets[k - 1]) for k in heads])
     head_states = [states[k - 1] for k in heads]
-    teachers = head_teachers(model, states, heads, chunk)
-    terms = [(uses_ce(model, k), teachers.get(k)) for k in heads]
+    teachers = head_teachers(model, states, heads, settings, chunk)
+    terms = [(uses_ce(settings, k), teachers.get(k)) for k in heads]
     settings = (head_targets, [weights[k - 1] for k in heads], which, chunk, len(heads), terms)
     total, losses = _HeadsCrossEntropy.apply(*settings, *head_states, *scored)
     return LossOutput(total, _per_head(losses, heads, len(states)), heads)
@@ -305,34 +312,34 @@ class _HeadsCrossEntropy(torch.autograd.Function):
 
 
 def window_states(
-    model: MTPModel, window: Tensor, trunk: Callable[[Tensor], Tensor] | None = None, causal_inputs: str = "true"
+    model: MTPModel, window: Tensor, trunk: Callable[[Tensor], Tensor] | None = None, draft_rate: float = 0.0
 ) -> tuple[list[Tensor], Tensor]:
     """Every head's normed state (n x (B, T, d)) over a window's inputs, and the targets (n, B, T).
 
     Causal heads condition on the tokens before the one they predict, head k at t on token t + k - 1: the true ones,
-    or under ``causal_inputs`` drafts/mixed the earlier depth's drafts (training's choice, ``model.causal_inputs``).
-    ``trunk(inputs)``: the trunk's output from elsewhere (:class:`mtp.training.trunk_cache.TrunkCache`); default: the
-    model's.
+    or at a ``draft_rate`` fraction of positions the earlier depth's drafts (training's choice,
+    :attr:`mtp.config.LossConfig.draft_rate`). ``trunk(inputs)``: the trunk's output from elsewhere
+    (:class:`mtp.training.trunk_cache.TrunkCache`); default: the model's.
     """
     inputs, targets = split_window(window, model.config.n_future)
     trunk_output = trunk(inputs) if trunk else None
-    return model.head_states(inputs, targets[:-1], trunk_output, causal_inputs), targets
+    return model.head_states(inputs, targets[:-1], trunk_output, draft_rate), targets
 
 
 def mtp_loss(
     model: MTPModel,
     window: Tensor,
-    mode: str | None = None,
+    settings: LossConfig | None = None,
     trunk: Callable[[Tensor], Tensor] | None = None,
     weights: list[float] | None = None,
 ) -> LossOutput:
-    """Training loss of a token window (B, seq_len + n_future) in the given mode (default: the model config's); the
-    trunk's output from ``trunk(inputs)`` if given (see :func:`window_states`); the head weights ``weights`` (default:
-    the config's ``loss_weights``; training passes its schedule's, :meth:`mtp.config.ModelConfig.weights_at`)."""
-    config = model.config
-    states, targets = window_states(model, window, trunk, config.causal_inputs)
-    mode = mode or config.loss
-    weights = config.weights if weights is None else weights
-    if mode == "naive" or not torch.is_grad_enabled():
-        return naive_loss(model, states, targets, weights)
-    return sequential_loss(model, states, targets, weights, config.loss_chunk)
+    """Training loss of a token window (B, seq_len + n_future) under ``settings`` (default: :class:`LossConfig`'s
+    defaults; outside autograd always the naive form); the trunk's output from ``trunk(inputs)`` if given (see
+    :func:`window_states`); the head weights ``weights`` (default: the settings' ``loss_weights``; training passes
+    its schedule's, :meth:`mtp.config.LossConfig.weights_at`)."""
+    settings = settings or LossConfig()
+    states, targets = window_states(model, window, trunk, settings.draft_rate)
+    weights = settings.weights(model.config.n_future) if weights is None else weights
+    if settings.mode == "naive" or not torch.is_grad_enabled():
+        return naive_loss(model, states, targets, weights, settings)
+    return sequential_loss(model, states, targets, weights, settings)

@@ -20,10 +20,10 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from mtp.checkpoint.format import check_checkpoint
+from mtp.checkpoint.format import CHECKPOINT_KEY, read_checkpoint
 from mtp.checkpoint.load import is_model, model_tokenizer
 from mtp.checkpoint.save import AtomicCheckpointIO
-from mtp.config import ModelConfig
+from mtp.config import LossConfig, ModelConfig, stored_loss_settings
 from mtp.data.packing import writing_to_cache
 from mtp.errors import UserError
 from mtp.interop.chat import ModelChat
@@ -67,6 +67,7 @@ def build(
         L.seed_everything(cfg.seed, workers=True)
     model, start, loaded = build_model(cfg)  # validates the model config before any data work
     module = instantiate(cfg.module, model=model, draft_tokens_loaded="draft_tokens" in loaded, _convert_="all")
+    warn_distilling_a_moving_teacher(module.model, module.loss)
     module.chat = start.chat if start is not None else ModelChat()  # the start's chat template travels on
     start_tokenizer = start.tokenizer if start is not None else None  # the data is tokenized as that model was
     datamodule = instantiate(cfg.data, tokenizer=data_tokenizer(cfg, start_tokenizer), _convert_="all")
@@ -94,34 +95,31 @@ def build_model(cfg: DictConfig) -> tuple[MTPModel, Start | None, set[str]]:
     )
     check_freeze(mode, init_from)
     if not init_from:
-        model = MTPModel(ModelConfig.from_dict(settings))
-        warn_distilling_a_moving_teacher(model)
-        return model, None, set()
-    settings = settings_from_checkpoint(init_from, settings, explicit_model_settings(cfg))  # from its header: cheap
+        return MTPModel(ModelConfig.from_dict(settings)), None, set()
+    settings = settings_from_checkpoint(init_from, settings, explicit_settings(cfg, "model"))  # from its header: cheap
     start = Start.read(init_from)
     model = MTPModel(ModelConfig.from_dict(start.grown(settings)))
     loaded = start.load_into(model)
     freeze(model, mode, loaded)
-    warn_distilling_a_moving_teacher(model)
     return model, start, loaded
 
 
-def warn_distilling_a_moving_teacher(model: MTPModel) -> None:
+def warn_distilling_a_moving_teacher(model: MTPModel, loss: LossConfig) -> None:
     """Distillation from head 1 while the trunk trains: measured to collapse head 1 on the default run (README)."""
-    if model.config.head_loss != "ce" and any(p.requires_grad for p in model.trunk_blocks.parameters()):
+    if loss.head_loss != "ce" and any(p.requires_grad for p in model.trunk_blocks.parameters()):
         log.warning(
-            "model.head_loss=%s with a trunk that trains: the heads' distillation term also moves the trunk and the "
+            "loss.head_loss=%s with a trunk that trains: the heads' distillation term also moves the trunk and the "
             "shared unembedding that make head 1's distribution, and on the default run it collapsed head 1 "
             "(val/acc_head1 0.151 -> 0.034); distil heads on a frozen trunk (init_from=... freeze=loaded) or keep "
-            "model.head_loss=ce.",
-            model.config.head_loss,
+            "loss.head_loss=ce.",
+            loss.head_loss,
         )
 
 
-def explicit_model_settings(cfg: DictConfig) -> set[str]:
-    """The ``model.*`` settings the command line set (``model.d_model=512``, ``+model.x=...``), from Hydra's record
-    of the overrides: in the config when composed with ``return_hydra_config``, else in the running Hydra app; a
-    preset's own values (``model=mtp4``, ``size=small``) are not among them."""
+def explicit_settings(cfg: DictConfig, group: str) -> set[str]:
+    """The settings of ``group`` (``model``, ``loss``) the command line set (``model.d_model=512``, ``+model.x=...``),
+    from Hydra's record of the overrides: in the config when composed with ``return_hydra_config``, else in the
+    running Hydra app; a preset's own values (``model=mtp4``, ``size=small``) are not among them."""
     if "hydra" in cfg:
         overrides = cfg.hydra.overrides.task
     elif HydraConfig.initialized():
@@ -129,7 +127,24 @@ def explicit_model_settings(cfg: DictConfig) -> set[str]:
     else:
         overrides = []
     keys = (override.split("=", 1)[0].lstrip("+~") for override in overrides)
-    return {key.removeprefix("model.") for key in keys if key.startswith("model.")}
+    return {key.removeprefix(f"{group}.") for key in keys if key.startswith(f"{group}.")}
+
+
+def resumed_loss(cfg: DictConfig, checkpoint: dict[str, Any]) -> DictConfig:
+    """``cfg`` with the loss settings of the run a checkpoint continues: each that the checkpoint recorded (a
+    checkpoint written before the loss settings had their own config recorded them among the model's:
+    :func:`mtp.config.stored_configs`), unless the command line sets it (``loss.head_loss=ce``)."""
+    meta = checkpoint[CHECKPOINT_KEY]
+    stored = stored_loss_settings(meta["model_config"], meta.get("loss_config"))
+    explicit = explicit_settings(cfg, "loss")
+    kept = {name: value for name, value in stored.items() if name not in explicit and cfg.loss.get(name) != value}
+    if not kept:
+        return cfg
+    log.info(
+        "resuming with the checkpoint's loss settings %s (set them on the command line to change them)",
+        " ".join(f"loss.{name}={value}" for name, value in kept.items()),
+    )
+    return OmegaConf.merge(cfg, {"loss": kept})
 
 
 def data_tokenizer(cfg: DictConfig, start_tokenizer: str | None) -> dict[str, Any]:
@@ -164,8 +179,8 @@ def save_tokenizer(tokenizer_json: str, cache_dir: str) -> str:
 def train(cfg: DictConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, float]:
     """Fit as configured (with extra ``callbacks``, if given); returns the final logged metrics."""
     ckpt_path = cfg.get("ckpt_path")
-    if ckpt_path:
-        check_checkpoint(ckpt_path)  # a missing, truncated or foreign checkpoint fails here, before any work
+    if ckpt_path:  # a missing, truncated or foreign checkpoint fails here, before any work
+        cfg = resumed_loss(cfg, read_checkpoint(ckpt_path, mmap=not Path(ckpt_path).is_dir()))
     datamodule, module, trainer = build(cfg, callbacks)
     with CtrlCAsSigterm() as ctrl_c:
         try:

@@ -14,7 +14,7 @@ from mtp.checkpoint.load import load_checkpoint, read_foreign
 from mtp.data.tokenizer import byte_tokenizer, prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
-from mtp.interop.hf import MTP_HEADS
+from mtp.interop.hf import MTP_CONFIG, MTP_HEADS
 from mtp.pretrained.export import export_hf, verify_export
 
 transformers = pytest.importorskip("transformers", reason="interop needs transformers: pip install -e '.[hf]'")
@@ -101,6 +101,10 @@ def test_round_trip_gives_every_tensor_back_and_names_any_lost_one(tmp_path, hea
     for name, tensor in state.items():
         assert torch.equal(back.weights[name], tensor), name
     assert back.tokenizer == original.tokenizer.to_str()
+    meta = json.loads((out / MTP_CONFIG).read_text())  # an export written before LossConfig: loss settings in it
+    meta["model_config"] |= {"loss": "sequential", "loss_weights": None, "loss_chunk": 0, "head_loss": "distill"}
+    (out / MTP_CONFIG).write_text(json.dumps(meta))
+    assert read_foreign(out).config == original.config
 
     for file in (out / "model.safetensors", out / MTP_HEADS):
         complete = safetensors_torch.load_file(file)
