@@ -17,8 +17,7 @@ import pytest
 import torch
 from hydra.core.global_hydra import GlobalHydra
 
-from mtp import cli
-from mtp.commands import bench_decode, bench_train, compare_heads, decode, fit_tree, pretrain
+from mtp.commands import bench_decode, bench_train, cli, compare_heads, decode, fit_tree, pretrain
 from mtp.decode import GenerationConfig
 from mtp.decode.settings import SettingError
 from mtp.errors import UserError

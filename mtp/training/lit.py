@@ -109,7 +109,7 @@ class MTPLitModule(L.LightningModule):
 
     def _sharding(self) -> tuple[Any, Any]:
         """(mesh, mixed-precision policy) for FSDP2 under ModelParallelStrategy, else (None, None): the strategy's
-        data-parallel mesh (mtp.training.parallel.FullyShardedStrategy puts every process there; mtp uses no tensor
+        data-parallel mesh (mtp.training.strategy.FullyShardedStrategy puts every process there; mtp uses no tensor
         parallelism), and bf16 parameters with fp32 gradient reduction when the trainer's precision plugin computes
         in bf16 (``bf16-mixed``, ``bf16-true``)."""
         if not isinstance(self.trainer.strategy, ModelParallelStrategy):
