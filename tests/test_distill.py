@@ -405,7 +405,7 @@ def test_distill_is_a_library_call_whose_errors_name_its_settings(tmp_path):
         list(file_prompts(tmp_path / "prompts.csv", "prompt"))
     errors.append(str(error.value))
     assert all("--" not in message for message in errors), errors
-    source = (ROOT / "mtp" / "distill.py").read_text()
+    source = (ROOT / "mtp" / "pretrained" / "distill.py").read_text()
     assert not re.findall(r"--[a-z]", source), "mtp.pretrained.distill names settings, not the command's flags"
 
 
