@@ -107,8 +107,8 @@ class Unembedding:
     on one machine x @ W^T with W^T stored contiguously is the faster at every step's row count, on another it is the
     faster at one row and several times the slower at two to eight (where W @ x^T streams the weight at about its
     one-row speed). So on CPU the unembedding keeps the transposed copy beside the weight and, the first time it
-    meets a row count, times both products on that input and keeps the faster for that shape (:func:`faster_layout`,
-    shared by every unembedding of the same shape in the process); W @ x^T's logits are copied back to rows
+    meets a row count, times both products on that input (on its first :func:`timed_rows` rows) and keeps the faster
+    for that shape (:func:`faster_layout`, shared by every unembedding of the same shape in the process); W @ x^T's logits are copied back to rows
     (reading them transposed costs more than the copy). Both are the same product, equal up to rounding. Other
     devices use ``F.linear``.
     """
@@ -129,8 +129,9 @@ class Unembedding:
             return F.linear(x, self.weight)
         rows = x.reshape(-1, x.size(-1))
         products = (self.rows_by_transposed, self.rows_by_weight)
-        key = (tuple(self.weight.shape), rows.size(0), rows.dtype, self.weight.dtype)
-        logits = products[faster_layout(key, rows, products)](rows)
+        timed = timed_rows(rows.size(0))
+        key = (tuple(self.weight.shape), timed, rows.dtype, self.weight.dtype)
+        logits = products[faster_layout(key, rows[:timed], products)](rows)
         return logits.reshape(*x.shape[:-1], self.weight.size(0))
 
     def rows_by_transposed(self, rows: Tensor) -> Tensor:
@@ -141,7 +142,20 @@ class Unembedding:
 
 
 _LAYOUTS: dict[tuple, int] = {}
-"""The faster product (index) per (weight shape, rows, dtype), measured once per process."""
+"""The faster product (index) per (weight shape, rows timed, dtype), measured once per process."""
+
+EXACT_ROWS, MOST_ROWS_TIMED = 32, 256
+"""Layouts are timed at each row count up to ``EXACT_ROWS`` (where they differ most: up to 2x), then at powers of two
+up to ``MOST_ROWS_TIMED``, whose choice serves every larger count: from a few hundred rows the product is compute-bound
+and the two layouts are within about 15% of each other, while timing a batch of thousands of rows costs several of
+its steps at every row count it shrinks through."""
+
+
+def timed_rows(rows: int) -> int:
+    """The row count whose timed layout serves ``rows`` rows (at most ``rows``: the input is sliced to it)."""
+    if rows <= EXACT_ROWS:
+        return rows
+    return min(1 << (rows.bit_length() - 1), MOST_ROWS_TIMED)
 
 
 def faster_layout(key: tuple, rows: Tensor, products: tuple[Callable[[Tensor], Tensor], ...]) -> int:
@@ -450,10 +464,11 @@ class InferenceModel:
 
     def block_layout(self, rows: int, dtype: torch.dtype) -> int:
         """1 where the path's matrices multiply ``rows`` rows faster stored (out, in) as W @ x^T than as x @ W (CPU):
-        timed once per shape in the process (:func:`faster_layout`) over the path's feed-forward matrices in turn, so
-        that each streams from memory as in a step. 0 without timing where the weight-major copy would take more
-        than a quarter of the memory available."""
+        timed once per shape and :func:`timed_rows` in the process (:func:`faster_layout`) over the path's
+        feed-forward matrices in turn, so that each streams from memory as in a step. 0 without timing where the
+        weight-major copy would take more than a quarter of the memory available."""
         first = self.path[0]
+        rows = timed_rows(rows)
         key = ("blocks", tuple(first.gate_up.shape[1:]), len(self.path), rows, dtype)
         if key in _LAYOUTS:
             return _LAYOUTS[key]

@@ -247,3 +247,29 @@ def test_the_unembedding_takes_the_product_measured_faster_and_both_products_agr
     assert faster_layout(("shape",), torch.zeros(2, 1), (fast, slow)) == 1  # measured once: kept for that shape
     assert calls == ["slow"] * 4 + ["fast"] * 4
     assert faster_layout(("other",), torch.zeros(2, 1), (fast, slow)) == 0
+
+
+def test_layouts_are_timed_on_at_most_a_few_hundred_rows_and_shared_by_larger_counts(monkeypatch):
+    """A large batch shrinking row by row must not time both layouts at every count (each timing costs several of
+    its steps): counts up to 32 are timed each, larger ones at the power of two below them up to 256, on that many
+    rows, and every count from 256 up shares one timing; the product still covers every row."""
+    from mtp.decode import inference
+    from mtp.decode.inference import Unembedding, timed_rows
+
+    assert [timed_rows(n) for n in (1, 7, 32, 33, 63, 64, 200, 256, 257, 40_000)] == [
+        1, 7, 32, 32, 32, 64, 128, 256, 256, 256,
+    ]  # fmt: skip
+    monkeypatch.setattr(inference, "_LAYOUTS", {})
+    timed = []
+
+    def faster_layout(key, rows, products):
+        timed.append((key[1], rows.size(0)))
+        return 1
+
+    monkeypatch.setattr(inference, "faster_layout", faster_layout)
+    torch.manual_seed(0)
+    unembedding = Unembedding(torch.randn(50, 8))
+    for rows in (3000, 1000, 300):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(unembedding(x), x @ unembedding.weight.T)
+    assert timed == [(256, 256)] * 3  # the real faster_layout measures a key once; this stand-in records each ask
