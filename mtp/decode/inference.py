@@ -108,9 +108,9 @@ class Unembedding:
     faster at one row and several times the slower at two to eight (where W @ x^T streams the weight at about its
     one-row speed). So on CPU the unembedding keeps the transposed copy beside the weight and, the first time it
     meets a row count, times both products on that input (on its first :func:`timed_rows` rows) and keeps the faster
-    for that shape (:func:`faster_layout`, shared by every unembedding of the same shape in the process); W @ x^T's logits are copied back to rows
-    (reading them transposed costs more than the copy). Both are the same product, equal up to rounding. Other
-    devices use ``F.linear``.
+    for that shape (:func:`faster_layout`, shared by every unembedding of the same shape in the process); W @ x^T's
+    logits are copied back to rows (reading them transposed costs more than the copy). Both are the same product,
+    equal up to rounding. Other devices use ``F.linear``.
     """
 
     def __init__(self, weight: Tensor) -> None:
