@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mtp.checkpoint.format import read_checkpoint
-from mtp.commands.methods import layer_skip as drafter_setup
+from mtp.commands.methods import layer_skip
 from mtp.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,8 +208,8 @@ def test_tree_decoding_fitted_now_or_from_fit_tree_equals_autoregressive(tiny_ch
 
 
 def test_every_drafter_decodes_what_autoregressive_decoding_does(tiny_checkpoints, capsys, monkeypatch):
-    monkeypatch.setattr(drafter_setup, "SEARCH_PROMPTS", 1)  # a short --skip-layers auto search
-    monkeypatch.setattr(drafter_setup, "SEARCH_NEW_TOKENS", 8)
+    monkeypatch.setattr(layer_skip, "SEARCH_PROMPTS", 1)  # a short --skip-layers auto search
+    monkeypatch.setattr(layer_skip, "SEARCH_NEW_TOKENS", 8)
     checkpoint = str(tiny_checkpoints["mtp4"])
     argv = [checkpoint, "--compare", "--prompt", "def f(", "--max-new-tokens", "24", "--gamma", "3"]
     for drafting, method in (
@@ -267,13 +267,19 @@ def test_empty_prompt(tiny_checkpoints):
         decode.main([str(tiny_checkpoints["mtp4"]), "--prompt", ""])
 
 
-def test_bad_checkpoints_exit_2_without_traceback(tmp_path):
+def test_bad_checkpoints_are_one_sentence(tmp_path):
     truncated = tmp_path / "cut.ckpt"
     truncated.write_bytes(b"PK\x03\x04 not really a zip")
-    result = cli(str(tmp_path / "none.ckpt"), "--prompt", "x")  # as a user sees it
-    assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
+    with pytest.raises(UserError, match="none.ckpt does not exist"):
+        decode.main([str(tmp_path / "none.ckpt"), "--prompt", "x"])
     with pytest.raises(UserError, match="truncated or not a PyTorch"):
         decode.main([str(truncated), "--prompt", "x"])
+
+
+@pytest.mark.slow  # a second process start of decode.py (~6 s): the everyday suite keeps one
+def test_a_missing_checkpoint_exits_2_without_traceback(tmp_path):
+    result = cli(str(tmp_path / "none.ckpt"), "--prompt", "x")  # as a user sees it
+    assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
 
 
 DRAFTED = [("draft", 2), ("layerskip", 2), ("lookup", 2)]
@@ -287,7 +293,7 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
     out = tmp_path / "bench"
     command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"])]
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1,2"]
-    command += ["--methods", "tree,typical,adaptive,draft,layerskip,lookup", "--tree-nodes", "4"]
+    command += ["--methods", "tree,typical,adaptive,draft,layerskip,lookup", "--tree-nodes", "4", "--repeats", "1"]
     command += [
         "--draft",
         str(tiny_checkpoints["mtp4"]),
@@ -411,8 +417,8 @@ def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeyp
     """--skip-layers auto --skip-sublayers: a layerskip row for the block search's set and one for the sublayer
     search's, per mode, each saying which search found it."""
     pytest.importorskip("optuna", reason="the sublayer search needs the search extra: pip install -e '.[search]'")
-    monkeypatch.setattr(drafter_setup, "SEARCH_PROMPTS", 1)  # short searches
-    monkeypatch.setattr(drafter_setup, "SEARCH_NEW_TOKENS", 8)
+    monkeypatch.setattr(layer_skip, "SEARCH_PROMPTS", 1)  # short searches
+    monkeypatch.setattr(layer_skip, "SEARCH_NEW_TOKENS", 8)
     bench = load_script("bench_decode")
     args = bench.checked_args(
         [str(tiny_checkpoints["mtp4"]), "--methods", "layerskip", "--skip-layers", "auto", "3a", "--skip-sublayers"]

@@ -128,6 +128,7 @@ def test_the_recipes_benchmark_speaks_as_the_start_model_does(tiny_checkpoints, 
         prompt_format(tiny_checkpoints["mtp4"], "--prompt-format", "chat")
 
 
+@pytest.mark.slow  # a process start (~10 s); the refusal itself runs everyday in-process just above
 def test_a_recipe_asking_chat_of_a_start_without_a_template_is_refused_before_distilling(tiny_checkpoints, tmp_path):
     result = pretrain(*recipe(tiny_checkpoints["mtp4"], tmp_path, "bench_decode.prompt_format=chat"), tmp_path=tmp_path)
     assert_one_clear_error(result, "--prompt-format chat: ")

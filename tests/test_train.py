@@ -29,7 +29,9 @@ from mtp.training.train import instantiate_group, metric_order, train
 PRESETS = ["mtp1", "mtp2", "mtp4", "mtp8", "byte1", "byte8"]
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize(  # one head, the default and a byte model everyday; the other presets with the slow tests
+    "preset", [pytest.param(p, marks=[] if p in ("mtp1", "mtp4", "byte8") else [pytest.mark.slow]) for p in PRESETS]
+)
 def test_fast_dev_run_every_model_preset(make_cfg, preset):
     cfg = make_cfg(preset, ["debug=fdr"])
     metrics = train(cfg)

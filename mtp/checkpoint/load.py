@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from tokenizers import Tokenizer
 
 from mtp.checkpoint.format import CHECKPOINT_KEY, SHARDED_META, model_weights, read_checkpoint
@@ -83,6 +82,8 @@ def load_checkpoint(
 def _load_sharded_weights(path: Path, model: MTPModel) -> None:
     """Fill ``model`` from the ``state_dict`` entries of a DCP folder (the LightningModule's ``model.*`` keys), of
     today's layout or the earlier one (:func:`mtp.model.heads.current_names`)."""
+    import torch.distributed.checkpoint as dcp  # here: importing it costs about a second of every command's start
+
     try:
         stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata  # "state_dict.model.<name>" keys
         state = {}

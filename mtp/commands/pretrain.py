@@ -32,7 +32,6 @@ from mtp.commands import bench_decode, distill
 from mtp.commands.cli import checkout_root, errors_reported, run_script
 from mtp.config import MOVED_TO_LOSS
 from mtp.errors import UserError, first_line
-from mtp.training.train import train
 
 LITLOGGER_TIP = "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]"
 """The start of the advertisement Lightning 2.6 logs for every Trainer without a LitLogger."""
@@ -147,6 +146,14 @@ def train_in_run_dir(cfg: DictConfig) -> None:
         train(cfg)
         if bench is not None:
             bench_decode.run(bench)
+
+
+def train(cfg: DictConfig) -> None:
+    """:func:`mtp.training.train.train`, imported when a job runs: Lightning and what it imports cost several seconds,
+    which ``--help`` and a config Hydra cannot compose need not wait for."""
+    from mtp.training.train import train as run  # Lightning: seconds to import, not needed by --help
+
+    run(cfg)
 
 
 def flags(settings: DictConfig, parser: argparse.ArgumentParser | None = None) -> list[str]:

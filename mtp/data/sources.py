@@ -18,11 +18,12 @@ import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 from mtp.errors import UserError
+
+if TYPE_CHECKING:  # imported where documents are loaded: it costs about a second of every command's start
+    import datasets
 
 SOURCE_KINDS = ("stdlib", "files", "hub")
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst"}
@@ -152,6 +153,8 @@ def load_documents(config: SourceConfig) -> datasets.Dataset | datasets.Iterable
 
 
 def _load_files(files: list[Path], text_field: str) -> datasets.Dataset:
+    import datasets  # about a second to import: only where documents are loaded
+
     parts = []
     text_files = [str(f) for f in files if f.suffix in TEXT_SUFFIXES]
     if text_files:
@@ -170,6 +173,8 @@ def _load_files(files: list[Path], text_field: str) -> datasets.Dataset:
 
 
 def _load_hub(config: SourceConfig) -> datasets.Dataset | datasets.IterableDataset:
+    import datasets  # about a second to import: only where documents are loaded
+
     try:
         dataset = datasets.load_dataset(config.name, config.subset, split=config.split, streaming=config.streaming)
     except FileNotFoundError as err:

@@ -107,10 +107,10 @@ class Unembedding:
     on one machine x @ W^T with W^T stored contiguously is the faster at every step's row count, on another it is the
     faster at one row and several times the slower at two to eight (where W @ x^T streams the weight at about its
     one-row speed). So on CPU the unembedding keeps the transposed copy beside the weight and, the first time it
-    meets a row count, times both products on that input (on its first :func:`timed_rows` rows) and keeps the faster
-    for that shape (:func:`faster_layout`, shared by every unembedding of the same shape in the process); W @ x^T's
-    logits are copied back to rows (reading them transposed costs more than the copy). Both are the same product,
-    equal up to rounding. Other devices use ``F.linear``.
+    meets a row count, times both products on that input (on its first :func:`timed_rows` rows; from a few hundred
+    rows x @ W^T without timing) and keeps the faster for that shape (:func:`faster_layout`, shared by every
+    unembedding of the same shape in the process); W @ x^T's logits are copied back to rows (reading them transposed
+    costs more than the copy). Both are the same product, equal up to rounding. Other devices use ``F.linear``.
     """
 
     def __init__(self, weight: Tensor) -> None:
@@ -130,6 +130,8 @@ class Unembedding:
         rows = x.reshape(-1, x.size(-1))
         products = (self.rows_by_transposed, self.rows_by_weight)
         timed = timed_rows(rows.size(0))
+        if not timed:
+            return self.rows_by_transposed(rows).reshape(*x.shape[:-1], self.weight.size(0))
         key = (tuple(self.weight.shape), timed, rows.dtype, self.weight.dtype)
         logits = products[faster_layout(key, rows[:timed], products)](rows)
         return logits.reshape(*x.shape[:-1], self.weight.size(0))
@@ -144,18 +146,20 @@ class Unembedding:
 _LAYOUTS: dict[tuple, int] = {}
 """The faster product (index) per (weight shape, rows timed, dtype), measured once per process."""
 
-EXACT_ROWS, MOST_ROWS_TIMED = 32, 256
-"""Layouts are timed at each row count up to ``EXACT_ROWS`` (where they differ most: up to 2x), then at powers of two
-up to ``MOST_ROWS_TIMED``, whose choice serves every larger count: from a few hundred rows the product is compute-bound
-and the two layouts are within about 15% of each other, while timing a batch of thousands of rows costs several of
-its steps at every row count it shrinks through."""
+EXACT_ROWS, UNTIMED_ROWS = 32, 256
+"""Layouts are timed at each row count up to ``EXACT_ROWS`` (where they differ most: up to 2x), then once per power of
+two below ``UNTIMED_ROWS``; from ``UNTIMED_ROWS`` rows up the product is compute-bound and x @ W, which needs no copy
+back to rows, is taken without timing (W @ x^T and its copy measured 1.2x to 5x slower there, from a 7M to a 135M
+model's shapes), where timing a batch of thousands of rows cost several of its steps at every count it shrank
+through."""
 
 
 def timed_rows(rows: int) -> int:
-    """The row count whose timed layout serves ``rows`` rows (at most ``rows``: the input is sliced to it)."""
-    if rows <= EXACT_ROWS:
-        return rows
-    return min(1 << (rows.bit_length() - 1), MOST_ROWS_TIMED)
+    """The row count whose timed layout serves ``rows`` rows (at most ``rows``: the input is sliced to it), or 0 where
+    x @ W is taken without timing."""
+    if rows >= UNTIMED_ROWS:
+        return 0
+    return rows if rows <= EXACT_ROWS else 1 << (rows.bit_length() - 1)
 
 
 def faster_layout(key: tuple, rows: Tensor, products: tuple[Callable[[Tensor], Tensor], ...]) -> int:
@@ -469,6 +473,8 @@ class InferenceModel:
         weight-major copy would take more than a quarter of the memory available."""
         first = self.path[0]
         rows = timed_rows(rows)
+        if not rows:
+            return 0
         key = ("blocks", tuple(first.gate_up.shape[1:]), len(self.path), rows, dtype)
         if key in _LAYOUTS:
             return _LAYOUTS[key]

@@ -249,15 +249,16 @@ def test_the_unembedding_takes_the_product_measured_faster_and_both_products_agr
     assert faster_layout(("other",), torch.zeros(2, 1), (fast, slow)) == 0
 
 
-def test_layouts_are_timed_on_at_most_a_few_hundred_rows_and_shared_by_larger_counts(monkeypatch):
+def test_layouts_are_timed_on_fewer_than_256_rows_and_larger_counts_take_x_at_w_untimed(monkeypatch):
     """A large batch shrinking row by row must not time both layouts at every count (each timing costs several of
-    its steps): counts up to 32 are timed each, larger ones at the power of two below them up to 256, on that many
-    rows, and every count from 256 up shares one timing; the product still covers every row."""
+    its steps): counts up to 32 are timed each, larger ones at the power of two below them, on that many rows, and
+    from 256 rows x @ W is taken without timing (W @ x^T's copy back to rows loses there); the product still covers
+    every row."""
     from mtp.decode import inference
     from mtp.decode.inference import Unembedding, timed_rows
 
-    assert [timed_rows(n) for n in (1, 7, 32, 33, 63, 64, 200, 256, 257, 40_000)] == [
-        1, 7, 32, 32, 32, 64, 128, 256, 256, 256,
+    assert [timed_rows(n) for n in (1, 7, 32, 33, 63, 64, 200, 255, 256, 40_000)] == [
+        1, 7, 32, 32, 32, 64, 128, 128, 0, 0,
     ]  # fmt: skip
     monkeypatch.setattr(inference, "_LAYOUTS", {})
     timed = []
@@ -269,7 +270,12 @@ def test_layouts_are_timed_on_at_most_a_few_hundred_rows_and_shared_by_larger_co
     monkeypatch.setattr(inference, "faster_layout", faster_layout)
     torch.manual_seed(0)
     unembedding = Unembedding(torch.randn(50, 8))
-    for rows in (3000, 1000, 300):
+    products = []
+    monkeypatch.setattr(
+        unembedding, "rows_by_transposed", lambda rows: products.append("x @ W^T") or rows @ unembedding.transposed
+    )
+    for rows in (3000, 300, 200, 100):
         x = torch.randn(rows, 8)
         torch.testing.assert_close(unembedding(x), x @ unembedding.weight.T)
-    assert timed == [(256, 256)] * 3  # the real faster_layout measures a key once; this stand-in records each ask
+    assert timed == [(128, 128), (64, 64)]  # the real faster_layout measures a key once; this stand-in records each ask
+    assert products == ["x @ W^T"] * 2  # 3000 and 300 rows, untimed

@@ -240,8 +240,17 @@ SAMPLING_SETTINGS = {
 }
 
 
-@pytest.mark.parametrize(  # the top-ranked drafts' cases (~3-4 s each) with the slow tests
-    "case", [pytest.param(case, marks=[pytest.mark.slow] if "top_drafts" in case else []) for case in SAMPLING_DRAFTERS]
+SLOW_SAMPLING_DRAFTERS = {"draft", "draft_T0.7_topp0.9", "lookup"}
+"""With the slow tests (3-6 s each) beside the top-ranked drafts' cases: the draft model's sampled drafts under
+temperature and top-p run everyday, prompt lookup on a real model."""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(case, marks=[pytest.mark.slow] if "top_drafts" in case or case in SLOW_SAMPLING_DRAFTERS else [])
+        for case in SAMPLING_DRAFTERS
+    ],
 )
 def test_drafted_sampling_has_the_autoregressive_distribution(case):
     tv, threshold, outside, stats = check_drafter(SAMPLING_DRAFTERS[case](), **SAMPLING_SETTINGS[case])
@@ -319,7 +328,9 @@ def test_layer_skip_with_proposals_of_the_wrong_position_fails_the_real_model_ch
         check_real_model(model, GenerationConfig(max_new_tokens=4, temperature=1.0, gamma=2, seed=5), drafter=drafter)
 
 
-@pytest.mark.parametrize("method", ["draft", "layerskip", "lookup"])
+@pytest.mark.parametrize(  # a draft model's case with the slow tests: everyday on the fixed tables
+    "method", [pytest.param("draft", marks=pytest.mark.slow), "layerskip", "lookup"]
+)
 def test_drafted_sampling_lossless_on_real_models(method):
     """Attention everywhere (the target, a random draft model, the target without a block): every context changes the
     logits, so the drafters' caches and the rows' ragged acceptance all matter."""

@@ -68,11 +68,15 @@ def test_a_draft_vocabulary_at_decoding_is_refused_beside_a_trained_one_or_beyon
         GenerationConfig(heads=2, draft_vocab=40).check_for(tiny_model().config, [[1]])
 
 
-@pytest.mark.parametrize(  # linear: fixed-logits tests; causal-shared and medusa (~4-5 s each) with the slow tests
-    "head_type",
-    ["transformer", "causal", *(pytest.param(kind, marks=pytest.mark.slow) for kind in ("causal-shared", "medusa"))],
+@pytest.mark.parametrize(  # linear: fixed-logits tests; causal-shared, medusa and causal alone (~4-5 s each) slow
+    ("head_type", "prompts"),
+    [
+        pytest.param(kind, prompts, id=f"{batch}-{kind}", marks=[pytest.mark.slow] if slow else [])
+        for batch, prompts in (("batch1", [[5, 6, 7]]), ("ragged", [[1, 2], [7, 8, 9, 10, 11], [20]]))
+        for kind in ("transformer", "causal", "causal-shared", "medusa")
+        for slow in [kind in ("causal-shared", "medusa") or (kind, batch) == ("causal", "batch1")]
+    ],
 )
-@pytest.mark.parametrize("prompts", [[[5, 6, 7]], [[1, 2], [7, 8, 9, 10, 11], [20]]], ids=["batch1", "ragged"])
 def test_greedy_decoding_equals_the_cache_free_reference_when_drafts_pass(trained_models, prompts, head_type):
     trained_model = trained_models(head_type)
     reference = [greedy_without_cache(trained_model, prompt, 30) for prompt in prompts]

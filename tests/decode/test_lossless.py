@@ -120,7 +120,16 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def variants(cases: dict, slow: set[str]) -> list:
+    """``cases`` as parameters named by their keys; those in ``slow`` (each another variant of a promise an everyday
+    variant already checks) run with the slow tests."""
+    assert slow <= set(cases), slow - set(cases)
+    return [
+        pytest.param(case, id=name, marks=[pytest.mark.slow] if name in slow else []) for name, case in cases.items()
+    ]
+
+
+@pytest.mark.parametrize("case", variants(CASES, {"4heads", "3heads_T0.7_topp0.9"}))
 def test_self_speculative_sampling_has_the_autoregressive_distribution(case):
     tv, threshold, outside = check(**case)
     assert outside == 0, "sampled a continuation the target gives probability 0"
@@ -180,31 +189,29 @@ def test_threshold_shrinks_with_the_sample_size():
     assert tv_threshold(joint, 40_000) == pytest.approx(tv_threshold(joint, 10_000) / 2)
 
 
+HEAD_BLOCK_CASES = {
+    "plain": ("transformer", {}, 0),
+    "top_k": ("transformer", {"top_k": 3}, 0),
+    "top_p": ("transformer", {"top_p": 0.9}, 0),
+    "top_p-sampled_drafts": ("transformer", {"top_p": 0.9, "draft_choice": "sampled"}, 0),
+    "causal": ("causal", {}, 0),
+    "causal-shared-top_p": ("causal-shared", {"top_p": 0.9}, 0),
+    "draft-vocab-top_p": ("transformer", {"top_p": 0.9}, 2),
+    "medusa-draft-vocab": ("medusa", {}, 3),
+    "causal-decode-draft-vocab-top_p": ("causal", {"top_p": 0.9, "draft_vocab": 2}, 0),
+    "medusa-decode-draft-vocab": ("medusa", {"draft_vocab": 3}, 0),
+}
+"""(head type, sampling settings, trained draft vocabulary)."""
+SLOW_HEAD_BLOCK_CASES = {"top_k", "top_p", "top_p-sampled_drafts", "causal-shared-top_p", "medusa-draft-vocab"}
+"""Run with the slow tests: each filter and sampled drafts are checked everyday on the fixed-logits model above, a
+trained draft vocabulary on transformer heads."""
+
+
 @pytest.mark.parametrize(
     ("head_type", "filters", "draft_vocab"),
     [
-        ("transformer", {}, 0),
-        ("transformer", {"top_k": 3}, 0),
-        ("transformer", {"top_p": 0.9}, 0),
-        ("transformer", {"top_p": 0.9, "draft_choice": "sampled"}, 0),
-        ("causal", {}, 0),
-        ("causal-shared", {"top_p": 0.9}, 0),
-        ("transformer", {"top_p": 0.9}, 2),
-        ("medusa", {}, 3),
-        ("causal", {"top_p": 0.9, "draft_vocab": 2}, 0),
-        ("medusa", {"draft_vocab": 3}, 0),
-    ],
-    ids=[
-        "plain",
-        "top_k",
-        "top_p",
-        "top_p-sampled_drafts",
-        "causal",
-        "causal-shared-top_p",
-        "draft-vocab-top_p",
-        "medusa-draft-vocab",
-        "causal-decode-draft-vocab-top_p",
-        "medusa-decode-draft-vocab",
+        pytest.param(*case, id=name, marks=[pytest.mark.slow] if name in SLOW_HEAD_BLOCK_CASES else [])
+        for name, case in HEAD_BLOCK_CASES.items()
     ],
 )
 def test_lossless_with_head_blocks(head_type, filters, draft_vocab):
@@ -264,7 +271,9 @@ DRAFTING = {
 }
 
 
-@pytest.mark.parametrize("case", DRAFTING.values(), ids=DRAFTING.keys())
+@pytest.mark.parametrize(
+    "case", variants(DRAFTING, {"tree_T0.7_topp0.9", "tree_top_drafts", "tree_T0.7_topp0.9_sampled_drafts"})
+)
 def test_tree_and_adaptive_sampling_have_the_autoregressive_distribution(case):
     tv, threshold, outside = check(**case)
     assert outside == 0, "sampled a continuation the target gives probability 0"
@@ -319,7 +328,13 @@ REAL_MODEL_DRAFTING = {
 }
 
 
-SLOW_REAL_MODEL_DRAFTING = ("tree-causal-top_drafts", "tree-transformer-independent")  # ~4 s each
+SLOW_REAL_MODEL_DRAFTING = (  # 3-5 s each; a causal tree and a medusa tree cut by confidence run everyday
+    "tree-causal-top_drafts",
+    "tree-transformer-independent",
+    "tree-transformer",
+    "chain-p_min",
+    "chain-transformer-top_drafts",
+)
 
 
 @pytest.mark.parametrize(  # these variants with the slow tests

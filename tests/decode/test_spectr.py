@@ -195,7 +195,7 @@ def test_a_hybrid_accepts_the_heads_drafts_where_the_draft_model_is_wrong(counti
 @pytest.mark.parametrize(
     "case",
     [
-        dict(heads=3, drafts_per_step=2, acceptance="spectr"),
+        pytest.param(dict(heads=3, drafts_per_step=2, acceptance="spectr"), marks=pytest.mark.slow),  # as k4's
         dict(heads=3, drafts_per_step=4, acceptance="spectr", temperature=0.7, top_p=0.9),
         dict(heads=3, drafts_per_step=3),  # SpecInfer's rule on the same trees
         pytest.param(  # ~5 s: with the slow tests
@@ -255,7 +255,9 @@ def test_each_wrong_spectr_rule_fails_the_check(rule, monkeypatch):
     "decoding",
     [
         pytest.param(dict(drafts_per_step=3, acceptance="spectr"), marks=pytest.mark.slow),  # ~4 s each: slow
-        dict(drafts_per_step=2),
+        pytest.param(
+            dict(drafts_per_step=2), marks=pytest.mark.slow
+        ),  # a drafter's sequences: everyday on a real model
         dict(heads=3),  # hybrid: the draft model's chain and the heads' chain, SpecInfer's rule
         pytest.param(dict(heads=3, drafts_per_step=2, temperature=0.7, top_p=0.9), marks=pytest.mark.slow),
     ],
@@ -305,7 +307,9 @@ def test_spectr_lossless_with_head_blocks(head_type):
     check_real_model(model, config)
 
 
-@pytest.mark.parametrize("decoding", [dict(drafts_per_step=2, acceptance="spectr"), dict(heads=3)])
+@pytest.mark.parametrize(  # the hybrid with the slow tests: everyday on the fixed tables
+    "decoding", [dict(drafts_per_step=2, acceptance="spectr"), pytest.param(dict(heads=3), marks=pytest.mark.slow)]
+)
 def test_draft_sequences_and_hybrids_lossless_on_real_models(decoding):
     model = tiny_model(n_future=3, vocab_size=4, seed=3)
     with torch.no_grad():
