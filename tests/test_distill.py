@@ -124,7 +124,9 @@ def test_greedy_distillation_is_deterministic(tiny_checkpoints, corpus_dir, tmp_
     assert shards(tmp_path / "a") == shards(tmp_path / "b") != {}
 
 
-@pytest.mark.parametrize("sampling", [[], ["--temperature", "0.9", "--top-p", "0.9", "--seed", "3"]])
+@pytest.mark.parametrize(  # sampled: with the slow tests
+    "sampling", [[], pytest.param(["--temperature", "0.9", "--top-p", "0.9", "--seed", "3"], marks=pytest.mark.slow)]
+)
 def test_a_stopped_run_continued_writes_what_one_run_writes(tiny_checkpoints, corpus_dir, tmp_path, capsys, sampling):
     """7 prompts end inside a batch (of 4) and inside a shard (of 8); the rerun decodes that batch again, whole."""
     checkpoint = tiny_checkpoints["mtp4"]

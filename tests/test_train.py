@@ -29,8 +29,8 @@ from mtp.training.train import instantiate_group, metric_order, train
 PRESETS = ["mtp1", "mtp2", "mtp4", "mtp8", "byte1", "byte8"]
 
 
-@pytest.mark.parametrize(  # one head, the default and a byte model everyday; the other presets with the slow tests
-    "preset", [pytest.param(p, marks=[] if p in ("mtp1", "mtp4", "byte8") else [pytest.mark.slow]) for p in PRESETS]
+@pytest.mark.parametrize(  # the default and a byte model everyday; the other presets with the slow tests
+    "preset", [pytest.param(p, marks=[] if p in ("mtp4", "byte8") else [pytest.mark.slow]) for p in PRESETS]
 )
 def test_fast_dev_run_every_model_preset(make_cfg, preset):
     cfg = make_cfg(preset, ["debug=fdr"])
@@ -309,7 +309,10 @@ class RecordBatches(L.Callback):
         self.batches.append(batch.clone())
 
 
-@pytest.mark.parametrize("validation", [["trainer.val_check_interval=2"], ["trainer.limit_val_batches=0"]])
+@pytest.mark.parametrize(  # without validation: with the slow tests
+    "validation",
+    [["trainer.val_check_interval=2"], pytest.param(["trainer.limit_val_batches=0"], marks=pytest.mark.slow)],
+)
 def test_resume_mid_epoch_continues_the_data_order(make_cfg, tmp_path, validation):
     """A resumed run trains on the batches the uninterrupted run would have seen next, not the epoch's first ones.
 

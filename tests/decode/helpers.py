@@ -35,7 +35,7 @@ def head1_logits(model: MTPModel, tokens: torch.Tensor) -> torch.Tensor:
         return model.unembedding(1)(model.head_states(tokens, following)[0])
 
 
-def train_on_cycles(model: MTPModel, steps: int = 150) -> MTPModel:
+def train_on_cycles(model: MTPModel, steps: int = 100) -> MTPModel:
     """Train on counting windows (token t+1 = token t + 1), so that most drafts are accepted."""
     from mtp.training.loss import mtp_loss
 

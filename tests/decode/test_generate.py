@@ -23,8 +23,15 @@ def greedy_without_cache(model, prompt: list[int], max_new_tokens: int) -> list[
     return tokens[len(prompt) :]
 
 
-@pytest.mark.parametrize("head_type", HEAD_TYPES)
-@pytest.mark.parametrize("prompts", [[[5, 6, 7]], RAGGED], ids=["batch1", "ragged"])
+@pytest.mark.parametrize(  # one prompt alone: transformer heads everyday, the other types with the slow tests
+    ("prompts", "head_type"),
+    [
+        pytest.param(prompts, kind, id=f"{batch}-{kind}", marks=[pytest.mark.slow] if slow else [])
+        for batch, prompts in (("batch1", [[5, 6, 7]]), ("ragged", RAGGED))
+        for kind in HEAD_TYPES
+        for slow in [batch == "batch1" and kind != "transformer"]
+    ],
+)
 def test_greedy_decoding_equals_the_cache_free_reference_on_a_random_model(prompts, head_type):
     model = tiny_model(**HEAD_TYPES[head_type])
     reference = [greedy_without_cache(model, prompt, 24) for prompt in prompts]

@@ -129,7 +129,9 @@ def variants(cases: dict, slow: set[str]) -> list:
     ]
 
 
-@pytest.mark.parametrize("case", variants(CASES, {"4heads", "3heads_T0.7_topp0.9"}))
+@pytest.mark.parametrize(
+    "case", variants(CASES, {"4heads", "3heads_T0.7_topp0.9", "3heads_T1.5_topk2", "3heads_T0.7_topp0.9_top_drafts"})
+)
 def test_self_speculative_sampling_has_the_autoregressive_distribution(case):
     tv, threshold, outside = check(**case)
     assert outside == 0, "sampled a continuation the target gives probability 0"
@@ -202,9 +204,8 @@ HEAD_BLOCK_CASES = {
     "medusa-decode-draft-vocab": ("medusa", {"draft_vocab": 3}, 0),
 }
 """(head type, sampling settings, trained draft vocabulary)."""
-SLOW_HEAD_BLOCK_CASES = {"top_k", "top_p", "top_p-sampled_drafts", "causal-shared-top_p", "medusa-draft-vocab"}
-"""Run with the slow tests: each filter and sampled drafts are checked everyday on the fixed-logits model above, a
-trained draft vocabulary on transformer heads."""
+SLOW_HEAD_BLOCK_CASES = set(HEAD_BLOCK_CASES) - {"plain", "causal", "draft-vocab-top_p"}
+"""Run with the slow tests (the everyday suite keeps parallel and causal heads and a trained draft vocabulary)."""
 
 
 @pytest.mark.parametrize(
@@ -271,9 +272,7 @@ DRAFTING = {
 }
 
 
-@pytest.mark.parametrize(
-    "case", variants(DRAFTING, {"tree_T0.7_topp0.9", "tree_top_drafts", "tree_T0.7_topp0.9_sampled_drafts"})
-)
+@pytest.mark.parametrize("case", variants(DRAFTING, set(DRAFTING) - {"tree", "chain_adaptive"}))
 def test_tree_and_adaptive_sampling_have_the_autoregressive_distribution(case):
     tv, threshold, outside = check(**case)
     assert outside == 0, "sampled a continuation the target gives probability 0"
@@ -328,13 +327,7 @@ REAL_MODEL_DRAFTING = {
 }
 
 
-SLOW_REAL_MODEL_DRAFTING = (  # 3-5 s each; a causal tree and a medusa tree cut by confidence run everyday
-    "tree-causal-top_drafts",
-    "tree-transformer-independent",
-    "tree-transformer",
-    "chain-p_min",
-    "chain-transformer-top_drafts",
-)
+SLOW_REAL_MODEL_DRAFTING = tuple(set(REAL_MODEL_DRAFTING) - {"tree-causal"})  # 3-5 s each; a causal tree everyday
 
 
 @pytest.mark.parametrize(  # these variants with the slow tests
