@@ -2,14 +2,25 @@
 asserted: benchmarks measure, tests assert behaviour)."""
 
 import pytest
+import torch
 
 from mtp.benchmarks import int8_kernels
 
 
+def bound(name: str) -> float:
+    """The relative error each kind of candidate stays under: float32 exact up to rounding; the dynamic kernels also
+    quantize the activations, per tensor, which at 3 rows of 96 inputs costs up to 12% (over seeds 0..24); the
+    weight-only ones (and ``_int_mm`` with rows quantized one by one) stay under 1%. A wrong product is off by ~100%."""
+    if name.startswith("float32"):
+        return 1e-6
+    return 0.2 if "dynamic" in name else 0.02
+
+
 @pytest.mark.slow  # every candidate at every size (~8 s)
 def test_every_candidate_computes_the_product_within_int8_error():
+    torch.manual_seed(0)  # the inputs are random: the same ones every run
     results = int8_kernels.measure(64, 96, 3, rounds=1, calls=2)
     assert set(results) <= set(int8_kernels.CANDIDATES) and "fbgemm dynamic int8" in results
     for name, (microseconds, error) in results.items():
         assert microseconds > 0
-        assert error < (1e-6 if name.startswith("float32") else 0.05), name
+        assert error < bound(name), (name, error)
