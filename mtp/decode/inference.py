@@ -130,10 +130,8 @@ class Unembedding:
         rows = x.reshape(-1, x.size(-1))
         products = (self.rows_by_transposed, self.rows_by_weight)
         timed = timed_rows(rows.size(0))
-        if not timed:
-            return self.rows_by_transposed(rows).reshape(*x.shape[:-1], self.weight.size(0))
         key = (tuple(self.weight.shape), timed, rows.dtype, self.weight.dtype)
-        logits = products[faster_layout(key, rows[:timed], products)](rows)
+        logits = products[faster_layout(key, rows[:timed], products) if timed else 0](rows)
         return logits.reshape(*x.shape[:-1], self.weight.size(0))
 
     def rows_by_transposed(self, rows: Tensor) -> Tensor:
