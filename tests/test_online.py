@@ -38,8 +38,8 @@ def head1_parameters(model: MTPModel) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters() if id(p) not in own}
 
 
-@pytest.mark.parametrize(  # linear and medusa heads (their own unembeddings) with the slow tests
-    "head_type", [pytest.param(t, marks=[pytest.mark.slow] if t in ("linear", "medusa") else []) for t in TYPES]
+@pytest.mark.parametrize(  # the other head types with the slow tests
+    "head_type", [pytest.param(t, marks=[] if t == "transformer" else [pytest.mark.slow]) for t in TYPES]
 )
 def test_updates_raise_acceptance_and_leave_the_output_what_head_1_decodes(head_type):
     """A prompt served again and again: after each, the heads learn head 1's distribution where their drafts were

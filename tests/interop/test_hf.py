@@ -88,7 +88,7 @@ def random_checkpoint(path: Path, **settings) -> Path:
     return path
 
 
-@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+@pytest.mark.parametrize("head_type", ["transformer", pytest.param("causal", marks=pytest.mark.slow)])  # causal: slow
 def test_round_trip_gives_every_tensor_back_and_names_any_lost_one(tmp_path, head_type):
     checkpoint = random_checkpoint(tmp_path / "model.ckpt", head_type=head_type)
     out = tmp_path / "hf"
