@@ -661,3 +661,31 @@ def test_bench_decode_rows_of_draft_sequences_hybrids_and_staged_drafts(tiny_che
     assert methods == sorted(expected + [("staged", 1)])
     assert all(r["identical_outputs"] == r["prompts"] == 2 for r in rows)
     assert (out / "decode.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_decode_puts_captured_steps_beside_eager_ones(tiny_checkpoints, tmp_path, monkeypatch):
+    """--step-modes eager,captured: every setting again with its steps captured (CUDA graphs; on CPU here, by the
+    stand-in that replays by rerunning), the same tokens, the capture's cost and each row against its eager twin."""
+    from mtp.decode import graphs
+
+    monkeypatch.setitem(graphs.CAPTURES, "cpu", graphs.Rerun)
+    bench, out = load_script("bench_decode"), tmp_path / "bench"
+    argv = [str(tiny_checkpoints["mtp4"]), "--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8"]
+    argv += ["--batch-sizes", "1", "--heads", "3", "--repeats", "1", "--modes", "greedy"]
+    bench.main([*argv, "--step-modes", "eager,captured", "--out", str(out)])
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert sorted((r["heads"], r["cuda_graphs"]) for r in rows) == [(1, False), (1, True), (3, False), (3, True)]
+    assert all(r["identical_outputs"] == r["prompts"] == 2 for r in rows)
+    assert all(r["captures"] > 0 and r["capture_s"] > 0 for r in rows if r["cuda_graphs"])
+    table = (out / "results.md").read_text()
+    assert "chain (CUDA graphs)" in table and "Captured steps (CUDA graphs): " in table
+    assert "tokens/s against the same setting's eager steps: greedy batch 1 chain k=1 " in table
+
+
+def test_bench_decode_refuses_captured_steps_without_cuda(tiny_checkpoints, capsys):
+    bench = load_script("bench_decode")
+    with pytest.raises(UserError, match="--step-modes captured replays CUDA graphs, and the benchmark runs on cpu"):
+        bench.checked_args([str(tiny_checkpoints["mtp4"]), "--step-modes", "eager,captured", "--device", "cpu"])
+    with pytest.raises(SystemExit):
+        bench.checked_args([str(tiny_checkpoints["mtp4"]), "--step-modes", "eager,replayed"])
+    assert "--step-modes eager,replayed: each must be eager or captured" in capsys.readouterr().err

@@ -1,5 +1,8 @@
 """The GPU check kit's tests (marked gpu, skipped without CUDA; scripts/gpu_check.py runs them on a GPU machine)."""
 
+import copy
+import gc
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -9,10 +12,12 @@ import torch
 from mtp.checkpoint.load import load_checkpoint
 from mtp.config import LossConfig, ModelConfig
 from mtp.decode import GenerationConfig, generate
+from mtp.decode.tree import full_tree
 from mtp.model import MTPModel
 from mtp.training.loss import mtp_loss
 from mtp.training.parallel import parallelize
 from mtp.training.train import train
+from tests.decode.helpers import tiny_model
 
 pytestmark = pytest.mark.gpu
 
@@ -85,3 +90,54 @@ def test_bf16_greedy_self_speculative_equals_autoregressive(trained_model):
         out, stats = generate(model, prompts, GenerationConfig(max_new_tokens=40, heads=heads))
         assert out == reference, f"heads={heads}"
         assert min(stats.acceptance) > 0.5
+
+
+def cuda_copy(model: MTPModel, dtype: torch.dtype = torch.float32) -> MTPModel:
+    copied = copy.deepcopy(model).cuda().to(dtype)
+    copied.rope_cos, copied.rope_sin = copied.rope_cos.float(), copied.rope_sin.float()
+    return copied
+
+
+CAPTURED_PROMPTS = [[1, 2], [7, 8, 9, 10, 11], [20], [3, 4, 5]]
+
+
+def test_captured_steps_decode_what_eager_steps_do(trained_models):
+    """CUDA graphs: greedy and sampled (same seed) autoregressive decoding, chains, a tree and causal heads, batches
+    whose rows accept different drafts and end at different steps (rows leave: a new shape, captured again), spans
+    across a bucket (128 positions): the same tokens and acceptance as eager steps, and a second call replays the first
+    one's graphs. The sampling rules are lossless eagerly (tests/decode/test_lossless.py); the captured steps draw the
+    same tokens from the same uniforms."""
+    for head_type in ("transformer", "causal"):
+        for model in (cuda_copy(trained_models(head_type)), cuda_copy(tiny_model(seed=2, vocab_size=24))):
+            for heads, tree in ((1, None), (4, None), (3, full_tree(2, 2) if head_type == "transformer" else None)):
+                for extra in ({}, {"temperature": 1.0, "seed": 3, "eos_id": 0}):
+                    config = GenerationConfig(max_new_tokens=130, heads=heads, tree=tree, **extra)
+                    eager, eager_stats = generate(model, CAPTURED_PROMPTS, config)
+                    captured, stats = generate(model, CAPTURED_PROMPTS, replace(config, cuda_graphs=True))
+                    assert captured == eager, (head_type, config)
+                    assert stats.accepted == eager_stats.accepted and stats.captures > 0
+    again, replayed = generate(model, CAPTURED_PROMPTS, replace(config, cuda_graphs=True))
+    assert again == eager and replayed.captures < stats.captures  # rows that end at other steps: some new shapes
+
+
+def test_captured_bf16_steps_decode_what_eager_bf16_steps_do(trained_model):
+    model, prompts = cuda_copy(trained_model, torch.bfloat16), CAPTURED_PROMPTS[:1]
+    for heads in (1, 4):
+        config = GenerationConfig(max_new_tokens=130, heads=heads)
+        captured, stats = generate(model, prompts, replace(config, cuda_graphs=True))
+        assert captured == generate(model, prompts, config)[0] and stats.captures > 0
+        assert generate(model, prompts, replace(config, cuda_graphs=True))[1].captures == 0  # one row: same shapes
+
+
+def test_captured_graphs_and_their_storage_are_released_with_the_model(trained_model):
+    torch.cuda.synchronize()
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    model = cuda_copy(trained_model)
+    for batch in (1, 2, 4):
+        generate(model, CAPTURED_PROMPTS[:batch], GenerationConfig(max_new_tokens=60, heads=4, cuda_graphs=True))
+    assert torch.cuda.memory_allocated() > before
+    del model
+    gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() <= before + 4096, "graphs or cache storage outlive their model"

@@ -115,7 +115,44 @@ SPANS_ROUNDED = (
 )
 METHODS = "tests/test_methods.py"
 PROMPT_STEP = "tests/decode/test_memory.py::test_a_prompts_step_is_sized_by_the_logits_it_reads_its_last_position"
+GRAPHS = "tests/decode/test_graphs.py"
 MUTATIONS = [
+    # -- captured steps
+    Mutation(
+        "a replay reads the cache's slots, positions and mask of the step it was captured on",
+        "_Graph.__call__",
+        "getattr(self.view, name).copy_(getattr(cache, name))",
+        "pass",
+        (GRAPHS,),
+    ),
+    Mutation(
+        "a replay reads the tokens it was captured on",
+        "_Graph.__call__",
+        "owned.copy_(tensor)",
+        "pass",
+        (GRAPHS,),
+    ),
+    Mutation(
+        "graphs keyed without the attention span (a longer span replays a shorter one's graph)",
+        "StepGraphs.run",
+        "key = (name, cache.keys.data_ptr(), cache.span, shapes, cached)",
+        "key = (name, cache.keys.data_ptr(), shapes[:1])",
+        (GRAPHS,),
+    ),
+    Mutation(
+        "each cache gets new storage, so that no graph is replayed across calls",
+        "StepGraphs.cache_storage",
+        "if key not in self.storage:",
+        "if True:",
+        (GRAPHS,),
+    ),
+    Mutation(
+        "graphs of batches that lost rows are never let go",
+        "StepGraphs.forget",
+        "self.graphs = {key: graph for key, graph in self.graphs.items() if key[1] in kept}",
+        "pass",
+        (GRAPHS,),
+    ),
     # -- lossless sampling
     Mutation(
         "accept with probability min(1, q) instead of min(1, q/p)",

@@ -108,6 +108,7 @@ def method_label(r: dict[str, Any]) -> str:
     params += [f"{r['draft_dtype']} drafts"] if r.get("draft_dtype", "auto") != "auto" else []
     params += [f"{r['draft_choice']} drafts"] if r.get("draft_choice", "auto") != "auto" else []
     params += [f"drafts over the first {r['draft_vocab']} ids"] if r.get("draft_vocab") else []
+    params += ["CUDA graphs"] if r.get("cuda_graphs") else []
     return method + (f" ({', '.join(params)})" if params else "")
 
 
@@ -151,6 +152,46 @@ def decode_table(rows: list[dict[str, Any]]) -> str:
             f"{r['speedup']:.2f}x | {predicted} |" + extra
         )
     return "\n".join(lines)
+
+
+def captured_summary(rows: list[dict[str, Any]]) -> str:
+    """A paragraph on the rows whose steps were captured as CUDA graphs: what capturing cost, and each one's tokens/s
+    against its eager twin (the same setting, steps launched kernel by kernel)."""
+    captured = [r for r in rows if r.get("cuda_graphs")]
+    shapes, seconds = sum(r["captures"] for r in captured), sum(r["capture_s"] for r in captured)
+
+    def setting(r: dict[str, Any]) -> tuple:
+        return tuple((key, str(value)) for key, value in sorted(r.items()) if key in TWIN_KEYS)
+
+    eager = {setting(r): r for r in rows if not r.get("cuda_graphs")}
+    against = []
+    for r in captured:
+        twin = eager.get(setting(r))
+        if twin is not None:
+            k = f" k={r['heads']}" if r["method"] == "chain" else ""
+            speed = r["tokens_per_s"] / twin["tokens_per_s"]
+            against.append(f"{r['mode']} batch {r['batch_size']} {method_label(twin)}{k} {speed:.2f}x")
+    return (
+        f"Captured steps (CUDA graphs): {shapes} step shapes captured in {seconds:.2f} s over the warm-up and every "
+        "round, counted in the round that captured (the best round is reported)"
+        + (f"; tokens/s against the same setting's eager steps: {'; '.join(against)}." if against else ".")
+    )
+
+
+TWIN_KEYS = (
+    "mode",
+    "batch_size",
+    "method",
+    "heads",
+    "tree_nodes",
+    "gamma",
+    "sequences",
+    "drafter",
+    "draft_dtype",
+    "draft_choice",
+    "draft_vocab",
+)
+"""What makes a captured row the twin of an eager one."""
 
 
 def exactness_summary(entries: list[tuple[str, dict[str, Any]]]) -> str:
@@ -210,6 +251,7 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
                 and r.get("draft_dtype", "auto") == "auto"
                 and r.get("draft_choice", "auto") == "auto"
                 and not r.get("draft_vocab")
+                and not r.get("cuda_graphs")
             ),
             key=x_of,
         )
@@ -247,6 +289,7 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         choice = r.get("draft_choice", "auto")
         method = choice if method != "int8" and choice != "auto" else method
         method = "draft vocab" if r.get("draft_vocab") and method == "chain" else method
+        method = "captured" if r.get("cuda_graphs") and method == "chain" else method
         if method in ("chain", "draft"):
             shown.add(method)
             continue

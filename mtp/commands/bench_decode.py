@@ -69,7 +69,15 @@ from mtp.benchmarks.humaneval import (
     check_sandbox,
     sandbox_description,
 )
-from mtp.benchmarks.report import decode_table, exactness_summary, method_label, pass_cell, plot_decode, same_cell
+from mtp.benchmarks.report import (
+    captured_summary,
+    decode_table,
+    exactness_summary,
+    method_label,
+    pass_cell,
+    plot_decode,
+    same_cell,
+)
 from mtp.benchmarks.results_page import provenance
 from mtp.checkpoint.load import load_checkpoint, model_chat
 from mtp.commands.cli import (
@@ -85,6 +93,7 @@ from mtp.commands.cli import (
 )
 from mtp.commands.methods import REGISTRY, Target
 from mtp.decode import DecodeStats, GenerationConfig, generate
+from mtp.decode.graphs import captures_on
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
 from mtp.decode.tree import read_tree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
@@ -129,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="the drafts' dtypes, each setting with drafts from a model run in every one: auto (the model's) and/or "
         "int8 (CPU)",
+    )
+    parser.add_argument(
+        "--step-modes",
+        default="eager",
+        help="how steps run, each setting in every one: eager (one launch per kernel) and/or captured (each step shape "
+        "captured as a CUDA graph and replayed; CUDA; the capture timed apart)",
     )
     parser.add_argument(
         "--draft-vocabs",
@@ -191,6 +206,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.draft_dtypes = args.draft_dtypes.split(",")
     if not set(args.draft_dtypes) <= set(DRAFT_DTYPES) or "auto" not in args.draft_dtypes:
         parser.error(f"--draft-dtypes {','.join(args.draft_dtypes)}: auto (the baseline rows) and any of int8")
+    args.step_modes = args.step_modes.split(",")
+    if not args.step_modes or not set(args.step_modes) <= set(STEP_MODES):
+        parser.error(f"--step-modes {','.join(args.step_modes)}: each must be eager or captured")
     given = args.draft_vocabs
     args.draft_vocabs = [int(v) for v in given.split(",")] if re.fullmatch(r"\d+(,\d+)*", given) else []
     if 0 not in args.draft_vocabs:
@@ -243,6 +261,11 @@ def checked_args(argv: list[str] | None = None, template_from: str | None = None
             f"--draft-dtypes int8 drafts with PyTorch's int8 CPU kernels, and the benchmark runs on {device.type}; "
             "use --device cpu, or drop int8."
         )
+    if "captured" in args.step_modes and not captures_on(device):
+        raise UserError(
+            f"--step-modes captured replays CUDA graphs, and the benchmark runs on {device.type}; use --device cuda "
+            "on a machine with a GPU, or --step-modes eager."
+        )
     require_plotting()
     return args
 
@@ -283,6 +306,7 @@ def run(args: argparse.Namespace) -> None:
             no_drafter = None
             chains = [("chain", replace(mode_chain, heads=k), no_drafter) for k in heads]
             entries = in_draft_vocabs(in_draft_dtypes(chains + variants, args.draft_dtypes), args.draft_vocabs)
+            entries = in_step_modes(entries, args.step_modes)
             if mode == "sampling":
                 entries = in_draft_choices(entries, args.draft_choices)
             settings += [(mode, batch_size, *s) for s in entries]
@@ -292,11 +316,14 @@ def run(args: argparse.Namespace) -> None:
     static = args.hf_static if args.hf_static is not None else device.type == "cuda"
     peer = HFPeer(model, prompts, args.max_new_tokens, static) if args.hf else None
     best: dict[int, DecodeStats] = {}
+    capture: dict[int, tuple[int, float]] = {}  # per setting: shapes captured and the seconds it took, every round
     checked = [i for i, setting in enumerate(settings) if setting[:2] == ("greedy", 1)]  # compared with autoregressive
     outputs: dict[int, list[list[int]]] = {}
     for round_ in range(args.repeats):  # rounds interleave the settings, so that a slow spell hits all of them
         for i, (mode, batch_size, method, config, drafter) in enumerate(settings):
             decoded, stats = decode_prompts(model, prompts, config, batch_size, drafter)
+            captures, seconds = capture.get(i, (0, 0.0))
+            capture[i] = (captures + stats.captures, seconds + stats.capture_s)
             if i not in best or stats.wall_time_s < best[i].wall_time_s:
                 best[i] = stats
                 if i in checked:
@@ -306,12 +333,13 @@ def run(args: argparse.Namespace) -> None:
             )
         if peer is not None:  # the HF peer in the same rounds
             peer.run_round()
-    rows = [result_row(*setting[:4], best[i]) for i, setting in enumerate(settings)]
+    rows = [result_row(*setting[:4], best[i], *capture[i]) for i, setting in enumerate(settings)]
     for i, row in enumerate(rows):  # speed-up and forward cost against k = 1 of the same mode and batch size
         baseline = next(
             r
             for r in rows
-            if (r["mode"], r["batch_size"], r["heads"], r["method"]) == (row["mode"], row["batch_size"], 1, "chain")
+            if (r["mode"], r["batch_size"], r["heads"], r["method"], r["cuda_graphs"])
+            == (row["mode"], row["batch_size"], 1, "chain", row["cuda_graphs"])
         )
         row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
         row["forward_cost"] = row["ms_per_forward"] / baseline["ms_per_forward"]
@@ -368,6 +396,8 @@ def run(args: argparse.Namespace) -> None:
         }
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     table = decode_table(rows) + (f"\n\n{peer_table(peer)}" if peer else "")
+    if any(r["cuda_graphs"] for r in rows):
+        table += f"\n\n{captured_summary(rows)}"
     if reference is not None:
         table += f"\n\n{exactness_summary(exactness_entries(rows, peer))}"
     (args.out / "results.md").write_text(f"{title}\n\n{table}\n")
@@ -384,6 +414,19 @@ def in_draft_dtypes(entries: list[tuple], draft_dtypes: list[str]) -> list[tuple
         if config.heads > 1 or (config.gamma and method != "lookup"):
             out += [(method, replace(config, draft_dtype=d), drafter) for d in draft_dtypes if d != config.draft_dtype]
     return out
+
+
+STEP_MODES = ("eager", "captured")
+
+
+def in_step_modes(entries: list[tuple], step_modes: list[str]) -> list[tuple]:
+    """(method, configuration, drafter) entries in each of ``step_modes``: eager, then captured (CUDA graphs)."""
+    modes = [mode == "captured" for mode in STEP_MODES if mode in step_modes]
+    return [
+        (method, replace(config, cuda_graphs=captured), drafter)
+        for captured in modes
+        for method, config, drafter in entries
+    ]
 
 
 def in_draft_vocabs(entries: list[tuple], draft_vocabs: list[int]) -> list[tuple]:
@@ -479,7 +522,11 @@ def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tup
     return variants
 
 
-def result_row(mode: str, batch_size: int, method: str, config: GenerationConfig, stats: DecodeStats) -> dict:
+def result_row(
+    mode: str, batch_size: int, method: str, config: GenerationConfig, stats: DecodeStats, captures=0, capture_s=0.0
+) -> dict:
+    """A setting's row, from its best round's statistics; ``captures`` and ``capture_s``: the step shapes captured
+    as CUDA graphs over every round (and its warm-up), and the seconds that took (outside the best round, mostly)."""
     return {
         "mode": mode,
         "batch_size": batch_size,
@@ -503,6 +550,9 @@ def result_row(mode: str, batch_size: int, method: str, config: GenerationConfig
         "draft_ms_per_step": 1000 * stats.draft_s / stats.forwards,
         "draft_ms_per_forward": 1000 * stats.draft_s / stats.draft_forwards if stats.draft_forwards else 0.0,
         "acceptance_rate": sum(stats.accepted) / sum(stats.drafted) if sum(stats.drafted) else 0.0,
+        "cuda_graphs": config.cuda_graphs,
+        "captures": captures,
+        "capture_s": capture_s,
     }
 
 

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mtp.decode.cache import ChainCache, KVCache
+from mtp.decode.graphs import StepGraphs
 from mtp.decode.int8 import Int8Matrices, Int8Unembedding
 from mtp.decode.memory import available_bytes
 from mtp.decode.settings import DraftDtype
@@ -61,6 +62,10 @@ SPAN_MULTIPLE = {"cuda": 128}
 (the rest masked), so that its shapes repeat from step to step: PyTorch prefers cuDNN's attention on Hopper and
 Blackwell GPUs (with cuDNN above 9.15), which builds an execution plan for every new shape, and a span one position
 longer every step is a new shape every step. On CPU, spans are exact (masked positions would cost compute)."""
+
+CAPTURED_LENGTH_MULTIPLE = 256
+"""With captured steps, a cache's length is rounded up to a multiple of this (within the model's context), so that
+prompts of nearby lengths decode on the same storage and replay the same graphs (:mod:`mtp.decode.graphs`)."""
 
 _built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(heads, compile): (weights, form)}
 
@@ -243,7 +248,9 @@ samples whose proposals the caller keeps. A causal chain calls it once per depth
 class InferenceModel:
     """Cached decoding with an MTPModel's weights (shared, not copied, where no packing is needed)."""
 
-    def __init__(self, model: MTPModel, heads: int, compile: bool = False, draft_vocab: int = 0) -> None:
+    def __init__(
+        self, model: MTPModel, heads: int, compile: bool = False, draft_vocab: int = 0, cuda_graphs: bool = False
+    ) -> None:
         config = model.config
         self.config, self.heads = config, heads
         self.eps = config.norm_eps
@@ -274,6 +281,8 @@ class InferenceModel:
         # state for causal heads, the trunk output of linear and medusa heads, whose every block is trunk)
         self.draft_input_depth = len(model.layers) - (1 if model.heads.reads_trunk else 0)
         self.compiled = compile
+        # captured steps (mtp.decode.graphs): the verification step, and the parallel draft heads' part of it
+        self.graphs = StepGraphs(self.embeddings.device) if cuda_graphs else None
         self.block_indices: dict[int, Tensor] = {}  # blocks -> (blocks, 1, 1) index of a block_step's cache slots
         self.block_step = compiled_block_step() if compile else block_step
         self.draft_dtype: DraftDtype = "auto"
@@ -289,18 +298,25 @@ class InferenceModel:
 
     @classmethod
     def of(
-        cls, model: MTPModel, heads: int, compile: bool = False, draft_dtype: DraftDtype = "auto", draft_vocab: int = 0
+        cls,
+        model: MTPModel,
+        heads: int,
+        compile: bool = False,
+        draft_dtype: DraftDtype = "auto",
+        draft_vocab: int = 0,
+        cuda_graphs: bool = False,
     ) -> InferenceModel:
         """The inference form of ``model`` for ``heads`` heads, its draft heads in ``draft_dtype`` scoring the first
         ``draft_vocab`` token ids (0: a trained draft vocabulary, or every token): built once, reused
         while the weights (and buffers, such as a reduced draft vocabulary) stay the same (in place, same version), so
         repeated ``generate`` calls pay neither the packing nor a recompile. An int8 form is derived from the
-        full-precision one (:meth:`with_int8_drafts`), whose verification path it shares."""
+        full-precision one (:meth:`with_int8_drafts`), whose verification path it shares. With ``cuda_graphs`` its
+        steps are captured (:mod:`mtp.decode.graphs`), and the graphs kept with the form."""
         weights = tuple((t.data_ptr(), t._version, t.dtype) for t in (*model.parameters(), *model.buffers()))
         built = _built.setdefault(model, {})
-        key = (heads, compile, draft_vocab if heads > 1 else 0)
+        key = (heads, compile, draft_vocab if heads > 1 else 0, cuda_graphs)
         if key not in built or built[key][0] != weights:
-            built[key] = (weights, cls(model, heads, compile, draft_vocab))
+            built[key] = (weights, cls(model, heads, compile, draft_vocab, cuda_graphs))
         form = built[key][1]
         return form if draft_dtype == "auto" else form.with_int8_drafts()
 
@@ -308,7 +324,7 @@ class InferenceModel:
         """A copy of this form changed by ``build`` (in place on the copy), made once per form and ``name``."""
         if name not in self._variants:
             form = copy.copy(self)
-            form._variants, form.block_indices = {}, {}
+            form._variants, form.block_indices, form.graphs = {}, {}, None
             build(form)
             self._variants[name] = form
         return self._variants[name]
@@ -355,19 +371,36 @@ class InferenceModel:
         return slice(0, len(self.path))
 
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """An empty cache for these blocks; compiled, attention spans every preallocated position (fixed shapes)."""
+        """An empty cache for these blocks; compiled, attention spans every preallocated position (fixed shapes).
+        With captured steps, its length is rounded up to a multiple of :data:`CAPTURED_LENGTH_MULTIPLE` and its
+        storage is the one the form's graphs replay on (an earlier cache's of the same shape)."""
         extra_slots = self.drafter.cache_slots if self.drafter is not None else 0
-        cache = self._kv_cache(len(self.path) + extra_slots, batch_size, max_len)
+        storage = None
+        if self.graphs is not None:
+            multiple = CAPTURED_LENGTH_MULTIPLE
+            max_len = max(max_len, min(-(-max_len // multiple) * multiple, self.config.max_seq_len))
+            config = self.config
+            shape = (
+                len(self.path) + extra_slots,
+                batch_size,
+                config.n_kv_heads,
+                max_len,
+                config.d_model // config.n_heads,
+            )
+            storage = self.graphs.cache_storage(shape, self.embeddings.device, self.embeddings.dtype)
+        cache = self._kv_cache(len(self.path) + extra_slots, batch_size, max_len, storage)
         if isinstance(self.drafter, CausalChain):
             cache.chain = self.drafter.new_chain(batch_size, max_len)
         return cache
 
-    def _kv_cache(self, slots: int, batch_size: int, max_len: int) -> KVCache:
+    def _kv_cache(
+        self, slots: int, batch_size: int, max_len: int, storage: tuple[Tensor, Tensor] | None = None
+    ) -> KVCache:
         config = self.config
         return KVCache(
             slots, batch_size, config.n_kv_heads, config.d_model // config.n_heads, max_len,
             self.embeddings.device, self.embeddings.dtype, full_span=self.compiled,
-            span_multiple=SPAN_MULTIPLE.get(self.embeddings.device.type, 1),
+            span_multiple=SPAN_MULTIPLE.get(self.embeddings.device.type, 1), storage=storage,
         )  # fmt: skip
 
     # -- one step
@@ -377,11 +410,21 @@ class InferenceModel:
 
         The caller starts the step in ``cache`` (``cache.begin(S)``) before, and commits it after :meth:`draft`;
         this writes the keys and values of every block of the path. A prompt's step reads one position per row.
+        With captured steps, every step but the prompts' replays a graph (whose outputs the next replay overwrites).
         """
+        if self.graphs is not None and cache.max_length:  # the prompts' step (nothing held yet) runs eagerly
+            head1, draft_input = self.graphs.run("verify", self._verify, cache, tokens, read)
+            return head1, draft_input
+        return self._verify(cache, tokens, read)
+
+    def _verify(self, cache: KVCache, tokens: Tensor, read: Tensor | None) -> tuple[Tensor, Tensor]:
         x, draft_input = self.run_path(tokens, cache)
         if read is not None:
             x = x[torch.arange(x.size(0), device=x.device)[:, None], read]  # (B, R, d)
         return self.head1_logits(x), draft_input
+
+    def _path(self, cache: KVCache, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        return self.run_path(tokens, cache)
 
     def run_path(self, tokens: Tensor, cache: KVCache) -> tuple[Tensor, Tensor]:
         """The path's output (B, S, d) before the final norm, and what the draft heads read (B, S, d)."""
@@ -404,7 +447,10 @@ class InferenceModel:
         unembedding costs about what a call does: :data:`LARGE_UNEMBEDDING`), the rows of the leaves that are not
         accepted cost more than a second call after the accepted node (a leaf's logits are needed only when it
         wins)."""
-        x, hidden = self.run_path(tokens, cache)
+        if self.graphs is not None and cache.max_length:
+            x, hidden = self.graphs.run("tree path", self._path, cache, tokens)
+        else:
+            x, hidden = self.run_path(tokens, cache)
         B, S, _ = x.shape
         rows = torch.arange(B, device=x.device)
         parents, slot = tree.parents_within(S, x.device)
@@ -507,7 +553,7 @@ class SkippingForm(InferenceModel):
         # not InferenceModel.__init__, which packs: every attribute of the target's form, the weights included, then
         # what differs
         self.__dict__.update(form.__dict__)
-        self.heads, self.drafter, self.block_indices, self._variants = 1, None, {}, {}
+        self.heads, self.drafter, self.block_indices, self._variants, self.graphs = 1, None, {}, {}, None
         self.path = []  # the blocks that run, whole or in part
         self.sublayers: list[tuple[slice | None, bool]] = []  # of each: its cache slot (None: no attention), its MLP
         self.attending = 0  # blocks that run attention: the cache's slots
@@ -559,11 +605,19 @@ class ParallelBlocks:
         return quantized
 
     def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
+        if self.form.graphs is not None and cache.max_length:  # not the prompts' step: a width per prompt length
+            logits = self.form.graphs.run("draft", self.logits, cache, hidden, last)[0]
+        else:
+            logits = self.logits(cache, hidden, last)[0]
+        return choose(logits, 0).T
+
+    def logits(self, cache: KVCache, hidden: Tensor, last: Tensor) -> tuple[Tensor]:
+        """Heads 2..k's logits (h, B, V) at each row's position ``last`` (B,) of the step."""
         form = self.form
         x = hidden.expand(form.heads - 1, -1, -1, -1)  # (h, B, S, d)
         rotation = form.rotations[cache.rotary]
         out = form._blocks(self.blocks, x, rotation, cache, self.slots, last)  # (h, B, d)
-        return choose(form.draft_logits(out), 0).T
+        return (form.draft_logits(out),)
 
 
 class Unembeddings:

@@ -105,7 +105,9 @@ class _Run:
         heads_tree = tree is not None and not config.gamma  # the heads draft the tree (else a drafter, or a hybrid)
         heads = tree.depth + 1 if heads_tree else config.heads
         heads_dtype = config.draft_dtype if drafter is None or config.hybrid else "auto"  # the heads' drafts' precision
-        self.inference = InferenceModel.of(model, heads, config.compile, heads_dtype, config.draft_vocab)
+        self.inference = InferenceModel.of(
+            model, heads, config.compile, heads_dtype, config.draft_vocab, config.cuda_graphs
+        )
         self.proposer = proposer = _proposer(drafter, self.inference, config)
         self.stats = DecodeStats(
             rows=len(prompts), drafted=[0] * config.drafts, accepted=[0] * config.drafts, tree_nodes=nodes,
@@ -123,6 +125,8 @@ class _Run:
             prompts, max_len, config
         )  # a drafter's cache allocated outside the timed part, as the target's is
         self.draft_timer = SpanTimer(device)
+        graphs = self.inference.graphs
+        self.captured = (graphs.captures, graphs.capture_s) if graphs is not None else None
         self.start = time.perf_counter()
 
     def prompts_step(self, prompts: list[list[int]]) -> Step:
@@ -205,6 +209,9 @@ class _Run:
         stats.tokens = sum(map(len, self.rows.outputs))
         stats.draft_forwards = self.proposer.forwards
         stats.draft_s = self.draft_timer.seconds()
+        if self.captured is not None:
+            graphs = self.inference.graphs
+            stats.captures, stats.capture_s = graphs.captures - self.captured[0], graphs.capture_s - self.captured[1]
         return self.rows.outputs, stats
 
 

@@ -13,6 +13,7 @@ from typing import Literal, get_args
 import torch
 
 from mtp.config import ModelConfig
+from mtp.decode.graphs import captures_on
 from mtp.decode.tree import DraftTree
 from mtp.errors import UserError
 
@@ -85,6 +86,9 @@ class GenerationConfig:
     """Row b samples from a generator seeded seed + b."""
     compile: bool = False
     """torch.compile the step (the first call compiles; outputs equal eager ones)."""
+    cuda_graphs: bool = False
+    """Capture each step shape as a CUDA graph and replay it: one launch a step instead of one per kernel (CUDA; the
+    first step of each shape captures, timed apart; outputs equal eager ones)."""
     tree: DraftTree | None = field(default=None, metadata={"flag": False})
     """Verify this tree of candidates per step instead of one chain of drafts (at most heads - 1 deep). The commands
     read it from a file, or fit it, with their own --tree."""
@@ -278,7 +282,14 @@ class GenerationConfig:
         return self.gamma > 0 and self.heads > 1
 
     def check_device(self, device: torch.device) -> None:
-        """Whether these settings run on ``device``: int8 drafts only on CPU (:mod:`mtp.decode.int8`)."""
+        """Whether these settings run on ``device``: int8 drafts only on CPU (:mod:`mtp.decode.int8`), captured steps
+        only on CUDA (:mod:`mtp.decode.graphs`)."""
+        if self.cuda_graphs and not captures_on(device):
+            raise SettingError(
+                f"{{cuda_graphs:name}} captures steps as CUDA graphs, and the model is on {device.type}; decode on a "
+                "CUDA device, or leave {cuda_graphs:name} off.",
+                cuda_graphs=self.cuda_graphs,
+            )
         if self.draft_dtype == "int8" and device.type != "cpu":
             raise SettingError(
                 f"{{draft_dtype}} drafts with PyTorch's int8 CPU kernels, and the model is on {device.type}; "

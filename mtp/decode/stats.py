@@ -43,6 +43,10 @@ class DecodeStats:
     draft heads' blocks, their unembedding and the drafts' choice)."""
     draft_forwards: int = 0
     """Forwards a drafter's model ran."""
+    captures: int = 0
+    """Step shapes captured as CUDA graphs in this run (``cuda_graphs``; 0 where the run replayed earlier captures)."""
+    capture_s: float = 0.0
+    """Wall time spent capturing them, included in ``wall_time_s`` (a capture runs its step once too)."""
 
     def record(self, verified: int, accepted: int, node: int | None) -> None:
         """One row's step: it verified ``verified`` drafts (tree: depths), accepted ``accepted``, ended at tree
@@ -88,6 +92,7 @@ class DecodeStats:
             f"tree_nodes={self.tree_nodes} acceptance={rule} method={self.method}"
             + "".join(f" {key}={value}" for key, value in self.method_params.items())
             + (f" draft_share={self.draft_share:.3f}" if self.drafted else "")
+            + (f" captures={self.captures} capture_ms={1000 * self.capture_s:.1f}" if self.captures else "")
         )
 
     def __add__(self, other: DecodeStats) -> DecodeStats:
@@ -100,7 +105,7 @@ class DecodeStats:
         summed = {
             name: getattr(self, name) + getattr(other, name)
             for name in ("rows", "forwards", "row_forwards", "tokens", "wall_time_s", "prefill_s", "prefills",
-                         "accepted_nodes", "draft_s", "draft_forwards")
+                         "accepted_nodes", "draft_s", "draft_forwards", "captures", "capture_s")
         }  # fmt: skip
         return replace(
             self,

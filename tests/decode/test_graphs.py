@@ -1,0 +1,87 @@
+"""Captured steps (mtp.decode.graphs) on CPU: the graphs' plumbing under a stand-in that replays by rerunning the step
+on the buffers a graph owns (the same contract as a CUDA graph: inputs read from those buffers only, outputs
+overwritten at each replay). tests/test_gpu.py runs the same promises with real CUDA graphs."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from mtp.decode import GenerationConfig, generate, inference
+from mtp.decode import graphs as graphs_module
+from mtp.decode.inference import InferenceModel
+from mtp.decode.settings import SettingError
+from mtp.decode.tree import DraftTree, full_tree
+from tests.decode.helpers import tiny_model
+
+PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [20], [3, 4]]
+
+
+@pytest.fixture
+def rerun_on_cpu(monkeypatch):
+    """Steps captured on CPU by the stand-in, and attention spans in buckets of 8 there, as on CUDA (of 128)."""
+    monkeypatch.setitem(graphs_module.CAPTURES, "cpu", graphs_module.Rerun)
+    monkeypatch.setitem(inference.SPAN_MULTIPLE, "cpu", 8)
+
+
+def decode(model, config, prompts=PROMPTS):
+    eager, eager_stats = generate(model, prompts, config)
+    captured, stats = generate(model, prompts, replace(config, cuda_graphs=True))
+    return eager, captured, eager_stats, stats
+
+
+def configs(heads: int, tree: DraftTree | None = None) -> list[GenerationConfig]:
+    # max_new_tokens 40 crosses span buckets of 8 (set below); rows end at different steps (eos 0 in sampling)
+    return [
+        GenerationConfig(max_new_tokens=40, heads=heads, tree=tree),
+        GenerationConfig(max_new_tokens=40, heads=heads, tree=tree, temperature=1.0, seed=3, eos_id=0),
+    ]
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "causal"])
+def test_captured_steps_decode_what_eager_steps_do(trained_models, head_type, rerun_on_cpu):
+    """Greedy and sampled (same seed), autoregressive, chains and a tree, a batch whose rows accept different drafts
+    and end at different steps: the same tokens and acceptance as eager steps, with steps captured and replayed."""
+    for model in (trained_models(head_type), tiny_model(seed=2, vocab_size=24)):
+        tree = full_tree(2, 2) if head_type == "transformer" else None
+        for config in configs(1) + configs(4) + (configs(3, tree) if tree else []):
+            eager, captured, eager_stats, stats = decode(model, config)
+            assert captured == eager, config
+            assert stats.accepted == eager_stats.accepted and stats.forwards == eager_stats.forwards
+            assert stats.captures > 0 and stats.capture_s > 0
+
+
+def test_a_second_call_replays_the_first_calls_graphs(trained_model, rerun_on_cpu):
+    """The cache's storage is the form's, so a call on prompts of nearby lengths captures nothing new; a batch that
+    loses rows is a new shape, captured again, and its graphs are let go once another storage is met."""
+    config = GenerationConfig(max_new_tokens=12, heads=4, cuda_graphs=True)
+    first, stats = generate(trained_model, PROMPTS[:1], config)
+    again, replayed = generate(trained_model, [PROMPTS[0][:2]], config)
+    assert stats.captures > 0 and replayed.captures == 0
+    assert again == generate(trained_model, [PROMPTS[0][:2]], GenerationConfig(max_new_tokens=12, heads=4))[0]
+    graphs = InferenceModel.of(trained_model, 4, cuda_graphs=True).graphs
+    ragged = GenerationConfig(max_new_tokens=30, heads=4, temperature=1.0, eos_id=0, seed=5, cuda_graphs=True)
+    generate(trained_model, PROMPTS, ragged)
+    kept = {keys.data_ptr() for keys, _ in graphs.storage.values()}
+    assert len({key[1] for key in graphs.graphs} - kept) <= 1  # at most the last batch that lost rows
+
+
+def test_captured_steps_need_a_device_that_captures(trained_model):
+    with pytest.raises(SettingError, match="cuda_graphs captures steps as CUDA graphs, and the model is on cpu"):
+        generate(trained_model, PROMPTS, GenerationConfig(heads=2, cuda_graphs=True))
+
+
+def test_a_replay_reads_the_step_from_the_graphs_buffers(rerun_on_cpu):
+    """A graph's outputs are overwritten at the next replay, and what it reads is only what was copied in."""
+    graphs = graphs_module.StepGraphs(torch.device("cpu"))
+    model = tiny_model(n_future=1)
+    form = InferenceModel.of(model, 1)
+    cache = form.new_cache(1, 16)
+    cache.begin(1)
+    step = graphs.run("verify", form._verify, cache, torch.tensor([[3]]), None)
+    first = step[0].clone()
+    cache.commit(1)
+    cache.begin(1)
+    again = graphs.run("verify", form._verify, cache, torch.tensor([[4]]), None)
+    assert again[0] is step[0] and not torch.equal(first, again[0])
+    assert graphs.captures == 1
