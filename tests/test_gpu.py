@@ -115,9 +115,9 @@ def test_captured_steps_decode_what_eager_steps_do(trained_models):
                     eager, eager_stats = generate(model, CAPTURED_PROMPTS, config)
                     captured, stats = generate(model, CAPTURED_PROMPTS, replace(config, cuda_graphs=True))
                     assert captured == eager, (head_type, config)
-                    assert stats.accepted == eager_stats.accepted and stats.captures > 0
+                    assert stats.accepted == eager_stats.accepted and (stats.captures > 0 or extra)  # greedy's first
     again, replayed = generate(model, CAPTURED_PROMPTS, replace(config, cuda_graphs=True))
-    assert again == eager and replayed.captures < stats.captures  # rows that end at other steps: some new shapes
+    assert again == eager and replayed.captures == 0  # every batch size it shrank through replays
 
 
 def test_captured_bf16_steps_decode_what_eager_bf16_steps_do(trained_model):

@@ -147,7 +147,14 @@ MUTATIONS = [
         (GRAPHS,),
     ),
     Mutation(
-        "graphs of batches that lost rows are never let go",
+        "rows that leave the batch are compacted into new storage, so that no later call replays a smaller batch",
+        "KVCache.keep_rows",
+        "if self.storage is not None:  # into the storage's first rows",
+        "if False:",
+        (GRAPHS,),
+    ),
+    Mutation(
+        "graphs of storages no longer kept are never let go",
         "StepGraphs.forget",
         "self.graphs = {key: graph for key, graph in self.graphs.items() if key[1] in kept}",
         "pass",

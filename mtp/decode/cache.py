@@ -38,6 +38,9 @@ class KVCache:
         # recent GPUs) is planned once per bucket rather than once per step; storage: keys and values of this shape
         # to hold them (an earlier cache's, whose captured steps replay on them: mtp.decode.graphs), else new ones
         self.full_span, self.span_multiple = full_span, span_multiple
+        # a given storage stays this cache's: rows that leave are compacted into its first rows (keep_rows), so that
+        # the keys and values of each batch size sit at the same addresses from one call to the next
+        self.storage = storage
         if storage is None:
             storage = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
         assert all(t.shape == shape and t.dtype == dtype for t in storage), "the storage does not fit this cache"
@@ -114,6 +117,7 @@ class KVCache:
         that continue the same context apart (a drafter's independent sequences). Causal chains are not copied."""
         assert self.chain is None, "causal heads' chains are not branched"
         branched = copy.copy(self)
+        branched.storage = None
         branched.keys = self.keys.repeat_interleave(times, dim=1)
         branched.values = self.values.repeat_interleave(times, dim=1)
         branched.lengths = self.lengths.repeat_interleave(times)
@@ -124,8 +128,14 @@ class KVCache:
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every row not in ``rows`` (finished ones), so that they stop costing compute."""
         index = torch.tensor(rows, dtype=torch.long, device=self.keys.device)
-        self.keys = self.keys.index_select(1, index)
-        self.values = self.values.index_select(1, index)
+        if self.storage is not None:  # into the storage's first rows
+            kept = self.keys.index_select(1, index), self.values.index_select(1, index)
+            self.keys, self.values = (
+                whole[:, : len(rows)].copy_(part) for whole, part in zip(self.storage, kept, strict=True)
+            )
+        else:
+            self.keys = self.keys.index_select(1, index)
+            self.values = self.values.index_select(1, index)
         self.lengths = self.lengths.index_select(0, index)
         self.host_lengths = [self.host_lengths[r] for r in rows]
         if self.chain is not None:

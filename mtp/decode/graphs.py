@@ -7,11 +7,11 @@ with one launch (what gpt-fast and vLLM do over a static KV cache). A graph repl
 - the step's inputs (tokens, the cache's slots, rotary positions and attention mask, the positions read) are copied
   into buffers the graph owns, and its outputs are the same tensors at every replay (read them before the next one);
 - the KV cache is written in place, so a graph belongs to one cache storage: :meth:`mtp.decode.inference.
-  InferenceModel.new_cache` hands out the same storage again for the same batch size and rounded length, so that the
-  graphs of one ``generate`` call serve the next;
-- a graph is captured per shape: the step's width (1 + drafts, or a tree's nodes), the batch (rows leave the batch
-  when they finish: a new shape, captured again) and the attention span, which grows in buckets
-  (:data:`mtp.decode.inference.SPAN_MULTIPLE`).
+  InferenceModel.new_cache` hands out the same storage again for the same batch size and rounded length, and rows
+  that finish are compacted into its first rows (:meth:`KVCache.keep_rows`), so that the graphs of one ``generate``
+  call serve the next, at every batch size it shrank through;
+- a graph is captured per shape: the step's width (1 + drafts, or a tree's nodes), the rows left in the batch and
+  the attention span, which grows in buckets (:data:`mtp.decode.inference.SPAN_MULTIPLE`).
 
 Capture runs the step once on a side stream (its cache writes are the step's own, and a step is idempotent: it writes
 the same keys and values at the same slots), records it, then replays it; the time it takes is counted apart
@@ -149,7 +149,7 @@ class StepGraphs:
         return graph(cache, tensors)
 
     def forget(self, keep: KVCache) -> None:
-        """Drop the graphs of cache storages that are neither ``keep``'s nor kept for reuse (a batch that lost rows
-        is a new storage: its graphs would keep it alive)."""
+        """Drop the graphs of cache storages that are neither ``keep``'s nor kept for reuse (one evicted from
+        :attr:`storage`, or a cache made without it: its graphs would keep it alive)."""
         kept = {keep.keys.data_ptr()} | {keys.data_ptr() for keys, _ in self.storage.values()}
         self.graphs = {key: graph for key, graph in self.graphs.items() if key[1] in kept}
