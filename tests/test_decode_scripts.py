@@ -680,6 +680,7 @@ def test_bench_decode_puts_captured_steps_beside_eager_ones(tiny_checkpoints, tm
     table = (out / "results.md").read_text()
     assert "chain (CUDA graphs)" in table and "Captured steps (CUDA graphs): " in table
     assert "tokens/s against the same setting's eager steps: greedy batch 1 chain k=1 " in table
+    assert all(r["identical_to_eager"] == 2 for r in rows if r["cuda_graphs"]) and "its tokens on 2/2 prompts" in table
 
 
 def test_bench_decode_refuses_captured_steps_without_cuda(tiny_checkpoints, capsys):

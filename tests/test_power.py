@@ -751,8 +751,8 @@ MUTATIONS = [
     Mutation(
         "a form built for one draft vocabulary reused for another",
         "InferenceModel.of",
-        "key = (heads, compile, draft_vocab if heads > 1 else 0)",
-        "key = (heads, compile)",
+        "key = (heads, compile, draft_vocab if heads > 1 else 0, cuda_graphs)",
+        "key = (heads, compile, cuda_graphs)",
         (f"{CACHE}::test_a_draft_vocabulary_chosen_at_decoding_scores_the_first_token_ids",),
     ),
     Mutation(

@@ -170,7 +170,10 @@ def captured_summary(rows: list[dict[str, Any]]) -> str:
         if twin is not None:
             k = f" k={r['heads']}" if r["method"] == "chain" else ""
             speed = r["tokens_per_s"] / twin["tokens_per_s"]
-            against.append(f"{r['mode']} batch {r['batch_size']} {method_label(twin)}{k} {speed:.2f}x")
+            same = ""
+            if "identical_to_eager" in r:  # greedy, batch 1: token for token
+                same = f", its tokens on {r['identical_to_eager']}/{r['prompts']} prompts"
+            against.append(f"{r['mode']} batch {r['batch_size']} {method_label(twin)}{k} {speed:.2f}x{same}")
     return (
         f"Captured steps (CUDA graphs): {shapes} step shapes captured in {seconds:.2f} s over the warm-up and every "
         "round, counted in the round that captured (the best round is reported)"

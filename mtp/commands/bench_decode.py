@@ -357,6 +357,9 @@ def run(args: argparse.Namespace) -> None:
         reference = outputs[next(i for i in checked if (settings[i][2], settings[i][3].heads) == ("chain", 1))]
         for i in checked:
             rows[i].update(output_checks(outputs[i], reference, scorer))
+            if settings[i][3].cuda_graphs:  # captured steps against the same setting's eager ones, token for token
+                twin = settings.index((*settings[i][:3], replace(settings[i][3], cuda_graphs=False), settings[i][4]))
+                rows[i]["identical_to_eager"] = sum(a == b for a, b in zip(outputs[i], outputs[twin], strict=True))
     peer = peer.compare(rows, reference, scorer) if peer is not None else None
     if scorer is not None:
         print(
@@ -590,11 +593,11 @@ class HFPeer:
             {"prompt": i, "token": j, "top2_margin": top2_margin(model, prompts[i], ours[i][:j])}
             for i, j in first_divergence(ours, self.plain.outputs)
         ]
-        greedy1 = {
-            r["heads"]: r
-            for r in rows
-            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, "chain", "auto")
-        }
+        greedy1, captured1 = {}, {}  # by heads: eager steps, and steps captured as CUDA graphs (--step-modes)
+        for r in rows:
+            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, "chain", "auto"):
+                (captured1 if r["cuda_graphs"] else greedy1)[r["heads"]] = r
+        greedy1 = greedy1 or captured1
         k = max(greedy1)
         lookups = [
             r
@@ -627,6 +630,16 @@ class HFPeer:
             "mtp_self_speculative_checks": _checks_of(greedy1[k]),
             **(
                 {
+                    "mtp_autoregressive_captured_tokens_per_s": captured1[1]["tokens_per_s"],
+                    "mtp_self_speculative_captured_tokens_per_s": captured1[k]["tokens_per_s"],
+                    "mtp_autoregressive_captured_checks": _checks_of(captured1[1]),
+                    "mtp_self_speculative_captured_checks": _checks_of(captured1[k]),
+                }
+                if captured1 and greedy1 is not captured1
+                else {}
+            ),
+            **(
+                {
                     "mtp_prompt_lookup_gamma": lookup["gamma"],
                     "mtp_prompt_lookup_tokens_per_s": lookup["tokens_per_s"],
                     "mtp_prompt_lookup_checks": _checks_of(lookup),
@@ -649,7 +662,6 @@ def _checks_of(row: dict) -> dict:
 def peer_table(peer: dict) -> str:
     k = peer["mtp_self_speculative_heads"]
     plain, lookup = peer["hf_generate_tokens_per_s"], peer["hf_prompt_lookup_tokens_per_s"]
-    ours_ar, ours_spec = peer["mtp_autoregressive_tokens_per_s"], peer["mtp_self_speculative_tokens_per_s"]
     same = peer["prompts"] - len(peer["greedy_outputs_differ"])
     notes = "; ".join(
         f"prompt {d['prompt']} from token {d['token']} (head 1's top-2 logit margin there: {d['top2_margin']:.2g})"
@@ -658,6 +670,12 @@ def peer_table(peer: dict) -> str:
     scored = "pass_at_1" in peer["hf_generate_checks"]
     static, compiled = peer.get("hf_static_tokens_per_s"), peer.get("hf_static_compiled")
     static_name = "static cache, compiled" if compiled else "static cache"
+
+    def ours(method: str) -> list[tuple[str, str, float]]:  # (label, key suffix, tokens/s): eager, then captured
+        rates = [("", "", peer[f"mtp_{method}_tokens_per_s"])]
+        if f"mtp_{method}_captured_tokens_per_s" in peer:
+            rates.append((", CUDA graphs", "_captured", peer[f"mtp_{method}_captured_tokens_per_s"]))
+        return rates
 
     def checks(name: str) -> str:  # identical outputs (and pass@1) of one line's method
         found = peer[f"{name}_checks"]
@@ -669,14 +687,18 @@ def peer_table(peer: dict) -> str:
             "|---|---:|---:|---:|" + ("---:|" if scored else ""),
             f"| HF generate | {plain:,.1f} | | {checks('hf_generate')} |",
             *([f"| HF generate, {static_name} | {static:,.1f} | | {checks('hf_static')} |"] if static else []),
-            f"| mtp autoregressive (k=1) | {ours_ar:,.1f} | {ours_ar / plain:.2f}x HF generate"
-            + (f", {ours_ar / static:.2f}x its {static_name}" if static else "")
-            + f" | {checks('mtp_autoregressive')} |",
+            *(
+                f"| mtp autoregressive (k=1{label}) | {rate:,.1f} | {rate / plain:.2f}x HF generate"
+                + (f", {rate / static:.2f}x its {static_name}" if static else "")
+                + f" | {checks('mtp_autoregressive' + key)} |"
+                for label, key, rate in ours("autoregressive")
+            ),
             f"| HF prompt lookup (10 tokens) | {lookup:,.1f} | | {checks('hf_prompt_lookup')} |",
             *(  # a model without heads has no self-speculative row: its k=1 is the autoregressive row above
                 [
-                    f"| mtp self-speculative (k={k}) | {ours_spec:,.1f} | {ours_spec / lookup:.2f}x HF prompt lookup "
-                    f"| {checks('mtp_self_speculative')} |"
+                    f"| mtp self-speculative (k={k}{label}) | {rate:,.1f} | {rate / lookup:.2f}x HF prompt lookup "
+                    f"| {checks('mtp_self_speculative' + key)} |"
+                    for label, key, rate in ours("self_speculative")
                 ]
                 if k > 1
                 else []
