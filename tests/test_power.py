@@ -154,6 +154,13 @@ MUTATIONS = [
         (GRAPHS,),
     ),
     Mutation(
+        "the time spent capturing steps counted in the decoding rate",
+        "DecodeStats.tokens_per_s",
+        "decoding = self.wall_time_s - self.capture_s",
+        "decoding = self.wall_time_s",
+        ("tests/decode/test_stats.py",),
+    ),
+    Mutation(
         "graphs of storages no longer kept are never let go",
         "StepGraphs.forget",
         "self.graphs = {key: graph for key, graph in self.graphs.items() if key[1] in kept}",

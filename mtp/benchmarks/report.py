@@ -175,8 +175,8 @@ def captured_summary(rows: list[dict[str, Any]]) -> str:
                 same = f", its tokens on {r['identical_to_eager']}/{r['prompts']} prompts"
             against.append(f"{r['mode']} batch {r['batch_size']} {method_label(twin)}{k} {speed:.2f}x{same}")
     return (
-        f"Captured steps (CUDA graphs): {shapes} step shapes captured in {seconds:.2f} s over the warm-up and every "
-        "round, counted in the round that captured (the best round is reported)"
+        f"Captured steps (CUDA graphs): {shapes} step shapes captured in {seconds:.2f} s, in the warm-up (every prompt "
+        "once, in full) and the rounds, whose rates leave the time spent capturing out"
         + (f"; tokens/s against the same setting's eager steps: {'; '.join(against)}." if against else ".")
     )
 

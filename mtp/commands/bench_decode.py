@@ -311,7 +311,10 @@ def run(args: argparse.Namespace) -> None:
                 entries = in_draft_choices(entries, args.draft_choices)
             settings += [(mode, batch_size, *s) for s in entries]
     for _, batch_size, _, config, drafter in settings:  # warm-up (and, with --compile, compilation) of every shape
-        generate(model, prompts[:batch_size], replace(config, max_new_tokens=4), drafter)
+        if config.cuda_graphs:  # every prompt in full: the steps of every shape the rounds meet are captured here
+            decode_prompts(model, prompts, config, batch_size, drafter)
+        else:
+            generate(model, prompts[:batch_size], replace(config, max_new_tokens=4), drafter)
 
     static = args.hf_static if args.hf_static is not None else device.type == "cuda"
     peer = HFPeer(model, prompts, args.max_new_tokens, static) if args.hf else None
@@ -324,7 +327,7 @@ def run(args: argparse.Namespace) -> None:
             decoded, stats = decode_prompts(model, prompts, config, batch_size, drafter)
             captures, seconds = capture.get(i, (0, 0.0))
             capture[i] = (captures + stats.captures, seconds + stats.capture_s)
-            if i not in best or stats.wall_time_s < best[i].wall_time_s:
+            if i not in best or stats.wall_time_s - stats.capture_s < best[i].wall_time_s - best[i].capture_s:
                 best[i] = stats
                 if i in checked:
                     outputs[i] = decoded

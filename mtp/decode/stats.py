@@ -46,7 +46,8 @@ class DecodeStats:
     captures: int = 0
     """Step shapes captured as CUDA graphs in this run (``cuda_graphs``; 0 where the run replayed earlier captures)."""
     capture_s: float = 0.0
-    """Wall time spent capturing them, included in ``wall_time_s`` (a capture runs its step once too)."""
+    """Wall time spent capturing them (a capture runs its step once too): in ``wall_time_s``, but not in the decoding
+    rate (:attr:`tokens_per_s`, :attr:`ms_per_forward`), which it would bias by a one-off cost."""
 
     def record(self, verified: int, accepted: int, node: int | None) -> None:
         """One row's step: it verified ``verified`` drafts (tree: depths), accepted ``accepted``, ended at tree
@@ -59,9 +60,10 @@ class DecodeStats:
 
     @property
     def ms_per_forward(self) -> float:
-        """Mean wall time of a decoding step (every forward after the prompts'), in milliseconds."""
+        """Mean wall time of a decoding step (every forward after the prompts'), in milliseconds, without the time
+        spent capturing steps (:attr:`capture_s`)."""
         steps = self.forwards - self.prefills
-        return 1000 * (self.wall_time_s - self.prefill_s) / steps if steps > 0 else 0.0
+        return 1000 * (self.wall_time_s - self.prefill_s - self.capture_s) / steps if steps > 0 else 0.0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -79,7 +81,9 @@ class DecodeStats:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+        """Generated tokens over the wall time, without the time spent capturing steps (:attr:`capture_s`)."""
+        decoding = self.wall_time_s - self.capture_s
+        return self.tokens / decoding if decoding > 0 else 0.0
 
     def line(self) -> str:
         """One line of key=value pairs for scripts to parse."""

@@ -46,3 +46,12 @@ def test_statistics_of_different_settings_do_not_add():
 def test_the_stats_line_names_the_acceptance_rule_that_ran(settings, shown):
     _, stats = generate(tiny_model(4), [[1, 2, 3]], GenerationConfig(max_new_tokens=4, heads=4, **settings))
     assert f" {shown} " in stats.line()
+
+
+def test_the_decoding_rate_leaves_the_time_spent_capturing_steps_out():
+    """A step shape captured as a CUDA graph costs once (capture_s): shown apart, not in tokens/s or ms/forward."""
+    stats = DecodeStats(rows=1, forwards=11, tokens=20, wall_time_s=3.0, prefill_s=0.5, captures=2, capture_s=2.0)
+    assert stats.tokens_per_s == pytest.approx(20 / 1.0) and stats.ms_per_forward == pytest.approx(1000 * 0.5 / 10)
+    assert "captures=2 capture_ms=2000.0" in stats.line()
+    total = stats + stats
+    assert (total.captures, total.capture_s, total.tokens_per_s) == (4, 4.0, pytest.approx(40 / 2.0))
