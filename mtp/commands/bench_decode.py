@@ -310,16 +310,17 @@ def run(args: argparse.Namespace) -> None:
             if mode == "sampling":
                 entries = in_draft_choices(entries, args.draft_choices)
             settings += [(mode, batch_size, *s) for s in entries]
-    for _, batch_size, _, config, drafter in settings:  # warm-up (and, with --compile, compilation) of every shape
+    capture: dict[int, tuple[int, float]] = {}  # per setting: shapes captured and the seconds it took, every round
+    for i, (_, batch_size, _, config, drafter) in enumerate(settings):  # warm-up (and compilation) of every shape
         if config.cuda_graphs:  # every prompt in full: the steps of every shape the rounds meet are captured here
-            decode_prompts(model, prompts, config, batch_size, drafter)
+            stats = decode_prompts(model, prompts, config, batch_size, drafter)[1]
+            capture[i] = (stats.captures, stats.capture_s)
         else:
             generate(model, prompts[:batch_size], replace(config, max_new_tokens=4), drafter)
 
     static = args.hf_static if args.hf_static is not None else device.type == "cuda"
     peer = HFPeer(model, prompts, args.max_new_tokens, static) if args.hf else None
     best: dict[int, DecodeStats] = {}
-    capture: dict[int, tuple[int, float]] = {}  # per setting: shapes captured and the seconds it took, every round
     checked = [i for i, setting in enumerate(settings) if setting[:2] == ("greedy", 1)]  # compared with autoregressive
     outputs: dict[int, list[list[int]]] = {}
     for round_ in range(args.repeats):  # rounds interleave the settings, so that a slow spell hits all of them
