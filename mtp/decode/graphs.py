@@ -120,6 +120,20 @@ class StepGraphs:
         self.graphs: dict[tuple, _Graph] = {}
         self.storage: dict[tuple, tuple[Tensor, Tensor]] = {}  # cache shape -> keys and values, reused by new caches
         self.captures, self.capture_s = 0, 0.0
+        self.decoding = False  # a generate call is replaying these graphs (claim, release)
+
+    def claim(self) -> None:
+        """Mark a ``generate`` call as decoding with these graphs: a second one at the same time (another thread)
+        would write the same cache storage, so it is refused."""
+        if self.decoding:
+            raise RuntimeError(
+                "this model is already decoding with cuda_graphs in another generate call, and captured steps replay "
+                "on one cache storage per shape; decode one call at a time, or without cuda_graphs"
+            )
+        self.decoding = True
+
+    def release(self) -> None:
+        self.decoding = False
 
     def cache_storage(self, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Keys and values of this shape, the same tensors for every cache of it, so that its graphs replay on them

@@ -20,6 +20,8 @@ drafts.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -74,14 +76,15 @@ def generate(
     """Continue every prompt (a list of token ids each) by up to ``max_new_tokens`` tokens; rows are independent.
     With ``drafter`` (and ``config.gamma`` > 0) the drafts come from it instead of the heads."""
     run = _Run(model, prompts, config, drafter)
-    step = run.prompts_step(prompts)  # step 0: every prompt token counts as accepted
-    while True:
-        draws = run.uniforms.next(run.rule.layout.per_step) if run.uniforms is not None else None
-        verdict = run.verify(step, draws)  # verify and accept; the heads propose from the same forward
-        rows, draws = run.commit(step, verdict, draws)  # roll back, emit, drop finished rows
-        if rows is None:
-            break
-        step = run.propose(*rows, draws)  # the next step's drafts
+    with run.exclusive():
+        step = run.prompts_step(prompts)  # step 0: every prompt token counts as accepted
+        while True:
+            draws = run.uniforms.next(run.rule.layout.per_step) if run.uniforms is not None else None
+            verdict = run.verify(step, draws)  # verify and accept; the heads propose from the same forward
+            rows, draws = run.commit(step, verdict, draws)  # roll back, emit, drop finished rows
+            if rows is None:
+                break
+            step = run.propose(*rows, draws)  # the next step's drafts
     return run.finish()
 
 
@@ -128,6 +131,20 @@ class _Run:
         graphs = self.inference.graphs
         self.captured = (graphs.captures, graphs.capture_s) if graphs is not None else None
         self.start = time.perf_counter()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The decoding itself; with captured steps, the only one of its form's while it runs (they replay on one
+        cache storage per shape: :meth:`mtp.decode.graphs.StepGraphs.claim`)."""
+        graphs = self.inference.graphs
+        if graphs is None:
+            yield
+            return
+        graphs.claim()
+        try:
+            yield
+        finally:
+            graphs.release()
 
     def prompts_step(self, prompts: list[list[int]]) -> Step:
         """The prompts, right-padded to the longest; the last token of each is its row's base position."""

@@ -100,3 +100,16 @@ def test_graphs_go_with_the_storage_they_replay_on(rerun_on_cpu, monkeypatch):
         generate(model, PROMPTS[:batch], config)
     ((keys, _),) = graphs.storage.values()
     assert keys.size(1) == 2 and {key[1] for key in graphs.graphs} == {keys.data_ptr()}
+
+
+def test_a_second_generate_call_at_the_same_time_is_refused(rerun_on_cpu):
+    """Captured steps replay on the form's cache storage: a call while another decodes (a thread) would overwrite it."""
+    model = tiny_model(seed=6, vocab_size=24)
+    config = GenerationConfig(max_new_tokens=4, heads=2, cuda_graphs=True)
+    graphs = InferenceModel.of(model, 2, cuda_graphs=True).graphs
+    graphs.claim()  # as a call running in another thread would
+    with pytest.raises(RuntimeError, match="already decoding with cuda_graphs in another generate call"):
+        generate(model, PROMPTS, config)
+    graphs.release()
+    generate(model, PROMPTS, config)
+    assert not graphs.decoding  # released when the call ends
