@@ -197,6 +197,13 @@ TWIN_KEYS = (
 """What makes a captured row the twin of an eager one."""
 
 
+def parted(checks: dict[str, Any]) -> str:
+    """Where a greedy method's tokens left autoregressive decoding's, with head 1's top-2 logit margin there."""
+    found = checks.get("parted", [])
+    where = ", ".join(f"prompt {d['prompt']} at token {d['token']} ({d['top2_margin']:.2g})" for d in found)
+    return f", parting at {where} (head 1's top-2 logit margin)" if found else ""
+
+
 def exactness_summary(entries: list[tuple[str, dict[str, Any]]]) -> str:
     """One paragraph on the greedy methods at batch 1, all exact (their tokens are autoregressive decoding's up to
     floating-point rounding): which decode mtp autoregressive decoding's tokens on every prompt, and their pass@1 (the
@@ -217,6 +224,7 @@ def exactness_summary(entries: list[tuple[str, dict[str, Any]]]) -> str:
     text += "; ".join(
         f"{label} on {checks['identical_outputs']} of {prompts}"
         + (f" (pass@1 {checks['pass_at_1']:.3f})" if "pass_at_1" in checks else "")
+        + parted(checks)
         for label, checks in differ
     )
     if len(scores) == 1:

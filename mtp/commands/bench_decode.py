@@ -361,6 +361,10 @@ def run(args: argparse.Namespace) -> None:
         reference = outputs[next(i for i in checked if (settings[i][2], settings[i][3].heads) == ("chain", 1))]
         for i in checked:
             rows[i].update(output_checks(outputs[i], reference, scorer))
+            rows[i]["parted"] = [  # where its tokens leave autoregressive decoding's, and how near the tie was there
+                {"prompt": p, "token": j, "top2_margin": top2_margin(model, prompts[p], reference[p][:j])}
+                for p, j in first_divergence(outputs[i], reference)
+            ]
             if settings[i][3].cuda_graphs:  # captured steps against the same setting's eager ones, token for token
                 twin = settings.index((*settings[i][:3], replace(settings[i][3], cuda_graphs=False), settings[i][4]))
                 rows[i]["identical_to_eager"] = sum(a == b for a, b in zip(outputs[i], outputs[twin], strict=True))

@@ -207,6 +207,10 @@ def test_the_exactness_summary_states_one_pass_at_1_or_names_the_methods_that_di
     assert exactness_summary([*entries[:2], same_score]).endswith("pass@1 0.250 for every exact method.")
     held_out = [("chain k=1", {"prompts": 8, "identical_outputs": 8})]
     assert exactness_summary(held_out).endswith("on all 8 prompts.")
+    tie = {"prompts": 8, "identical_outputs": 7, "parted": [{"prompt": 3, "token": 22, "top2_margin": 0.0}]}
+    assert "chain k=4 on 7 of 8, parting at prompt 3 at token 22 (0) (head 1's top-2 logit margin)" in (
+        exactness_summary([entries[0], ("chain k=4", tie)])
+    )
 
 
 @pytest.mark.slow
