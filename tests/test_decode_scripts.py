@@ -181,6 +181,7 @@ def test_unknown_acceptance_rule_exits_2(tiny_checkpoints, capsys):
     assert exit_.value.code == 2 and "invalid choice: 'lenient'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~5 s; tests/decode/test_tree.py holds the tree's exactness everyday
 def test_tree_decoding_fitted_now_or_from_fit_tree_equals_autoregressive(tiny_checkpoints, tmp_path, capsys):
     checkpoint = str(tiny_checkpoints["mtp4"])
     argv = [checkpoint, "--self-speculative", "--compare", "--prompt", "def f(", "--max-new-tokens", "24"]
@@ -207,6 +208,7 @@ def test_tree_decoding_fitted_now_or_from_fit_tree_equals_autoregressive(tiny_ch
     assert "acceptance=typical(lossy)" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # ~7 s; tests/decode/test_drafters.py holds each drafter's exactness everyday
 def test_every_drafter_decodes_what_autoregressive_decoding_does(tiny_checkpoints, capsys, monkeypatch):
     monkeypatch.setattr(layer_skip, "SEARCH_PROMPTS", 1)  # a short --skip-layers auto search
     monkeypatch.setattr(layer_skip, "SEARCH_NEW_TOKENS", 8)
@@ -289,6 +291,7 @@ def r_key(row: dict) -> tuple[str, int]:
     return row["mode"], row["batch_size"]
 
 
+@pytest.mark.slow  # ~13 s, every method's rows; the captured-steps bench test runs bench_decode everyday
 def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
     out = tmp_path / "bench"
     command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"])]

@@ -167,6 +167,7 @@ def test_decoding_follows_weights_changed_in_place():
     assert out == [greedy_without_cache(model, [5, 6, 7], 24)]
 
 
+@pytest.mark.slow  # ~7 s: trains its own shared-depth model
 def test_a_shared_causal_depth_drafts_beyond_the_trained_heads(trained_models):
     model = trained_models("causal-shared")
     prompts = [[1, 2], [7, 8, 9, 10, 11], [20]]
