@@ -133,9 +133,9 @@ MUTATIONS = [
         (GRAPHS,),
     ),
     Mutation(
-        "graphs keyed without the attention span (a longer span replays a shorter one's graph)",
+        "graphs keyed without the cache's per-step shapes (a longer span replays a shorter one's graph)",
         "StepGraphs.run",
-        "key = (name, cache.keys.data_ptr(), cache.span, shapes, cached)",
+        "key = (name, cache.keys.data_ptr(), shapes, cached)",
         "key = (name, cache.keys.data_ptr(), shapes[:1])",
         (GRAPHS,),
     ),
@@ -155,9 +155,9 @@ MUTATIONS = [
     ),
     Mutation(
         "the time spent capturing steps counted in the decoding rate",
-        "DecodeStats.tokens_per_s",
-        "decoding = self.wall_time_s - self.capture_s",
-        "decoding = self.wall_time_s",
+        "DecodeStats.decoding_s",
+        "return self.wall_time_s - self.capture_s",
+        "return self.wall_time_s",
         ("tests/decode/test_stats.py",),
     ),
     Mutation(

@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     device = ["--device", "cuda" if torch.cuda.is_available() else "cpu"]
     smoke, steps = args.smoke, args.steps
+    on_cuda = torch.cuda.is_available() and not smoke  # captured steps run on CUDA, and not in a smoke run
 
     # the gpu-marked tests (smoke: only their file, whose collection is what the kit's plumbing needs)
     where = root / "tests" / ("test_gpu.py" if smoke else "")
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     decoded = decoded_compiled = 0
     if "decode" in steps:
         shutil.rmtree(out / "bench_decode", ignore_errors=True)
-        captured = ["--step-modes", "eager,captured"] if torch.cuda.is_available() and not smoke else []
+        captured = ["--step-modes", "eager,captured"] if on_cuda else []
         command = script("bench_decode.py") + decode + hf + captured + ["--out", str(out / "bench_decode")]
         decoded = run(command, out / "bench_decode.txt")
     # compiling takes longer than the rest of a smoke run; tests/decode check compiled decoding
@@ -270,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         tested = "passed" if torch.cuda.is_available() else "skipped (no CUDA device)"
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-    on_cuda = torch.cuda.is_available() and not smoke
 
     def decode_cost(folder: str, step: str, captured: bool = False) -> str:
         cost = forward_cost(out / folder / "results.json", captured)

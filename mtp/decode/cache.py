@@ -12,6 +12,7 @@ that follow the held ones, where a sequence would have put them. Causal heads ke
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -29,22 +30,24 @@ class KVCache:
         dtype: torch.dtype,
         full_span: bool = False,
         span_multiple: int = 1,
-        storage: tuple[Tensor, Tensor] | None = None,
+        storage: Callable[[tuple[int, ...], torch.device | str, torch.dtype], tuple[Tensor, Tensor]] | None = None,
     ) -> None:
         shape = (n_blocks, batch_size, n_kv_heads, max_len, head_dim)
         # full_span (for compiled steps): attention spans every preallocated position (masked), so that shapes stay
         # the same from step to step; span_multiple: the span rounded up to a multiple of it (masked beyond the held
         # positions), so that an eager step's shapes repeat, and a kernel planned per shape (cuDNN's attention on
-        # recent GPUs) is planned once per bucket rather than once per step; storage: keys and values of this shape
-        # to hold them (an earlier cache's, whose captured steps replay on them: mtp.decode.graphs), else new ones
+        # recent GPUs) is planned once per bucket rather than once per step; storage(shape, device, dtype): keys and
+        # values of this shape to hold them (an earlier cache's, whose captured steps replay on them:
+        # mtp.decode.graphs), else new ones
         self.full_span, self.span_multiple = full_span, span_multiple
         # a given storage stays this cache's: rows that leave are compacted into its first rows (keep_rows), so that
         # the keys and values of each batch size sit at the same addresses from one call to the next
-        self.storage = storage
-        if storage is None:
-            storage = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
-        assert all(t.shape == shape and t.dtype == dtype for t in storage), "the storage does not fit this cache"
-        self.keys, self.values = storage
+        self.storage = storage(shape, device, dtype) if storage is not None else None
+        if self.storage is None:
+            self.keys = torch.zeros(shape, device=device, dtype=dtype)
+            self.values = torch.zeros(shape, device=device, dtype=dtype)
+        else:
+            self.keys, self.values = self.storage
         self.max_len = max_len
         self.host_lengths = [0] * batch_size  # mirrors `lengths`, so that shapes never need a device sync
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)

@@ -135,7 +135,9 @@ class StepGraphs:
     def release(self) -> None:
         self.decoding = False
 
-    def cache_storage(self, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    def cache_storage(
+        self, shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
         """Keys and values of this shape, the same tensors for every cache of it, so that its graphs replay on them
         (the last :data:`KEPT_STORAGES` shapes met are kept; the graphs of others go with them)."""
         key = (shape, device, dtype)
@@ -153,7 +155,7 @@ class StepGraphs:
         """``step(cache, *tensors)``, captured the first time this name, cache storage and shapes are met."""
         shapes = tuple(None if t is None else (tuple(t.shape), t.dtype) for t in tensors)
         cached = tuple((tuple(getattr(cache, n).shape), getattr(cache, n).dtype) for n in CACHE_INPUTS)
-        key = (name, cache.keys.data_ptr(), cache.span, shapes, cached)
+        key = (name, cache.keys.data_ptr(), shapes, cached)  # the mask's shape holds the attention span
         graph = self.graphs.get(key)
         if graph is None:
             self.forget(keep=cache)

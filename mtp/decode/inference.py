@@ -379,23 +379,13 @@ class InferenceModel:
         if self.graphs is not None:
             multiple = CAPTURED_LENGTH_MULTIPLE
             max_len = max(max_len, min(-(-max_len // multiple) * multiple, self.config.max_seq_len))
-            config = self.config
-            shape = (
-                len(self.path) + extra_slots,
-                batch_size,
-                config.n_kv_heads,
-                max_len,
-                config.d_model // config.n_heads,
-            )
-            storage = self.graphs.cache_storage(shape, self.embeddings.device, self.embeddings.dtype)
+            storage = self.graphs.cache_storage
         cache = self._kv_cache(len(self.path) + extra_slots, batch_size, max_len, storage)
         if isinstance(self.drafter, CausalChain):
             cache.chain = self.drafter.new_chain(batch_size, max_len)
         return cache
 
-    def _kv_cache(
-        self, slots: int, batch_size: int, max_len: int, storage: tuple[Tensor, Tensor] | None = None
-    ) -> KVCache:
+    def _kv_cache(self, slots: int, batch_size: int, max_len: int, storage: Callable | None = None) -> KVCache:
         config = self.config
         return KVCache(
             slots, batch_size, config.n_kv_heads, config.d_model // config.n_heads, max_len,
@@ -423,9 +413,6 @@ class InferenceModel:
             x = x[torch.arange(x.size(0), device=x.device)[:, None], read]  # (B, R, d)
         return self.head1_logits(x), draft_input
 
-    def _path(self, cache: KVCache, tokens: Tensor) -> tuple[Tensor, Tensor]:
-        return self.run_path(tokens, cache)
-
     def run_path(self, tokens: Tensor, cache: KVCache) -> tuple[Tensor, Tensor]:
         """The path's output (B, S, d) before the final norm, and what the draft heads read (B, S, d)."""
         rotation = self.rotations[cache.rotary]  # (B, S, head_dim / 2)
@@ -448,7 +435,7 @@ class InferenceModel:
         accepted cost more than a second call after the accepted node (a leaf's logits are needed only when it
         wins)."""
         if self.graphs is not None and cache.max_length:
-            x, hidden = self.graphs.run("tree path", self._path, cache, tokens)
+            x, hidden = self.graphs.run("tree path", lambda view, nodes: self.run_path(nodes, view), cache, tokens)
         else:
             x, hidden = self.run_path(tokens, cache)
         B, S, _ = x.shape

@@ -63,7 +63,7 @@ class DecodeStats:
         """Mean wall time of a decoding step (every forward after the prompts'), in milliseconds, without the time
         spent capturing steps (:attr:`capture_s`)."""
         steps = self.forwards - self.prefills
-        return 1000 * (self.wall_time_s - self.prefill_s - self.capture_s) / steps if steps > 0 else 0.0
+        return 1000 * (self.decoding_s - self.prefill_s) / steps if steps > 0 else 0.0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -82,8 +82,12 @@ class DecodeStats:
     @property
     def tokens_per_s(self) -> float:
         """Generated tokens over the wall time, without the time spent capturing steps (:attr:`capture_s`)."""
-        decoding = self.wall_time_s - self.capture_s
-        return self.tokens / decoding if decoding > 0 else 0.0
+        return self.tokens / self.decoding_s if self.decoding_s > 0 else 0.0
+
+    @property
+    def decoding_s(self) -> float:
+        """The wall time without the time spent capturing steps (:attr:`capture_s`): what the rates are of."""
+        return self.wall_time_s - self.capture_s
 
     def line(self) -> str:
         """One line of key=value pairs for scripts to parse."""
