@@ -1208,11 +1208,21 @@ MUTATIONS = [
         (BOUNDED,),
     ),
     Mutation(
-        "decoding during training reuses the inference form a fused optimizer step made stale",
-        "MTPLitModule.on_train_batch_end",
-        "            self.note_fused_step(optimizer)",
-        "            pass",
-        ("tests/test_train.py::test_fused_adamw_trains_in_bf16_mixed_with_gradient_clipping",),
+        "decoding reuses the inference form a fused optimizer step made stale (it bumps no version counter)",
+        "_count_optimizer_step",
+        "    _optimizer_steps += 1",
+        "    pass",
+        (
+            "tests/test_train.py::test_fused_adamw_trains_in_bf16_mixed_with_gradient_clipping",
+            "tests/test_train.py::test_decoding_after_a_fused_step_decodes_the_new_weights",
+        ),
+    ),
+    Mutation(
+        "decoding ignores the model's word that its weights changed where no counter sees it",
+        "InferenceModel.of",
+        "        weights = (model.weights_version, _optimizer_steps, tensors)",
+        "        weights = (0, _optimizer_steps, tensors)",
+        (f"{GREEDY}::test_decoding_follows_weights_written_where_no_counter_sees_once_the_model_is_told",),
     ),
     Mutation(
         "a fused optimizer's gradients are not clipped",

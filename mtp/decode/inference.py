@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from mtp.decode.cache import ChainCache, KVCache
 from mtp.decode.graphs import StepGraphs
@@ -68,6 +69,17 @@ CAPTURED_LENGTH_MULTIPLE = 256
 prompts of nearby lengths decode on the same storage and replay the same graphs (:mod:`mtp.decode.graphs`)."""
 
 _built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(heads, compile): (weights, form)}
+_optimizer_steps = 0
+"""Optimizer steps taken in this process (torch.optim's step hook): a fused step writes the weights without bumping
+their version counters, so a form built before any step is not reused after it."""
+
+
+def _count_optimizer_step(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+register_optimizer_step_post_hook(_count_optimizer_step)
 
 ATTENTION, FEED_FORWARD = "a", "m"
 """A block's two sublayers as a skip set names them: ``3a`` is block 3's attention, ``5m`` block 5's MLP."""
@@ -308,11 +320,14 @@ class InferenceModel:
     ) -> InferenceModel:
         """The inference form of ``model`` for ``heads`` heads, its draft heads in ``draft_dtype`` scoring the first
         ``draft_vocab`` token ids (0: a trained draft vocabulary, or every token): built once, reused
-        while the weights (and buffers, such as a reduced draft vocabulary) stay the same (in place, same version), so
-        repeated ``generate`` calls pay neither the packing nor a recompile. An int8 form is derived from the
+        while the weights (and buffers, such as a reduced draft vocabulary) stay the same, so repeated ``generate``
+        calls pay neither the packing nor a recompile. They changed when a tensor moved, changed dtype or was written
+        in place (its version counter), when any optimizer stepped (fused steps bump no counter), or when
+        :meth:`MTPModel.weights_changed` said so. An int8 form is derived from the
         full-precision one (:meth:`with_int8_drafts`), whose verification path it shares. With ``cuda_graphs`` its
         steps are captured (:mod:`mtp.decode.graphs`), and the graphs kept with the form."""
-        weights = tuple((t.data_ptr(), t._version, t.dtype) for t in (*model.parameters(), *model.buffers()))
+        tensors = tuple((t.data_ptr(), t._version, t.dtype) for t in (*model.parameters(), *model.buffers()))
+        weights = (model.weights_version, _optimizer_steps, tensors)
         built = _built.setdefault(model, {})
         key = (heads, compile, draft_vocab if heads > 1 else 0, cuda_graphs)
         if key not in built or built[key][0] != weights:

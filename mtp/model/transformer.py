@@ -42,6 +42,13 @@ class MTPModel(nn.Module):
             self.register_buffer("draft_tokens", torch.arange(config.draft_vocab))
         self.reset_parameters()
         self.register_load_state_dict_pre_hook(_current_names)
+        self.weights_version = 0  # bumped by weights_changed
+
+    def weights_changed(self) -> None:
+        """Say that the weights were written where neither PyTorch's version counters nor ``torch.optim``'s step hooks
+        see it (through ``.data``, say), so that decoding rebuilds what it derived from them. Optimizer steps (fused
+        ones too), ``load_state_dict`` and in-place edits of the parameters are seen without it."""
+        self.weights_version += 1
 
     @classmethod
     def with_weights(cls, config: ModelConfig, weights: dict[str, Tensor]) -> MTPModel:

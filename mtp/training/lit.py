@@ -23,7 +23,7 @@ from mtp.model.transformer import IGNORE, MTPModel
 from mtp.training.loss import cross_entropy, head_logits, mtp_loss, split_window, window_states
 from mtp.training.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.training.optim import OptimConfig, parameter_groups, warmup_cosine
-from mtp.training.parallel import is_sharded, parallelize
+from mtp.training.parallel import parallelize
 from mtp.training.trunk_cache import TrunkCache
 
 
@@ -232,22 +232,6 @@ class MTPLitModule(L.LightningModule):
             torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
         else:
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        for optimizer in self.trainer.optimizers:
-            self.note_fused_step(optimizer)
-
-    def note_fused_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """A fused AdamW step writes the weights without bumping their version counters, which is how decoding tells
-        that weights changed under its cached inference form (``InferenceModel.of``); bump them after each batch, so
-        that decoding during training (the DecodeProbe, after each validation) decodes the weights as they are, not as
-        they were at its first call (on a GPU the probe reported the untrained model's acceptance, 0, at every
-        validation). Not between the forward and the backward (``on_before_zero_grad`` runs there in Lightning): the
-        graph would find its saved weights changed. A sharded model is never decoded in training."""
-        if optimizer.defaults.get("fused") and not is_sharded(self.model):
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    torch.autograd.graph.increment_version(p)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         datamodule = self.trainer.datamodule

@@ -167,6 +167,21 @@ def test_decoding_follows_weights_changed_in_place():
     assert out == [greedy_without_cache(model, [5, 6, 7], 24)]
 
 
+def test_decoding_follows_weights_written_where_no_counter_sees_once_the_model_is_told():
+    """A write through ``.data`` bumps no version counter: ``weights_changed`` is the model's way to say it; and a
+    ``load_state_dict`` (which writes in place) needs no word."""
+    model, other = tiny_model(), tiny_model(seed=1)
+    greedy(model, [[5, 6, 7]], heads=3)
+    for mine, theirs in zip(model.parameters(), other.parameters(), strict=True):
+        mine.data.copy_(theirs.data)
+    model.weights_changed()
+    out, _ = greedy(model, [[5, 6, 7]], heads=3)
+    assert out == [greedy_without_cache(other, [5, 6, 7], 24)]
+    model.load_state_dict(tiny_model().state_dict())
+    out, _ = greedy(model, [[5, 6, 7]], heads=3)
+    assert out == [greedy_without_cache(model, [5, 6, 7], 24)] != [greedy_without_cache(other, [5, 6, 7], 24)]
+
+
 @pytest.mark.slow  # ~7 s: trains its own shared-depth model
 def test_a_shared_causal_depth_drafts_beyond_the_trained_heads(trained_models):
     model = trained_models("causal-shared")
