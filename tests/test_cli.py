@@ -110,7 +110,13 @@ BAD_SETTINGS = [
     (bench_decode, ["--temperature", "-1"], "--temperature -1 must be 0 (greedy) or positive."),
     (bench_decode, ["--max-new-tokens", "0"], "--max-new-tokens 0 must be at least 1."),
     (bench_decode, ["--draft-p-min", "2"], "--draft-p-min 2 must lie in [0, 1]; 0 turns it off."),
-    (decode, ["--self-speculative", "--draft-vocab", "-1"], "--draft-vocab -1 must be 0 (every token) or positive."),
+    (
+        decode,
+        ["--self-speculative", "--draft-first-ids", "-1"],
+        "--draft-first-ids -1 must be 0 (every token) or positive.",
+    ),
+    (decode, ["--draft-vocab", "8"], "--draft-vocab is now --draft-first-ids; use --draft-first-ids 8."),
+    (bench_decode, ["--draft-vocabs", "0,8"], "--draft-vocabs is now --draft-first-ids; use --draft-first-ids 0,8."),
     (compare_heads, ["--top-p", "1.5"], "--top-p 1.5 must lie in (0, 1]; 1 turns nucleus sampling off."),
     (compare_heads, ["--max-new-tokens", "0"], "--max-new-tokens 0 must be at least 1."),
 ]

@@ -134,8 +134,14 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
         (["--prompt-lookup", "2", "--drafts-per-step", "2"], "prompt lookup drafts one continuation per row"),
         (["--self-speculative", "--acceptance", "typical", "--typical-delta", "-1"], "--typical-delta -1 must be at"),
         (["--draft-dtype", "int8"], "--draft-dtype int8 quantizes the drafts, but --heads 1 without a drafter"),
-        (["--self-speculative", "--draft-vocab", "100000"], "--draft-vocab 100000 must be below the vocabulary's"),
-        (["--self-speculative", "--draft-vocab", "-3"], "--draft-vocab -3 must be 0 (every token) or positive."),
+        (
+            ["--self-speculative", "--draft-first-ids", "100000"],
+            "--draft-first-ids 100000 must be below the vocabulary's",
+        ),
+        (
+            ["--self-speculative", "--draft-first-ids", "-3"],
+            "--draft-first-ids -3 must be 0 (every token) or positive.",
+        ),
         (["--prompt-lookup", "2", "--draft-dtype", "int8"], "prompt lookup drafts without a model; leave --draft"),
     ],
 )
@@ -385,8 +391,8 @@ def test_bench_decode_puts_top_ranked_drafts_beside_sampled_ones(tiny_checkpoint
 @pytest.mark.slow
 def test_bench_decode_puts_drafts_over_the_first_token_ids_beside_the_full_vocabulary(tiny_checkpoints, tmp_path):
     out = tmp_path / "bench"
-    rows = small_bench(tiny_checkpoints["mtp4"], out, "--modes", "greedy", "--draft-vocabs", "0,16")
-    settings = sorted((r["method"], r["heads"], r["draft_vocab"]) for r in rows)
+    rows = small_bench(tiny_checkpoints["mtp4"], out, "--modes", "greedy", "--draft-first-ids", "0,16")
+    settings = sorted((r["method"], r["heads"], r["draft_first_ids"]) for r in rows)
     assert settings == [("chain", 1, 0), ("chain", 3, 0), ("chain", 3, 16)]  # k=1 drafts nothing: no twin
     assert all(r["identical_outputs"] == r["prompts"] == 2 for r in rows)  # greedy: exact whatever the drafts score
     assert "chain (drafts over the first 16 ids)" in (out / "results.md").read_text()
@@ -396,8 +402,10 @@ def test_bench_decode_puts_drafts_over_the_first_token_ids_beside_the_full_vocab
 def test_bench_decode_refuses_draft_vocabularies_without_the_baseline_or_not_counts(tiny_checkpoints, given, capsys):
     bench = load_script("bench_decode")
     with pytest.raises(SystemExit):
-        bench.checked_args([str(tiny_checkpoints["mtp4"]), "--draft-vocabs", given])
-    assert f"--draft-vocabs {given}: 0 (every token: the baseline rows) and any token counts" in capsys.readouterr().err
+        bench.checked_args([str(tiny_checkpoints["mtp4"]), "--draft-first-ids", given])
+    assert (
+        f"--draft-first-ids {given}: 0 (every token: the baseline rows) and any token counts" in capsys.readouterr().err
+    )
 
 
 def test_bench_decode_refuses_the_static_cache_row_without_the_hf_comparison(tiny_checkpoints, capsys):
@@ -409,8 +417,8 @@ def test_bench_decode_refuses_the_static_cache_row_without_the_hf_comparison(tin
 
 def test_bench_decode_refuses_a_draft_vocabulary_beyond_the_models(tiny_checkpoints, tmp_path):
     bench = load_script("bench_decode")
-    argv = [str(tiny_checkpoints["mtp4"]), "--draft-vocabs", "0,100000", "--prompts", "1", "--prompt-tokens", "8"]
-    with pytest.raises(UserError, match=r"--draft-vocabs 100000: each must be below the vocabulary's \d+ tokens\."):
+    argv = [str(tiny_checkpoints["mtp4"]), "--draft-first-ids", "0,100000", "--prompts", "1", "--prompt-tokens", "8"]
+    with pytest.raises(UserError, match=r"--draft-first-ids 100000: each must be below the vocabulary's \d+ tokens\."):
         bench.main([*argv, "--out", str(tmp_path / "out")])
     assert not any((tmp_path / "out").iterdir())  # nothing written (the folder is made first: an unwritable one fails)
 

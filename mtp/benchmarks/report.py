@@ -107,7 +107,7 @@ def method_label(r: dict[str, Any]) -> str:
     params += ["lossy"] if method == "typical" else []
     params += [f"{r['draft_dtype']} drafts"] if r.get("draft_dtype", "auto") != "auto" else []
     params += [f"{r['draft_choice']} drafts"] if r.get("draft_choice", "auto") != "auto" else []
-    params += [f"drafts over the first {r['draft_vocab']} ids"] if r.get("draft_vocab") else []
+    params += [f"drafts over the first {r['draft_first_ids']} ids"] if r.get("draft_first_ids") else []
     params += ["CUDA graphs"] if r.get("cuda_graphs") else []
     return method + (f" ({', '.join(params)})" if params else "")
 
@@ -192,7 +192,7 @@ TWIN_KEYS = (
     "drafter",
     "draft_dtype",
     "draft_choice",
-    "draft_vocab",
+    "draft_first_ids",
 )
 """What makes a captured row the twin of an eager one."""
 
@@ -261,7 +261,7 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
                 if (r["mode"], r["batch_size"], r.get("method", "chain")) == (mode, batch_size, method)
                 and r.get("draft_dtype", "auto") == "auto"
                 and r.get("draft_choice", "auto") == "auto"
-                and not r.get("draft_vocab")
+                and not r.get("draft_first_ids")
                 and not r.get("cuda_graphs")
             ),
             key=x_of,
@@ -299,7 +299,7 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         method = "int8" if r.get("draft_dtype", "auto") == "int8" else r.get("method", "chain")
         choice = r.get("draft_choice", "auto")
         method = choice if method != "int8" and choice != "auto" else method
-        method = "draft vocab" if r.get("draft_vocab") and method == "chain" else method
+        method = "draft vocab" if r.get("draft_first_ids") and method == "chain" else method
         method = "captured" if r.get("cuda_graphs") and method == "chain" else method
         if method in ("chain", "draft"):
             shown.add(method)

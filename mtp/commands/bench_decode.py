@@ -83,6 +83,7 @@ from mtp.checkpoint.load import load_checkpoint, model_chat
 from mtp.commands.cli import (
     add_device_flag,
     add_dtype_flag,
+    add_renamed_flag,
     add_settings,
     attribute_docs,
     pick_device,
@@ -146,11 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         "captured as a CUDA graph and replayed; CUDA; the capture timed apart)",
     )
     parser.add_argument(
-        "--draft-vocabs",
+        "--draft-first-ids",
         default="0",
         help="the heads' drafts scoring only the first N token ids (FR-Spec; head 1 verifies over all), each setting "
         "where the heads draft run at every N: 0 (every token: the baseline rows) and any N",
     )
+    add_renamed_flag(parser, "--draft-vocabs", "--draft-first-ids")
     parser.add_argument(
         "--draft-choices",
         default="auto",
@@ -209,10 +211,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.step_modes = args.step_modes.split(",")
     if not args.step_modes or not set(args.step_modes) <= set(STEP_MODES):
         parser.error(f"--step-modes {','.join(args.step_modes)}: each must be eager or captured")
-    given = args.draft_vocabs
-    args.draft_vocabs = [int(v) for v in given.split(",")] if re.fullmatch(r"\d+(,\d+)*", given) else []
-    if 0 not in args.draft_vocabs:
-        parser.error(f"--draft-vocabs {given}: 0 (every token: the baseline rows) and any token counts, such as 0,1024")
+    given = args.draft_first_ids
+    args.draft_first_ids = [int(v) for v in given.split(",")] if re.fullmatch(r"\d+(,\d+)*", given) else []
+    if 0 not in args.draft_first_ids:
+        parser.error(
+            f"--draft-first-ids {given}: 0 (every token: the baseline rows) and any token counts, such as 0,1024"
+        )
     args.draft_choices = args.draft_choices.split(",")
     if not set(args.draft_choices) <= set(DRAFT_CHOICES) or "auto" not in args.draft_choices:
         others = ", ".join(c for c in DRAFT_CHOICES if c != "auto")
@@ -290,13 +294,15 @@ def run(args: argparse.Namespace) -> None:
         if gammas:
             replace(chain, heads=1, gamma=max(gammas)).check_for(loaded.config, prompts)
     vocab, trained = loaded.config.vocab_size, loaded.config.draft_vocab
-    if trained and max(args.draft_vocabs):
+    if trained and max(args.draft_first_ids):
         raise UserError(
-            f"--draft-vocabs: this checkpoint's heads were trained to score its {trained} most frequent tokens; "
-            "leave --draft-vocabs out."
+            f"--draft-first-ids: this checkpoint's heads were trained to score its {trained} most frequent tokens; "
+            "leave --draft-first-ids out."
         )
-    if max(args.draft_vocabs) >= vocab:
-        raise UserError(f"--draft-vocabs {max(args.draft_vocabs)}: each must be below the vocabulary's {vocab} tokens.")
+    if max(args.draft_first_ids) >= vocab:
+        raise UserError(
+            f"--draft-first-ids {max(args.draft_first_ids)}: each must be below the vocabulary's {vocab} tokens."
+        )
 
     settings = []
     for mode in args.modes:
@@ -305,7 +311,7 @@ def run(args: argparse.Namespace) -> None:
         for batch_size in args.batch_sizes:
             no_drafter = None
             chains = [("chain", replace(mode_chain, heads=k), no_drafter) for k in heads]
-            entries = in_draft_vocabs(in_draft_dtypes(chains + variants, args.draft_dtypes), args.draft_vocabs)
+            entries = in_draft_first_ids(in_draft_dtypes(chains + variants, args.draft_dtypes), args.draft_first_ids)
             entries = in_step_modes(entries, args.step_modes)
             if mode == "sampling":
                 entries = in_draft_choices(entries, args.draft_choices)
@@ -440,14 +446,18 @@ def in_step_modes(entries: list[tuple], step_modes: list[str]) -> list[tuple]:
     ]
 
 
-def in_draft_vocabs(entries: list[tuple], draft_vocabs: list[int]) -> list[tuple]:
+def in_draft_first_ids(entries: list[tuple], draft_first_ids: list[int]) -> list[tuple]:
     """(method, configuration, drafter) entries, each followed by its twins drafting over the first N token ids for
-    every other N of ``draft_vocabs`` where the heads draft (a drafter's vocabulary is its own)."""
+    every other N of ``draft_first_ids`` where the heads draft (a drafter's vocabulary is its own)."""
     out = []
     for method, config, drafter in entries:
         out.append((method, config, drafter))
         if config.heads > 1:
-            out += [(method, replace(config, draft_vocab=v), drafter) for v in draft_vocabs if v != config.draft_vocab]
+            out += [
+                (method, replace(config, draft_first_ids=v), drafter)
+                for v in draft_first_ids
+                if v != config.draft_first_ids
+            ]
     return out
 
 
@@ -556,7 +566,7 @@ def result_row(
         "drafter": stats.method_params,
         "draft_dtype": config.draft_dtype,
         "draft_choice": config.draft_choice,
-        "draft_vocab": config.draft_vocab,
+        "draft_first_ids": config.draft_first_ids,
         "draft_share": stats.draft_share,
         "draft_ms_per_step": 1000 * stats.draft_s / stats.forwards,
         "draft_ms_per_forward": 1000 * stats.draft_s / stats.draft_forwards if stats.draft_forwards else 0.0,

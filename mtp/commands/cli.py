@@ -168,7 +168,8 @@ def add_settings(
     """Add a flag for each field of the dataclass ``cls``: those in ``names``, or every field whose metadata does not
     say ``flag=False``. A field ``draft_p_min`` is ``--draft-p-min`` (dest ``draft_p_min``), typed as the field (a
     bool is ``--x/--no-x``, a Literal chooses among its values, ``X | None`` takes an X), its default ``defaults``'
-    or the field's, its help the first sentence of the field's attribute docstring, then ``notes``' for it.
+    or the field's, its help the first sentence of the field's attribute docstring, then ``notes``' for it. A field
+    whose metadata says ``renamed_from`` keeps its old flag, which refuses in one sentence naming the new one.
     :func:`settings_from` builds ``cls`` back from the parsed flags."""
     hints, docs, notes = typing.get_type_hints(cls), attribute_docs(cls), notes or {}
     if names is None:
@@ -189,10 +190,22 @@ def add_settings(
             flag_of(field.name), dest=field.name, default=default, help=text.replace("%", "%%"),
             **_argument_type(hints[field.name], field.name),
         )  # fmt: skip
+        if "renamed_from" in field.metadata:
+            add_renamed_flag(parser, flag_of(field.metadata["renamed_from"]), flag_of(field.name))
     if defaults:
         raise TypeError(f"defaults for fields that got no flag: {', '.join(defaults)}")
     key = _settings_key(cls)
     parser.set_defaults(**{key: (*(parser.get_default(key) or ()), *(f.name for f in chosen))})
+
+
+class _Renamed(argparse.Action):
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: str | None = None) -> None:
+        raise UserError(f"{option} is now {self.default}; use {self.default} {values}.")
+
+
+def add_renamed_flag(parser: argparse._ActionsContainer, old: str, new: str) -> None:
+    """A flag that was renamed: not in the help; given, one sentence naming the new flag with the value typed."""
+    parser.add_argument(old, action=_Renamed, default=new, dest=f"_renamed_{old}", help=argparse.SUPPRESS)
 
 
 def settings_from(args: argparse.Namespace, cls: type[T], **values: Any) -> T:

@@ -261,7 +261,7 @@ class InferenceModel:
     """Cached decoding with an MTPModel's weights (shared, not copied, where no packing is needed)."""
 
     def __init__(
-        self, model: MTPModel, heads: int, compile: bool = False, draft_vocab: int = 0, cuda_graphs: bool = False
+        self, model: MTPModel, heads: int, compile: bool = False, draft_first_ids: int = 0, cuda_graphs: bool = False
     ) -> None:
         config = model.config
         self.config, self.heads = config, heads
@@ -272,17 +272,17 @@ class InferenceModel:
         self.path = [PackedBlocks([block], config.n_heads, config.n_kv_heads) for block in model.layers]
         self.head1_output = Unembedding(model.unembedding(1).weight * final_norm)
         # the draft heads' shared unembedding: head 1's, or its rows of a reduced draft vocabulary, trained or the first
-        # ``draft_vocab`` token ids chosen here (then their logits are spread back over the whole vocabulary, -inf
+        # ``draft_first_ids`` token ids chosen here (then their logits are spread back over the whole vocabulary, -inf
         # elsewhere: a proposal with no mass outside the subset)
         self.vocab_size, self.draft_tokens = config.vocab_size, model.head_vocab(2) if heads > 1 else None
         self.draft_output = self.head1_output
         self.draft_rows = slice(None)  # the rows of a draft head's own unembedding (linear, medusa) it scores
         if self.draft_tokens is not None:
             self.draft_output = Unembedding(model.head_weight(2) * final_norm)
-        elif draft_vocab and heads > 1:
-            self.draft_tokens = torch.arange(draft_vocab, device=self.embeddings.device)
-            self.draft_output = Unembedding(self.head1_output.weight[:draft_vocab])
-            self.draft_rows = slice(draft_vocab)
+        elif draft_first_ids and heads > 1:
+            self.draft_tokens = torch.arange(draft_first_ids, device=self.embeddings.device)
+            self.draft_output = Unembedding(self.head1_output.weight[:draft_first_ids])
+            self.draft_rows = slice(draft_first_ids)
         # rotary angles per position (max_seq_len, head_dim / 2): e^{i theta t} eager (fewest operations), as
         # (cos, sin) pairs (..., 2) compiled (inductor generates no code for complex numbers)
         if compile:
@@ -315,11 +315,11 @@ class InferenceModel:
         heads: int,
         compile: bool = False,
         draft_dtype: DraftDtype = "auto",
-        draft_vocab: int = 0,
+        draft_first_ids: int = 0,
         cuda_graphs: bool = False,
     ) -> InferenceModel:
         """The inference form of ``model`` for ``heads`` heads, its draft heads in ``draft_dtype`` scoring the first
-        ``draft_vocab`` token ids (0: a trained draft vocabulary, or every token): built once, reused
+        ``draft_first_ids`` token ids (0: a trained draft vocabulary, or every token): built once, reused
         while the weights (and buffers, such as a reduced draft vocabulary) stay the same, so repeated ``generate``
         calls pay neither the packing nor a recompile. They changed when a tensor moved, changed dtype or was written
         in place (its version counter), when any optimizer stepped (fused steps bump no counter), or when
@@ -329,9 +329,9 @@ class InferenceModel:
         tensors = tuple((t.data_ptr(), t._version, t.dtype) for t in (*model.parameters(), *model.buffers()))
         weights = (model.weights_version, _optimizer_steps, tensors)
         built = _built.setdefault(model, {})
-        key = (heads, compile, draft_vocab if heads > 1 else 0, cuda_graphs)
+        key = (heads, compile, draft_first_ids if heads > 1 else 0, cuda_graphs)
         if key not in built or built[key][0] != weights:
-            built[key] = (weights, cls(model, heads, compile, draft_vocab, cuda_graphs))
+            built[key] = (weights, cls(model, heads, compile, draft_first_ids, cuda_graphs))
         form = built[key][1]
         return form if draft_dtype == "auto" else form.with_int8_drafts()
 
@@ -545,46 +545,67 @@ class InferenceModel:
         return faster_layout(key, x, (by_input, by_weight))
 
 
-class SkippingForm(InferenceModel):
-    """A layer-skip draft (Draft & Verify): head 1 on its path without some sublayers, no draft heads, on a cache of
-    its own. A block whose attention is skipped runs only its MLP residual and holds no cache slot; one whose MLP is
-    skipped runs its attention residual only (its keys and values still go to the draft's cache); a block skipped
-    whole is not run. The target's packed weights (and compiled steps) are shared, not copied."""
+class SkippingForm:
+    """A layer-skip draft (Draft & Verify): the target form's head 1 on its path without some sublayers, no draft heads,
+    on a cache of its own. A block whose attention is skipped runs only its MLP residual and holds no cache slot; one
+    whose MLP is skipped runs its attention residual only (its keys and values still go to the draft's cache); a block
+    skipped whole is not run. It drafts as a drafter's form does (``verify``, ``new_cache``, ``int8_drafter``) with the
+    target's packed weights and steps (compiled ones included), which it holds, not copies."""
 
-    def __init__(self, form: InferenceModel, skip: frozenset[Sublayer]) -> None:
-        # not InferenceModel.__init__, which packs: every attribute of the target's form, the weights included, then
-        # what differs
-        self.__dict__.update(form.__dict__)
-        self.heads, self.drafter, self.block_indices, self._variants, self.graphs = 1, None, {}, {}, None
-        self.path = []  # the blocks that run, whole or in part
+    heads, drafter, graphs = 1, None, None  # head 1 only; never captured (its steps are the drafter's, not verified)
+
+    def __init__(self, target: InferenceModel, skip: frozenset[Sublayer], int8: bool = False) -> None:
+        self.target, self.skip = target, skip
+        self.config, self.embeddings, self.vocab_size = target.config, target.embeddings, target.vocab_size
+        self.draft_dtype: DraftDtype = "int8" if int8 else "auto"
+        self.head1_output = target.head1_output.int8() if int8 else target.head1_output
+        self.path: list[PackedBlocks] = []  # the blocks that run, whole or in part
         self.sublayers: list[tuple[slice | None, bool]] = []  # of each: its cache slot (None: no attention), its MLP
         self.attending = 0  # blocks that run attention: the cache's slots
-        for i, blocks in enumerate(form.path):
+        for i, blocks in enumerate(target.path):
             attention, feed_forward = (i, ATTENTION) not in skip, (i, FEED_FORWARD) not in skip
             if attention or feed_forward:
-                self.path.append(blocks)
+                self.path.append(blocks.in_int8() if int8 else blocks)
                 self.sublayers.append((slice(self.attending, self.attending + 1) if attention else None, feed_forward))
                 self.attending += attention
-        self.draft_input_depth = len(self.path)
-        self.feed_forward_step = compiled_step(feed_forward_step) if self.compiled else feed_forward_step
+        self.feed_forward_step = compiled_step(feed_forward_step) if target.compiled else feed_forward_step
+        self._int8: SkippingForm | None = None
+
+    def int8_drafter(self) -> SkippingForm:
+        """This draft with its blocks and head 1's unembedding in int8 (CPU), built once: see
+        :meth:`InferenceModel.int8_drafter`."""
+        if self._int8 is None:
+            self._int8 = self if self.draft_dtype == "int8" else SkippingForm(self.target, self.skip, int8=True)
+        return self._int8
 
     @property
     def path_slots(self) -> slice:
         return slice(0, self.attending)
 
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
-        return self._kv_cache(self.attending, batch_size, max_len)
+        return self.target._kv_cache(self.attending, batch_size, max_len)
 
-    def run_path(self, tokens: Tensor, cache: KVCache) -> tuple[Tensor, Tensor]:
-        rotation = self.rotations[cache.rotary]  # (B, S, head_dim / 2)
+    def verify(self, tokens: Tensor, cache: KVCache, read: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Head 1's logits (B, R, V) at positions ``read`` (default: all S), and the path's output (B, S, d): as
+        :meth:`InferenceModel.verify`, on this draft's path."""
+        x = self.run_path(tokens, cache)
+        hidden = x
+        if read is not None:
+            x = x[torch.arange(x.size(0), device=x.device)[:, None], read]  # (B, R, d)
+        return self.head1_output(F.rms_norm(x, (x.size(-1),), eps=self.target.eps)), hidden
+
+    def run_path(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """The path's output (B, S, d) before the final norm (folded into head 1's unembedding)."""
+        target, compiled = self.target, self.target.compiled
+        rotation = target.rotations[cache.rotary]  # (B, S, head_dim / 2)
         x = F.embedding(tokens, self.embeddings)[None]  # (1, B, S, d)
         for blocks, (slots, feed_forward) in zip(self.path, self.sublayers, strict=True):
             if slots is None:
                 step = feed_forward_step if blocks.int8 else self.feed_forward_step
-                x = step(x.detach() if self.compiled else x, blocks, self.eps)
+                x = step(x.detach() if compiled else x, blocks, target.eps)
             else:
-                x = self._blocks(blocks, x, rotation, cache, slots, feed_forward=feed_forward)
-        return x[0], x[0]
+                x = target._blocks(blocks, x, rotation, cache, slots, feed_forward=feed_forward)
+        return x[0]
 
 
 class ParallelBlocks:

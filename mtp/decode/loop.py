@@ -109,7 +109,7 @@ class _Run:
         heads = tree.depth + 1 if heads_tree else config.heads
         heads_dtype = config.draft_dtype if drafter is None or config.hybrid else "auto"  # the heads' drafts' precision
         self.inference = InferenceModel.of(
-            model, heads, config.compile, heads_dtype, config.draft_vocab, config.cuda_graphs
+            model, heads, config.compile, heads_dtype, config.draft_first_ids, config.cuda_graphs
         )
         self.proposer = proposer = _proposer(drafter, self.inference, config)
         self.stats = DecodeStats(

@@ -37,7 +37,15 @@ from torch import Tensor
 
 from mtp.decode.acceptance import Greedy, Lossless, RandomLayout
 from mtp.decode.cache import KVCache
-from mtp.decode.inference import ATTENTION, FEED_FORWARD, InferenceModel, Sublayer, skip_label, sublayers_of
+from mtp.decode.inference import (
+    ATTENTION,
+    FEED_FORWARD,
+    InferenceModel,
+    SkippingForm,
+    Sublayer,
+    skip_label,
+    sublayers_of,
+)
 from mtp.decode.sampling import RowUniforms, processed_probs, sample_distinct, sample_from, sample_many, top_tokens
 from mtp.decode.settings import GenerationConfig, SettingError
 from mtp.model import MTPModel
@@ -204,7 +212,9 @@ class ModelDrafter(Proposer):
     k samples, or greedily the k likeliest first tokens each continued greedily), on k copies of each row's cache made
     for the proposal, and the step verifies them as the tree of k chains."""
 
-    def __init__(self, form: InferenceModel, method: str = "draft", params: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, form: InferenceModel | SkippingForm, method: str = "draft", params: dict[str, str] | None = None
+    ) -> None:
         self.form, self.method, self._params = form, method, params or {}
         self.device = form.embeddings.device
         self.context = form.config.max_seq_len

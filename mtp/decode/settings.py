@@ -114,10 +114,11 @@ class GenerationConfig:
     dtype. Head 1 verifies at full precision, so greedy output is unchanged and sampling stays lossless; only
     acceptance may move."""
 
-    draft_vocab: int = 0
-    """Heads 2..k score only the first draft_vocab token ids (0: all): FR-Spec's frequency-ranked draft vocabulary, as
-    a BPE vocabulary lists its tokens (merges in the order they were learned, most frequent first). Only the drafts'
-    unembedding shrinks; head 1 verifies over every token, so greedy output is unchanged and sampling stays lossless."""
+    draft_first_ids: int = field(default=0, metadata={"renamed_from": "draft_vocab"})
+    """Heads 2..k score only the token ids below this (0: all): FR-Spec's frequency-ranked draft vocabulary, as a BPE
+    vocabulary lists its tokens (merges in the order they were learned, most frequent first). Only the drafts'
+    unembedding shrinks; head 1 verifies over every token, so greedy output is unchanged and sampling stays lossless.
+    (A draft vocabulary trained with the heads is the model's own: ``model.draft_vocab``.)"""
 
     draft_choice: DraftChoice = "auto"
     """Sampling with exact acceptance: sampled (drafts drawn from the drafter's distribution processed as the target's,
@@ -185,8 +186,10 @@ class GenerationConfig:
             )
         if self.drafts_per_step < 1:
             raise SettingError("{drafts_per_step} must be at least 1.", drafts_per_step=self.drafts_per_step)
-        if self.draft_vocab < 0:
-            raise SettingError("{draft_vocab} must be 0 (every token) or positive.", draft_vocab=self.draft_vocab)
+        if self.draft_first_ids < 0:
+            raise SettingError(
+                "{draft_first_ids} must be 0 (every token) or positive.", draft_first_ids=self.draft_first_ids
+            )
         if self.drafts_per_step > 1 and (self.tree is not None or self.adaptive_drafts):
             raise SettingError(
                 "{drafts_per_step} verifies a tree of independent chains; it does not combine with a {tree:name} or "
@@ -307,17 +310,17 @@ class GenerationConfig:
                 f"model.share_depth=true draft beyond them; use {{heads:1..{model.n_future}}}.",
                 heads=self.heads,
             )
-        if self.draft_vocab and model.draft_vocab:
+        if self.draft_first_ids and model.draft_vocab:
             raise SettingError(
                 f"this checkpoint's heads were trained to score its {model.draft_vocab} most frequent tokens, and "
-                "{draft_vocab} would choose others; leave {draft_vocab:0}.",
-                draft_vocab=self.draft_vocab,
+                "{draft_first_ids} would choose others; leave {draft_first_ids:0}.",
+                draft_first_ids=self.draft_first_ids,
             )
-        if self.draft_vocab >= model.vocab_size:
+        if self.draft_first_ids >= model.vocab_size:
             raise SettingError(
-                f"{{draft_vocab}} must be below the vocabulary's {model.vocab_size} tokens (0: every token); "
-                f"use {{draft_vocab:{model.vocab_size // 4}}}, say.",
-                draft_vocab=self.draft_vocab,
+                f"{{draft_first_ids}} must be below the vocabulary's {model.vocab_size} tokens (0: every token); "
+                f"use {{draft_first_ids:{model.vocab_size // 4}}}, say.",
+                draft_first_ids=self.draft_first_ids,
             )
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")

@@ -121,21 +121,21 @@ def test_a_span_rounds_up_to_its_multiple_within_the_cache():
 
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 def test_a_draft_vocabulary_chosen_at_decoding_scores_the_first_token_ids(head_type):
-    """InferenceModel(draft_vocab=N): heads 2..k's logits are the full forward's over token ids 0..N-1 and -inf
+    """InferenceModel(draft_first_ids=N): heads 2..k's logits are the full forward's over token ids 0..N-1 and -inf
     above, on every kind of head (the ones sharing head 1's unembedding, and linear and medusa heads' own); head 1's
     are untouched."""
     model = tiny_model(**HEAD_TYPES[head_type])
     tokens = torch.randint(0, 40, (3, 18), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = full_forward(model, tokens, 14)
-        inference = InferenceModel(model, heads=4, draft_vocab=24)
+        inference = InferenceModel(model, heads=4, draft_first_ids=24)
         head1, drafts = cached_step(inference, tokens[:, :6], inference.new_cache(3, 32), [5, 3, 0], tokens)
     kept = full.clone()
     kept[1:, ..., 24:] = float("-inf")
     check_step(kept, head1, drafts, [0, 0, 0], [5, 3, 0])
     assert torch.isinf(drafts[..., 24:]).all() and torch.isfinite(drafts[..., :24]).all()
     # the forms built once per model are kept apart by their draft vocabulary
-    every, first = InferenceModel.of(model, 4), InferenceModel.of(model, 4, draft_vocab=24)
+    every, first = InferenceModel.of(model, 4), InferenceModel.of(model, 4, draft_first_ids=24)
     assert every.draft_tokens is None and first.draft_tokens.tolist() == list(range(24))
 
 

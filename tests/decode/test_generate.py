@@ -56,12 +56,12 @@ def test_greedy_decoding_with_a_reduced_draft_vocabulary_equals_the_reference(he
 
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 def test_greedy_decoding_with_a_draft_vocabulary_chosen_at_decoding_equals_the_reference(head_type):
-    """Heads 2..n scoring only token ids 0..19 of 40 (GenerationConfig.draft_vocab): their drafts pass or fail, head
+    """Heads 2..n scoring only token ids 0..19 of 40 (GenerationConfig.draft_first_ids): their drafts pass or fail, head
     1's output stays exact, with tokens no draft can be."""
     model = tiny_model(**HEAD_TYPES[head_type])
     reference = [greedy_without_cache(model, prompt, 24) for prompt in RAGGED]
     for heads in (2, 4):
-        out, stats = greedy(model, RAGGED, heads, draft_vocab=20)
+        out, stats = greedy(model, RAGGED, heads, draft_first_ids=20)
         assert out == reference, f"heads={heads}"
         assert stats.drafted[0] > 0
     assert any(token >= 20 for row in reference for token in row)
@@ -69,10 +69,10 @@ def test_greedy_decoding_with_a_draft_vocabulary_chosen_at_decoding_equals_the_r
 
 def test_a_draft_vocabulary_at_decoding_is_refused_beside_a_trained_one_or_beyond_the_vocabulary():
     trained = tiny_model(draft_vocab=20).config
-    with pytest.raises(SettingError, match="trained to score its 20 most frequent tokens, and draft_vocab=8 would"):
-        GenerationConfig(heads=2, draft_vocab=8).check_for(trained, [[1]])
-    with pytest.raises(SettingError, match="draft_vocab=40 must be below the vocabulary's 40 tokens"):
-        GenerationConfig(heads=2, draft_vocab=40).check_for(tiny_model().config, [[1]])
+    with pytest.raises(SettingError, match="trained to score its 20 most frequent tokens, and draft_first_ids=8 would"):
+        GenerationConfig(heads=2, draft_first_ids=8).check_for(trained, [[1]])
+    with pytest.raises(SettingError, match="draft_first_ids=40 must be below the vocabulary's 40 tokens"):
+        GenerationConfig(heads=2, draft_first_ids=40).check_for(tiny_model().config, [[1]])
 
 
 @pytest.mark.parametrize(  # linear: fixed-logits tests; causal-shared, medusa and causal alone (~4-5 s each) slow

@@ -200,8 +200,8 @@ HEAD_BLOCK_CASES = {
     "causal-shared-top_p": ("causal-shared", {"top_p": 0.9}, 0),
     "draft-vocab-top_p": ("transformer", {"top_p": 0.9}, 2),
     "medusa-draft-vocab": ("medusa", {}, 3),
-    "causal-decode-draft-vocab-top_p": ("causal", {"top_p": 0.9, "draft_vocab": 2}, 0),
-    "medusa-decode-draft-vocab": ("medusa", {"draft_vocab": 3}, 0),
+    "causal-decode-draft-vocab-top_p": ("causal", {"top_p": 0.9, "draft_first_ids": 2}, 0),
+    "medusa-decode-draft-vocab": ("medusa", {"draft_first_ids": 3}, 0),
 }
 """(head type, sampling settings, trained draft vocabulary)."""
 SLOW_HEAD_BLOCK_CASES = set(HEAD_BLOCK_CASES) - {"plain", "causal", "draft-vocab-top_p"}
