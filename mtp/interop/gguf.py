@@ -30,8 +30,7 @@ from torch import Tensor
 from mtp.config import ModelConfig
 from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles
-from mtp.interop.hf import expected_shapes
-from mtp.interop.llama import ffn_multiple_for, interleaved_to_halves
+from mtp.interop.llama import expected_shapes, ffn_multiple_for, interleaved_to_halves
 from mtp.interop.tokenizer import gguf_tokenizer
 
 INSTALL_HINT = "install the gguf extra with pip install -e '.[gguf]'"

@@ -29,9 +29,8 @@ from torch import Tensor
 from mtp.config import ModelConfig, stored_configs
 from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles
-from mtp.interop.llama import ffn_multiple_for, head_path_names, llama_config
+from mtp.interop.llama import check_tensors, expected_shapes, ffn_multiple_for, head_path_names, llama_config
 from mtp.interop.tokenizer import directory_tokenizer
-from mtp.model import MTPModel
 from mtp.model.heads import current_names
 
 MTP_CONFIG, MTP_HEADS = "mtp_config.json", "mtp_heads.safetensors"
@@ -128,30 +127,6 @@ def _model_config(hf: dict[str, Any], path: Path) -> ModelConfig:
                 "not written together (export again)."
             )
     return config
-
-
-def expected_shapes(config: ModelConfig) -> dict[str, torch.Size]:
-    """Every tensor of a model with this config, and its shape (built on the meta device: no memory)."""
-    with torch.device("meta"):
-        return {name: t.shape for name, t in MTPModel(config).state_dict().items()}
-
-
-def check_tensors(tensors: dict[str, Tensor], expected: dict[str, torch.Size], source: Path) -> None:
-    """One sentence naming the first missing, misshapen or unexpected tensor."""
-    missing = [name for name in expected if name not in tensors]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise UserError(f"{source} lacks tensor {missing[0]}{more}; the files are incomplete, export or copy again.")
-    for name, shape in expected.items():
-        if tensors[name].shape != shape:
-            raise UserError(
-                f"{source}: tensor {name} has shape {tuple(tensors[name].shape)}, but the config needs {tuple(shape)}."
-            )
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise UserError(
-            f"{source} has tensor {unexpected[0]} that the config does not describe (a different architecture?)."
-        )
 
 
 def read_tensors(path: Path) -> dict[str, Tensor]:

@@ -4,12 +4,17 @@ Head k's path is the trunk blocks, head k's block (none for linear heads), the s
 unembedding. It computes exactly what ``LlamaForCausalLM`` computes with the same weights: RMSNorm in fp32,
 rotary on (first half, second half) pairs (transformers' ``rotate_half``), SwiGLU with w1 = gate, w3 = up,
 w2 = down, grouped-query attention, no biases, untied embeddings. Nothing here imports transformers.
+
+The tensors a Llama of a given config holds, and their shapes (:func:`expected_shapes`, :func:`check_tensors`), are
+checked here for every format that reads one (Hugging Face, Meta, GGUF).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from mtp.config import ModelConfig
@@ -108,3 +113,27 @@ def interleaved_to_halves(weight: Tensor, head_dim: int) -> Tensor:
     out_features, in_features = weight.shape
     n = out_features // head_dim
     return weight.view(n, head_dim // 2, 2, in_features).transpose(1, 2).reshape(out_features, in_features)
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, torch.Size]:
+    """Every tensor of a model with this config, and its shape (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        return {name: t.shape for name, t in MTPModel(config).state_dict().items()}
+
+
+def check_tensors(tensors: dict[str, Tensor], expected: dict[str, torch.Size], source: Path) -> None:
+    """One sentence naming the first missing, misshapen or unexpected tensor."""
+    missing = [name for name in expected if name not in tensors]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise UserError(f"{source} lacks tensor {missing[0]}{more}; the files are incomplete, export or copy again.")
+    for name, shape in expected.items():
+        if tensors[name].shape != shape:
+            raise UserError(
+                f"{source}: tensor {name} has shape {tuple(tensors[name].shape)}, but the config needs {tuple(shape)}."
+            )
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise UserError(
+            f"{source} has tensor {unexpected[0]} that the config does not describe (a different architecture?)."
+        )

@@ -20,8 +20,7 @@ from torch import Tensor
 from mtp.config import ModelConfig
 from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles
-from mtp.interop.hf import check_tensors, expected_shapes
-from mtp.interop.llama import ffn_multiple_for, interleaved_to_halves
+from mtp.interop.llama import check_tensors, expected_shapes, ffn_multiple_for, interleaved_to_halves
 from mtp.interop.tokenizer import directory_tokenizer
 from mtp.model.heads import current_names
 
