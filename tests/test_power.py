@@ -1007,6 +1007,23 @@ MUTATIONS = [
         "form, cache, config, k = self.form, self.cache, self.config, self.branches",
         (f"{INT8}::test_int8_drafters_draft_with_int8_weights_and_leave_the_target_alone",),
     ),
+    Mutation(
+        "prompt lookup's drafts given int8 and other draft-choice twins, as if a model drew them",
+        "LookupDrafter",
+        "    drafts_with_a_model = draws_drafts = False",
+        "    drafts_with_a_model = draws_drafts = True",
+        (
+            "tests/test_decode_scripts.py::test_bench_decode_puts_int8_drafts_beside_float_ones",
+            "tests/test_decode_scripts.py::test_bench_decode_puts_top_ranked_drafts_beside_sampled_ones",
+        ),
+    ),
+    Mutation(
+        "a draft model's rows without Leviathan et al.'s predicted speed-up",
+        "DraftModel",
+        '    predicted = ("draft",)',
+        "    predicted = ()",
+        ("tests/test_decode_scripts.py::test_bench_decode_writes_results",),
+    ),
     # -- layer skip over sublayers, and its searches
     Mutation(
         "a sublayer draft skips the MLP where attention was asked, and the attention where the MLP was",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -235,10 +236,17 @@ def exactness_summary(entries: list[tuple[str, dict[str, Any]]]) -> str:
     return text + "."
 
 
-def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Speed-up and tokens per forward against the most tokens a step can emit: the heads' chain and the draft model
-    as lines (one colour per mode and batch size), the other methods as points in that colour, one legend entry per
-    line and per method."""
+def plot_decode(
+    rows: list[dict[str, Any]],
+    path: Path,
+    title: str,
+    markers: Mapping[str, str] | None = None,
+    gamma_series: Mapping[str, str] | None = None,
+) -> None:
+    """Speed-up and tokens per forward against the most tokens a step can emit: the heads' chain and each method of
+    ``gamma_series`` (label -> legend text; a draft model's over gamma) as lines (one colour per mode and batch size),
+    the other methods as points in that colour with their ``markers`` (label -> matplotlib marker; a spare for a
+    label without one), one legend entry per line and per method."""
     require_plotting()
     import matplotlib  # optional (the benchmarks extra): imported only when a plot is asked for
 
@@ -246,6 +254,9 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
+    choices = {"top": "1", "sampled": "2", "tempered": "3"}  # rows of another draft_choice than auto
+    markers = {"int8": "P", "draft vocab": "4", **choices, **(markers or {})}
+    lines = dict(gamma_series or {})  # label -> legend text
     fig, (speed_ax, tpf_ax) = plt.subplots(1, 2, figsize=(11, 5.2))
     colors = {}  # (mode, batch size) -> the colour of its chain line, which its other methods share
     handles = []
@@ -274,25 +285,12 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         color = colors[mode, batch_size] = chain.get_color()
         tpf_ax.plot([x_of(r) for r in series], [r["tokens_per_forward"] for r in series], **style, color=color)
         handles.append(Line2D([], [], color=color, **style, label=f"heads' chain, {mode}, batch {batch_size}"))
-        drafted = line(mode, batch_size, "draft")
-        if drafted:
-            style = dict(marker="D", markersize=5, linestyle=":", color=color)
-            speed_ax.plot([x_of(r) for r in drafted], [r["speedup"] for r in drafted], **style)
-            tpf_ax.plot([x_of(r) for r in drafted], [r["tokens_per_forward"] for r in drafted], **style)
-    markers = {
-        "tree": "*",
-        "fastest tree": "p",
-        "fastest tree: the chain": "p",
-        "typical": "x",
-        "adaptive": "s",
-        "draft": "D",
-        "layerskip": "^",
-        "lookup": "v",
-        "int8": "P",
-        "draft vocab": "4",
-    }
-    choices = {"top": "1", "sampled": "2", "tempered": "3"}  # rows of another draft_choice than auto
-    markers |= {"spectr": "h", "draft spectr": "H", "hybrid": "d", "staged": ">", **choices}
+        for method in lines:
+            drafted = line(mode, batch_size, method)
+            if drafted:
+                style = dict(marker=markers.get(method, "D"), markersize=5, linestyle=":", color=color)
+                speed_ax.plot([x_of(r) for r in drafted], [r["speedup"] for r in drafted], **style)
+                tpf_ax.plot([x_of(r) for r in drafted], [r["tokens_per_forward"] for r in drafted], **style)
     spare = iter("<8+|_X")  # methods of no marker of their own (one added later, or your own): one each, in turn
     shown = set()
     for r in rows:  # the other methods, int8 and top drafts: one point each, beside the chain's
@@ -301,7 +299,7 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         method = choice if method != "int8" and choice != "auto" else method
         method = "draft vocab" if r.get("draft_first_ids") and method == "chain" else method
         method = "captured" if r.get("cuda_graphs") and method == "chain" else method
-        if method in ("chain", "draft"):
+        if method == "chain" or method in lines:
             shown.add(method)
             continue
         marker = markers[method] if method in markers else markers.setdefault(method, next(spare, "."))
@@ -311,12 +309,14 @@ def plot_decode(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         tpf_ax.plot([x_of(r) + 0.08], [r["tokens_per_forward"]], **style, color=color)
         if method not in shown:
             shown.add(method)
-            label = {"tree": "tree", "int8": "int8 drafts (any method)"}.get(method)
+            label = {"int8": "int8 drafts (any method)"}.get(method)
             label = label or (f"{method} drafts (any method)" if method in choices else None)
-            label = label or method_label({**r, "drafter": {}, "gamma": 0})
+            label = label or method_label({**r, "drafter": {}, "gamma": 0, "tree_nodes": 0})  # one marker, every size
             handles.append(Line2D([], [], color="black", **style, label=label))
-    if "draft" in shown:
-        handles.append(Line2D([], [], color="black", marker="D", markersize=5, linestyle=":", label="draft model"))
+    for method, legend in lines.items():
+        if method in shown:
+            style = dict(marker=markers.get(method, "D"), markersize=5, linestyle=":")
+            handles.append(Line2D([], [], color="black", **style, label=legend))
     for ax, ylabel in ((speed_ax, "speed-up over autoregressive (tokens/s)"), (tpf_ax, "tokens per forward")):
         ax.set_xlabel("tokens a step can emit: heads used k, or gamma + 1")
         ax.set_ylabel(ylabel)

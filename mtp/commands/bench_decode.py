@@ -93,6 +93,7 @@ from mtp.commands.cli import (
     settings_named_by_flags,
 )
 from mtp.commands.methods import REGISTRY, Target
+from mtp.commands.methods.prompt_lookup import PromptLookup
 from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.decode.graphs import captures_on
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
@@ -103,6 +104,15 @@ from mtp.pretrained.distill import ChatTemplate
 
 HEADS_METHODS = ("chain", "tree", "typical", "adaptive", "spectr")
 """The ways the heads draft; the registered drafting methods (:mod:`mtp.commands.methods`) add theirs."""
+HEADS_MARKERS = {
+    "tree": "*",
+    "fastest tree": "p",
+    "fastest tree: the chain": "p",
+    "typical": "x",
+    "adaptive": "s",
+    "spectr": "h",
+}
+"""The benchmark plot's marker of each of the heads' variants (the chain is the line every plot draws)."""
 
 
 def methods() -> tuple[str, ...]:
@@ -344,6 +354,7 @@ def run(args: argparse.Namespace) -> None:
         if peer is not None:  # the HF peer in the same rounds
             peer.run_round()
     rows = [result_row(*setting[:4], best[i], *capture[i]) for i, setting in enumerate(settings)]
+    predicted = {label for method in REGISTRY.values() for label in method.predicted}
     for i, row in enumerate(rows):  # speed-up and forward cost against k = 1 of the same mode and batch size
         baseline = next(
             r
@@ -353,7 +364,7 @@ def run(args: argparse.Namespace) -> None:
         )
         row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
         row["forward_cost"] = row["ms_per_forward"] / baseline["ms_per_forward"]
-        if row["method"] == "draft":
+        if row["method"] in predicted:
             row["predicted_speedup"] = predicted_speedup(row, baseline)
         if row["draft_dtype"] != "auto":  # the draft side's time per step against the same setting's in float
             float_row = rows[settings.index(float_twin(settings[i]))]
@@ -418,7 +429,10 @@ def run(args: argparse.Namespace) -> None:
     if reference is not None:
         table += f"\n\n{exactness_summary(exactness_entries(rows, peer))}"
     (args.out / "results.md").write_text(f"{title}\n\n{table}\n")
-    plot_decode(rows, args.out / "decode.png", title)
+    registered = REGISTRY.values()
+    markers = HEADS_MARKERS | {label: marker for method in registered for label, marker in method.markers.items()}
+    series = {label: text for method in registered for label, text in method.gamma_series.items()}
+    plot_decode(rows, args.out / "decode.png", title, markers, series)
     print(f"\n{title}\n\n{table}\n\nwrote {args.out}/results.json, results.md, decode.png")
 
 
@@ -428,7 +442,7 @@ def in_draft_dtypes(entries: list[tuple], draft_dtypes: list[str]) -> list[tuple
     out = []
     for method, config, drafter in entries:
         out.append((method, config, drafter))
-        if config.heads > 1 or (config.gamma and method != "lookup"):
+        if config.heads > 1 or (drafter is not None and drafter.drafts_with_a_model):
             out += [(method, replace(config, draft_dtype=d), drafter) for d in draft_dtypes if d != config.draft_dtype]
     return out
 
@@ -468,8 +482,8 @@ def in_draft_choices(entries: list[tuple], draft_choices: list[str]) -> list[tup
     out = []
     for method, config, drafter in entries:
         out.append((method, config, drafter))
-        if config.samples_drafts and config.acceptance == "exact" and method not in ("lookup", "staged"):
-            if config.heads > 1 or config.gamma:
+        if config.samples_drafts and config.acceptance == "exact" and (drafter is None or drafter.draws_drafts):
+            if config.heads > 1 or drafter is not None:
                 choices = [c for c in draft_choices if c != config.draft_choice]
                 out += [(method, replace(config, draft_choice=c), drafter) for c in choices]
     return out
@@ -620,7 +634,7 @@ class HFPeer:
         lookups = [
             r
             for r in rows
-            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, "lookup", "auto")
+            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, PromptLookup.name, "auto")
         ]
         lookup = max(lookups, key=lambda r: r["tokens_per_s"], default=None)  # the fastest gamma, as HF's is one
         return {

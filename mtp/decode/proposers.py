@@ -95,6 +95,12 @@ class Proposer:
     """Forwards the proposer's own model ran (0 without one)."""
     context: int | None = None
     """The most positions its model holds (None: no model of its own, no limit)."""
+    drafts_with_a_model = True
+    """Its drafts come out of a model's forward (heads, a draft model, layer skip), so their precision
+    (``draft_dtype``) can change them; False: a lookup in the tokens."""
+    draws_drafts = True
+    """When sampling, it draws its drafts from laws it computes, so ``draft_choice`` can draw them otherwise; False:
+    its drafts are chosen another way (looked up, or decoded by an inner speculative step)."""
 
     def params(self) -> dict[str, str]:
         """The method's parameters, for the statistics line."""
@@ -319,6 +325,7 @@ class StagedDrafter(ModelDrafter):
     before it: what the target's step verifies them against."""
 
     method = "staged"
+    draws_drafts = False  # the inner step's exact rules draw them
 
     def __init__(self, form: InferenceModel, inner: str, ngram: int = 3) -> None:
         if inner not in ("lookup", "heads"):
@@ -526,6 +533,7 @@ class LookupDrafter(Proposer):
     """Prompt lookup: the continuation of the latest earlier occurrence of the last ``ngram`` (down to 1) tokens."""
 
     method = "lookup"
+    drafts_with_a_model = draws_drafts = False
 
     def __init__(self, ngram: int, vocab_size: int, device: torch.device | str) -> None:
         if ngram < 1:

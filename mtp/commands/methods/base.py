@@ -54,6 +54,13 @@ class DraftingMethod:
     """Whether its drafts can be verified beside the heads' in one step (a hybrid, with --self-speculative)."""
     bench_names: ClassVar[tuple[str, ...]] = ()
     """bench_decode's --methods entries it answers for (empty: its name alone)."""
+    markers: ClassVar[dict[str, str]] = {}
+    """The benchmark plot's matplotlib marker of each of its rows' labels (a label without one gets a spare)."""
+    gamma_series: ClassVar[dict[str, str]] = {}
+    """Its rows' labels plotted as a line over gamma (one per drafts-per-step setting), each with its legend text."""
+    predicted: ClassVar[tuple[str, ...]] = ()
+    """Its rows' labels whose speed-up Leviathan et al.'s formula predicts from their acceptance and draft cost (a
+    draft model's chain), reported beside the measured one."""
 
     @classmethod
     def flag(cls) -> str:

@@ -69,6 +69,9 @@ class DraftModel(DraftingMethod):
     selected_by = "draft"
     beside_heads = True
     bench_names = ("draft", "hybrid", "staged")
+    markers = {"draft": "D", "draft spectr": "H", "hybrid": "d", "staged": ">"}
+    gamma_series = {"draft": "draft model"}
+    predicted = ("draft",)
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser, bench: bool = False) -> None:

@@ -161,6 +161,7 @@ class LayerSkip(DraftingMethod):
     """The target itself drafts with some blocks or sublayers of head 1's path skipped (Draft & Verify)."""
 
     name = "layerskip"
+    markers = {"layerskip": "^"}
     settings = LayerSkipSettings
     selected_by = "skip_layers"
     beside_heads = True

@@ -22,6 +22,7 @@ class PromptLookup(DraftingMethod):
     """Prompt lookup drafts the continuation of an earlier match of the last tokens."""
 
     name = "lookup"
+    markers = {"lookup": "v"}
     settings = PromptLookupSettings
     selected_by = "prompt_lookup"
 
