@@ -138,7 +138,7 @@ def test_generation_config_names_its_fields():
     with pytest.raises(ValueError, match=re.escape("typical_delta=-1 must be at least 0.")):
         GenerationConfig(typical_delta=-1.0)
     with pytest.raises(SettingError) as err:
-        GenerationConfig(max_new_tokens=4, gamma=2, heads=3, draft_p_min=0.3)
+        GenerationConfig(max_new_tokens=4, heads=3, draft_p_min=0.3).drafted(2)
     assert err.value.fields == ("gamma", "tree", "draft_p_min")
     assert "draft_p_min" in str(err.value)
     assert err.value.render(cli.flag_of, " ").startswith("--gamma 2 drafts come from a drafter")

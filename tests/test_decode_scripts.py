@@ -439,7 +439,7 @@ def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeyp
     variants = bench.method_configs(args, loaded, bench.GenerationConfig(8, heads=4), "greedy")
     params = [drafter.params() for method, _, drafter in variants if method == "layerskip"]
     assert [p.get("search") for p in params] == ["blocks", "sublayers", None] and params[2]["skip"] == "3a"
-    assert all(config.gamma == 2 and config.heads == 1 for _, config, _ in variants)
+    assert all(drafter.gamma == 2 and config.heads == 1 for _, config, drafter in variants)
     with pytest.raises(UserError, match="--skip-sublayers chooses how --skip-layers auto searches"):
         bench.checked_args(
             [str(tiny_checkpoints["mtp4"]), "--methods", "layerskip", "--skip-layers", "3a", "--skip-sublayers"]

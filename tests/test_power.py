@@ -1516,6 +1516,38 @@ MUTATIONS = [
         '[CHECKPOINT_KEY].get("chats"))',
         (CHAT_CARRIED,),
     ),
+    # -- who drafts: a drafter carries its gamma, the settings none
+    Mutation(
+        "a drafter that drafts nothing per step decodes without a word",
+        "_Run.__init__",
+        "        if drafter is not None and drafter.gamma < 1:",
+        "        if False:",
+        (f"{DRAFTERS}::test_bad_drafter_settings_are_refused",),
+    ),
+    Mutation(
+        "generate drafts the default count, not the drafter's gamma",
+        "_Run.__init__",
+        "config = config.drafted(drafter.gamma if drafter is not None else 0)",
+        "config = config.drafted(4 if drafter is not None else 0)",
+        (f"{DRAFTERS}::test_the_target_as_its_own_draft_accepts_every_draft",),
+    ),
+    Mutation(
+        "a registered method's proposer drafts without the --gamma asked for",
+        "DraftingMethod.drafter",
+        "        return self.proposer(target).with_gamma(target.config.gamma)",
+        "        return self.proposer(target)",
+        ("tests/test_methods.py::test_a_method_of_a_test_file_gets_flags_a_decode_run_and_a_benchmark_row",),
+    ),
+    Mutation(
+        "a drafter's chains accepted beside a tree or a draft cut",
+        "Drafted.__post_init__",
+        "        if self.gamma and (self.tree is not None or self.draft_p_min > 0):",
+        "        if False:",
+        (
+            f"{DRAFTERS}::test_bad_drafter_settings_are_refused",
+            "tests/test_cli.py::test_generation_config_names_its_fields",
+        ),
+    ),
     # -- a step's memory
     Mutation(
         "the prompts' step sized by logits at every prompt position (refusing batches that fit)",

@@ -96,7 +96,7 @@ from mtp.commands.methods import REGISTRY, Target
 from mtp.commands.methods.prompt_lookup import PromptLookup
 from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.decode.graphs import captures_on
-from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
+from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES, Drafted
 from mtp.decode.tree import read_tree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 from mtp.errors import UserError
@@ -299,10 +299,10 @@ def run(args: argparse.Namespace) -> None:
         prompts, names = benchmark_prompts(loaded, problems, args.prompts, args.prompt_tokens, chat)
     chain = settings_from(args, GenerationConfig, heads=max(heads), draft_p_min=0.0)  # sampling's chain at the top k
     with settings_named_by_flags():  # the heads and the widest steps fit, before trees are fitted or layers searched
-        chain.check_for(loaded.config, prompts)
+        chain.drafted().check_for(loaded.config, prompts)
         gammas = [method(args).bench_gamma() for method in benchmarked(args)]
         if gammas:
-            replace(chain, heads=1, gamma=max(gammas)).check_for(loaded.config, prompts)
+            replace(chain, heads=1).drafted(max(gammas)).check_for(loaded.config, prompts)
     vocab, trained = loaded.config.vocab_size, loaded.config.draft_vocab
     if trained and max(args.draft_first_ids):
         raise UserError(
@@ -545,14 +545,14 @@ def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tup
     if "adaptive" in args.methods:
         variants.append(("adaptive", replace(chain, draft_p_min=args.draft_p_min, adaptive_drafts=True), None))
 
-    def drafted(gamma: int) -> GenerationConfig:
-        return replace(chain, heads=1, gamma=gamma)
+    def drafted(gamma: int) -> Drafted:
+        return replace(chain, heads=1).drafted(gamma)
 
     if "spectr" in args.methods:  # k sequences of the heads, SpecTr's rule (greedy: the k likeliest first drafts)
         variants += [("spectr", replace(chain, drafts_per_step=k, acceptance="spectr"), None) for k in args.sequences]
     device = next(loaded.model.parameters()).device
     for method in benchmarked(args):
-        target = Target(loaded, chain, device, args.dtype, args.compile)
+        target = Target(loaded, chain.drafted(args.gamma), device, args.dtype, args.compile)
         variants += method(args).bench_rows(target, args.methods, drafted)
     return variants
 
@@ -575,7 +575,7 @@ def result_row(
         "tokens_per_s": stats.tokens_per_s,
         "ms_per_forward": stats.ms_per_forward,
         "wall_time_s": stats.wall_time_s,
-        "gamma": config.gamma,
+        "gamma": int(stats.method_params.get("gamma", 0)),  # a drafter's, as the run recorded it
         "sequences": config.drafts_per_step,
         "drafter": stats.method_params,
         "draft_dtype": config.draft_dtype,

@@ -51,7 +51,7 @@ from mtp.commands.cli import (
     settings_named_by_flags,
 )
 from mtp.commands.methods import REGISTRY, Target
-from mtp.commands.methods.base import chosen_methods, method_flags
+from mtp.commands.methods.base import DrafterSettings, chosen_methods, method_flags
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.decode.proposers import Proposer
@@ -65,7 +65,6 @@ AUTOREGRESSIVE = {
     "tree": None,
     "draft_p_min": 0.0,
     "adaptive_drafts": False,
-    "gamma": 0,
     "drafts_per_step": 1,
     "draft_dtype": "auto",
 }
@@ -100,11 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
         notes={
             "heads": "default: all with --self-speculative, else 1",
             "compile": "a short warm-up decode compiles it before the timed one",
-            "gamma": f"here the drafter of {method_flags('or')}",
         },
         heads=None,
-        gamma=4,
     )
+    add_settings(decoding, DrafterSettings, notes={"gamma": f"the drafter of {method_flags('or')}"})
     decoding.add_argument(
         "--tree",
         help="verify a tree of candidates per step: a JSON file from scripts/fit_tree.py, or 'auto' to fit one now "
@@ -184,7 +182,8 @@ def pick_drafter(args: argparse.Namespace, loaded, config: GenerationConfig, dev
     chosen = chosen_methods(args)
     if not chosen:
         return None
-    return chosen[0](args).proposer(Target(loaded, config, device, args.dtype, args.compile))
+    target = Target(loaded, config.drafted(args.gamma), device, args.dtype, args.compile)
+    return chosen[0](args).drafter(target)
 
 
 def read_prompts(path: Path) -> list[dict]:
@@ -263,18 +262,19 @@ def main(argv: list[str] | None = None) -> int:
     heads = args.heads if args.heads is not None else 1  # all heads with --self-speculative, once they are known
     gamma = args.gamma if chosen_methods(args) else 0
     unknown = args.heads is None and args.self_speculative  # 2 stands in for all heads (at least 2 draft) until known
-    settings_from(args, GenerationConfig, heads=2 if unknown else heads, gamma=gamma)  # checked before loading
+    with settings_named_by_flags():  # checked before loading
+        settings_from(args, GenerationConfig, heads=2 if unknown else heads).drafted(gamma)
     device = pick_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
     if args.heads is None and args.self_speculative:
         heads = loaded.config.n_future
     if args.prompts is not None:
-        config = settings_from(args, GenerationConfig, heads=heads, gamma=gamma, eos_id=eot_id(loaded.tokenizer))
+        config = settings_from(args, GenerationConfig, heads=heads, eos_id=eot_id(loaded.tokenizer))
         records = read_prompts(args.prompts)[: args.prompt_count]
         prompts = [prompt_ids(loaded.tokenizer, record["prompt"]) for record in records]
         with settings_named_by_flags():
-            config.check_for(loaded.config, prompts)  # every prompt fits, before the first is decoded
+            config.drafted(gamma).check_for(loaded.config, prompts)  # every prompt fits, before the first decodes
             drafter = pick_drafter(args, loaded, config, device)
             if args.tree is not None:
                 config = replace(config, tree=pick_tree(args, loaded, config))
@@ -285,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("the prompt is empty; give at least one character.")
     prompt = prompt_ids(tokenizer, text)  # as documents start in training
     prompts = [prompt] * args.batch_size
-    config = settings_from(args, GenerationConfig, heads=heads, gamma=gamma, eos_id=eot_id(tokenizer))
+    config = settings_from(args, GenerationConfig, heads=heads, eos_id=eot_id(tokenizer))
     with settings_named_by_flags():
-        config.check_for(loaded.config, prompts)  # before a drafter is searched for or a tree fitted
+        config.drafted(gamma).check_for(loaded.config, prompts)  # before a drafter is searched for or a tree fitted
         drafter = pick_drafter(args, loaded, config, device)
         if args.tree is not None:
             config = replace(config, tree=pick_tree(args, loaded, config))

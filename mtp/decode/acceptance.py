@@ -2,7 +2,7 @@
 
 A rule reads head 1's logits where the drafts are verified, the drafts (a chain, or the nodes of a tree) and, when
 drafts were sampled, the distributions they were drawn from; it never runs the model. Three rules
-(:func:`rule_for` picks one from a :class:`~mtp.decode.settings.GenerationConfig`):
+(:func:`rule_for` picks one from a :class:`~mtp.decode.settings.Drafted` configuration):
 
 - :class:`Greedy` (temperature 0): a draft passes while it equals head 1's argmax, so the output is token for token
   that of greedy autoregressive decoding from head 1. A tree's node passes when it is head 1's argmax after its
@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mtp.decode.sampling import processed_probs, sample_from, top_tokens
-from mtp.decode.settings import GenerationConfig
+from mtp.decode.settings import Drafted
 from mtp.decode.tree import DraftTree
 
 
@@ -213,7 +213,7 @@ class RandomLayout:
     drafter_drafts: int = 0
 
     @classmethod
-    def of(cls, config: GenerationConfig) -> RandomLayout:
+    def of(cls, config: Drafted) -> RandomLayout:
         tree = config.step_tree
         if tree is None:
             tests = config.drafts
@@ -304,7 +304,7 @@ class Rule:
     samples_drafts = False
     """Drafts are drawn from their proposals (otherwise the top-ranked tokens are drafted)."""
 
-    def __init__(self, config: GenerationConfig, layout: RandomLayout) -> None:
+    def __init__(self, config: Drafted, layout: RandomLayout) -> None:
         self.config, self.layout = config, layout
 
     def target(self, logits: Tensor) -> Tensor:
@@ -563,7 +563,7 @@ class SpecTr(Lossless):
         return depth[node], sample_from(law, self.layout.next_token(draws)), t["ancestors"][node]
 
 
-def rule_for(config: GenerationConfig) -> Rule:
+def rule_for(config: Drafted) -> Rule:
     """The rule ``config`` decodes with: greedy at temperature 0 (whatever ``acceptance`` says), else its
     ``acceptance``."""
     layout = RandomLayout.of(config)

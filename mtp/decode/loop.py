@@ -33,7 +33,7 @@ from mtp.decode.inference import InferenceModel
 from mtp.decode.memory import check_step_fits
 from mtp.decode.proposers import HeadsProposer, HybridProposer, ModelDrafter, Proposal, Proposer
 from mtp.decode.sampling import RowUniforms
-from mtp.decode.settings import GenerationConfig
+from mtp.decode.settings import Drafted, GenerationConfig, SettingError
 from mtp.decode.stats import DecodeStats, SpanTimer
 from mtp.model import MTPModel
 
@@ -74,7 +74,8 @@ def generate(
     model: MTPModel, prompts: list[list[int]], config: GenerationConfig, drafter: Proposer | None = None
 ) -> tuple[list[list[int]], DecodeStats]:
     """Continue every prompt (a list of token ids each) by up to ``max_new_tokens`` tokens; rows are independent.
-    With ``drafter`` (and ``config.gamma`` > 0) the drafts come from it instead of the heads."""
+    With ``drafter`` the drafts come from it, its ``gamma`` per step, instead of the heads (beside them: a hybrid step,
+    with ``heads`` above 1)."""
     run = _Run(model, prompts, config, drafter)
     with run.exclusive():
         step = run.prompts_step(prompts)  # step 0: every prompt token counts as accepted
@@ -94,8 +95,9 @@ class _Run:
     def __init__(
         self, model: MTPModel, prompts: list[list[int]], config: GenerationConfig, drafter: Proposer | None
     ) -> None:
-        if (drafter is not None) != (config.gamma > 0):
-            raise ValueError("pass a drafter together with gamma > 0 (and gamma only with a drafter)")
+        if drafter is not None and drafter.gamma < 1:
+            raise SettingError("{gamma} must be at least 1 with a drafter.", gamma=drafter.gamma)
+        config = config.drafted(drafter.gamma if drafter is not None else 0)  # who drafts, and how much, checked
         config.check_for(model.config, prompts)
         device, tree, rule = next(model.parameters()).device, config.step_tree, rule_for(config)
         config.check_device(device)
@@ -232,7 +234,7 @@ class _Run:
         return self.rows.outputs, stats
 
 
-def _proposer(drafter: Proposer | None, inference: InferenceModel, config: GenerationConfig) -> Proposer:
+def _proposer(drafter: Proposer | None, inference: InferenceModel, config: Drafted) -> Proposer:
     """Who drafts: the heads, the drafter, or both in a hybrid step (a drafter with ``heads`` above 1)."""
     if drafter is None:
         return HeadsProposer(inference, config)
@@ -247,7 +249,7 @@ class _Rows:
     """The rows on the host: each live row's prompt index and the drafts it verifies in this step; every row's new
     tokens and draft count for its next step (adaptive drafting's)."""
 
-    def __init__(self, count: int, config: GenerationConfig) -> None:
+    def __init__(self, count: int, config: Drafted) -> None:
         self.config, self.index, self.verifying = config, list(range(count)), [0] * count
         self.outputs: list[list[int]] = [[] for _ in range(count)]
         self.planned = [config.drafts] * count

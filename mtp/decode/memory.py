@@ -64,7 +64,7 @@ def step_bytes(
 ) -> StepMemory:
     """The peak memory of one decoding step of ``step_positions`` positions per row (1 + a tree's nodes, 1 + a chain's
     drafts, or a prompt's length) over ``batch_size`` rows, with a KV cache of ``max_len`` positions per row
-    (:meth:`mtp.decode.settings.GenerationConfig.cache_length`) in ``dtype``. Attention spans the whole cache (as a
+    (:meth:`mtp.decode.settings.Drafted.cache_length`) in ``dtype``. Attention spans the whole cache (as a
     compiled step's does; an eager step's spans the held positions and the step's, at most as many). Head 1's logits
     are counted at ``logit_positions`` per row (default: every position; a prompt's step reads only its last)."""
     B, S, span = batch_size, step_positions, max(max_len, step_positions)

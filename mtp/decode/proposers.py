@@ -28,6 +28,7 @@ drawn from.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -47,8 +48,11 @@ from mtp.decode.inference import (
     sublayers_of,
 )
 from mtp.decode.sampling import RowUniforms, processed_probs, sample_distinct, sample_from, sample_many, top_tokens
-from mtp.decode.settings import GenerationConfig, SettingError
+from mtp.decode.settings import Drafted, GenerationConfig, SettingError
 from mtp.model import MTPModel
+
+DEFAULT_GAMMA = 4
+"""A drafter's drafts per step unless it is given its own (decode's --gamma default)."""
 
 
 @dataclass
@@ -95,6 +99,9 @@ class Proposer:
     """Forwards the proposer's own model ran (0 without one)."""
     context: int | None = None
     """The most positions its model holds (None: no model of its own, no limit)."""
+    gamma = 0
+    """Drafts it makes per step, at most (a drafter's, at least 1; 0 for the heads, whose drafts the settings count).
+    :meth:`with_gamma` gives the same drafter with another count."""
     drafts_with_a_model = True
     """Its drafts come out of a model's forward (heads, a draft model, layer skip), so their precision
     (``draft_dtype``) can change them; False: a lookup in the tokens."""
@@ -106,7 +113,13 @@ class Proposer:
         """The method's parameters, for the statistics line."""
         return {}
 
-    def start(self, prompts: list[list[int]], max_len: int, config: GenerationConfig | None = None) -> None:
+    def with_gamma(self, gamma: int) -> Proposer:
+        """This drafter (before it starts: nothing of a run is in it yet) drafting ``gamma`` tokens per step."""
+        drafter = copy.copy(self)
+        drafter.gamma = gamma
+        return drafter
+
+    def start(self, prompts: list[list[int]], max_len: int, config: Drafted | None = None) -> None:
         """``config`` (None: greedy) sets how drafts are made: sampled from their proposals or top-ranked."""
         self.config = config
         self.sampled = config is not None and config.samples_drafts
@@ -137,12 +150,12 @@ class HeadsProposer(Proposer):
 
     method = "heads"
 
-    def __init__(self, inference: InferenceModel, config: GenerationConfig) -> None:
+    def __init__(self, inference: InferenceModel, config: Drafted) -> None:
         # in a hybrid step the heads draft their own chain of heads - 1, beside a drafter's
         self.inference, self.layout = inference, RandomLayout.of(config)
         self.drafts = config.heads - 1 if config.gamma else config.drafts
 
-    def start(self, prompts: list[list[int]], max_len: int, config: GenerationConfig | None = None) -> None:
+    def start(self, prompts: list[list[int]], max_len: int, config: Drafted | None = None) -> None:
         super().start(prompts, max_len, config)
         self.pending: Proposal | None = None
 
@@ -219,16 +232,20 @@ class ModelDrafter(Proposer):
     for the proposal, and the step verifies them as the tree of k chains."""
 
     def __init__(
-        self, form: InferenceModel | SkippingForm, method: str = "draft", params: dict[str, str] | None = None
+        self,
+        form: InferenceModel | SkippingForm,
+        method: str = "draft",
+        params: dict[str, str] | None = None,
+        gamma: int = DEFAULT_GAMMA,
     ) -> None:
-        self.form, self.method, self._params = form, method, params or {}
+        self.form, self.method, self._params, self.gamma = form, method, params or {}, gamma
         self.device = form.embeddings.device
         self.context = form.config.max_seq_len
 
     def params(self) -> dict[str, str]:
         return self._params
 
-    def start(self, prompts: list[list[int]], max_len: int, config: GenerationConfig | None = None) -> None:
+    def start(self, prompts: list[list[int]], max_len: int, config: Drafted | None = None) -> None:
         super().start(prompts, max_len, config)
         if max_len > self.context:
             raise SettingError(
@@ -327,16 +344,16 @@ class StagedDrafter(ModelDrafter):
     method = "staged"
     draws_drafts = False  # the inner step's exact rules draw them
 
-    def __init__(self, form: InferenceModel, inner: str, ngram: int = 3) -> None:
+    def __init__(self, form: InferenceModel, inner: str, ngram: int = 3, gamma: int = DEFAULT_GAMMA) -> None:
         if inner not in ("lookup", "heads"):
             raise ValueError(f"inner={inner!r} must be lookup or heads")
         if inner == "heads" and form.heads < 2:
             raise ValueError("a staged draft that drafts with its heads needs a draft model with more than one head")
-        super().__init__(form, "staged", {"inner": inner})
+        super().__init__(form, "staged", {"inner": inner}, gamma)
         self.inner, self.ngram = inner, ngram
 
-    def start(self, prompts: list[list[int]], max_len: int, config: GenerationConfig | None = None) -> None:
-        config = config or GenerationConfig(gamma=1)
+    def start(self, prompts: list[list[int]], max_len: int, config: Drafted | None = None) -> None:
+        config = config or GenerationConfig().drafted(self.gamma)
         if config.drafts_per_step > 1:
             raise SettingError(
                 "a staged draft decodes one sequence of its own; use {drafts_per_step:1} with it.",
@@ -472,7 +489,7 @@ class HybridProposer(Proposer):
     def forwards(self) -> int:  # type: ignore[override]
         return self.drafter.forwards
 
-    def start(self, prompts: list[list[int]], max_len: int, config: GenerationConfig | None = None) -> None:
+    def start(self, prompts: list[list[int]], max_len: int, config: Drafted | None = None) -> None:
         assert config is not None and config.hybrid, "a hybrid proposer drafts with a drafter and the heads"
         super().start(prompts, max_len, config)
         self.drafter.start(prompts, max_len, config)
@@ -500,20 +517,25 @@ class HybridProposer(Proposer):
         return Proposal(tokens, probs, counts=counts, law_index=self.order if probs is not None else None)
 
 
-def draft_model_drafter(draft: MTPModel, compile: bool = False) -> ModelDrafter:
-    """Speculative sampling with ``draft`` (head 1 of any mtp model on the target's tokenizer)."""
-    return ModelDrafter(InferenceModel.of(draft, 1, compile), "draft")
+def draft_model_drafter(draft: MTPModel, compile: bool = False, gamma: int = DEFAULT_GAMMA) -> ModelDrafter:
+    """Speculative sampling with ``draft`` (head 1 of any mtp model on the target's tokenizer), ``gamma`` drafts a
+    step."""
+    return ModelDrafter(InferenceModel.of(draft, 1, compile), "draft", gamma=gamma)
 
 
-def staged_drafter(draft: MTPModel, inner: str, compile: bool = False) -> StagedDrafter:
+def staged_drafter(draft: MTPModel, inner: str, compile: bool = False, gamma: int = DEFAULT_GAMMA) -> StagedDrafter:
     """Staged speculative decoding with ``draft``, its own drafts from prompt lookup (``inner="lookup"``) or from its
-    heads (``inner="heads"``: all of them)."""
+    heads (``inner="heads"``: all of them), ``gamma`` drafts a step."""
     heads = draft.config.n_future if inner == "heads" else 1
-    return StagedDrafter(InferenceModel.of(draft, heads, compile), inner)
+    return StagedDrafter(InferenceModel.of(draft, heads, compile), inner, gamma=gamma)
 
 
 def layer_skip_drafter(
-    model: MTPModel, skip: Iterable[int | Sublayer], compile: bool = False, params: dict[str, str] | None = None
+    model: MTPModel,
+    skip: Iterable[int | Sublayer],
+    compile: bool = False,
+    params: dict[str, str] | None = None,
+    gamma: int = DEFAULT_GAMMA,
 ) -> ModelDrafter:
     """The target with ``skip`` of head 1's path skipped, drafting with head 1: whole blocks by index (0..
     len(model.layers) - 1: the trunk, then head 1's own block), or sublayers, (block, ATTENTION or FEED_FORWARD).
@@ -526,7 +548,7 @@ def layer_skip_drafter(
             "or of their sublayers"
         )
     form = InferenceModel.of(model, 1, compile).skipping(sublayers)
-    return ModelDrafter(form, "layerskip", {"skip": skip_label(sublayers), **(params or {})})
+    return ModelDrafter(form, "layerskip", {"skip": skip_label(sublayers), **(params or {})}, gamma)
 
 
 class LookupDrafter(Proposer):
@@ -535,15 +557,15 @@ class LookupDrafter(Proposer):
     method = "lookup"
     drafts_with_a_model = draws_drafts = False
 
-    def __init__(self, ngram: int, vocab_size: int, device: torch.device | str) -> None:
+    def __init__(self, ngram: int, vocab_size: int, device: torch.device | str, gamma: int = DEFAULT_GAMMA) -> None:
         if ngram < 1:
             raise ValueError(f"ngram={ngram} must be at least 1")
-        self.ngram, self.vocab_size, self.device = ngram, vocab_size, torch.device(device)
+        self.ngram, self.vocab_size, self.device, self.gamma = ngram, vocab_size, torch.device(device), gamma
 
     def params(self) -> dict[str, str]:
         return {"ngram": str(self.ngram)}
 
-    def start(self, prompts: list[list[int]], max_len: int, config: GenerationConfig | None = None) -> None:
+    def start(self, prompts: list[list[int]], max_len: int, config: Drafted | None = None) -> None:
         if config is not None and config.step_tree is not None:
             raise SettingError(
                 "prompt lookup drafts one continuation per row, which no tree is made of; use {drafts_per_step:1} "

@@ -7,7 +7,7 @@ value and a fix, which the command lines render under their flags (:func:`mtp.co
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal, get_args
 
 import torch
@@ -103,12 +103,8 @@ class GenerationConfig:
     """Stop drafting deeper than the first draft whose head's top probability is below this (0: off)."""
     adaptive_drafts: bool = False
     """Chains and drafters: a row drafts 2 more after a step that accepted all its drafts, 1 less otherwise."""
-    gamma: int = 0
-    """Drafts per step from a drafter (draft model, layer skip, prompt lookup) passed to ``generate``; 0: none."""
     drafts_per_step: int = 1
     """Independent draft sequences per step (SpecTr's k): a tree of k chains, verified together; 1: one chain."""
-    step_tree: DraftTree | None = field(default=None, init=False, repr=False, compare=False, metadata={"flag": False})
-    """The tree a step verifies, derived from the settings (:meth:`draft_tree`); None: a chain."""
     draft_dtype: DraftDtype = "auto"
     """int8: the draft side (draft heads, a draft model, layer skip) multiplies int8 weights, on CPU; auto: the model's
     dtype. Head 1 verifies at full precision, so greedy output is unchanged and sampling stays lossless; only
@@ -164,26 +160,9 @@ class GenerationConfig:
                 tree=self.tree,
                 draft_p_min=self.draft_p_min,
             )
-        if self.gamma < 0:
-            raise SettingError("{gamma} must be at least 1 (with a drafter) or 0 (none).", gamma=self.gamma)
         if self.draft_dtype not in DRAFT_DTYPES:
             dtypes = ", ".join(DRAFT_DTYPES)
             raise SettingError(f"{{draft_dtype}} must be one of {dtypes}.", draft_dtype=self.draft_dtype)
-        if self.draft_dtype != "auto" and self.heads == 1 and not self.gamma:
-            raise SettingError(
-                "{draft_dtype} quantizes the drafts, but {heads} without a drafter drafts nothing; draft with more "
-                "heads or a drafter, or leave {draft_dtype:auto}.",
-                draft_dtype=self.draft_dtype,
-                heads=self.heads,
-            )
-        if self.gamma and (self.tree is not None or self.draft_p_min > 0):
-            raise SettingError(
-                "{gamma} drafts come from a drafter, which drafts chains, not a {tree:name} of the heads' candidates; "
-                "use no {tree:name} and no {draft_p_min:name} with it.",
-                gamma=self.gamma,
-                tree=self.tree,
-                draft_p_min=self.draft_p_min,
-            )
         if self.drafts_per_step < 1:
             raise SettingError("{drafts_per_step} must be at least 1.", drafts_per_step=self.drafts_per_step)
         if self.draft_first_ids < 0:
@@ -198,12 +177,6 @@ class GenerationConfig:
                 tree=self.tree,
                 adaptive_drafts=self.adaptive_drafts,
             )
-        if self.drafts_per_step > 1 and self.drafts == 0:
-            raise SettingError(
-                "{drafts_per_step} needs drafts: use {heads:name} above 1 or a drafter.",
-                drafts_per_step=self.drafts_per_step,
-                heads=self.heads,
-            )
         if self.draft_choice not in DRAFT_CHOICES:
             choices = ", ".join(DRAFT_CHOICES)
             raise SettingError(f"{{draft_choice}} must be one of {choices}.", draft_choice=self.draft_choice)
@@ -217,27 +190,6 @@ class GenerationConfig:
                 acceptance=self.acceptance,
                 draft_choice=self.draft_choice,
             )
-        if self.acceptance == "spectr" and self.hybrid:
-            raise SettingError(
-                "{acceptance} selects among independent drafts of one proposer, and a hybrid step ({gamma} drafts "
-                "beside {heads}) mixes two; use {acceptance:exact} with it.",
-                acceptance=self.acceptance,
-                gamma=self.gamma,
-                heads=self.heads,
-            )
-        self.step_tree = self.draft_tree()
-
-    def draft_tree(self) -> DraftTree | None:
-        """The tree a step verifies: ``tree``; else, with ``drafts_per_step`` k > 1, k chains of the drafter's gamma
-        drafts or of the heads' k - 1; with a drafter and heads (a hybrid), the drafter's chains and the heads' chain
-        as one more branch; None: one chain."""
-        if self.tree is not None:
-            return self.tree
-        heads = self.heads - 1
-        if self.gamma and heads:
-            return DraftTree.branches([self.gamma] * self.drafts_per_step + [heads])
-        length = self.gamma or heads
-        return DraftTree.branches([length] * self.drafts_per_step) if self.drafts_per_step > 1 else None
 
     @property
     def greedy(self) -> bool:
@@ -272,18 +224,6 @@ class GenerationConfig:
         auto_tempered = self.draft_choice == "auto" and heads and device.type == "cpu"
         return 1.0 if self.draft_choice == "tempered" or auto_tempered else self.top_p
 
-    @property
-    def drafts(self) -> int:
-        """Draft positions (chain) or depths (tree) a step can verify."""
-        if self.tree is not None:
-            return self.tree.depth
-        return max(self.gamma, self.heads - 1)
-
-    @property
-    def hybrid(self) -> bool:
-        """A drafter's chains and the heads' chain verified together as one tree."""
-        return self.gamma > 0 and self.heads > 1
-
     def check_device(self, device: torch.device) -> None:
         """Whether these settings run on ``device``: int8 drafts only on CPU (:mod:`mtp.decode.int8`), captured steps
         only on CUDA (:mod:`mtp.decode.graphs`)."""
@@ -299,6 +239,83 @@ class GenerationConfig:
                 "decode on CPU, or leave {draft_dtype:auto}.",
                 draft_dtype=self.draft_dtype,
             )
+
+    def drafted(self, gamma: int = 0) -> Drafted:
+        """These settings as one :func:`~mtp.decode.generate` call runs them, with a drafter that drafts ``gamma``
+        tokens per step (:attr:`mtp.decode.proposers.Proposer.gamma`; 0: none, the heads draft or nothing does)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        return Drafted(**(values | {"gamma": gamma}))
+
+
+@dataclass
+class Drafted(GenerationConfig):
+    """Decoding settings with who drafts: the heads, or a drafter and its ``gamma`` drafts per step (which the drafter
+    carries: ``generate`` makes this of its settings and its drafter, :meth:`GenerationConfig.drafted`). What depends
+    on who drafts is checked and derived here: the tree a step verifies, its drafts, the positions a row needs."""
+
+    gamma: int = field(default=0, metadata={"flag": False})
+    """Drafts per step from a drafter (draft model, layer skip, prompt lookup); 0: none."""
+    step_tree: DraftTree | None = field(default=None, init=False, repr=False, compare=False, metadata={"flag": False})
+    """The tree a step verifies, derived from the settings (:meth:`draft_tree`); None: a chain."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gamma < 0:
+            raise SettingError("{gamma} must be at least 1 (with a drafter) or 0 (none).", gamma=self.gamma)
+        if self.draft_dtype != "auto" and self.heads == 1 and not self.gamma:
+            raise SettingError(
+                "{draft_dtype} quantizes the drafts, but {heads} without a drafter drafts nothing; draft with more "
+                "heads or a drafter, or leave {draft_dtype:auto}.",
+                draft_dtype=self.draft_dtype,
+                heads=self.heads,
+            )
+        if self.gamma and (self.tree is not None or self.draft_p_min > 0):
+            raise SettingError(
+                "{gamma} drafts come from a drafter, which drafts chains, not a {tree:name} of the heads' candidates; "
+                "use no {tree:name} and no {draft_p_min:name} with it.",
+                gamma=self.gamma,
+                tree=self.tree,
+                draft_p_min=self.draft_p_min,
+            )
+        if self.drafts_per_step > 1 and self.drafts == 0:
+            raise SettingError(
+                "{drafts_per_step} needs drafts: use {heads:name} above 1 or a drafter.",
+                drafts_per_step=self.drafts_per_step,
+                heads=self.heads,
+            )
+        if self.acceptance == "spectr" and self.hybrid:
+            raise SettingError(
+                "{acceptance} selects among independent drafts of one proposer, and a hybrid step ({gamma} drafts "
+                "beside {heads}) mixes two; use {acceptance:exact} with it.",
+                acceptance=self.acceptance,
+                gamma=self.gamma,
+                heads=self.heads,
+            )
+        self.step_tree = self.draft_tree()
+
+    def draft_tree(self) -> DraftTree | None:
+        """The tree a step verifies: ``tree``; else, with ``drafts_per_step`` k > 1, k chains of the drafter's gamma
+        drafts or of the heads' k - 1; with a drafter and heads (a hybrid), the drafter's chains and the heads' chain
+        as one more branch; None: one chain."""
+        if self.tree is not None:
+            return self.tree
+        heads = self.heads - 1
+        if self.gamma and heads:
+            return DraftTree.branches([self.gamma] * self.drafts_per_step + [heads])
+        length = self.gamma or heads
+        return DraftTree.branches([length] * self.drafts_per_step) if self.drafts_per_step > 1 else None
+
+    @property
+    def drafts(self) -> int:
+        """Draft positions (chain) or depths (tree) a step can verify."""
+        if self.tree is not None:
+            return self.tree.depth
+        return max(self.gamma, self.heads - 1)
+
+    @property
+    def hybrid(self) -> bool:
+        """A drafter's chains and the heads' chain verified together as one tree."""
+        return self.gamma > 0 and self.heads > 1
 
     def check_for(self, model: ModelConfig, prompts: list[list[int]]) -> None:
         """Whether ``model`` can decode ``prompts`` with these settings (:func:`~mtp.decode.generate` asks, and the

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from mtp.decode.inference import ATTENTION, FEED_FORWARD, InferenceModel, Sublayer, skip_label, sublayers_of
 from mtp.decode.loop import generate
 from mtp.decode.proposers import ModelDrafter
-from mtp.decode.settings import GenerationConfig
+from mtp.decode.settings import Drafted
 from mtp.decode.stats import DecodeStats
 from mtp.model import MTPModel
 
@@ -118,16 +118,16 @@ class SearchResult:
         return skip_label(self.skip)
 
 
-def skip_decoding(search: GenerationConfig) -> GenerationConfig:
+def skip_decoding(search: Drafted) -> Drafted:
     """The settings a search decodes its prompts with: ``search``'s sampling settings and gamma, no EOS (every prompt
     gives its full count), not compiled (one decode per set would pay a compile each)."""
     return replace(search, eos_id=None, compile=False)
 
 
-def decode_with(model: MTPModel, prompts: list[list[int]], config: GenerationConfig, skip: frozenset[Sublayer]):
+def decode_with(model: MTPModel, prompts: list[list[int]], config: Drafted, skip: frozenset[Sublayer]):
     """The statistics of decoding each prompt alone with ``skip``'s layer-skip draft (any set, the empty one too: the
     target drafting for itself)."""
-    drafter = ModelDrafter(InferenceModel.of(model, 1).skipping(skip), "layerskip")
+    drafter = ModelDrafter(InferenceModel.of(model, 1).skipping(skip), "layerskip", gamma=config.gamma)
     runs = [generate(model, [prompt], config, drafter)[1] for prompt in prompts]
     return sum(runs, DecodeStats.empty(runs[0]))
 
@@ -213,7 +213,7 @@ class Trials:
     """The search's objective: a skip set's time per token, from decoding the prompts with it once (the counts are
     deterministic, so a set seen before is not decoded again)."""
 
-    def __init__(self, model: MTPModel, prompts: list[list[int]], config: GenerationConfig, costs: DraftCosts) -> None:
+    def __init__(self, model: MTPModel, prompts: list[list[int]], config: Drafted, costs: DraftCosts) -> None:
         self.model, self.prompts, self.config, self.costs = model, prompts, skip_decoding(config), costs
         self.blocks = len(model.layers)
         self.seen: dict[frozenset[Sublayer], Trial] = {}

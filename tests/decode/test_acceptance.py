@@ -19,7 +19,7 @@ from mtp.decode.acceptance import (
     rule_for,
 )
 from mtp.decode.sampling import sample_distinct, sample_many, top_tokens
-from mtp.decode.settings import GenerationConfig
+from mtp.decode.settings import Drafted, GenerationConfig
 from mtp.decode.tree import DraftTree
 
 V = 4
@@ -42,13 +42,13 @@ def draws_for(rule, tests: list[float], next_token: float) -> torch.Tensor:
     return draws
 
 
-def sampling(**settings) -> GenerationConfig:
-    return GenerationConfig(**{"temperature": 1.0, "heads": 5, **settings})
+def sampling(gamma: int = 0, **settings) -> Drafted:
+    return GenerationConfig(**{"temperature": 1.0, "heads": 5, **settings}).drafted(gamma)
 
 
 def test_the_config_picks_the_rule():
-    assert isinstance(rule_for(GenerationConfig(heads=5)), Greedy)
-    assert isinstance(rule_for(GenerationConfig(heads=5, acceptance="typical")), Greedy)  # greedy ignores typical
+    assert isinstance(rule_for(GenerationConfig(heads=5).drafted()), Greedy)
+    assert isinstance(rule_for(GenerationConfig(heads=5, acceptance="typical").drafted()), Greedy)  # ignores typical
     assert isinstance(rule_for(sampling()), Lossless)
     assert isinstance(rule_for(sampling(acceptance="typical")), Typical)
 
@@ -58,10 +58,10 @@ def test_the_config_picks_the_rule():
     [
         sampling(),
         sampling(tree=DraftTree([(0,), (1,), (0, 0), (0, 1), (1, 0)])),
-        GenerationConfig(temperature=1.0, gamma=3),
+        sampling(3, heads=1),
         sampling(drafts_per_step=3, acceptance="spectr"),
-        GenerationConfig(temperature=1.0, gamma=3, drafts_per_step=2),
-        GenerationConfig(temperature=1.0, gamma=3, heads=3, drafts_per_step=2),  # hybrid
+        sampling(3, heads=1, drafts_per_step=2),
+        sampling(3, heads=3, drafts_per_step=2),  # hybrid
     ],
     ids=["chain", "tree", "drafter", "spectr-heads", "drafter-sequences", "hybrid"],
 )
@@ -86,7 +86,8 @@ def greedy_chain(matching: int, live: int = 4) -> tuple[int, int]:
     """Head 1's argmax equals the first ``matching`` drafts, then differs (token after position j: 3 - j % 2)."""
     argmax = [CHAIN[0, j].item() if j < matching else (CHAIN[0, j].item() + 1) % V for j in range(4)] + [2]
     head1 = logits(*[[0.7 if i == t else 0.1 for i in range(V)] for t in argmax])
-    accepted, token = rule_for(GenerationConfig(heads=5)).chain(head1, CHAIN, torch.tensor([live]), None, None)
+    rule = rule_for(GenerationConfig(heads=5).drafted())
+    accepted, token = rule.chain(head1, CHAIN, torch.tensor([live]), None, None)
     return accepted.item(), token.item()
 
 

@@ -42,12 +42,12 @@ def test_greedy_drafting_equals_autoregressive(method, counting_target):
     prompts[2][4:7] = prompts[2][:3]  # a repeated trigram in one prompt, for lookup to find
     reference, _ = generate(model, prompts, GenerationConfig(48, heads=1))
     drafter = drafter_for(method, model, 40)
-    for decoding in (dict(gamma=4), dict(gamma=3, adaptive_drafts=True)):
-        out, stats = generate(model, prompts, GenerationConfig(48, **decoding), drafter)
+    for gamma, decoding in ((4, {}), (3, dict(adaptive_drafts=True))):
+        out, stats = generate(model, prompts, GenerationConfig(48, **decoding), drafter.with_gamma(gamma))
         assert out == reference, decoding
         assert 0 < sum(stats.accepted) < sum(stats.drafted)  # drafts pass at some steps, not at all
         assert stats.method == method and f"method={method}" in stats.line()
-    alone, _ = generate(model, prompts[1:2], GenerationConfig(48, gamma=2), drafter)
+    alone, _ = generate(model, prompts[1:2], GenerationConfig(48), drafter.with_gamma(2))
     assert alone == reference[1:2]
 
 
@@ -57,9 +57,9 @@ def test_the_target_as_its_own_draft_accepts_every_draft(temperature, counting_t
     cache (a position kept or dropped wrongly at a step's rollback, a ragged row misread) shows as a rejection."""
     model = counting_target
     prompts = [[3, 9, 1, 4, 4], [7], [2, 2, 2, 30, 31, 5, 6, 8, 11]]
-    config = GenerationConfig(40, temperature, gamma=3, seed=2, adaptive_drafts=temperature > 0)
+    config = GenerationConfig(40, temperature, seed=2, adaptive_drafts=temperature > 0)
     reference, _ = generate(model, prompts, GenerationConfig(40, temperature, seed=2))
-    out, stats = generate(model, prompts, config, draft_model_drafter(model))
+    out, stats = generate(model, prompts, config, draft_model_drafter(model, gamma=3))
     assert stats.accepted == stats.drafted and stats.drafted[0] > 0
     assert stats.method == "draft"
     if temperature == 0:  # sampled, the drafts come from other draws than autoregressive decoding's tokens
@@ -115,7 +115,8 @@ def test_draft_model_proposals_follow_the_accepted_tokens(counting_target):
     draft = train_on_cycles(tiny_model(n_future=1, vocab_size=40, seed=7), steps=15)
     drafter = CheckedDrafter(draft)
     prompts = [[3, 9, 1, 4, 4], [7], [2, 2, 2, 30, 31, 5, 6, 8, 11]]
-    for decoding in (dict(gamma=3), dict(gamma=4, adaptive_drafts=True)):
+    for gamma, decoding in ((3, {}), (4, dict(adaptive_drafts=True))):
+        drafter.gamma = gamma  # this one drafter counts its checks
         _, stats = generate(counting_target, prompts, GenerationConfig(30, 1.0, **decoding), drafter)
         assert 0 < sum(stats.accepted) < sum(stats.drafted) and drafter.checked > 20
 
@@ -151,16 +152,16 @@ def test_bad_drafter_settings_are_refused(counting_target):
     with pytest.raises(ValueError, match="some but not all"):
         layer_skip_drafter(counting_target, frozenset({len(counting_target.layers)}))
     with pytest.raises(ValueError, match="no draft_p_min"):
-        GenerationConfig(8, gamma=2, draft_p_min=0.5)
+        GenerationConfig(8, draft_p_min=0.5).drafted(2)
     with pytest.raises(ValueError, match="drafts_per_step=2 needs drafts"):
-        GenerationConfig(8, drafts_per_step=2)
-    with pytest.raises(ValueError, match="drafter together with gamma"):
-        generate(counting_target, [[1]], GenerationConfig(8, gamma=2))
+        generate(counting_target, [[1]], GenerationConfig(8, drafts_per_step=2))
+    with pytest.raises(ValueError, match="gamma=0 must be at least 1 with a drafter"):
+        generate(counting_target, [[1]], GenerationConfig(8), LookupDrafter(1, 40, "cpu", gamma=0))
     with pytest.raises(ValueError, match="ngram"):
         LookupDrafter(0, 40, "cpu")
     short = draft_model_drafter(tiny_model(n_future=1, vocab_size=40, max_seq_len=16))
     with pytest.raises(ValueError, match=r"the draft model's context \(16 tokens\) is below the 2"):
-        generate(counting_target, [list(range(12))], GenerationConfig(8, gamma=2), short)
+        generate(counting_target, [list(range(12))], GenerationConfig(8), short.with_gamma(2))
 
 
 # -- lossless sampling: the exact joint of head 1's sampling against many sampled rows
@@ -202,7 +203,7 @@ def check_drafter(
     ``drafter`` from a target of logit ``tables`` (default :func:`target_tables`; head 1's are the target), with more
     GenerationConfig settings ``decoding`` (heads of a hybrid step, several draft sequences)."""
     length = gamma + 2  # the prompt step's token, gamma verified drafts, the token after them
-    config = GenerationConfig(length, temperature, top_p=top_p, gamma=gamma, seed=seed, **decoding)
+    config = GenerationConfig(length, temperature, top_p=top_p, seed=seed, **decoding)
     tables = target_tables() if tables is None else tables
     step = [reference_probs(tables[0, a], temperature, 0, top_p) for a in range(VOCAB)]
     joint: dict[tuple[int, ...], float] = {}
@@ -216,7 +217,7 @@ def check_drafter(
                 enumerate_from(token, prefix + (token,), p * q)
 
     enumerate_from(PROMPT[-1], (), 1.0)
-    out, stats = generate(fixed_logits_model(tables), [PROMPT] * rows, config, drafter)
+    out, stats = generate(fixed_logits_model(tables), [PROMPT] * rows, config, drafter.with_gamma(gamma))
     samples = [tuple(row) for row in out]
     outside = sum(s not in joint for s in samples)
     return total_variation(samples, joint), tv_threshold(joint, rows), outside, stats
@@ -325,7 +326,8 @@ def test_layer_skip_with_proposals_of_the_wrong_position_fails_the_real_model_ch
     monkeypatch.setattr(drafters_module.ModelDrafter, "propose", _flipped(drafters_module.ModelDrafter.propose))
     model, drafter = real_model_drafter("layerskip")
     with pytest.raises(AssertionError):
-        check_real_model(model, GenerationConfig(max_new_tokens=4, temperature=1.0, gamma=2, seed=5), drafter=drafter)
+        config = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5)
+        check_real_model(model, config, drafter=drafter.with_gamma(2))
 
 
 @pytest.mark.parametrize(  # a draft model's case with the slow tests: everyday on the fixed tables
@@ -335,6 +337,6 @@ def test_drafted_sampling_lossless_on_real_models(method):
     """Attention everywhere (the target, a random draft model, the target without a block): every context changes the
     logits, so the drafters' caches and the rows' ragged acceptance all matter."""
     model, drafter = real_model_drafter(method)
-    config = GenerationConfig(max_new_tokens=4, temperature=1.0, gamma=2, seed=5)
-    stats = check_real_model(model, config, drafter=drafter)
+    config = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5)
+    stats = check_real_model(model, config, drafter=drafter.with_gamma(2))
     assert 0 < sum(stats.accepted) < sum(stats.drafted)

@@ -70,9 +70,9 @@ def test_greedy_decoding_with_a_draft_vocabulary_chosen_at_decoding_equals_the_r
 def test_a_draft_vocabulary_at_decoding_is_refused_beside_a_trained_one_or_beyond_the_vocabulary():
     trained = tiny_model(draft_vocab=20).config
     with pytest.raises(SettingError, match="trained to score its 20 most frequent tokens, and draft_first_ids=8 would"):
-        GenerationConfig(heads=2, draft_first_ids=8).check_for(trained, [[1]])
+        GenerationConfig(heads=2, draft_first_ids=8).drafted().check_for(trained, [[1]])
     with pytest.raises(SettingError, match="draft_first_ids=40 must be below the vocabulary's 40 tokens"):
-        GenerationConfig(heads=2, draft_first_ids=40).check_for(tiny_model().config, [[1]])
+        GenerationConfig(heads=2, draft_first_ids=40).drafted().check_for(tiny_model().config, [[1]])
 
 
 @pytest.mark.parametrize(  # linear: fixed-logits tests; causal-shared, medusa and causal alone (~4-5 s each) slow

@@ -77,12 +77,13 @@ def int8_drafter(method: str, target):
 def test_greedy_with_an_int8_drafter_equals_autoregressive(method, prompts, counting_target):
     reference = autoregressive(counting_target, prompts, 40)
     drafter = int8_drafter(method, counting_target)
-    for decoding in (dict(gamma=3), dict(gamma=4, adaptive_drafts=True)):
+    for gamma, decoding in ((3, {}), (4, dict(adaptive_drafts=True))):
+        drafter.gamma = gamma
         out, stats = generate(counting_target, prompts, GenerationConfig(40, **decoding, **INT8), drafter)
         assert out == reference, decoding
         assert 0 < sum(stats.accepted) < sum(stats.drafted)
     # the same drafter in full precision afterwards: its own form, and the target's, were left as they were
-    out, _ = generate(counting_target, prompts, GenerationConfig(40, gamma=3), drafter)
+    out, _ = generate(counting_target, prompts, GenerationConfig(40), drafter.with_gamma(3))
     assert out == reference and autoregressive(counting_target, prompts, 40) == reference
 
 
@@ -94,8 +95,8 @@ def test_int8_sampling_stays_lossless():
         model.heads.outputs[0].weight.mul_(60)  # peaked distributions, so that drafts disagree with head 1
     stats = check_real_model(model, GenerationConfig(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **INT8))
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
-    drafted = GenerationConfig(max_new_tokens=4, temperature=1.0, gamma=2, seed=5, **INT8)
-    stats = check_real_model(model, drafted, drafter=layer_skip_drafter(model, frozenset({0})))
+    drafted = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5, **INT8)
+    stats = check_real_model(model, drafted, drafter=layer_skip_drafter(model, frozenset({0}), gamma=2))
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
 
 
@@ -157,7 +158,8 @@ def test_int8_heads_draft_with_int8_weights_and_verify_at_full_precision(head_ty
 @pytest.mark.parametrize("method", ["draft", "layerskip"])
 def test_int8_drafters_draft_with_int8_weights_and_leave_the_target_alone(method, counting_target, calls):
     drafter = int8_drafter(method, counting_target)
-    generate(counting_target, RAGGED, GenerationConfig(8, gamma=3, **INT8), drafter)
+    drafter.gamma = 3  # this drafter, whose forms are looked at after
+    generate(counting_target, RAGGED, GenerationConfig(8, **INT8), drafter)
     parts = int8_parts(drafter.drafting.path, drafter.drafting.head1_output)
     assert len(parts) == 4 * len(drafter.drafting.path) + 1  # q/k/v, output, gate/up, down; the unembedding
     assert calls == parts
@@ -227,11 +229,11 @@ def test_int8_products_are_close_to_float_and_many_rows_multiply_the_float_matri
 
 def test_int8_drafting_is_refused_where_it_means_nothing(counting_target):
     with pytest.raises(SettingError, match="draft_dtype=int8 quantizes the drafts, but heads=1 without a drafter"):
-        GenerationConfig(8, **INT8)
+        generate(counting_target, [[1, 2, 1]], GenerationConfig(8, **INT8))
     with pytest.raises(SettingError, match="draft_dtype=int4 must be one of auto, int8"):
         GenerationConfig(8, heads=2, draft_dtype="int4")
     with pytest.raises(SettingError, match="prompt lookup drafts without a model"):
-        generate(counting_target, [[1, 2, 1]], GenerationConfig(8, gamma=2, **INT8), LookupDrafter(1, 40, "cpu"))
+        generate(counting_target, [[1, 2, 1]], GenerationConfig(8, **INT8), LookupDrafter(1, 40, "cpu", gamma=2))
     with pytest.raises(SettingError, match="int8 CPU kernels, and the model is on cuda; decode on CPU"):
         GenerationConfig(8, heads=2, **INT8).check_device(torch.device("cuda"))
     GenerationConfig(8, heads=2, **INT8).check_device(torch.device("cpu"))
@@ -243,6 +245,6 @@ def test_compiled_decoding_with_int8_drafts_equals_autoregressive(counting_targe
     reference = autoregressive(counting_target, RAGGED, 16)
     out, _ = generate(counting_target, RAGGED, GenerationConfig(16, heads=4, compile=True, **INT8))
     assert out == reference
-    drafter = layer_skip_drafter(counting_target, frozenset({1}), compile=True)
-    out, _ = generate(counting_target, RAGGED, GenerationConfig(16, gamma=3, compile=True, **INT8), drafter)
+    drafter = layer_skip_drafter(counting_target, frozenset({1}), compile=True, gamma=3)
+    out, _ = generate(counting_target, RAGGED, GenerationConfig(16, compile=True, **INT8), drafter)
     assert out == reference

@@ -79,12 +79,12 @@ def test_greedy_sublayer_skip_equals_autoregressive(case, counting_target):
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 40, (n,), generator=generator).tolist() for n in (5, 2, 9, 3)]
     reference, _ = generate(model, prompts, GenerationConfig(40, heads=1))
-    drafter = layer_skip_drafter(model, SKIP_SETS[case])
-    out, stats = generate(model, prompts, GenerationConfig(40, gamma=4), drafter)
+    drafter = layer_skip_drafter(model, SKIP_SETS[case], gamma=4)
+    out, stats = generate(model, prompts, GenerationConfig(40), drafter)
     assert out == reference
     assert 0 < sum(stats.accepted) < sum(stats.drafted)  # drafts pass at some steps, not at all
     assert stats.method == "layerskip" and stats.method_params["skip"] == skip_label(SKIP_SETS[case])
-    alone, _ = generate(model, prompts[2:3], GenerationConfig(40, gamma=3, adaptive_drafts=True), drafter)
+    alone, _ = generate(model, prompts[2:3], GenerationConfig(40, adaptive_drafts=True), drafter.with_gamma(3))
     assert alone == reference[2:3]
 
 
@@ -100,10 +100,8 @@ def test_sublayer_skip_sampling_lossless_on_a_real_model():
     model = tiny_model(n_future=1, vocab_size=4, seed=3)
     with torch.no_grad():
         model.heads.outputs[0].weight.mul_(60)  # peaked distributions, so that drafts disagree with the target
-    drafter = layer_skip_drafter(model, {(0, "a"), (1, "m")})
-    stats = check_real_model(
-        model, GenerationConfig(max_new_tokens=4, temperature=1.0, gamma=2, seed=5), drafter=drafter
-    )
+    drafter = layer_skip_drafter(model, {(0, "a"), (1, "m")}, gamma=2)
+    stats = check_real_model(model, GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5), drafter=drafter)
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
 
 
@@ -111,8 +109,8 @@ def test_sublayer_skip_sampling_lossless_on_a_real_model():
 def test_compiled_sublayer_skip_equals_autoregressive(counting_target):
     prompts = [[3, 9, 1, 4, 4], [7]]
     reference, _ = generate(counting_target, prompts, GenerationConfig(12, heads=1))
-    drafter = layer_skip_drafter(counting_target, SKIP_SETS["mixed"], compile=True)
-    out, _ = generate(counting_target, prompts, GenerationConfig(12, gamma=3), drafter)
+    drafter = layer_skip_drafter(counting_target, SKIP_SETS["mixed"], compile=True, gamma=3)
+    out, _ = generate(counting_target, prompts, GenerationConfig(12), drafter)
     assert out == reference
 
 
@@ -190,7 +188,7 @@ def test_the_sublayer_search_finds_the_same_set_twice_within_its_budget(
     decode_with, call = skip_search_module.decode_with, Trials.__call__
     monkeypatch.setattr(skip_search_module, "decode_with", lambda *args: decoded.append(args[-1]) or decode_with(*args))
     monkeypatch.setattr(Trials, "__call__", lambda self, skip: suggested.append(skip) or call(self, skip))
-    config = GenerationConfig(8, temperature, gamma=3, seed=7)
+    config = GenerationConfig(8, temperature, seed=7).drafted(3)
     found, runs = [], []
     for _ in range(2):
         trials, before = Trials(counting_target, search_prompts, config, COSTS), (len(decoded), len(suggested))
@@ -207,7 +205,7 @@ def test_the_sublayer_search_finds_the_same_set_twice_within_its_budget(
 
 
 def test_the_block_search_is_greedy_forward_selection(counting_target, search_prompts):
-    config = GenerationConfig(8, gamma=3)
+    config = GenerationConfig(8).drafted(3)
     trials = Trials(counting_target, search_prompts, config, COSTS)
     lines = []
     result = search_blocks(trials, seconds=600, log=lines.append)

@@ -72,7 +72,7 @@ def one_hot(token: int) -> list[float]:
 
 
 def spectr_step(tokens, head1_rows, depth_laws, tests, next_uniform=0.5, live=2):
-    rule = rule_for(GenerationConfig(temperature=1.0, heads=3, tree=TREE, acceptance="spectr"))
+    rule = rule_for(GenerationConfig(temperature=1.0, heads=3, tree=TREE, acceptance="spectr").drafted())
     assert isinstance(rule, SpecTr) and rule.layout.tests == TREE.size
     head1 = torch.tensor(head1_rows).log()[None]
     rows = torch.arange(1)
@@ -126,10 +126,10 @@ def test_branches_tree_and_its_chain_order():
     tree = DraftTree.branches([2, 2, 1])
     assert tree.paths == [(0,), (1,), (2,), (0, 0), (1, 0)]
     assert tree.branch_order() == [0, 2, 4, 1, 3]  # chain 0: 0, 1; chain 1: 2, 3; chain 2: 4
-    assert GenerationConfig(heads=4, drafts_per_step=3).step_tree == DraftTree.branches([3, 3, 3])
-    assert GenerationConfig(gamma=2, drafts_per_step=2).step_tree == DraftTree.branches([2, 2])
-    assert GenerationConfig(gamma=3, heads=3).step_tree == DraftTree.branches([3, 2])  # hybrid: + the heads' chain
-    assert GenerationConfig(heads=4).step_tree is None
+    assert GenerationConfig(heads=4, drafts_per_step=3).drafted().step_tree == DraftTree.branches([3, 3, 3])
+    assert GenerationConfig(drafts_per_step=2).drafted(2).step_tree == DraftTree.branches([2, 2])
+    assert GenerationConfig(heads=3).drafted(3).step_tree == DraftTree.branches([3, 2])  # hybrid: + the heads' chain
+    assert GenerationConfig(heads=4).drafted().step_tree is None
 
 
 def test_bad_settings_of_several_drafts_are_refused():
@@ -140,7 +140,7 @@ def test_bad_settings_of_several_drafts_are_refused():
     with pytest.raises(ValueError, match="does not combine"):
         GenerationConfig(heads=3, drafts_per_step=2, adaptive_drafts=True)
     with pytest.raises(ValueError, match=r"hybrid step \(gamma=2 drafts beside heads=3\) mixes two"):
-        GenerationConfig(temperature=1.0, gamma=2, heads=3, acceptance="spectr")
+        GenerationConfig(temperature=1.0, heads=3, acceptance="spectr").drafted(2)
     with pytest.raises(ValueError, match="acceptance=other must be one of exact, typical, spectr"):
         GenerationConfig(heads=3, acceptance="other")
     with pytest.raises(ValueError, match="draft_choice=top drafts the top-ranked tokens; use draft_choice=auto"):
@@ -172,12 +172,12 @@ def test_greedy_sequences_of_the_heads_equal_autoregressive(head_type):
 def test_greedy_draft_sequences_and_hybrids_equal_autoregressive(method, decoding, counting_target):
     model = counting_target
     reference, _ = generate(model, PROMPTS, GenerationConfig(32))
-    drafter = drafter_for(method, model, 40)
-    out, stats = generate(model, PROMPTS, GenerationConfig(32, gamma=3, **decoding), drafter)
+    drafter = drafter_for(method, model, 40).with_gamma(3)
+    out, stats = generate(model, PROMPTS, GenerationConfig(32, **decoding), drafter)
     assert out == reference, decoding
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
     assert stats.method == ("hybrid" if decoding.get("heads", 1) > 1 else method)
-    alone, _ = generate(model, PROMPTS[1:2], GenerationConfig(32, gamma=3, **decoding), drafter)
+    alone, _ = generate(model, PROMPTS[1:2], GenerationConfig(32, **decoding), drafter)
     assert alone == reference[1:2]
 
 
@@ -185,9 +185,9 @@ def test_a_hybrid_accepts_the_heads_drafts_where_the_draft_model_is_wrong(counti
     """A draft model that never drafts the right token (a random one) next to the target's trained heads: the hybrid
     step accepts the heads' drafts, so it beats the draft model alone."""
     model = counting_target
-    draft = draft_model_drafter(tiny_model(n_future=1, vocab_size=40, seed=9))
-    _, alone = generate(model, PROMPTS, GenerationConfig(32, gamma=3), draft)
-    _, hybrid = generate(model, PROMPTS, GenerationConfig(32, gamma=3, heads=4), draft)
+    draft = draft_model_drafter(tiny_model(n_future=1, vocab_size=40, seed=9), gamma=3)
+    _, alone = generate(model, PROMPTS, GenerationConfig(32), draft)
+    _, hybrid = generate(model, PROMPTS, GenerationConfig(32, heads=4), draft)
     assert hybrid.tokens_per_forward > alone.tokens_per_forward + 0.2
 
 
@@ -314,8 +314,8 @@ def test_draft_sequences_and_hybrids_lossless_on_real_models(decoding):
     model = tiny_model(n_future=3, vocab_size=4, seed=3)
     with torch.no_grad():
         model.heads.outputs[0].weight.mul_(60)
-    drafter = layer_skip_drafter(model, frozenset({0}))
-    config = GenerationConfig(max_new_tokens=4, temperature=1.0, gamma=2, seed=5, **decoding)
+    drafter = layer_skip_drafter(model, frozenset({0}), gamma=2)
+    config = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5, **decoding)
     stats = check_real_model(model, config, drafter=drafter)
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
 
@@ -337,10 +337,10 @@ def test_staged_drafts_are_the_draft_models_own_greedy_drafts(inner, counting_ta
     output is autoregressive decoding's, alone and in a hybrid."""
     model, draft = counting_target, small_drafts[inner]
     reference, _ = generate(model, PROMPTS, GenerationConfig(32))
-    staged = staged_drafter(draft, inner)
-    out, stats = generate(model, PROMPTS, GenerationConfig(32, gamma=4), staged)
+    staged = staged_drafter(draft, inner, gamma=4)
+    out, stats = generate(model, PROMPTS, GenerationConfig(32), staged)
     assert out == reference
-    _, plain = generate(model, PROMPTS, GenerationConfig(32, gamma=4), draft_model_drafter(draft))
+    _, plain = generate(model, PROMPTS, GenerationConfig(32), draft_model_drafter(draft, gamma=4))
     assert (stats.drafted, stats.accepted) == (plain.drafted, plain.accepted)
     assert stats.method == "staged" and stats.method_params["inner"] == inner
     # the draft's own heads, trained on the same counting, pass often; lookup finds little in counting sequences
@@ -349,9 +349,9 @@ def test_staged_drafts_are_the_draft_models_own_greedy_drafts(inner, counting_ta
         if inner == "heads"
         else stats.draft_forwards <= plain.draft_forwards
     )
-    hybrid, _ = generate(model, PROMPTS, GenerationConfig(32, gamma=4, heads=3), staged)
+    hybrid, _ = generate(model, PROMPTS, GenerationConfig(32, heads=3), staged)
     assert hybrid == reference
-    alone, _ = generate(model, PROMPTS[1:2], GenerationConfig(32, gamma=4), staged)
+    alone, _ = generate(model, PROMPTS[1:2], GenerationConfig(32), staged)
     assert alone == reference[1:2]
 
 
@@ -407,15 +407,15 @@ def test_int8_draft_sequences_hybrids_and_staged_drafts_equal_autoregressive(dec
     reference, _ = generate(model, PROMPTS, GenerationConfig(32))
     staged = decoding.pop("staged", None)
     draft = small_drafts["heads"]
-    drafter = staged_drafter(draft, staged) if staged else draft_model_drafter(draft)
-    out, stats = generate(model, PROMPTS, GenerationConfig(32, gamma=3, draft_dtype="int8", **decoding), drafter)
+    drafter = staged_drafter(draft, staged, gamma=3) if staged else draft_model_drafter(draft, gamma=3)
+    out, stats = generate(model, PROMPTS, GenerationConfig(32, draft_dtype="int8", **decoding), drafter)
     assert out == reference, decoding
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
 
 
 @pytest.mark.parametrize("choice", ["top", "tempered"])
 def test_a_staged_draft_refuses_other_drafts_than_its_own_when_sampling(choice):
-    drafter = staged_drafter(fixed_logits_model(staged_tables()), "heads")
-    config = GenerationConfig(4, temperature=1.0, gamma=3, draft_choice=choice)
+    drafter = staged_drafter(fixed_logits_model(staged_tables()), "heads", gamma=3)
+    config = GenerationConfig(4, temperature=1.0, draft_choice=choice)
     with pytest.raises(SettingError, match="a staged draft samples its drafts .* use draft_choice=auto with it"):
         generate(fixed_logits_model(counting_tables(1)), [[1, 2]], config, drafter)

@@ -19,24 +19,31 @@ import torch
 
 from mtp.checkpoint.load import LoadedCheckpoint
 from mtp.commands.cli import add_settings, flag_of, settings_from
-from mtp.decode import GenerationConfig
-from mtp.decode.proposers import Proposer
+from mtp.decode.proposers import DEFAULT_GAMMA, Proposer
+from mtp.decode.settings import Drafted
 from mtp.errors import UserError
 
 
 @dataclass
 class Target:
-    """What a method's proposer is built for: the loaded target, the decoding settings, where and how it runs."""
+    """What a method's proposer is built for: the loaded target, the decoding settings with the drafts per step asked
+    for (``config.gamma``), where and how it runs."""
 
     loaded: LoadedCheckpoint
-    config: GenerationConfig
+    config: Drafted
     device: torch.device
     dtype: str = "auto"
     """The --dtype the target was loaded with (a draft checkpoint is loaded the same way)."""
     compile: bool = False
 
 
-BenchRow = tuple[str, GenerationConfig, Proposer]
+@dataclass
+class DrafterSettings:
+    gamma: int = DEFAULT_GAMMA
+    """Drafts per step from a drafter (a draft model, layer skip, prompt lookup)."""
+
+
+BenchRow = tuple[str, Drafted, Proposer]
 """A benchmark row of a method: its label (the method's name, or a variant's, such as 'draft spectr'), the decoding
 settings it runs with and the proposer that drafts."""
 
@@ -97,18 +104,21 @@ class DraftingMethod:
         """The proposer that drafts for ``target`` (a search, a fit or a load happens here)."""
         raise NotImplementedError
 
+    def drafter(self, target: Target) -> Proposer:
+        """:meth:`proposer`, drafting the ``target.config.gamma`` tokens a step the flags ask for."""
+        return self.proposer(target).with_gamma(target.config.gamma)
+
     def bench_gamma(self) -> int:
         """The most drafts a step of its benchmark rows verifies (their memory is checked before any runs)."""
         return self.args.gamma
 
-    def bench_rows(
-        self, target: Target, methods: list[str], drafted: Callable[[int], GenerationConfig]
-    ) -> list[BenchRow]:
+    def bench_rows(self, target: Target, methods: list[str], drafted: Callable[[int], Drafted]) -> list[BenchRow]:
         """Its rows in a benchmark of ``methods`` (the --methods entries, its own among them): ``drafted(gamma)`` is
-        the mode's decoding settings drafting ``gamma`` per step with a drafter. By default one row at --gamma."""
+        the mode's decoding settings drafting ``gamma`` per step with a drafter (its proposer drafts as many: give it
+        ``gamma``, or :meth:`~mtp.decode.proposers.Proposer.with_gamma`). By default one row at --gamma."""
         config = drafted(self.args.gamma)
-        return [(self.name, config, self.proposer(Target(target.loaded, config, target.device, target.dtype,
-                                                           target.compile)))]  # fmt: skip
+        return [(self.name, config, self.drafter(Target(target.loaded, config, target.device, target.dtype,
+                                                          target.compile)))]  # fmt: skip
 
 
 REGISTRY: dict[str, type[DraftingMethod]] = {}

@@ -16,8 +16,8 @@ from mtp.benchmarks.cli import int_list
 from mtp.checkpoint.load import LoadedCheckpoint, load_checkpoint
 from mtp.commands.cli import add_settings
 from mtp.commands.methods.base import BenchRow, DraftingMethod, Target, register
-from mtp.decode import GenerationConfig
-from mtp.decode.proposers import Proposer, StagedDrafter, draft_model_drafter, staged_drafter
+from mtp.decode.proposers import DEFAULT_GAMMA, Proposer, StagedDrafter, draft_model_drafter, staged_drafter
+from mtp.decode.settings import Drafted
 from mtp.errors import UserError
 
 
@@ -40,7 +40,9 @@ def load_draft(path: Path, target: LoadedCheckpoint, device: torch.device, dtype
     return draft
 
 
-def staged_draft(path: Path, draft: LoadedCheckpoint, inner: str, compile: bool = False) -> StagedDrafter:
+def staged_draft(
+    path: Path, draft: LoadedCheckpoint, inner: str, compile: bool = False, gamma: int = DEFAULT_GAMMA
+) -> StagedDrafter:
     """The staged drafter of --draft ``path`` --staged ``inner``: the draft model's own drafts from prompt lookup or
     from its heads, which it must have."""
     if inner == "heads" and draft.config.n_future < 2:
@@ -48,7 +50,7 @@ def staged_draft(path: Path, draft: LoadedCheckpoint, inner: str, compile: bool 
             f"--staged heads drafts with the draft model's own heads, and --draft {path} has one; train the draft with "
             "model=mtp2 (or mtp4), or use --staged lookup."
         )
-    return staged_drafter(draft.model, inner, compile)
+    return staged_drafter(draft.model, inner, compile, gamma)
 
 
 @dataclass
@@ -89,27 +91,29 @@ class DraftModel(DraftingMethod):
     def proposer(self, target: Target) -> Proposer:
         draft = load_draft(self.args.draft, target.loaded, target.device, target.dtype)
         if self.args.staged is not None:
-            return staged_draft(self.args.draft, draft, self.args.staged, target.compile)
-        return draft_model_drafter(draft.model, target.compile)
+            return staged_draft(self.args.draft, draft, self.args.staged, target.compile, target.config.gamma)
+        return draft_model_drafter(draft.model, target.compile, target.config.gamma)
 
     def bench_gamma(self) -> int:
         return max(self.args.gammas)
 
-    def bench_rows(
-        self, target: Target, methods: list[str], drafted: Callable[[int], GenerationConfig]
-    ) -> list[BenchRow]:
+    def bench_rows(self, target: Target, methods: list[str], drafted: Callable[[int], Drafted]) -> list[BenchRow]:
         args = self.args
         draft = load_draft(args.draft, target.loaded, target.device, args.dtype)
         model = draft_model_drafter(draft.model, args.compile)
         rows: list[BenchRow] = []
         if "draft" in methods:
-            rows += [("draft", drafted(g), model) for g in args.gammas]
+            rows += [("draft", drafted(g), model.with_gamma(g)) for g in args.gammas]
             if "spectr" in methods:  # k draft sequences a step, SpecTr's rule
                 spectr = replace(drafted(args.gamma), acceptance="spectr")
-                rows += [("draft spectr", replace(spectr, drafts_per_step=k), model) for k in args.sequences]
+                rows += [
+                    ("draft spectr", replace(spectr, drafts_per_step=k), model.with_gamma(args.gamma))
+                    for k in args.sequences
+                ]
         if "hybrid" in methods:  # the draft model's chain and the heads' chain, one tree
-            rows.append(("hybrid", replace(target.config, gamma=args.gamma), model))
+            rows.append(("hybrid", target.config, model.with_gamma(args.gamma)))
         if "staged" in methods:
             inner = args.staged or "lookup"
-            rows.append(("staged", drafted(args.gamma), staged_draft(args.draft, draft, inner, args.compile)))
+            staged = staged_draft(args.draft, draft, inner, args.compile, args.gamma)
+            rows.append(("staged", drafted(args.gamma), staged))
         return rows

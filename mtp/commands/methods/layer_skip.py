@@ -14,9 +14,9 @@ from mtp.checkpoint.load import LoadedCheckpoint
 from mtp.commands.cli import add_settings, require_at_least
 from mtp.commands.methods.base import BenchRow, DraftingMethod, Target, register
 from mtp.data.prompts import prompts_beyond_the_benchmarks
-from mtp.decode import GenerationConfig
 from mtp.decode.inference import ATTENTION, FEED_FORWARD, Sublayer, sublayers_of
 from mtp.decode.proposers import ModelDrafter, Proposer, layer_skip_drafter
+from mtp.decode.settings import Drafted
 from mtp.decode.skip_search import SearchResult, Trials, measure_costs, search_blocks, search_sublayers
 from mtp.errors import UserError
 from mtp.model import MTPModel
@@ -79,7 +79,7 @@ def parse_skip_layers(text: str, model: MTPModel) -> frozenset[Sublayer]:
 def search_skip_layers(
     model: MTPModel,
     prompts: list[list[int]],
-    config: GenerationConfig,
+    config: Drafted,
     sublayers: bool = False,
     trials: int = SEARCH_TRIALS,
     seconds: float = SEARCH_SECONDS,
@@ -117,17 +117,17 @@ def search_skip_layers(
 def skip_layers_drafter(
     spec: str,
     loaded: LoadedCheckpoint,
-    config: GenerationConfig,
+    config: Drafted,
     compile: bool = False,
     sublayers: bool = False,
     trials: int = SEARCH_TRIALS,
     seconds: float = SEARCH_SECONDS,
 ) -> ModelDrafter:
-    """The layer-skip drafter of --skip-layers ``spec``: a set of blocks and sublayers, or auto (searched for with
-    ``config``'s settings on held-out prompts of the checkpoint's validation split, over sublayers with
-    ``sublayers``; the search's progress on stderr)."""
+    """The layer-skip drafter of --skip-layers ``spec``, drafting ``config.gamma`` a step: a set of blocks and
+    sublayers, or auto (searched for with ``config``'s settings on held-out prompts of the checkpoint's validation
+    split, over sublayers with ``sublayers``; the search's progress on stderr)."""
     if spec != "auto":
-        return layer_skip_drafter(loaded.model, parse_skip_layers(spec, loaded.model), compile)
+        return layer_skip_drafter(loaded.model, parse_skip_layers(spec, loaded.model), compile, gamma=config.gamma)
     prompts = prompts_beyond_the_benchmarks(loaded, SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS)
     found = search_skip_layers(
         loaded.model, prompts, config, sublayers, trials, seconds, log=lambda line: print(line, file=sys.stderr)
@@ -138,7 +138,7 @@ def skip_layers_drafter(
         f"{found.trial.acceptance:.2f}, {found.ms_per_token:.3f} ms/token",
         file=sys.stderr,
     )
-    return layer_skip_drafter(loaded.model, found.skip, compile, {"search": search})
+    return layer_skip_drafter(loaded.model, found.skip, compile, {"search": search}, config.gamma)
 
 
 @dataclass
@@ -192,9 +192,7 @@ class LayerSkip(DraftingMethod):
             args.search_seconds,
         )  # fmt: skip
 
-    def bench_rows(
-        self, target: Target, methods: list[str], drafted: Callable[[int], GenerationConfig]
-    ) -> list[BenchRow]:
+    def bench_rows(self, target: Target, methods: list[str], drafted: Callable[[int], Drafted]) -> list[BenchRow]:
         args, config, rows = self.args, drafted(self.args.gamma), []
         for spec in args.skip_layers:
             for sublayers in (False, True) if spec == "auto" and args.skip_sublayers else (False,):

@@ -37,4 +37,5 @@ class PromptLookup(DraftingMethod):
         require_at_least(args, 1, "prompt_lookup")
 
     def proposer(self, target: Target) -> Proposer:
-        return LookupDrafter(self.args.prompt_lookup, target.loaded.config.vocab_size, target.device)
+        vocab_size = target.loaded.config.vocab_size
+        return LookupDrafter(self.args.prompt_lookup, vocab_size, target.device, target.config.gamma)
