@@ -324,6 +324,8 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
     settings = {(r["mode"], r["batch_size"], r["method"], r["heads"], r["gamma"]) for r in rows}
     assert settings == {(*s, 0) for s in chains | others | typical} | drafted
     assert all(1 <= r["tree_nodes"] <= 4 for r in rows if r["method"] in ("tree", "typical"))
+    assert all(r["lossy"] == (r["method"] == "typical") for r in rows)  # labelled so in the table
+    assert "lossy)" in (out / "results.md").read_text()
     skip_sets = [
         r["drafter"]["skip"] for r in rows if (r["mode"], r["batch_size"], r["method"]) == ("greedy", 1, "layerskip")
     ]

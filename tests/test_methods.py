@@ -1,13 +1,13 @@
 """A drafting method is one object: a method defined here, in the test file alone, gets decode's flags (and their
 errors), a decode run whose greedy output equals autoregressive decoding's, and a bench_decode row, without any
-change to the package."""
+change to the package; so does a variant of the heads' own drafting (a benchmark row)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -16,6 +16,7 @@ from torch import Tensor
 
 from mtp.commands import bench_decode, decode
 from mtp.commands.methods import REGISTRY, DraftingMethod, Target, register, unregister
+from mtp.commands.methods.heads import HeadsVariant, register_variant, unregister_variant
 from mtp.decode.proposers import Proposal, Proposer
 from mtp.decode.settings import SettingError
 from mtp.errors import UserError
@@ -156,3 +157,37 @@ def test_every_built_in_method_is_registered_and_answers_for_its_benchmark_entri
     assert isinstance(args, argparse.Namespace) and [m.name for m in REGISTRY.values() if m.selected(args)] == [
         "layerskip"
     ]
+
+
+class FirstDraftOnly(HeadsVariant):
+    """The heads' chain cut to its first draft: a variant of the heads' drafting defined in this file alone."""
+
+    name = "first-draft"
+    markers = {"first-draft": "8"}
+
+    @classmethod
+    def rows(cls, chain, mode, args, trees):
+        return [(cls.name, replace(chain, heads=2), None)]
+
+
+@pytest.fixture
+def first_draft_variant():
+    register_variant(FirstDraftOnly)
+    yield FirstDraftOnly
+    unregister_variant(FirstDraftOnly.name)
+
+
+def test_a_variant_of_the_heads_drafting_from_a_test_file_gets_a_benchmark_row(
+    first_draft_variant, tiny_checkpoints, tmp_path
+):
+    assert "first-draft" in bench_decode.build_parser().format_help()
+    bench = tmp_path / "bench"
+    bench_decode.main(
+        [str(tiny_checkpoints["mtp4"]), "--methods", "first-draft", "--modes", "greedy", "--batch-sizes", "1"]
+        + ["--heads", "1,4", "--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--repeats", "1"]
+        + ["--out", str(bench)]
+    )
+    rows = json.loads((bench / "results.json").read_text())["results"]
+    row = next(r for r in rows if r["method"] == "first-draft")
+    assert row["heads"] == 2 and len(row["acceptance"]) == 1 and row["identical_outputs"] == row["prompts"] == 2
+    assert "first-draft" in (bench / "results.md").read_text() and (bench / "decode.png").is_file()

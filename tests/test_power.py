@@ -1516,6 +1516,20 @@ MUTATIONS = [
         '[CHECKPOINT_KEY].get("chats"))',
         (CHAT_CARRIED,),
     ),
+    Mutation(
+        "typical acceptance benchmarked greedy too (where it is the chain's rule, not typical)",
+        "Typical.rows",
+        '        if mode != "sampling":',
+        "        if False:",
+        ("tests/test_decode_scripts.py::test_bench_decode_writes_results",),
+    ),
+    Mutation(
+        "typical acceptance's rows not labelled lossy",
+        "result_row",
+        '        "lossy": config.typical,',
+        '        "lossy": False,',
+        ("tests/test_decode_scripts.py::test_bench_decode_writes_results",),
+    ),
     # -- who drafts: a drafter carries its gamma, the settings none
     Mutation(
         "a drafter that drafts nothing per step decodes without a word",

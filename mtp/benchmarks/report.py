@@ -9,6 +9,8 @@ from typing import Any
 
 from mtp.benchmarks.cli import require_plotting
 
+CHAIN = "chain"
+"""The method of the heads' chain rows: every benchmark's baseline (k = 1, autoregressive) and its line in the plot."""
 MIB = 2**20
 
 
@@ -100,12 +102,12 @@ def write_results(
 def method_label(r: dict[str, Any]) -> str:
     """A row's method with its parameters: 'chain', 'tree (16 nodes)', 'draft (gamma 4)', 'layerskip (gamma 4, skip
     2,5)', 'lookup (gamma 4, ngram 3)', 'chain (int8 drafts)'."""
-    method = r.get("method", "chain")
+    method = r.get("method", CHAIN)
     params = [f"{r['sequences']} sequences"] if r.get("sequences", 1) > 1 else []
     params += [f"{r['tree_nodes']} nodes"] if r.get("tree_nodes") and not params else []
     params += [f"gamma {r['gamma']}"] if r.get("gamma") else []
     params += [f"{key} {value}" for key, value in r.get("drafter", {}).items() if key != "gamma"]
-    params += ["lossy"] if method == "typical" else []
+    params += ["lossy"] if r.get("lossy") else []
     params += [f"{r['draft_dtype']} drafts"] if r.get("draft_dtype", "auto") != "auto" else []
     params += [f"{r['draft_choice']} drafts"] if r.get("draft_choice", "auto") != "auto" else []
     params += [f"drafts over the first {r['draft_first_ids']} ids"] if r.get("draft_first_ids") else []
@@ -169,7 +171,7 @@ def captured_summary(rows: list[dict[str, Any]]) -> str:
     for r in captured:
         twin = eager.get(setting(r))
         if twin is not None:
-            k = f" k={r['heads']}" if r["method"] == "chain" else ""
+            k = f" k={r['heads']}" if r["method"] == CHAIN else ""
             speed = r["tokens_per_s"] / twin["tokens_per_s"]
             same = ""
             if "identical_to_eager" in r:  # greedy, batch 1: token for token
@@ -269,7 +271,7 @@ def plot_decode(
             (
                 r
                 for r in rows
-                if (r["mode"], r["batch_size"], r.get("method", "chain")) == (mode, batch_size, method)
+                if (r["mode"], r["batch_size"], r.get("method", CHAIN)) == (mode, batch_size, method)
                 and r.get("draft_dtype", "auto") == "auto"
                 and r.get("draft_choice", "auto") == "auto"
                 and not r.get("draft_first_ids")
@@ -279,7 +281,7 @@ def plot_decode(
         )
 
     for mode, batch_size in sorted({(r["mode"], r["batch_size"]) for r in rows}):
-        series = line(mode, batch_size, "chain")
+        series = line(mode, batch_size, CHAIN)
         style = dict(marker="o", linestyle="-" if mode == "greedy" else "--")
         (chain,) = speed_ax.plot([x_of(r) for r in series], [r["speedup"] for r in series], **style)
         color = colors[mode, batch_size] = chain.get_color()
@@ -294,12 +296,12 @@ def plot_decode(
     spare = iter("<8+|_X")  # methods of no marker of their own (one added later, or your own): one each, in turn
     shown = set()
     for r in rows:  # the other methods, int8 and top drafts: one point each, beside the chain's
-        method = "int8" if r.get("draft_dtype", "auto") == "int8" else r.get("method", "chain")
+        method = "int8" if r.get("draft_dtype", "auto") == "int8" else r.get("method", CHAIN)
         choice = r.get("draft_choice", "auto")
         method = choice if method != "int8" and choice != "auto" else method
-        method = "draft vocab" if r.get("draft_first_ids") and method == "chain" else method
-        method = "captured" if r.get("cuda_graphs") and method == "chain" else method
-        if method == "chain" or method in lines:
+        method = "draft vocab" if r.get("draft_first_ids") and method == CHAIN else method
+        method = "captured" if r.get("cuda_graphs") and method == CHAIN else method
+        if method == CHAIN or method in lines:
             shown.add(method)
             continue
         marker = markers[method] if method in markers else markers.setdefault(method, next(spare, "."))

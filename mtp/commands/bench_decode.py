@@ -70,6 +70,7 @@ from mtp.benchmarks.humaneval import (
     sandbox_description,
 )
 from mtp.benchmarks.report import (
+    CHAIN,
     captured_summary,
     decode_table,
     exactness_summary,
@@ -93,31 +94,20 @@ from mtp.commands.cli import (
     settings_named_by_flags,
 )
 from mtp.commands.methods import REGISTRY, Target
+from mtp.commands.methods.heads import HEADS_VARIANTS, bench_trees
 from mtp.commands.methods.prompt_lookup import PromptLookup
 from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.decode.graphs import captures_on
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES, Drafted
-from mtp.decode.tree import read_tree
-from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
+from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES
 from mtp.errors import UserError
 from mtp.pretrained.distill import ChatTemplate
 
-HEADS_METHODS = ("chain", "tree", "typical", "adaptive", "spectr")
-"""The ways the heads draft; the registered drafting methods (:mod:`mtp.commands.methods`) add theirs."""
-HEADS_MARKERS = {
-    "tree": "*",
-    "fastest tree": "p",
-    "fastest tree: the chain": "p",
-    "typical": "x",
-    "adaptive": "s",
-    "spectr": "h",
-}
-"""The benchmark plot's marker of each of the heads' variants (the chain is the line every plot draws)."""
-
 
 def methods() -> tuple[str, ...]:
-    """Every --methods entry: the heads' and the registered drafting methods'."""
-    return HEADS_METHODS + tuple(name for method in REGISTRY.values() for name in method.names())
+    """Every --methods entry: the heads' chain and its registered variants (:mod:`mtp.commands.methods.heads`), then
+    the registered drafting methods' (:mod:`mtp.commands.methods`)."""
+    return (CHAIN, *HEADS_VARIANTS) + tuple(name for method in REGISTRY.values() for name in method.names())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heads", type=int_list, default=None, help="k values (default 1..n)")
     parser.add_argument("--batch-sizes", type=int_list, default=[1, 8])
     parser.add_argument("--modes", default="greedy,sampling", help="greedy and/or sampling")
-    parser.add_argument("--methods", default="chain", help=f"chain and any of {', '.join(methods()[1:])}")
+    parser.add_argument("--methods", default=CHAIN, help=f"{CHAIN} and any of {', '.join(methods()[1:])}")
     parser.add_argument("--tree", default="auto", help="for tree/typical: a JSON tree, or auto (fitted per mode)")
     parser.add_argument(
         "--tree-nodes",
@@ -234,8 +224,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.methods = args.methods.split(",")
     if not set(args.methods) <= set(methods()):
         parser.error(f"--methods {','.join(args.methods)}: each method must be one of {', '.join(methods())}")
-    if "chain" not in args.methods:
-        args.methods.insert(0, "chain")  # the baseline rows
+    if CHAIN not in args.methods:
+        args.methods.insert(0, CHAIN)  # the baseline rows
     for method in REGISTRY.values():  # a method benchmarked needs what selects it (a draft model's --draft, say)
         needing = [name for name in method.names() if name in args.methods]
         if needing and getattr(args, method.selected_by) is None:
@@ -320,7 +310,7 @@ def run(args: argparse.Namespace) -> None:
         variants = method_configs(args, loaded, mode_chain, mode)
         for batch_size in args.batch_sizes:
             no_drafter = None
-            chains = [("chain", replace(mode_chain, heads=k), no_drafter) for k in heads]
+            chains = [(CHAIN, replace(mode_chain, heads=k), no_drafter) for k in heads]
             entries = in_draft_first_ids(in_draft_dtypes(chains + variants, args.draft_dtypes), args.draft_first_ids)
             entries = in_step_modes(entries, args.step_modes)
             if mode == "sampling":
@@ -360,7 +350,7 @@ def run(args: argparse.Namespace) -> None:
             r
             for r in rows
             if (r["mode"], r["batch_size"], r["heads"], r["method"], r["cuda_graphs"])
-            == (row["mode"], row["batch_size"], 1, "chain", row["cuda_graphs"])
+            == (row["mode"], row["batch_size"], 1, CHAIN, row["cuda_graphs"])
         )
         row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
         row["forward_cost"] = row["ms_per_forward"] / baseline["ms_per_forward"]
@@ -375,7 +365,7 @@ def run(args: argparse.Namespace) -> None:
         scorer = HumanEvalScorer(loaded.tokenizer, problems, prompts, args.sandbox, args.prompt_format)
     reference = None  # mtp autoregressive decoding's outputs (greedy, batch 1), which every greedy method should equal
     if checked:
-        reference = outputs[next(i for i in checked if (settings[i][2], settings[i][3].heads) == ("chain", 1))]
+        reference = outputs[next(i for i in checked if (settings[i][2], settings[i][3].heads) == (CHAIN, 1))]
         for i in checked:
             rows[i].update(output_checks(outputs[i], reference, scorer))
             rows[i]["parted"] = [  # where its tokens leave autoregressive decoding's, and how near the tie was there
@@ -430,7 +420,9 @@ def run(args: argparse.Namespace) -> None:
         table += f"\n\n{exactness_summary(exactness_entries(rows, peer))}"
     (args.out / "results.md").write_text(f"{title}\n\n{table}\n")
     registered = REGISTRY.values()
-    markers = HEADS_MARKERS | {label: marker for method in registered for label, marker in method.markers.items()}
+    markers = {
+        label: marker for method in (*HEADS_VARIANTS.values(), *registered) for label, marker in method.markers.items()
+    }
     series = {label: text for method in registered for label, text in method.gamma_series.items()}
     plot_decode(rows, args.out / "decode.png", title, markers, series)
     print(f"\n{title}\n\n{table}\n\nwrote {args.out}/results.json, results.md, decode.png")
@@ -503,7 +495,7 @@ def benchmarked(args: argparse.Namespace) -> list:
 def exactness_entries(rows: list[dict], peer: dict | None) -> list[tuple[str, dict]]:
     """(label, output checks) of every greedy method at batch 1, mtp's and (with --hf) Hugging Face's."""
     entries = [
-        (method_label(r) + (f" k={r['heads']}" if r["method"] == "chain" else ""), r)
+        (method_label(r) + (f" k={r['heads']}" if r["method"] == CHAIN else ""), r)
         for r in rows
         if "identical_outputs" in r
     ]
@@ -524,32 +516,14 @@ def predicted_speedup(row: dict, baseline: dict) -> float:
 
 def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tuple]:
     """(method, configuration, drafter) of the methods other than the chain, at the largest k, for one mode."""
-    variants = []
-    trees = []  # with --tree auto, one per node budget; typical acceptance runs on the first
-    if {"tree", "typical"} & set(args.methods):
-        if args.tree == "auto":
-            for nodes in args.tree_nodes:
-                fitted = fitted_tree(loaded, chain, nodes)
-                print(f"{mode}: {fitted.summary()}")
-                if fitted.chain_faster:  # the fastest "tree" here is the heads' chain, decoded without a tree
-                    trees.append((f"{FASTEST} tree: the chain", None, fitted.tree))
-                else:
-                    trees.append((f"{FASTEST} tree" if nodes == FASTEST else "tree", fitted.tree, fitted.tree))
-        else:
-            tree = read_tree(Path(args.tree), chain.heads - 1, loaded.config.vocab_size)
-            trees.append(("tree", tree, tree))
-    if "tree" in args.methods:
-        variants += [(method, replace(chain, tree=tree), None) for method, tree, _ in trees]
-    if "typical" in args.methods and mode == "sampling":  # on a tree proper, the fastest fit's too
-        variants.append(("typical", replace(chain, tree=trees[0][2], acceptance="typical"), None))
-    if "adaptive" in args.methods:
-        variants.append(("adaptive", replace(chain, draft_p_min=args.draft_p_min, adaptive_drafts=True), None))
+    chosen = [variant for name, variant in HEADS_VARIANTS.items() if name in args.methods]
+    # with --tree auto, one tree per node budget; typical acceptance runs on the first
+    trees = bench_trees(args, loaded, chain, mode) if any(variant.uses_trees for variant in chosen) else []
+    variants = [row for variant in chosen for row in variant.rows(chain, mode, args, trees)]
 
     def drafted(gamma: int) -> Drafted:
         return replace(chain, heads=1).drafted(gamma)
 
-    if "spectr" in args.methods:  # k sequences of the heads, SpecTr's rule (greedy: the k likeliest first drafts)
-        variants += [("spectr", replace(chain, drafts_per_step=k, acceptance="spectr"), None) for k in args.sequences]
     device = next(loaded.model.parameters()).device
     for method in benchmarked(args):
         target = Target(loaded, chain.drafted(args.gamma), device, args.dtype, args.compile)
@@ -577,6 +551,7 @@ def result_row(
         "wall_time_s": stats.wall_time_s,
         "gamma": int(stats.method_params.get("gamma", 0)),  # a drafter's, as the run recorded it
         "sequences": config.drafts_per_step,
+        "lossy": config.typical,  # typical acceptance: not the target's distribution
         "drafter": stats.method_params,
         "draft_dtype": config.draft_dtype,
         "draft_choice": config.draft_choice,
@@ -627,7 +602,7 @@ class HFPeer:
         ]
         greedy1, captured1 = {}, {}  # by heads: eager steps, and steps captured as CUDA graphs (--step-modes)
         for r in rows:
-            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, "chain", "auto"):
+            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, CHAIN, "auto"):
                 (captured1 if r["cuda_graphs"] else greedy1)[r["heads"]] = r
         greedy1 = greedy1 or captured1
         k = max(greedy1)

@@ -43,6 +43,7 @@ from typing import NoReturn
 
 import torch
 
+from mtp.benchmarks.report import CHAIN
 from mtp.commands.cli import checkout_root, run_script
 from mtp.errors import UserError
 from mtp.pretrained.reference import reference_model
@@ -173,7 +174,7 @@ def heads_figures(results: Path) -> str:
     if not results.is_file():
         return "not measured (the run failed; see heads.txt)"
     rows = [r for r in json.loads(results.read_text())["results"] if r["mode"] == "greedy" and r["batch_size"] == 1]
-    rows = [r for r in rows if r["method"] == "chain"]
+    rows = [r for r in rows if r["method"] == CHAIN]
     if not rows:
         return "not measured (no greedy batch-1 row; see heads.txt)"
     top = max(rows, key=lambda r: r["heads"])
