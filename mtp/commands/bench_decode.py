@@ -98,6 +98,7 @@ from mtp.commands.methods.heads import HEADS_VARIANTS, bench_trees
 from mtp.commands.methods.prompt_lookup import PromptLookup
 from mtp.decode import DecodeStats, GenerationConfig, generate
 from mtp.decode.graphs import captures_on
+from mtp.decode.proposers import DEFAULT_GAMMA, Proposer
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES, Drafted
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES
 from mtp.errors import UserError
@@ -131,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[2, 4],
         help="for spectr: draft sequences per step (SpecTr's k), one row each (with draft: the draft model's too)",
     )
-    parser.add_argument("--gamma", type=int, default=4, help="for the drafting methods: drafts per step")
+    parser.add_argument("--gamma", type=int, default=DEFAULT_GAMMA, help="for the drafting methods: drafts per step")
     for method in REGISTRY.values():  # each drafting method's own flags
         method.add_flags(parser, bench=True)
     parser.add_argument(
@@ -343,7 +344,7 @@ def run(args: argparse.Namespace) -> None:
             )
         if peer is not None:  # the HF peer in the same rounds
             peer.run_round()
-    rows = [result_row(*setting[:4], best[i], *capture[i]) for i, setting in enumerate(settings)]
+    rows = [result_row(*setting, best[i], *capture[i]) for i, setting in enumerate(settings)]
     predicted = {label for method in REGISTRY.values() for label in method.predicted}
     for i, row in enumerate(rows):  # speed-up and forward cost against k = 1 of the same mode and batch size
         baseline = next(
@@ -532,10 +533,18 @@ def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[tup
 
 
 def result_row(
-    mode: str, batch_size: int, method: str, config: GenerationConfig, stats: DecodeStats, captures=0, capture_s=0.0
+    mode: str,
+    batch_size: int,
+    method: str,
+    config: GenerationConfig,
+    drafter: Proposer | None,
+    stats: DecodeStats,
+    captures=0,
+    capture_s=0.0,
 ) -> dict:
-    """A setting's row, from its best round's statistics; ``captures`` and ``capture_s``: the step shapes captured
-    as CUDA graphs over every round (and its warm-up), and the seconds that took (outside the best round, mostly)."""
+    """A setting's row (mode, batch size, method, settings, drafter), from its best round's statistics; ``captures``
+    and ``capture_s``: the step shapes captured as CUDA graphs over every round (and its warm-up), and the seconds that
+    took (outside the best round, mostly)."""
     return {
         "mode": mode,
         "batch_size": batch_size,
@@ -549,7 +558,7 @@ def result_row(
         "tokens_per_s": stats.tokens_per_s,
         "ms_per_forward": stats.ms_per_forward,
         "wall_time_s": stats.wall_time_s,
-        "gamma": int(stats.method_params.get("gamma", 0)),  # a drafter's, as the run recorded it
+        "gamma": drafter.gamma if drafter is not None else 0,
         "sequences": config.drafts_per_step,
         "lossy": config.typical,  # typical acceptance: not the target's distribution
         "drafter": stats.method_params,

@@ -110,6 +110,14 @@ def skip_label(skip: Iterable[int | Sublayer]) -> str:
     return ",".join(parts)
 
 
+def head1_logits_at(output: Unembedding, eps: float, x: Tensor, read: Tensor | None = None) -> Tensor:
+    """Head 1's logits through ``output`` (its unembedding, the final norm's weight folded in) of path outputs x
+    (B, S, d), at each row's positions ``read`` (B, R) (None: every position)."""
+    if read is not None:
+        x = x[torch.arange(x.size(0), device=x.device)[:, None], read]  # (B, R, d)
+    return output(F.rms_norm(x, (x.size(-1),), eps=eps))
+
+
 def rotary_permutation(head_dim: int) -> Tensor:
     """Indices that put rotary pair (i, i + head_dim/2) at (2i, 2i + 1)."""
     half = head_dim // 2
@@ -424,9 +432,7 @@ class InferenceModel:
 
     def _verify(self, cache: KVCache, tokens: Tensor, read: Tensor | None) -> tuple[Tensor, Tensor]:
         x, draft_input = self.run_path(tokens, cache)
-        if read is not None:
-            x = x[torch.arange(x.size(0), device=x.device)[:, None], read]  # (B, R, d)
-        return self.head1_logits(x), draft_input
+        return head1_logits_at(self.head1_output, self.eps, x, read), draft_input
 
     def run_path(self, tokens: Tensor, cache: KVCache) -> tuple[Tensor, Tensor]:
         """The path's output (B, S, d) before the final norm, and what the draft heads read (B, S, d)."""
@@ -466,7 +472,7 @@ class InferenceModel:
 
     def head1_logits(self, x: Tensor) -> Tensor:
         """Head 1's logits (..., V) of path outputs x (..., d)."""
-        return self.head1_output(F.rms_norm(x, (x.size(-1),), eps=self.eps))
+        return head1_logits_at(self.head1_output, self.eps, x)
 
     def draft_logits(self, x: Tensor) -> Tensor:
         """The logits (..., V) of draft heads that share head 1's unembedding, from their hidden states x (..., d)."""
@@ -589,10 +595,7 @@ class SkippingForm:
         """Head 1's logits (B, R, V) at positions ``read`` (default: all S), and the path's output (B, S, d): as
         :meth:`InferenceModel.verify`, on this draft's path."""
         x = self.run_path(tokens, cache)
-        hidden = x
-        if read is not None:
-            x = x[torch.arange(x.size(0), device=x.device)[:, None], read]  # (B, R, d)
-        return self.head1_output(F.rms_norm(x, (x.size(-1),), eps=self.target.eps)), hidden
+        return head1_logits_at(self.head1_output, self.target.eps, x, read), x
 
     def run_path(self, tokens: Tensor, cache: KVCache) -> Tensor:
         """The path's output (B, S, d) before the final norm (folded into head 1's unembedding)."""

@@ -91,8 +91,8 @@ class DraftModel(DraftingMethod):
     def proposer(self, target: Target) -> Proposer:
         draft = load_draft(self.args.draft, target.loaded, target.device, target.dtype)
         if self.args.staged is not None:
-            return staged_draft(self.args.draft, draft, self.args.staged, target.compile, target.config.gamma)
-        return draft_model_drafter(draft.model, target.compile, target.config.gamma)
+            return staged_draft(self.args.draft, draft, self.args.staged, target.compile)
+        return draft_model_drafter(draft.model, target.compile)
 
     def bench_gamma(self) -> int:
         return max(self.args.gammas)

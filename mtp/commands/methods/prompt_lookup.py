@@ -37,5 +37,4 @@ class PromptLookup(DraftingMethod):
         require_at_least(args, 1, "prompt_lookup")
 
     def proposer(self, target: Target) -> Proposer:
-        vocab_size = target.loaded.config.vocab_size
-        return LookupDrafter(self.args.prompt_lookup, vocab_size, target.device, target.config.gamma)
+        return LookupDrafter(self.args.prompt_lookup, target.loaded.config.vocab_size, target.device)
