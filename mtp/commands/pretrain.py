@@ -32,6 +32,7 @@ from mtp.commands import bench_decode, distill
 from mtp.commands.cli import checkout_root, errors_reported, run_script
 from mtp.config import MOVED_TO_LOSS
 from mtp.errors import UserError, first_line
+from mtp.pretrained.reference import register_resolver
 
 LITLOGGER_TIP = "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]"
 """The start of the advertisement Lightning 2.6 logs for every Trainer without a LitLogger."""
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     root = checkout_root()
     os.environ.setdefault("PROJECT_ROOT", str(root))
     quiet_library_notices()
+    register_resolver()  # ${reference_model:}: the job reads init_from before train() imports the training stack
     task = hydra.main(version_base="1.3", config_path=str(root / "conf"), config_name="train")(train_in_run_dir)
     with arguments(argv), config_errors_raised():
         task()

@@ -27,3 +27,11 @@ def reference_model() -> Path:
             "model of your own)."
         )
     return path
+
+
+def register_resolver() -> None:
+    """``${reference_model:}`` in a config: the reference GGUF file's path (experiment=pretrained_heads's
+    ``init_from``). Registered by the commands that compose configs, before Hydra resolves one."""
+    from omegaconf import OmegaConf  # only config composition needs it
+
+    OmegaConf.register_new_resolver("reference_model", lambda: str(reference_model()), replace=True)

@@ -29,12 +29,11 @@ from mtp.errors import UserError
 from mtp.interop.chat import ModelChat
 from mtp.model import MTPModel
 from mtp.pretrained.init_from import Start, check_freeze, freeze, settings_from_checkpoint
-from mtp.pretrained.reference import reference_model
+from mtp.pretrained.reference import register_resolver
 from mtp.training.callbacks import ResumableCheckpoint
 from mtp.training.lit import MTPLitModule
 
-# ${reference_model:} in a config: the offline reference model's GGUF file (experiment=pretrained_heads's init_from)
-OmegaConf.register_new_resolver("reference_model", lambda: str(reference_model()), replace=True)
+register_resolver()  # ${reference_model:}, for a config composed without the pretrain command
 log = logging.getLogger(__name__)  # under Hydra: the console and the run folder's <task>.log (conf/hydra/default.yaml)
 
 
