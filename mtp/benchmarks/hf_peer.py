@@ -42,14 +42,22 @@ def hf_llama(model: MTPModel):
 
 @torch.inference_mode()
 def hf_generate(
-    llama, prompts: list[list[int]], max_new_tokens: int, prompt_lookup: int = 0, static: bool = False
+    llama,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    prompt_lookup: int = 0,
+    static: bool = False,
+    eos_id: int | None = None,
 ) -> PeerRun:
     """Greedy ``generate`` of every prompt alone (batch 1; HF's prompt lookup allows no more), timed together.
     ``static``: with HF's static cache, which ``generate`` itself compiles the decoding step over on CUDA (its
-    fastest path: keep the cache as large as the first call's, so later calls reuse it and what was compiled)."""
+    fastest path: keep the cache as large as the first call's, so later calls reuse it and what was compiled).
+    ``eos_id``: a reply stops there, the token itself left out of the output as mtp's decoding leaves it."""
     device = next(llama.parameters()).device
     outputs, wall = [], 0.0
     extra = {"prompt_lookup_num_tokens": prompt_lookup} if prompt_lookup else {}
+    if eos_id is not None:
+        extra.update(eos_token_id=eos_id, pad_token_id=eos_id)
     if static:
         extra["cache_implementation"] = "static"
     for prompt in prompts:
@@ -61,7 +69,8 @@ def hf_generate(
         if device.type == "cuda":
             torch.cuda.synchronize()
         wall += time.perf_counter() - start
-        outputs.append(out[0, len(prompt) :].tolist())
+        output = out[0, len(prompt) :].tolist()
+        outputs.append(output[: output.index(eos_id)] if eos_id in output else output)
     return PeerRun(outputs, sum(map(len, outputs)), wall)
 
 

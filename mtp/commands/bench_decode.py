@@ -163,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_prompt_set_flags(parser)
     add_prompt_format_flag(parser)
+    parser.add_argument(
+        "--fixed-length",
+        action="store_true",
+        help="in the chat format, decode every prompt to --max-new-tokens past the model's end of turn (default: a "
+        "reply stops there, as the model is run and as Hugging Face generate stops)",
+    )
     add_device_flag(parser)
     add_dtype_flag(parser)
     parser.add_argument("--repeats", type=int, default=3, help="rounds over all settings; the best round counts")
@@ -275,6 +281,23 @@ def checked_args(argv: list[str] | None = None, template_from: str | None = None
     return args
 
 
+def end_of_turn_id(tokenizer, chat, args: argparse.Namespace) -> int | None:
+    """The token a reply stops at: in the chat format (unless --fixed-length), the model's end of turn, which its
+    chat settings declare; None (every prompt decoded to --max-new-tokens) otherwise."""
+    if args.prompt_format != "chat" or args.fixed_length or not chat.eos_token:
+        return None
+    return tokenizer.token_to_id(chat.eos_token)
+
+
+def length_words(max_new_tokens: int, stops: bool) -> str:
+    """``128 new tokens each``, or ``up to 128 new tokens each (a reply stops at its end of turn)``."""
+    return (
+        f"up to {max_new_tokens} new tokens each (a reply ends at its end of turn)"
+        if stops
+        else (f"{max_new_tokens} new tokens each")
+    )
+
+
 def run(args: argparse.Namespace) -> None:
     """The benchmark of :func:`checked_args`' arguments: results.json, results.md and decode.png in --out."""
     problems = args.problems
@@ -288,7 +311,8 @@ def run(args: argparse.Namespace) -> None:
         if args.prompt_format == "chat":  # the model's own template (resolve_prompt_format saw that it declares one)
             chat = ChatTemplate(model_chat(args.checkpoint, loaded.tokenizer), args.checkpoint)
         prompts, names = benchmark_prompts(loaded, problems, args.prompts, args.prompt_tokens, chat)
-    chain = settings_from(args, GenerationConfig, heads=max(heads), draft_p_min=0.0)  # sampling's chain at the top k
+    end_of_turn = end_of_turn_id(loaded.tokenizer, model_chat(args.checkpoint, loaded.tokenizer), args)
+    chain = settings_from(args, GenerationConfig, heads=max(heads), draft_p_min=0.0, eos_id=end_of_turn)
     with settings_named_by_flags():  # the heads and the widest steps fit, before trees are fitted or layers searched
         chain.drafted().check_for(loaded.config, prompts)
         gammas = [method(args).bench_gamma() for method in benchmarked(args)]
@@ -326,7 +350,7 @@ def run(args: argparse.Namespace) -> None:
             generate(model, prompts[:batch_size], replace(config, max_new_tokens=4), drafter)
 
     static = args.hf_static if args.hf_static is not None else device.type == "cuda"
-    peer = HFPeer(model, prompts, args.max_new_tokens, static) if args.hf else None
+    peer = HFPeer(model, prompts, args.max_new_tokens, static, end_of_turn) if args.hf else None
     best: dict[int, DecodeStats] = {}
     checked = [i for i, setting in enumerate(settings) if setting[:2] == ("greedy", 1)]  # compared with autoregressive
     outputs: dict[int, list[list[int]]] = {}
@@ -396,6 +420,7 @@ def run(args: argparse.Namespace) -> None:
         "prompt_tokens": args.prompt_tokens if problems is None else None,
         "prompt_lengths": [len(prompt) for prompt in prompts],
         "max_new_tokens": args.max_new_tokens,
+        "stops_at": loaded.tokenizer.id_to_token(end_of_turn) if end_of_turn is not None else None,
         "sampling": {"temperature": args.temperature, "top_p": args.top_p},
     }
     if scorer is not None and scorer.evaluations:
@@ -403,7 +428,8 @@ def run(args: argparse.Namespace) -> None:
     prompt_set = describe_prompts(prompts, names, problems, args.prompt_tokens, args.prompt_format)
     title = (
         f"Decoding {args.checkpoint.name} (n={n}, {setup['dtype']}{', compiled' if args.compile else ''}) on "
-        f"{device_name}: {prompt_set}, {args.max_new_tokens} new tokens each, best of {args.repeats} rounds"
+        f"{device_name}: {prompt_set}, {length_words(args.max_new_tokens, end_of_turn is not None)}, best of "
+        f"{args.repeats} rounds"
     )
     on_gpu = torch.cuda.get_device_name() if device.type == "cuda" else None
     run_provenance = provenance(getattr(args, "argv", None), on_gpu)
@@ -578,25 +604,28 @@ def result_row(
 class HFPeer:
     """HF greedy generate and prompt lookup on the same weights and prompts (batch 1), best of the same rounds."""
 
-    def __init__(self, model, prompts: list[list[int]], max_new_tokens: int, static: bool = False) -> None:
-        """``static``: also generate with HF's static cache (compiled on CUDA), warmed up apart."""
-        self.model, self.prompts, self.max_new_tokens = model, prompts, max_new_tokens
+    def __init__(
+        self, model, prompts: list[list[int]], max_new_tokens: int, static: bool = False, eos_id: int | None = None
+    ) -> None:
+        """``static``: also generate with HF's static cache (compiled on CUDA), warmed up apart; ``eos_id``: where a
+        reply stops (None: at --max-new-tokens)."""
+        self.model, self.prompts, self.max_new_tokens, self.eos_id = model, prompts, max_new_tokens, eos_id
         self.llama = hf_llama(model)
         hf_generate(self.llama, prompts[:1], 4)  # warm-up
         self.plain = self.lookup = self.static = None
         self.static_warmup_s = None
         if static:  # the longest prompt in full: the static cache every later call reuses, compiled once
-            warmup = hf_generate(self.llama, [max(prompts, key=len)], max_new_tokens, static=True)
+            warmup = hf_generate(self.llama, [max(prompts, key=len)], max_new_tokens, static=True, eos_id=eos_id)
             self.static_warmup_s = warmup.wall_time_s
         self.compiled = static and next(self.llama.parameters()).device.type == "cuda"
 
     def run_round(self) -> None:
-        plain = hf_generate(self.llama, self.prompts, self.max_new_tokens)
-        lookup = hf_generate(self.llama, self.prompts, self.max_new_tokens, prompt_lookup=10)
+        plain = hf_generate(self.llama, self.prompts, self.max_new_tokens, eos_id=self.eos_id)
+        lookup = hf_generate(self.llama, self.prompts, self.max_new_tokens, prompt_lookup=10, eos_id=self.eos_id)
         self.plain, self.lookup = faster(self.plain, plain), faster(self.lookup, lookup)
         line = f"   HF generate {plain.tokens_per_s:.1f} tokens/s, prompt lookup {lookup.tokens_per_s:.1f}"
         if self.static_warmup_s is not None:
-            static = hf_generate(self.llama, self.prompts, self.max_new_tokens, static=True)
+            static = hf_generate(self.llama, self.prompts, self.max_new_tokens, static=True, eos_id=self.eos_id)
             self.static = faster(self.static, static)
             line += f", static cache {static.tokens_per_s:.1f}"
         print(line, flush=True)

@@ -368,12 +368,17 @@ def test_bench_decode_puts_humaneval_to_smollm2_in_its_chat_format(tmp_path):
 
     gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     out = tmp_path / "bench"
-    argv = [str(gguf), "--prompt-set", "humaneval", "--prompts", "2", "--max-new-tokens", "48", "--repeats", "1"]
+    argv = [str(gguf), "--prompt-set", "humaneval", "--prompts", "2", "--max-new-tokens", "160", "--repeats", "1"]
     bench_decode.main(
-        [*argv, "--batch-sizes", "1", "--modes", "greedy", "--methods", "chain,lookup", "--out", str(out)]
+        [*argv, "--batch-sizes", "1", "--modes", "greedy", "--methods", "chain,lookup", "--hf", "--out", str(out)]
     )
     results = json.loads((out / "results.json").read_text())
     assert results["setup"]["prompt_format"] == "chat"
+    # each reply stops at the model's end of turn (both end within 160 tokens), mtp's and Hugging Face's alike
+    assert results["setup"]["stops_at"] == "<|im_end|>"
+    assert all(row["tokens"] < 2 * 160 for row in results["results"]), results["results"]
+    assert results["hf"]["hf_generate_checks"]["identical_outputs"] == 2, results["hf"]
+    assert "up to 160 new tokens each (a reply ends at its end of turn)" in (out / "results.md").read_text()
     assert results["setup"]["pass_at_1_sandbox"].startswith("jail: ")
     scores = {row["pass_at_1"] for row in results["results"]}
     assert len(scores) == 1, results["results"]  # every exact method: the same tokens, the same score
