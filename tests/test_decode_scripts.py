@@ -124,7 +124,6 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
         (["--skip-layers", "0,1,2,3,4,5a,5m"], "must name some but not all of the 6 blocks"),
         (["--skip-layers", "1,2", "--skip-sublayers"], "--skip-sublayers chooses how --skip-layers auto searches"),
         (["--skip-layers", "auto", "--search-trials", "0"], "--search-trials 0 must be at least 1"),
-        (["--self-speculative", "--prompt-lookup", "2"], "does not combine with the heads' drafts; drop --self-spec"),
         (["--skip-layers", "1", "--tree", "auto"], "draft chains, not a --tree of the heads; drop --tree."),
         (["--prompt-lookup", "2", "--draft-p-min", "0.3"], "--gamma 4 drafts come from a drafter"),
         (["--staged", "lookup"], "--staged decodes a draft model speculatively; give it with --draft DRAFT.ckpt."),
@@ -226,6 +225,7 @@ def test_every_drafter_decodes_what_autoregressive_decoding_does(tiny_checkpoint
         (["--skip-layers", "auto", "--skip-sublayers", "--search-trials", "4"], "layerskip"),
         (["--skip-layers", "0a,1m,3"], "layerskip"),
         (["--prompt-lookup", "2", "--batch-size", "2"], "lookup"),
+        (["--prompt-lookup", "2", "--self-speculative"], "hybrid"),  # lookup's chain beside the heads'
     ):
         if "--skip-sublayers" in drafting and importlib.util.find_spec("optuna") is None:
             continue  # the sublayer search needs the search extra (CI installs it)

@@ -151,6 +151,7 @@ def test_every_built_in_method_is_registered_and_answers_for_its_benchmark_entri
     assert list(REGISTRY) == ["draft", "layerskip", "lookup"]
     assert bench_decode.methods() == (
         "chain", "tree", "typical", "adaptive", "spectr", "draft", "hybrid", "staged", "layerskip", "lookup",
+        "lookup+heads",
     )  # fmt: skip
     parser = decode.build_parser()
     args = parser.parse_args(["x.ckpt", "--skip-layers", "1"])

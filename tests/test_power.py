@@ -1341,6 +1341,20 @@ MUTATIONS = [
         (f"{SPECTR}::test_draft_sequences_and_hybrids_sample_the_autoregressive_distribution",),
     ),
     Mutation(
+        "prompt lookup beside the heads: its chain's laws spread over the vocabulary, not its drafted tokens",
+        "LookupDrafter.draft_chains",
+        "        return proposal.tokens, proposal.probs",
+        "        return proposal.tokens, None if proposal.probs is None else proposal.probs * 0 + 1 / self.vocab_size",
+        (f"{SPECTR}::test_prompt_lookup_beside_the_heads_samples_the_autoregressive_distribution",),
+    ),
+    Mutation(
+        "prompt lookup beside the heads: its chain dropped (padding verified in its place)",
+        "LookupDrafter.draft_chains",
+        "        return proposal.tokens, proposal.probs",
+        "        return proposal.tokens * 0, proposal.probs",
+        (f"{SPECTR}::test_prompt_lookup_beside_the_heads_accepts_where_either_is_right",),
+    ),
+    Mutation(
         "staged drafting: the draft's own drafts verified greedily when sampling",
         "StagedDrafter.start",
         "self.rule = Greedy(inner, layout) if inner.greedy else Lossless(inner, layout)",

@@ -31,7 +31,7 @@ from mtp.decode.acceptance import NodeLaws, Rule, TreeVerification, rule_for
 from mtp.decode.cache import KVCache
 from mtp.decode.inference import InferenceModel
 from mtp.decode.memory import check_step_fits
-from mtp.decode.proposers import HeadsProposer, HybridProposer, ModelDrafter, Proposal, Proposer
+from mtp.decode.proposers import HeadsProposer, HybridProposer, Proposal, Proposer
 from mtp.decode.sampling import RowUniforms
 from mtp.decode.settings import Drafted, GenerationConfig, SettingError
 from mtp.decode.stats import DecodeStats, SpanTimer
@@ -240,8 +240,8 @@ def _proposer(drafter: Proposer | None, inference: InferenceModel, config: Draft
         return HeadsProposer(inference, config)
     if not config.hybrid:
         return drafter
-    if not isinstance(drafter, ModelDrafter):
-        raise ValueError(f"a {drafter.method} drafter does not draft beside the heads; only a model drafter does")
+    if not drafter.beside_heads:
+        raise ValueError(f"a {drafter.method} drafter does not draft beside the heads (only a model or prompt lookup)")
     return HybridProposer(drafter, HeadsProposer(inference, config))
 
 

@@ -108,6 +108,9 @@ class Proposer:
     draws_drafts = True
     """When sampling, it draws its drafts from laws it computes, so ``draft_choice`` can draw them otherwise; False:
     its drafts are chosen another way (looked up, or decoded by an inner speculative step)."""
+    beside_heads = False
+    """Its chains can be verified beside the target's heads' chain in one step (:class:`HybridProposer`): it has
+    ``draft_chains(gamma, draws)``."""
 
     def params(self) -> dict[str, str]:
         """The method's parameters, for the statistics line."""
@@ -230,6 +233,8 @@ class ModelDrafter(Proposer):
     copy is built once). With ``drafts_per_step`` k > 1 it drafts k independent sequences (SpecTr's draft sequences:
     k samples, or greedily the k likeliest first tokens each continued greedily), on k copies of each row's cache made
     for the proposal, and the step verifies them as the tree of k chains."""
+
+    beside_heads = True
 
     def __init__(
         self,
@@ -474,11 +479,13 @@ class HybridProposer(Proposer):
     """A drafter's chains and the target's own heads' chain, verified as one tree (``config.step_tree``: the drafter's
     ``drafts_per_step`` chains of gamma, then the heads' chain of heads - 1 as one more branch from the root). The heads
     cost nothing to draft (they come out of the step's own forward), so where the drafter's first token is wrong the
-    heads' may still be right, and the other way round."""
+    heads' may still be right, and the other way round. The drafter is a model (:class:`ModelDrafter`) or prompt
+    lookup (:class:`LookupDrafter`: where the text repeats itself it drafts further than heads can, elsewhere the
+    heads draft)."""
 
     method = "hybrid"
 
-    def __init__(self, drafter: ModelDrafter, heads: HeadsProposer) -> None:
+    def __init__(self, drafter: ModelDrafter | LookupDrafter, heads: HeadsProposer) -> None:
         self.drafter, self.heads = drafter, heads
         self.context = drafter.context
 
@@ -556,6 +563,7 @@ class LookupDrafter(Proposer):
 
     method = "lookup"
     drafts_with_a_model = draws_drafts = False
+    beside_heads = True
 
     def __init__(self, ngram: int, vocab_size: int, device: torch.device | str, gamma: int = DEFAULT_GAMMA) -> None:
         if ngram < 1:
@@ -566,14 +574,13 @@ class LookupDrafter(Proposer):
         return {"ngram": str(self.ngram)}
 
     def start(self, prompts: list[list[int]], max_len: int, config: Drafted | None = None) -> None:
-        if config is not None and config.step_tree is not None:
+        if config is not None and config.drafts_per_step > 1:
             raise SettingError(
-                "prompt lookup drafts one continuation per row, which no tree is made of; use {drafts_per_step:1} "
-                "and no {heads:name} above 1 with it.",
+                "prompt lookup drafts one continuation per row, which no tree of several is made of; use "
+                "{drafts_per_step:1} with it.",
                 drafts_per_step=config.drafts_per_step,
-                heads=config.heads,
             )
-        if config is not None and config.draft_dtype != "auto":
+        if config is not None and config.draft_dtype != "auto" and not config.hybrid:  # a hybrid's heads take it
             raise SettingError(
                 "{draft_dtype} quantizes a model's drafts, and prompt lookup drafts without a model; leave "
                 "{draft_dtype:auto} with it.",
@@ -607,6 +614,13 @@ class LookupDrafter(Proposer):
                 period = len(tokens) - start
                 return [tokens[start + i % period] for i in range(gamma)]
         return []
+
+    def draft_chains(self, gamma: int, draws: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Its chain beside the heads' (:class:`HybridProposer`): (B, gamma) drafts, a row without a match padded
+        (the step verifies the padding and rejects what is wrong of it, as any draft), and their one-hot laws when
+        sampling."""
+        proposal = self.propose(gamma, draws)
+        return proposal.tokens, proposal.probs
 
     def propose(self, gamma: int, draws: Tensor | None) -> Proposal:
         found = [self.continuation(row, gamma) for row in range(len(self.tokens))]

@@ -4,6 +4,7 @@ outcome forced), greedy output equal to autoregressive output, and sampling with
 with negative controls that must fail the same check."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,10 +12,10 @@ import torch
 from mtp.decode import GenerationConfig, SettingError, generate
 from mtp.decode import acceptance as acceptance_module
 from mtp.decode.acceptance import NodeLaws, SpecTr, TreeVerification, rule_for, spectr_residual, spectr_rho
-from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter, staged_drafter
+from mtp.decode.proposers import LookupDrafter, draft_model_drafter, layer_skip_drafter, staged_drafter
 from mtp.decode.tree import DraftTree
 from tests.decode.helpers import HEAD_TYPES, fixed_logits_model, tiny_model, train_on_cycles
-from tests.decode.test_drafters import check_drafter, draft_tables, drafter_for
+from tests.decode.test_drafters import VOCAB, check_drafter, draft_tables, drafter_for
 from tests.decode.test_lossless import check, check_real_model, counting_tables
 from tests.decode.test_tree import partly_trained
 
@@ -181,6 +182,39 @@ def test_greedy_draft_sequences_and_hybrids_equal_autoregressive(method, decodin
     assert alone == reference[1:2]
 
 
+@pytest.mark.parametrize("decoding", [dict(heads=4), dict(heads=2, temperature=0.0)])
+def test_greedy_prompt_lookup_beside_the_heads_equals_autoregressive(decoding, counting_target):
+    model = counting_target
+    prompts = [list(p) for p in PROMPTS]
+    prompts[2][4:7] = prompts[2][:3]  # a repeated trigram, for lookup to find; rows without a match pad its chain
+    reference, _ = generate(model, prompts, GenerationConfig(32))
+    out, stats = generate(model, prompts, GenerationConfig(32, **decoding), LookupDrafter(2, 40, "cpu", gamma=3))
+    assert out == reference
+    assert stats.method == "hybrid" and stats.method_params["drafter"] == "lookup"
+    assert 0 < sum(stats.accepted) < sum(stats.drafted)
+
+
+def test_prompt_lookup_beside_the_heads_accepts_where_either_is_right():
+    """A target that repeats its prompt's cycle once it has seen it (what lookup drafts) and whose heads 2..3 always
+    predict the next tokens (what a counting model's do): each step accepts the longer of the two chains, so the
+    hybrid beats both alone, exactly (greedy, hand-made logits)."""
+    vocab = 12
+    tables = torch.full((3, vocab, vocab), -30.0)
+    for a in range(vocab):
+        for k in range(3):
+            tables[k, a, (a + k + 1) % vocab] = 10.0  # head k+1 after token a: a + k + 1
+    model = fixed_logits_model(tables)
+    prompt = [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0]]  # the counting continues, and lookup knows the cycle
+    config = GenerationConfig(24)
+    reference, _ = generate(model, prompt, config)
+    heads_alone = generate(model, prompt, replace(config, heads=3))
+    lookup_alone = generate(model, prompt, config, LookupDrafter(2, vocab, "cpu", gamma=6))
+    hybrid = generate(model, prompt, replace(config, heads=3), LookupDrafter(2, vocab, "cpu", gamma=6))
+    assert heads_alone[0] == lookup_alone[0] == hybrid[0] == reference
+    assert heads_alone[1].tokens_per_forward < hybrid[1].tokens_per_forward
+    assert hybrid[1].accepted[:6] == lookup_alone[1].accepted[:6]  # the lookup chain (6 deep) wins every step
+
+
 def test_a_hybrid_accepts_the_heads_drafts_where_the_draft_model_is_wrong(counting_target):
     """A draft model that never drafts the right token (a random one) next to the target's trained heads: the hybrid
     step accepts the heads' drafts, so it beats the draft model alone."""
@@ -268,6 +302,16 @@ def test_draft_sequences_and_hybrids_sample_the_autoregressive_distribution(deco
     tables = counting_tables(3) if decoding.get("heads", 1) > 1 else None  # head 1: the same target
     tv, threshold, outside, stats = check_drafter(drafter, tables=tables, **decoding)
     assert sum(stats.accepted) > 0.2 * sum(stats.drafted)
+    assert outside == 0, "sampled a continuation the target gives probability 0"
+    assert tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
+
+
+@pytest.mark.parametrize("decoding", [dict(heads=3), pytest.param(dict(heads=3, top_p=0.9), marks=pytest.mark.slow)])
+def test_prompt_lookup_beside_the_heads_samples_the_autoregressive_distribution(decoding):
+    """Lookup's one-hot chain beside the heads' sampled chain, one tree, SpecInfer's rule (PROMPT's last bigram came
+    before, so lookup drafts; the heads draft from the counting tables)."""
+    tv, threshold, outside, stats = check_drafter(LookupDrafter(2, VOCAB, "cpu"), tables=counting_tables(3), **decoding)
+    assert stats.method == "hybrid" and sum(stats.accepted) > 0.2 * sum(stats.drafted)
     assert outside == 0, "sampled a continuation the target gives probability 0"
     assert tv < threshold, f"total variation {tv:.4f} >= {threshold:.4f}"
 

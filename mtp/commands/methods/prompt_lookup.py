@@ -1,14 +1,20 @@
 """Prompt lookup decoding (Saxena 2023): the drafts are what followed the latest earlier occurrence of the last
-tokens, in the prompt or the output so far; no model drafts."""
+tokens, in the prompt or the output so far; no model drafts. With --self-speculative its chain and the heads' are
+verified together in one step (a hybrid: lookup drafts where the text repeats itself, the heads elsewhere)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mtp.commands.cli import require_at_least
-from mtp.commands.methods.base import DraftingMethod, Target, register
+from mtp.commands.methods.base import BenchRow, DraftingMethod, Target, register
 from mtp.decode.proposers import LookupDrafter, Proposer
+from mtp.decode.settings import Drafted
+
+BESIDE_HEADS = "lookup+heads"
+"""bench_decode's --methods entry (and row label) of prompt lookup's chain beside the heads' chain (a hybrid step)."""
 
 
 @dataclass
@@ -22,9 +28,11 @@ class PromptLookup(DraftingMethod):
     """Prompt lookup drafts the continuation of an earlier match of the last tokens."""
 
     name = "lookup"
-    markers = {"lookup": "v"}
+    bench_names = ("lookup", BESIDE_HEADS)
+    markers = {"lookup": "v", BESIDE_HEADS: "P"}
     settings = PromptLookupSettings
     selected_by = "prompt_lookup"
+    beside_heads = True
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser, bench: bool = False) -> None:
@@ -38,3 +46,9 @@ class PromptLookup(DraftingMethod):
 
     def proposer(self, target: Target) -> Proposer:
         return LookupDrafter(self.args.prompt_lookup, target.loaded.config.vocab_size, target.device)
+
+    def bench_rows(self, target: Target, methods: list[str], drafted: Callable[[int], Drafted]) -> list[BenchRow]:
+        rows = super().bench_rows(target, methods, drafted) if self.name in methods else []
+        if BESIDE_HEADS in methods and target.config.heads > 1:  # its chain and the heads' chain, one tree
+            rows.append((BESIDE_HEADS, target.config, self.drafter(target)))
+        return rows
