@@ -104,6 +104,7 @@ def recipe(tiny: Path, tmp_path: Path, *extra: str) -> list[str]:
         "trainer.max_steps=2",
         "trainer.val_check_interval=2",
         "trainer.limit_val_batches=1",
+        "trainer.log_every_n_steps=1",  # train/time at every step: the curve reads the training minutes there
         "trainer.enable_progress_bar=false",
         "bench_decode.prompts=1",
         "bench_decode.max_new_tokens=4",
@@ -125,6 +126,19 @@ def test_the_recipe_distils_trains_and_benchmarks_in_one_command(tiny_checkpoint
     results = json.loads((run / "bench_decode" / "results.json").read_text())
     assert results["setup"]["prompt_set"] == "humaneval" and {r["heads"] for r in results["results"]} == {1, 2, 3, 4}
     assert "pass@1" in result.stdout
+    # the curve point of its benchmark: the distilled tokens and minutes as the runs recorded them
+    from mtp.commands import heads_curve
+
+    heads_curve.main([str(run / "bench_decode"), "--out", str(tmp_path / "curve")])
+    (point,) = json.loads((tmp_path / "curve" / "results.json").read_text())["points"]
+    assert point["distilled_tokens"] == settings["totals"]["tokens"] and point["step"] == 2
+    assert point["distill_minutes"] == pytest.approx(settings["totals"]["seconds"] / 60)
+    assert 0 < point["train_minutes"] < 10 and {(r["method"], r["heads"]) for r in point["rows"]} == {
+        ("chain", 2),
+        ("chain", 3),
+        ("chain", 4),
+    }
+    assert (tmp_path / "curve" / "curve.png").is_file() and "| 2 |" in (tmp_path / "curve" / "results.md").read_text()
     again = pretrain(*recipe(tiny_checkpoints["mtp4"], tmp_path), tmp_path=tmp_path)  # the data is made once
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "distilled" / "settings.json").read_text())["totals"] == settings["totals"]
@@ -171,3 +185,16 @@ def test_a_recipe_asking_chat_of_a_start_without_a_template_is_refused_before_di
     result = pretrain(*recipe(tiny_checkpoints["mtp4"], tmp_path, "bench_decode.prompt_format=chat"), tmp_path=tmp_path)
     assert_one_clear_error(result, "--prompt-format chat: ")
     assert "declares no chat template" in result.stderr and not (tmp_path / "distilled").exists()
+
+
+def test_a_curve_of_folders_that_are_not_benchmarks_is_one_sentence(tmp_path):
+    from mtp.commands import heads_curve
+
+    with pytest.raises(UserError, match=r"holds no results.json; pass bench_decode output folders \(its --out\)"):
+        heads_curve.main([str(tmp_path), "--out", str(tmp_path / "curve")])
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "results.json").write_text(json.dumps({"setup": {"checkpoint": str(tmp_path / "model.gguf")}}))
+    with pytest.raises(UserError, match=r"model.gguf is not an mtp checkpoint file here; a point needs it"):
+        heads_curve.main([str(bench), "--out", str(tmp_path / "curve")])
+    assert not (tmp_path / "curve").exists()

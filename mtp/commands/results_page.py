@@ -19,7 +19,7 @@ from mtp.benchmarks.results_page import page
 from mtp.commands.cli import run_script
 from mtp.errors import UserError
 
-PLOTS = ("decode.png", "memory.png", "heads.png")
+PLOTS = ("decode.png", "memory.png", "heads.png", "curve.png")
 
 
 def main(argv: list[str] | None = None) -> None:
