@@ -1341,6 +1341,20 @@ MUTATIONS = [
         (f"{SPECTR}::test_draft_sequences_and_hybrids_sample_the_autoregressive_distribution",),
     ),
     Mutation(
+        "the path's blocks packed for MKL from their matrices' rows in the wrong order",
+        "PackedMatrices.__init__",
+        "        self.weights = [matrix.T for matrix in stacked]",
+        "        self.weights = [matrix.T.flip(0) for matrix in stacked]",
+        ("tests/decode/test_cache.py::test_cached_steps_equal_the_full_forward_in_every_block_layout",),
+    ),
+    Mutation(
+        "a packed block's attention output added as x @ W though its matrices are packed",
+        "block_step",
+        "    if isinstance(w.wo, (Int8Matrices, PackedMatrices)) or w.by_weight:",
+        "    if isinstance(w.wo, Int8Matrices) or w.by_weight:",
+        ("tests/decode/test_cache.py::test_cached_steps_equal_the_full_forward_in_every_block_layout",),
+    ),
+    Mutation(
         "prompt lookup beside the heads: its chain's laws spread over the vocabulary, not its drafted tokens",
         "LookupDrafter.draft_chains",
         "        return proposal.tokens, proposal.probs",

@@ -11,7 +11,9 @@ model, head count and compile setting (:meth:`InferenceModel.of`) from an :class
   head dimension and run as one batched computation;
 - norms are ``F.rms_norm``;
 - on CPU, the unembedding is also kept transposed, and each product picks the layout that reads its weight fastest
-  for its number of rows (:class:`Unembedding`);
+  for its number of rows (:class:`Unembedding`); so do the path's blocks, among x @ W, W @ x^T and, where PyTorch has
+  MKL, MKL's packed matrices for that row count (:class:`PackedMatrices`: a few rows' product without BLAS repacking
+  the matrix at every call);
 - with int8 drafts (``draft_dtype="int8"``, CPU), the draft side multiplies int8 copies of its matrices
   (:mod:`mtp.decode.int8`): the draft heads' and their unembedding (:meth:`InferenceModel.with_int8_drafts`, which
   shares the verification path and head 1's unembedding, at full precision), or a drafter's whole form
@@ -235,6 +237,7 @@ class PackedBlocks:
         self.q_width, self.kv_width = n_heads * head_dim, n_kv_heads * head_dim
         self.int8, self._int8 = False, None
         self.by_weight, self._by_weight = False, None  # products as W @ x^T (each matrix stored (out, in))
+        self.packed_rows, self._packed = 0, {}  # rows -> a copy whose matrices are MKL-packed for that many rows
 
     def weight_major(self) -> PackedBlocks:
         """A copy of these blocks whose matrices are stored (out, in), multiplied as W @ x^T (:func:`product`), which
@@ -247,6 +250,17 @@ class PackedBlocks:
             other.by_weight, other._by_weight, other._int8 = True, None, None
             self._by_weight = other
         return self._by_weight
+
+    def packed_for(self, rows: int) -> PackedBlocks:
+        """A copy of these blocks whose matrices are :class:`PackedMatrices` for ``rows`` rows (made once per row
+        count and shared, as :meth:`weight_major`'s copy is)."""
+        if rows not in self._packed:
+            other = copy.copy(self)
+            for name in ("qkv", "wo", "gate_up", "down"):
+                setattr(other, name, PackedMatrices(getattr(self, name), rows))
+            other.packed_rows, other._packed, other._by_weight, other._int8 = rows, {}, None, None
+            self._packed[rows] = other
+        return self._packed[rows]
 
     def in_int8(self) -> PackedBlocks:
         """A copy of these blocks with int8 matrices, for drafting (made once: forms that share these blocks, such as
@@ -513,32 +527,38 @@ class InferenceModel:
             self.block_indices[blocks] = torch.arange(blocks, device=x.device)[:, None, None]
         where = (self.block_indices[blocks], cache.rows[None], cache.positions[None])
         keys, values = cache.keys[slots], cache.values[slots]
-        if not w.int8 and x.device.type == "cpu" and self.block_layout(x.size(1) * x.size(2), x.dtype):
+        rows = x.size(1) * x.size(2)
+        layout = self.block_layout(rows, x.dtype) if not w.int8 and x.device.type == "cpu" else BY_INPUT
+        if layout == BY_WEIGHT:
             w = w.weight_major()
-        step = block_step if w.int8 else self.block_step
+        elif layout == MKL_PACKED:
+            w = w.packed_for(rows)
+        step = block_step if w.int8 or w.packed_rows else self.block_step  # compile sees into neither operator
         return step(x, w, rotation, keys, values, where, cache.span, cache.mask, self.eps, last, feed_forward)
 
     def block_layout(self, rows: int, dtype: torch.dtype) -> int:
-        """1 where the path's matrices multiply ``rows`` rows faster stored (out, in) as W @ x^T than as x @ W (CPU):
-        timed once per shape and :func:`timed_rows` in the process (:func:`faster_layout`) over the path's
-        feed-forward matrices in turn, so that each streams from memory as in a step. 0 without timing where the
-        weight-major copy would take more than a quarter of the memory available."""
+        """How the path's matrices multiply ``rows`` rows fastest (CPU): :data:`BY_INPUT` (x @ W), :data:`BY_WEIGHT`
+        (stored (out, in), W @ x^T) or :data:`MKL_PACKED` (:class:`PackedMatrices` for exactly that many rows: up to
+        :data:`EXACT_ROWS`, float32, where PyTorch has MKL). Timed once per shape and :func:`timed_rows` in the
+        process (:func:`faster_layout`) over the path's feed-forward matrices in turn, so that each streams from
+        memory as in a step. x @ W without timing where another copy of the weights would take more than a quarter of
+        the memory available."""
         first = self.path[0]
-        rows = timed_rows(rows)
-        if not rows:
-            return 0
-        key = ("blocks", tuple(first.gate_up.shape[1:]), len(self.path), rows, dtype)
+        timed = timed_rows(rows)
+        if not timed:
+            return BY_INPUT
+        key = ("blocks", tuple(first.gate_up.shape[1:]), len(self.path), timed, dtype)
         if key in _LAYOUTS:
             return _LAYOUTS[key]
         packed = [blocks for blocks in self.path if not blocks.int8]
         copy_bytes = sum(m.numel() * m.element_size() for b in packed for m in (b.qkv, b.wo, b.gate_up, b.down))
         available = available_bytes(torch.device("cpu"))
-        if available is not None and copy_bytes > available // 4:  # no room for a second copy of the weights
-            _LAYOUTS[key] = 0
-            return 0
+        if available is not None and copy_bytes > available // 4:  # no room for another copy of the weights
+            _LAYOUTS[key] = BY_INPUT
+            return BY_INPUT
         matrices = [blocks.gate_up for blocks in packed]
         transposed = [m.transpose(1, 2).contiguous() for m in matrices]
-        x = torch.randn(first.gate_up.size(0), rows, first.gate_up.size(1), dtype=dtype)
+        x = torch.randn(first.gate_up.size(0), timed, first.gate_up.size(1), dtype=dtype)
 
         def by_input(x: Tensor) -> None:
             for m in matrices:
@@ -548,7 +568,16 @@ class InferenceModel:
             for m in transposed:
                 torch.bmm(m, x.transpose(1, 2))
 
-        return faster_layout(key, x, (by_input, by_weight))
+        products = [by_input, by_weight]
+        if PackedMatrices.available(timed, dtype) and timed == rows:
+            mkl = [PackedMatrices(m, timed) for m in matrices]
+
+            def mkl_packed(x: Tensor) -> None:
+                for m in mkl:
+                    m(x)
+
+            products.append(mkl_packed)
+        return faster_layout(key, x, tuple(products))
 
 
 class SkippingForm:
@@ -822,7 +851,7 @@ def block_step(
     )
     y = y.view(h, B, w.n_heads, S, w.head_dim).transpose(2, 3)  # (h, B, S, n_heads, head_dim)
     x, y = x.reshape(h, B * S, d), y.reshape(h, B * S, w.q_width)
-    if isinstance(w.wo, Int8Matrices) or w.by_weight:
+    if isinstance(w.wo, (Int8Matrices, PackedMatrices)) or w.by_weight:
         x = x + product(y, w.wo, w.by_weight)  # x + attention
     else:
         x = torch.baddbmm(x, y, w.wo)
@@ -844,10 +873,42 @@ def feed_forward_step(x: Tensor, w: PackedBlocks, eps: float) -> Tensor:
     return feed_forward_residual(x.reshape(h, B * S, d), w, eps).view(h, B, S, d)
 
 
-def product(x: Tensor, weight: Tensor | Int8Matrices, by_weight: bool = False) -> Tensor:
-    """x (h, M, in) @ weight (h, in, out): one ``bmm``, or each matrix's product of an int8 stack; ``by_weight``:
-    weight stored (h, out, in), the product taken as weight @ x^T and returned as (h, M, out) rows."""
-    if isinstance(weight, Int8Matrices):
+BY_INPUT, BY_WEIGHT, MKL_PACKED = 0, 1, 2
+"""The path's block layouts on CPU (:meth:`InferenceModel.block_layout`)."""
+
+
+class PackedMatrices:
+    """A stack of float32 matrices (blocks, in, out) in MKL's packed GEMM format for exactly ``rows`` rows (CPU):
+    ``self(x)`` for x (blocks, rows, in) is each block's x @ matrix without the BLAS library repacking the matrix at
+    every call, which at a few rows costs as much as the product itself (on a 2-core EPYC, SmolLM2's 30 blocks'
+    matrices took 31 ms for 5 rows unpacked, 24 ms packed, 18 ms for one row). Other row counts multiply the float
+    stack, which is kept (not copied). The same product as x @ W, equal up to rounding."""
+
+    def __init__(self, stacked: Tensor, rows: int) -> None:
+        self.full, self.rows = stacked, rows
+        self.weights = [matrix.T for matrix in stacked]  # (out, in) views: the operator's fallback and shape
+        self.packed = [torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), rows) for w in self.weights]
+
+    @staticmethod
+    def available(rows: int, dtype: torch.dtype) -> bool:
+        """Whether this PyTorch packs for ``rows`` rows of ``dtype``: MKL's single-precision GEMM, a few rows."""
+        return dtype == torch.float32 and 1 <= rows <= EXACT_ROWS and torch.backends.mkl.is_available()
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x (blocks, M, in) -> (blocks, M, out)."""
+        if x.size(1) != self.rows:
+            return torch.bmm(x, self.full)
+        outs = [
+            torch.ops.mkl._mkl_linear(rows, packed, weight, None, self.rows)
+            for rows, packed, weight in zip(x, self.packed, self.weights, strict=True)
+        ]
+        return outs[0][None] if len(outs) == 1 else torch.stack(outs)
+
+
+def product(x: Tensor, weight: Tensor | Int8Matrices | PackedMatrices, by_weight: bool = False) -> Tensor:
+    """x (h, M, in) @ weight (h, in, out): one ``bmm``, or each matrix's product of an int8 or packed stack;
+    ``by_weight``: weight stored (h, out, in), the product taken as weight @ x^T and returned as (h, M, out) rows."""
+    if isinstance(weight, (Int8Matrices, PackedMatrices)):
         return weight(x)
     if by_weight:
         return torch.bmm(weight, x.transpose(1, 2)).transpose(1, 2).contiguous()

@@ -109,6 +109,24 @@ def test_cached_steps_with_spans_rounded_up_equal_the_full_forward(monkeypatch, 
     assert set(spans) == {8, 16}  # 6 new positions, then up to 11 and 11 held and fed: each rounded up
 
 
+@pytest.mark.parametrize("layout", ["BY_WEIGHT", "MKL_PACKED"])
+def test_cached_steps_equal_the_full_forward_in_every_block_layout(monkeypatch, layout):
+    """The path's blocks in each CPU layout a step can pick (W @ x^T, or MKL's packed matrices for the step's row
+    count) compute what x @ W does: the full forward's logits, step after step of other row counts."""
+    if layout == "MKL_PACKED" and not torch.backends.mkl.is_available():
+        pytest.skip("this PyTorch has no MKL to pack matrices with")
+    chosen = getattr(inference_module, layout)
+    monkeypatch.setattr(InferenceModel, "block_layout", lambda self, rows, dtype: chosen)
+    calls = []
+    product = inference_module.PackedMatrices.__call__
+    monkeypatch.setattr(
+        inference_module.PackedMatrices, "__call__", lambda self, x: calls.append(x.size(1)) or product(self, x)
+    )
+    test_cached_steps_equal_the_full_forward_for_ragged_rows("transformer", False, 0)
+    # the path's 3 rows of 6, 4 and 3 positions, each count packed (and the draft heads' blocks at 3 last positions)
+    assert (set(calls) == {18, 12, 9, 3}) == (layout == "MKL_PACKED")
+
+
 def test_a_span_rounds_up_to_its_multiple_within_the_cache():
     cache = KVCache(1, 2, 1, 4, 12, "cpu", torch.float32, span_multiple=8)
     cache.begin(3)
