@@ -148,17 +148,18 @@ def plot_curve(points: list[CurvePoint], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    labels = sorted({(row["method"], row["heads"]) for point in points for row in point.rows})
-    for method, heads in labels:
+    # one series per method, k and training steps: a line joins the same training on more data
+    series_keys = sorted({(row["method"], row["heads"], point.step) for point in points for row in point.rows})
+    for method, heads, step in series_keys:
         series = [
-            (point, row) for point in points for row in point.rows if (row["method"], row["heads"]) == (method, heads)
+            (point, row)
+            for point in points
+            for row in point.rows
+            if (row["method"], row["heads"], point.step) == (method, heads, step)
         ]
         for axis, x in zip(axes, (lambda p: p.distilled_tokens, lambda p: p.minutes), strict=True):
             axis.plot([x(p) for p, _ in series], [r["tokens_per_forward"] for _, r in series], "o-",
-                      label=f"{method} k={heads}")  # fmt: skip
-    for point in points:  # each point's training steps, once
-        axes[1].annotate(f"{point.step} steps", (point.minutes, min(r["tokens_per_forward"] for r in point.rows)),
-                         textcoords="offset points", xytext=(0, -12), ha="center", fontsize=7)  # fmt: skip
+                      label=f"{method} k={heads}, {step} steps")  # fmt: skip
     axes[0].set_xlim(left=0)
     axes[0].xaxis.set_major_formatter(lambda value, _: f"{value / 1000:.0f}k")
     axes[0].set_xlabel("distilled tokens the heads trained on")
