@@ -1348,6 +1348,13 @@ MUTATIONS = [
         ("tests/decode/test_cache.py::test_cached_steps_equal_the_full_forward_in_every_block_layout",),
     ),
     Mutation(
+        "packed copies of the blocks kept for every row count a decode meets",
+        "PackedBlocks.packed_for",
+        "            while len(self._packed) >= PACKED_COPIES:",
+        "            while False:",
+        ("tests/decode/test_cache.py::test_packed_copies_of_the_blocks_are_kept_for_a_few_row_counts",),
+    ),
+    Mutation(
         "a packed block's attention output added as x @ W though its matrices are packed",
         "block_step",
         "    if isinstance(w.wo, (Int8Matrices, PackedMatrices)) or w.by_weight:",

@@ -237,7 +237,8 @@ class PackedBlocks:
         self.q_width, self.kv_width = n_heads * head_dim, n_kv_heads * head_dim
         self.int8, self._int8 = False, None
         self.by_weight, self._by_weight = False, None  # products as W @ x^T (each matrix stored (out, in))
-        self.packed_rows, self._packed = 0, {}  # rows -> a copy whose matrices are MKL-packed for that many rows
+        self.packed_rows = 0  # > 0: these matrices are MKL-packed for that many rows
+        self._packed: dict[int, PackedBlocks] = {}  # rows -> such a copy, the most recently used last
 
     def weight_major(self) -> PackedBlocks:
         """A copy of these blocks whose matrices are stored (out, in), multiplied as W @ x^T (:func:`product`), which
@@ -252,15 +253,19 @@ class PackedBlocks:
         return self._by_weight
 
     def packed_for(self, rows: int) -> PackedBlocks:
-        """A copy of these blocks whose matrices are :class:`PackedMatrices` for ``rows`` rows (made once per row
-        count and shared, as :meth:`weight_major`'s copy is)."""
-        if rows not in self._packed:
+        """A copy of these blocks whose matrices are :class:`PackedMatrices` for ``rows`` rows, shared as
+        :meth:`weight_major`'s copy is; each copy holds the weights once more, so at most :data:`PACKED_COPIES` row
+        counts keep theirs (the least recently used is dropped, and packed again if its count returns)."""
+        other = self._packed.pop(rows, None)
+        if other is None:
+            while len(self._packed) >= PACKED_COPIES:
+                self._packed.pop(next(iter(self._packed)))
             other = copy.copy(self)
             for name in ("qkv", "wo", "gate_up", "down"):
                 setattr(other, name, PackedMatrices(getattr(self, name), rows))
             other.packed_rows, other._packed, other._by_weight, other._int8 = rows, {}, None, None
-            self._packed[rows] = other
-        return self._packed[rows]
+        self._packed[rows] = other  # the most recently used, last
+        return other
 
     def in_int8(self) -> PackedBlocks:
         """A copy of these blocks with int8 matrices, for drafting (made once: forms that share these blocks, such as
@@ -539,7 +544,7 @@ class InferenceModel:
     def block_layout(self, rows: int, dtype: torch.dtype) -> int:
         """How the path's matrices multiply ``rows`` rows fastest (CPU): :data:`BY_INPUT` (x @ W), :data:`BY_WEIGHT`
         (stored (out, in), W @ x^T) or :data:`MKL_PACKED` (:class:`PackedMatrices` for exactly that many rows: up to
-        :data:`EXACT_ROWS`, float32, where PyTorch has MKL). Timed once per shape and :func:`timed_rows` in the
+        :data:`PACKED_ROWS`, float32, where PyTorch has MKL). Timed once per shape and :func:`timed_rows` in the
         process (:func:`faster_layout`) over the path's feed-forward matrices in turn, so that each streams from
         memory as in a step. x @ W without timing where another copy of the weights would take more than a quarter of
         the memory available."""
@@ -875,6 +880,10 @@ def feed_forward_step(x: Tensor, w: PackedBlocks, eps: float) -> Tensor:
 
 BY_INPUT, BY_WEIGHT, MKL_PACKED = 0, 1, 2
 """The path's block layouts on CPU (:meth:`InferenceModel.block_layout`)."""
+PACKED_ROWS, PACKED_COPIES = 8, 3
+"""MKL-packed matrices are tried for steps of up to ``PACKED_ROWS`` rows (a batch-1 step's chain or small tree), and
+kept for at most ``PACKED_COPIES`` row counts per block: a copy per count, which a batch shrinking row by row would
+otherwise multiply."""
 
 
 class PackedMatrices:
@@ -892,7 +901,7 @@ class PackedMatrices:
     @staticmethod
     def available(rows: int, dtype: torch.dtype) -> bool:
         """Whether this PyTorch packs for ``rows`` rows of ``dtype``: MKL's single-precision GEMM, a few rows."""
-        return dtype == torch.float32 and 1 <= rows <= EXACT_ROWS and torch.backends.mkl.is_available()
+        return dtype == torch.float32 and 1 <= rows <= PACKED_ROWS and torch.backends.mkl.is_available()
 
     def __call__(self, x: Tensor) -> Tensor:
         """x (blocks, M, in) -> (blocks, M, out)."""

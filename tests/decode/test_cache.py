@@ -127,6 +127,18 @@ def test_cached_steps_equal_the_full_forward_in_every_block_layout(monkeypatch, 
     assert (set(calls) == {18, 12, 9, 3}) == (layout == "MKL_PACKED")
 
 
+def test_packed_copies_of_the_blocks_are_kept_for_a_few_row_counts():
+    """Each packed copy holds the weights once more: a batch shrinking row by row must not keep one per count."""
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this PyTorch has no MKL to pack matrices with")
+    blocks = InferenceModel(tiny_model(), 1).path[0]
+    copies = {rows: blocks.packed_for(rows) for rows in (5, 4, 3)}
+    assert blocks.packed_for(5) is copies[5]  # kept, and now the most recently used
+    blocks.packed_for(2)  # a fourth count: the least recently used (4) is dropped
+    assert list(blocks._packed) == [3, 5, 2] == [3, 5, 2][: inference_module.PACKED_COPIES]
+    assert blocks.packed_for(4) is not copies[4] and blocks.packed_for(4).packed_rows == 4
+
+
 def test_a_span_rounds_up_to_its_multiple_within_the_cache():
     cache = KVCache(1, 2, 1, 4, 12, "cpu", torch.float32, span_multiple=8)
     cache.begin(3)
