@@ -523,8 +523,8 @@ MUTATIONS = [
         (LAYOUT,),
     ),
     Mutation(
-        "the weight-major copy of the blocks leaves the attention output matrix as it was (in, out)",
-        "PackedBlocks.weight_major",
+        "the blocks' derived copies leave the attention output matrix as it was (the weight-major one: (in, out))",
+        "PackedBlocks._with",
         'for name in ("qkv", "wo", "gate_up", "down"):',
         'for name in ("qkv", "gate_up", "down"):',
         (LAYOUT,),
@@ -992,9 +992,9 @@ MUTATIONS = [
     ),
     Mutation(
         "int8 blocks quantized in place: a layer-skip draft turns the target's own blocks int8",
-        "PackedBlocks.in_int8",
-        "quantized = copy.copy(self)\n            quantized.qkv",
-        "quantized = self\n            quantized.qkv",
+        "PackedBlocks._with",
+        "        other = copy.copy(self)\n        for name in",
+        "        other = self\n        for name in",
         (
             f"{INT8}::test_greedy_with_an_int8_drafter_equals_autoregressive",
             f"{INT8}::test_int8_drafters_draft_with_int8_weights_and_leave_the_target_alone",

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mtp.benchmarks.cli import require_plotting
 from mtp.checkpoint.format import CHECKPOINT_KEY, read_checkpoint
 from mtp.errors import UserError
 
@@ -142,7 +143,8 @@ def curve_table(points: list[CurvePoint]) -> str:
 
 def plot_curve(points: list[CurvePoint], path: Path, title: str) -> None:
     """Tokens per forward of each method against distilled tokens and against total minutes."""
-    import matplotlib  # optional: the benchmarks extra
+    require_plotting()
+    import matplotlib  # optional (the benchmarks extra): imported only when a plot is asked for
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

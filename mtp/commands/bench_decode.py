@@ -290,12 +290,10 @@ def end_of_turn_id(tokenizer, chat, args: argparse.Namespace) -> int | None:
 
 
 def length_words(max_new_tokens: int, stops: bool) -> str:
-    """``128 new tokens each``, or ``up to 128 new tokens each (a reply stops at its end of turn)``."""
-    return (
-        f"up to {max_new_tokens} new tokens each (a reply ends at its end of turn)"
-        if stops
-        else (f"{max_new_tokens} new tokens each")
-    )
+    """``128 new tokens each``, or ``up to 128 new tokens each (a reply ends at its end of turn)``."""
+    if stops:
+        return f"up to {max_new_tokens} new tokens each (a reply ends at its end of turn)"
+    return f"{max_new_tokens} new tokens each"
 
 
 def run(args: argparse.Namespace) -> None:
@@ -306,12 +304,12 @@ def run(args: argparse.Namespace) -> None:
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, n = loaded.model, loaded.config.n_future
     heads = sorted({1, *(args.heads or range(1, n + 1))})  # 1: the baseline speed-ups are measured against
-    chat = None
+    chat, model_settings = None, model_chat(args.checkpoint, loaded.tokenizer)
     with settings_named_by_flags({"chat_template": "--prompt-format chat"}):  # a template that fails to render
         if args.prompt_format == "chat":  # the model's own template (resolve_prompt_format saw that it declares one)
-            chat = ChatTemplate(model_chat(args.checkpoint, loaded.tokenizer), args.checkpoint)
+            chat = ChatTemplate(model_settings, args.checkpoint)
         prompts, names = benchmark_prompts(loaded, problems, args.prompts, args.prompt_tokens, chat)
-    end_of_turn = end_of_turn_id(loaded.tokenizer, model_chat(args.checkpoint, loaded.tokenizer), args)
+    end_of_turn = end_of_turn_id(loaded.tokenizer, model_settings, args)
     chain = settings_from(args, GenerationConfig, heads=max(heads), draft_p_min=0.0, eos_id=end_of_turn)
     with settings_named_by_flags():  # the heads and the widest steps fit, before trees are fitted or layers searched
         chain.drafted().check_for(loaded.config, prompts)

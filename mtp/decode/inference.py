@@ -36,6 +36,7 @@ import copy
 import time
 import weakref
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -245,11 +246,7 @@ class PackedBlocks:
         CPU BLAS streams faster than x @ W at a few rows on some CPUs (:meth:`InferenceModel.block_layout`); made once
         and shared like :meth:`in_int8`'s."""
         if self._by_weight is None:
-            other = copy.copy(self)
-            for name in ("qkv", "wo", "gate_up", "down"):
-                setattr(other, name, getattr(self, name).transpose(1, 2).contiguous())
-            other.by_weight, other._by_weight, other._int8 = True, None, None
-            self._by_weight = other
+            self._by_weight = self._with(lambda m: m.transpose(1, 2).contiguous(), by_weight=True)
         return self._by_weight
 
     def packed_for(self, rows: int) -> PackedBlocks:
@@ -260,10 +257,7 @@ class PackedBlocks:
         if other is None:
             while len(self._packed) >= PACKED_COPIES:
                 self._packed.pop(next(iter(self._packed)))
-            other = copy.copy(self)
-            for name in ("qkv", "wo", "gate_up", "down"):
-                setattr(other, name, PackedMatrices(getattr(self, name), rows))
-            other.packed_rows, other._packed, other._by_weight, other._int8 = rows, {}, None, None
+            other = self._with(lambda m: PackedMatrices(m, rows), packed_rows=rows)
         self._packed[rows] = other  # the most recently used, last
         return other
 
@@ -271,12 +265,18 @@ class PackedBlocks:
         """A copy of these blocks with int8 matrices, for drafting (made once: forms that share these blocks, such as
         a layer-skip form and its target, share it); these blocks are left as they are."""
         if self._int8 is None:
-            quantized = copy.copy(self)
-            quantized.qkv, quantized.wo = Int8Matrices(self.qkv), Int8Matrices(self.wo)
-            quantized.gate_up, quantized.down = Int8Matrices(self.gate_up), Int8Matrices(self.down)
-            quantized.int8, quantized._int8, quantized._by_weight = True, None, None
-            self._int8 = quantized
+            self._int8 = self._with(Int8Matrices, int8=True)
         return self._int8
+
+    def _with(self, convert: Callable[[Tensor], Any], **flags: Any) -> PackedBlocks:
+        """A copy of these blocks with each matrix converted and ``flags`` set, holding none of their derived copies."""
+        other = copy.copy(self)
+        for name in ("qkv", "wo", "gate_up", "down"):
+            setattr(other, name, convert(getattr(self, name)))
+        other._by_weight, other._int8, other._packed = None, None, {}
+        for name, value in flags.items():
+            setattr(other, name, value)
+        return other
 
 
 Chooser = Callable[[Tensor, int], Tensor]
@@ -574,7 +574,7 @@ class InferenceModel:
                 torch.bmm(m, x.transpose(1, 2))
 
         products = [by_input, by_weight]
-        if PackedMatrices.available(timed, dtype) and timed == rows:
+        if PackedMatrices.available(timed, dtype):  # a count it packs for is timed exactly (timed == rows)
             mkl = [PackedMatrices(m, timed) for m in matrices]
 
             def mkl_packed(x: Tensor) -> None:
