@@ -1355,6 +1355,20 @@ MUTATIONS = [
         ("tests/decode/test_cache.py::test_packed_copies_of_the_blocks_are_kept_for_a_few_row_counts",),
     ),
     Mutation(
+        "packed copies of the unembedding kept for every row count a decode meets",
+        "Unembedding.packed_rows",
+        "            while len(self._packed) >= PACKED_COPIES:",
+        "            while False:",
+        (f"{CACHE}::test_the_unembedding_packs_for_a_few_row_counts_of_float32_where_memory_allows",),
+    ),
+    Mutation(
+        "the unembedding packed though its copies would not fit in memory",
+        "Unembedding.packs",
+        "            self._room = available is None or copies <= available // 4",
+        "            self._room = True",
+        (f"{CACHE}::test_the_unembedding_packs_for_a_few_row_counts_of_float32_where_memory_allows",),
+    ),
+    Mutation(
         "a packed block's attention output added as x @ W though its matrices are packed",
         "block_step",
         "    if isinstance(w.wo, (Int8Matrices, PackedMatrices)) or w.by_weight:",

@@ -10,10 +10,9 @@ model, head count and compile setting (:meth:`InferenceModel.of`) from an :class
 - the draft heads' blocks (heads 2..k, applied in parallel to the trunk output) are stacked along a leading
   head dimension and run as one batched computation;
 - norms are ``F.rms_norm``;
-- on CPU, the unembedding is also kept transposed, and each product picks the layout that reads its weight fastest
-  for its number of rows (:class:`Unembedding`); so do the path's blocks, among x @ W, W @ x^T and, where PyTorch has
-  MKL, MKL's packed matrices for that row count (:class:`PackedMatrices`: a few rows' product without BLAS repacking
-  the matrix at every call);
+- on CPU, each product picks the layout that reads its weight fastest for its number of rows, among x @ W, W @ x^T
+  and, where PyTorch has MKL, MKL's packed matrices for that row count (a few rows' product without BLAS repacking
+  the matrix at every call): the unembeddings (:class:`Unembedding`) and the path's blocks (:class:`PackedMatrices`);
 - with int8 drafts (``draft_dtype="int8"``, CPU), the draft side multiplies int8 copies of its matrices
   (:mod:`mtp.decode.int8`): the draft heads' and their unembedding (:meth:`InferenceModel.with_int8_drafts`, which
   shares the verification path and head 1's unembedding, at full precision), or a drafter's whole form
@@ -138,13 +137,18 @@ class Unembedding:
     meets a row count, times both products on that input (on its first :func:`timed_rows` rows; from a few hundred
     rows x @ W^T without timing) and keeps the faster for that shape (:func:`faster_layout`, shared by every
     unembedding of the same shape in the process); W @ x^T's logits are copied back to rows (reading them transposed
-    costs more than the copy). Both are the same product, equal up to rounding. Other devices use ``F.linear``.
+    costs more than the copy). For up to :data:`PACKED_ROWS` rows of float32 where PyTorch has MKL, a third product
+    is timed beside them: the weight packed by MKL for exactly that row count (:meth:`packed_rows`; SmolLM2's 49152 x
+    576 took 6.5 ms for 4 rows as x @ W^T, 4.2 packed, 2.2 for one row), kept for at most :data:`PACKED_COPIES` row
+    counts as the blocks' are. Every product is the same, equal up to rounding. Other devices use ``F.linear``.
     """
 
     def __init__(self, weight: Tensor) -> None:
         self.weight = weight
         self.transposed = weight.T.contiguous() if weight.device.type == "cpu" else None
         self._int8: Int8Unembedding | None = None
+        self._packed: dict[int, Tensor] = {}  # rows -> the weight packed by MKL for them, the most recently used last
+        self._room: bool | None = None  # whether the packed copies fit in memory (:meth:`packs`)
 
     def int8(self) -> Int8Unembedding:
         """An int8 copy, for drafting (made once: forms that share this unembedding share it)."""
@@ -156,17 +160,42 @@ class Unembedding:
         if self.transposed is None:
             return F.linear(x, self.weight)
         rows = x.reshape(-1, x.size(-1))
-        products = (self.rows_by_transposed, self.rows_by_weight)
         timed = timed_rows(rows.size(0))
-        key = (tuple(self.weight.shape), timed, rows.dtype, self.weight.dtype)
+        products: tuple[Callable[[Tensor], Tensor], ...] = (self.rows_by_transposed, self.rows_by_weight)
+        if timed == rows.size(0) and self.packs(rows):
+            products += (self.packed_rows,)
+        key = (tuple(self.weight.shape), timed, rows.dtype, self.weight.dtype, len(products))
         logits = products[faster_layout(key, rows[:timed], products) if timed else 0](rows)
         return logits.reshape(*x.shape[:-1], self.weight.size(0))
+
+    def packs(self, rows: Tensor) -> bool:
+        """Whether ``rows`` may take the packed product: float32 rows and weight, at most :data:`PACKED_ROWS` of them,
+        MKL, and room for the copies (together at most a quarter of the memory available, checked once)."""
+        if not PackedMatrices.available(rows.size(0), rows.dtype) or self.weight.dtype != rows.dtype:
+            return False
+        if self._room is None:
+            available = available_bytes(torch.device("cpu"))
+            copies = PACKED_COPIES * self.weight.numel() * self.weight.element_size()
+            self._room = available is None or copies <= available // 4
+        return self._room
 
     def rows_by_transposed(self, rows: Tensor) -> Tensor:
         return torch.mm(rows, self.transposed)
 
     def rows_by_weight(self, rows: Tensor) -> Tensor:
         return torch.mm(self.weight, rows.T).T.contiguous()
+
+    def packed_rows(self, rows: Tensor) -> Tensor:
+        """rows (M, d) @ W^T through the weight packed by MKL for exactly M rows (packed the first time M is met; at
+        most :data:`PACKED_COPIES` counts are kept, the least recently used dropped)."""
+        count = rows.size(0)
+        packed = self._packed.pop(count, None)
+        if packed is None:
+            while len(self._packed) >= PACKED_COPIES:
+                self._packed.pop(next(iter(self._packed)))
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weight.contiguous(), count)
+        self._packed[count] = packed  # the most recently used, last
+        return torch.ops.mkl._mkl_linear(rows.contiguous(), packed, self.weight, None, count)
 
 
 _LAYOUTS: dict[tuple, int] = {}

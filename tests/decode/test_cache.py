@@ -149,6 +149,64 @@ def test_a_span_rounds_up_to_its_multiple_within_the_cache():
     assert cache.span == 12 and cache.mask.shape == (2, 1, 6, 12)
 
 
+def test_cached_steps_equal_the_full_forward_with_the_unembeddings_packed(monkeypatch):
+    """MKL's packed unembedding (a step of up to PACKED_ROWS rows) gives head 1's logits at every position of a step
+    and the draft heads' (a reduced vocabulary's, an unembedding of its own) what the full forward gives."""
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this PyTorch has no MKL to pack matrices with")
+    monkeypatch.setattr(inference_module, "_LAYOUTS", {})
+    monkeypatch.setattr(inference_module, "faster_layout", lambda key, rows, products: len(products) - 1)
+    packed, product = [], inference_module.Unembedding.packed_rows
+
+    def counted(self, rows):
+        packed.append(rows.size(0))
+        return product(self, rows)
+
+    monkeypatch.setattr(inference_module.Unembedding, "packed_rows", counted)
+    model = tiny_model(draft_vocab=24)
+    tokens = torch.randint(0, 40, (1, 18), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = full_forward(model, tokens, 14)
+        inference = InferenceModel(model, heads=4)
+        cache = inference.new_cache(1, 32)
+        for held, fed, last in ((0, 5, 4), (5, 3, 2), (8, 1, 0), (9, 4, 1)):
+            head1, drafts = cached_step(inference, tokens[:, held : held + fed], cache, [last], tokens)
+            check_step(full, head1, drafts, [held], [last])
+            cache.rollback([held + last + 1])
+    assert packed == [5, 3, 3, 3, 1, 3, 4, 3]  # head 1's rows, then the three draft heads' at one position each
+
+
+def test_the_unembedding_packs_for_a_few_row_counts_of_float32_where_memory_allows(monkeypatch):
+    """Each packed copy holds the unembedding once more: kept for at most PACKED_COPIES row counts (the least recently
+    used dropped), offered only for float32 steps of up to PACKED_ROWS rows, and not where the copies would take more
+    than a quarter of the memory available."""
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this PyTorch has no MKL to pack matrices with")
+    from mtp.decode.inference import PACKED_COPIES, PACKED_ROWS, Unembedding
+
+    offered = []
+    monkeypatch.setattr(inference_module, "_LAYOUTS", {})
+
+    def last_product(key, rows, products):
+        offered.append(len(products))
+        return len(products) - 1
+
+    monkeypatch.setattr(inference_module, "faster_layout", last_product)
+    torch.manual_seed(0)
+    unembedding = Unembedding(torch.randn(300, 24))
+    for rows in (5, 4, 3, 5, 2, PACKED_ROWS + 1):
+        x = torch.randn(rows, 24)
+        torch.testing.assert_close(unembedding(x), x @ unembedding.weight.T)
+    assert offered == [3, 3, 3, 3, 3, 2]  # more rows than PACKED_ROWS: x @ W^T and W @ x^T only
+    assert list(unembedding._packed) == [3, 5, 2][-PACKED_COPIES:]  # 4 dropped, 5 kept as the more recently used
+    offered.clear()
+    Unembedding(torch.randn(300, 24, dtype=torch.float64))(torch.randn(2, 24, dtype=torch.float64))
+    monkeypatch.setattr(inference_module, "available_bytes", lambda device: 1000)  # bytes: far below any copy
+    short = Unembedding(torch.randn(300, 24))
+    short(torch.randn(2, 24))
+    assert offered == [2, 2] and not short._packed
+
+
 @pytest.mark.parametrize("head_type", HEAD_TYPES)
 def test_a_draft_vocabulary_chosen_at_decoding_scores_the_first_token_ids(head_type):
     """InferenceModel(draft_first_ids=N): heads 2..k's logits are the full forward's over token ids 0..N-1 and -inf
@@ -256,7 +314,10 @@ def test_the_unembedding_takes_the_product_measured_faster_and_both_products_agr
     for rows in (1, 3, 8):
         x = torch.randn(rows, 24)
         expected = x @ unembedding.weight.T
-        for product in (unembedding.rows_by_transposed, unembedding.rows_by_weight):
+        products = [unembedding.rows_by_transposed, unembedding.rows_by_weight]
+        if torch.backends.mkl.is_available():
+            products.append(unembedding.packed_rows)
+        for product in products:
             logits = product(x)
             assert logits.is_contiguous() and torch.allclose(logits, expected, atol=1e-5)
         assert torch.allclose(unembedding(x[None]), expected[None], atol=1e-5)
