@@ -1348,18 +1348,14 @@ MUTATIONS = [
         ("tests/decode/test_cache.py::test_cached_steps_equal_the_full_forward_in_every_block_layout",),
     ),
     Mutation(
-        "packed copies of the blocks kept for every row count a decode meets",
-        "PackedBlocks.packed_for",
-        "            while len(self._packed) >= PACKED_COPIES:",
-        "            while False:",
-        ("tests/decode/test_cache.py::test_packed_copies_of_the_blocks_are_kept_for_a_few_row_counts",),
-    ),
-    Mutation(
-        "packed copies of the unembedding kept for every row count a decode meets",
-        "Unembedding.packed_rows",
-        "            while len(self._packed) >= PACKED_COPIES:",
-        "            while False:",
-        (f"{CACHE}::test_the_unembedding_packs_for_a_few_row_counts_of_float32_where_memory_allows",),
+        "packed copies of the blocks and the unembeddings kept for every row count a decode meets",
+        "recently_used",
+        "        while len(copies) >= PACKED_COPIES:",
+        "        while False:",
+        (
+            "tests/decode/test_cache.py::test_packed_copies_of_the_blocks_are_kept_for_a_few_row_counts",
+            f"{CACHE}::test_the_unembedding_packs_for_a_few_row_counts_of_float32_where_memory_allows",
+        ),
     ),
     Mutation(
         "the unembedding packed though its copies would not fit in memory",

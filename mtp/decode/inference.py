@@ -189,12 +189,9 @@ class Unembedding:
         """rows (M, d) @ W^T through the weight packed by MKL for exactly M rows (packed the first time M is met; at
         most :data:`PACKED_COPIES` counts are kept, the least recently used dropped)."""
         count = rows.size(0)
-        packed = self._packed.pop(count, None)
-        if packed is None:
-            while len(self._packed) >= PACKED_COPIES:
-                self._packed.pop(next(iter(self._packed)))
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weight.contiguous(), count)
-        self._packed[count] = packed  # the most recently used, last
+        packed = recently_used(
+            self._packed, count, lambda: torch.ops.mkl._mkl_reorder_linear_weight(self.weight.contiguous(), count)
+        )
         return torch.ops.mkl._mkl_linear(rows.contiguous(), packed, self.weight, None, count)
 
 
@@ -282,13 +279,11 @@ class PackedBlocks:
         """A copy of these blocks whose matrices are :class:`PackedMatrices` for ``rows`` rows, shared as
         :meth:`weight_major`'s copy is; each copy holds the weights once more, so at most :data:`PACKED_COPIES` row
         counts keep theirs (the least recently used is dropped, and packed again if its count returns)."""
-        other = self._packed.pop(rows, None)
-        if other is None:
-            while len(self._packed) >= PACKED_COPIES:
-                self._packed.pop(next(iter(self._packed)))
-            other = self._with(lambda m: PackedMatrices(m, rows), packed_rows=rows)
-        self._packed[rows] = other  # the most recently used, last
-        return other
+
+        def packed() -> PackedBlocks:
+            return self._with(lambda m: PackedMatrices(m, rows), packed_rows=rows)
+
+        return recently_used(self._packed, rows, packed)
 
     def in_int8(self) -> PackedBlocks:
         """A copy of these blocks with int8 matrices, for drafting (made once: forms that share these blocks, such as
@@ -913,6 +908,18 @@ PACKED_ROWS, PACKED_COPIES = 8, 3
 """MKL-packed matrices are tried for steps of up to ``PACKED_ROWS`` rows (a batch-1 step's chain or small tree), and
 kept for at most ``PACKED_COPIES`` row counts per block: a copy per count, which a batch shrinking row by row would
 otherwise multiply."""
+
+
+def recently_used(copies: dict[int, Any], rows: int, make: Callable[[], Any]) -> Any:
+    """``copies[rows]``, made by ``make()`` if absent, kept as the most recently used (last); at most
+    :data:`PACKED_COPIES` are kept, the least recently used dropped first."""
+    copy_for_rows = copies.pop(rows, None)
+    if copy_for_rows is None:
+        while len(copies) >= PACKED_COPIES:
+            copies.pop(next(iter(copies)))
+        copy_for_rows = make()
+    copies[rows] = copy_for_rows
+    return copy_for_rows
 
 
 class PackedMatrices:
