@@ -518,8 +518,8 @@ MUTATIONS = [
     Mutation(
         "a weight-major product's rows come back in the wrong layout (right shape)",
         "product",
-        "return torch.bmm(weight, x.transpose(1, 2)).transpose(1, 2).contiguous()",
-        "return torch.bmm(weight, x.transpose(1, 2)).reshape(x.size(0), x.size(1), -1)",
+        "    return out.transpose(1, 2).contiguous() if by_weight else out",
+        "    return out.reshape(x.size(0), x.size(1), -1) if by_weight else out",
         (LAYOUT,),
     ),
     Mutation(
@@ -1370,6 +1370,13 @@ MUTATIONS = [
         "    if isinstance(w.wo, (Int8Matrices, PackedMatrices)) or w.by_weight:",
         "    if isinstance(w.wo, Int8Matrices) or w.by_weight:",
         ("tests/decode/test_cache.py::test_cached_steps_equal_the_full_forward_in_every_block_layout",),
+    ),
+    Mutation(
+        "a compiled CPU step's one-row products left to Inductor's own loop (the bmm it decomposes)",
+        "product",
+        '    if torch.compiler.is_compiling() and x.device.type == "cpu":  # the BLAS call, not Inductor\'s loop',
+        "    if False:",
+        ("tests/decode/test_cache.py::test_a_compiled_product_of_one_row_stays_a_blas_call_on_cpu",),
     ),
     Mutation(
         "prompt lookup beside the heads: its chain's laws spread over the vocabulary, not its drafted tokens",

@@ -952,12 +952,20 @@ class PackedMatrices:
 
 def product(x: Tensor, weight: Tensor | Int8Matrices | PackedMatrices, by_weight: bool = False) -> Tensor:
     """x (h, M, in) @ weight (h, in, out): one ``bmm``, or each matrix's product of an int8 or packed stack;
-    ``by_weight``: weight stored (h, out, in), the product taken as weight @ x^T and returned as (h, M, out) rows."""
+    ``by_weight``: weight stored (h, out, in), the product taken as weight @ x^T and returned as (h, M, out) rows.
+
+    Compiled on CPU, the ``bmm`` is a ``baddbmm`` with ``beta=0`` (the added matrix a zero broadcast, never read):
+    Inductor lowers a ``bmm`` of one row (or one column) on CPU to a loop of its own instead of the BLAS call, which
+    made SmolLM2's compiled one-row step about twice the eager one's time on 2 cores; ``baddbmm`` stays the BLAS
+    call."""
     if isinstance(weight, (Int8Matrices, PackedMatrices)):
         return weight(x)
-    if by_weight:
-        return torch.bmm(weight, x.transpose(1, 2)).transpose(1, 2).contiguous()
-    return torch.bmm(x, weight)
+    a, b = (weight, x.transpose(1, 2)) if by_weight else (x, weight)
+    if torch.compiler.is_compiling() and x.device.type == "cpu":  # the BLAS call, not Inductor's loop
+        out = torch.baddbmm(a.new_zeros(()).expand(a.size(0), a.size(1), b.size(2)), a, b, beta=0)
+    else:
+        out = torch.bmm(a, b)
+    return out.transpose(1, 2).contiguous() if by_weight else out
 
 
 def rotate(x: Tensor, rotation: Tensor) -> Tensor:

@@ -301,6 +301,25 @@ def test_decoding_compiled_leaves_the_recompile_limit_as_it_was():
     assert torch._dynamo.config.recompile_limit == before
 
 
+@pytest.mark.parametrize("by_weight", [False, True], ids=["x-by-weight", "weight-by-x"])
+def test_a_compiled_product_of_one_row_stays_a_blas_call_on_cpu(by_weight):
+    """Inductor lowers a one-row (or one-column) bmm on CPU to a loop of its own, which made SmolLM2's compiled
+    one-row step about twice the eager one's time: the compiled product must leave a BLAS call in the generated code
+    for every layout a compiled step takes, and equal the eager product."""
+    from torch._inductor.utils import run_and_get_code  # an internal of inductor's, needed by this test only
+
+    x, weight = torch.randn(3, 1, 16), torch.randn(3, 16, 24)
+    stored = weight.transpose(1, 2).contiguous() if by_weight else weight
+    compiled = torch.compile(lambda x, w: inference_module.product(x, w, by_weight), fullgraph=True)
+    try:
+        out, codes = run_and_get_code(compiled, x, stored)
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(out, torch.bmm(x, weight))
+    calls = [line for code in codes for line in code.splitlines() if "extern_kernels." in line and "import" not in line]
+    assert any("mm(" in line for line in calls), "\n".join(codes)
+
+
 def test_the_unembedding_takes_the_product_measured_faster_and_both_products_agree(monkeypatch):
     """On CPU the unembedding times x @ W^T and W @ x^T the first time it meets a row count and keeps the faster
     (which one depends on the CPU and the rows); both are the same logits up to rounding, in rows."""
