@@ -128,7 +128,7 @@ def test_the_recipe_distils_trains_and_benchmarks_in_one_command(tiny_checkpoint
     results = json.loads((run / "bench_decode" / "results.json").read_text())
     assert results["setup"]["prompt_set"] == "humaneval"
     assert {(r["method"], r["heads"]) for r in results["results"]} == {
-        ("chain", 1), ("chain", 4), ("lookup", 1), ("lookup+heads", 4)
+        ("chain", 1), ("chain", 2), ("chain", 4), ("lookup", 1), ("lookup+heads", 4)
     }  # fmt: skip
     assert "pass@1" in result.stdout
     # the curve point of its benchmark: the distilled tokens and minutes as the runs recorded them
@@ -139,6 +139,7 @@ def test_the_recipe_distils_trains_and_benchmarks_in_one_command(tiny_checkpoint
     assert point["distilled_tokens"] == settings["totals"]["tokens"] and point["step"] == 2
     assert point["distill_minutes"] == pytest.approx(settings["totals"]["seconds"] / 60)
     assert 0 < point["train_minutes"] < 10 and {(r["method"], r["heads"]) for r in point["rows"]} == {
+        ("chain", 2),
         ("chain", 4),
         ("lookup", 1),
         ("lookup+heads", 4),
