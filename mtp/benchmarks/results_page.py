@@ -28,13 +28,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+RUN_FILES = ("mtp", "scripts", "conf", "pyproject.toml")
+"""What a benchmark runs: a change to any other tracked file (the docs, the tests) leaves its figures the commit's."""
+
+
 def git_commit(root: Path) -> str:
-    """The checkout's commit, with ``+dirty`` when tracked files differ from it; ``unknown`` outside git."""
+    """The checkout's commit, with ``+dirty`` when tracked files it runs (:data:`RUN_FILES`) differ from it;
+    ``unknown`` outside git."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, check=True
         ).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=root).returncode != 0
+        paths = [f":(top){name}" for name in RUN_FILES]  # from the checkout's top, wherever root is within it
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *paths], cwd=root).returncode != 0
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit + ("+dirty" if dirty else "")

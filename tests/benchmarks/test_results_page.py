@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mtp.benchmarks.results_page import HEADER_FIELDS, page, provenance
+from mtp.benchmarks.results_page import HEADER_FIELDS, git_commit, page, provenance
 from mtp.commands.results_page import main
 from mtp.errors import UserError
 
@@ -61,3 +61,32 @@ def test_provenance_records_every_header_field():
     run = provenance(["model.gguf", "--hf"])
     assert set(run) == set(HEADER_FIELDS) and all(run.values())
     assert run["command"].endswith("model.gguf --hf")
+
+
+def test_the_commit_is_dirty_when_the_code_a_benchmark_runs_differs_not_the_docs(tmp_path, monkeypatch):
+    """A page's commit names the code its figures came from: an edited doc leaves it clean, an edited module (or a
+    config, or a script) marks it ``+dirty``; outside git it is ``unknown``."""
+    import subprocess  # git itself, only here
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    for name in ("mtp/decode.py", "conf/train.yaml", "docs/page.md", "tests/test_x.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("a\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+    clean = git_commit(tmp_path)
+    assert len(clean) == 12 and "+" not in clean
+    (tmp_path / "docs/page.md").write_text("b\n")
+    (tmp_path / "tests/test_x.py").write_text("b\n")
+    assert git_commit(tmp_path) == clean
+    for name in ("conf/train.yaml", "mtp/decode.py"):
+        (tmp_path / name).write_text("b\n")
+        assert git_commit(tmp_path) == git_commit(tmp_path / "docs") == clean + "+dirty"  # from a subfolder too
+        (tmp_path / name).write_text("a\n")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no checkout above it either
+    assert git_commit(outside) == "unknown"

@@ -282,10 +282,11 @@ def test_compiled_steps_raise_the_recompile_limit_only_while_they_run(monkeypatc
         return step
 
     monkeypatch.setattr(torch, "compile", compile_recording)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    generate(helpers.tiny_model(), [[1, 2, 3]], GenerationConfig(max_new_tokens=4, heads=4, compile=True))
-    assert limits and set(limits) == {32}
-    assert torch._dynamo.config.recompile_limit == 8
+    # dynamo's own patch, not monkeypatch's: pytest's undo may delete the setting, which hides it from dynamo after
+    with torch._dynamo.config.patch(recompile_limit=8):
+        generate(helpers.tiny_model(), [[1, 2, 3]], GenerationConfig(max_new_tokens=4, heads=4, compile=True))
+        assert limits and set(limits) == {32}
+        assert torch._dynamo.config.recompile_limit == 8
 
 
 @pytest.mark.slow
