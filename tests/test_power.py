@@ -694,8 +694,8 @@ MUTATIONS = [
     Mutation(
         "the last causal depth drafts from its window's first position instead of the last accepted one",
         "CausalChain.draft",
-        "at_last = form._blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1), read)[0]",
-        "at_last = form._blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1), read * 0)[0]",
+        "at_last = form.run_blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1), read)[0]",
+        "at_last = form.run_blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1), read * 0)[0]",
         (CACHE,),
     ),
     Mutation(
@@ -1042,8 +1042,8 @@ MUTATIONS = [
     Mutation(
         "a block whose MLP is skipped still runs it",
         "SkippingForm.run_path",
-        "x = target._blocks(blocks, x, rotation, cache, slots, feed_forward=feed_forward)",
-        "x = target._blocks(blocks, x, rotation, cache, slots)",
+        "x = target.run_blocks(blocks, x, rotation, cache, slots, feed_forward=feed_forward)",
+        "x = target.run_blocks(blocks, x, rotation, cache, slots)",
         SUBLAYER_LOGITS,
     ),
     Mutation(

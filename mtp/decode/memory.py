@@ -3,7 +3,7 @@
 A step's memory grows with (positions in the step) x (positions it attends to): a draft tree of N nodes puts 1 + N
 positions in every step, each attending to the whole context, so a tree of 4 candidates under every node of an
 8-head model (21,844 nodes) needs tens of gigabytes per step, whatever the model's size. :func:`step_bytes` estimates
-a step's peak from the shapes :func:`mtp.decode.inference.block_step` and :class:`mtp.decode.cache.KVCache` build;
+a step's peak from the shapes :func:`mtp.decode.packed.block_step` and :class:`mtp.decode.cache.KVCache` build;
 :func:`check_step_fits` refuses, in one sentence, a step estimated above half of the memory the device has free.
 
 The estimate is an upper bound where attention is concerned: it counts the scores (B, n_heads, S, span) as the math

@@ -44,8 +44,6 @@ class Heads(nn.Module):
     conditions_on_tokens: ClassVar[bool] = False
     """Head k's state depends on the tokens before the one it predicts (causal): training feeds the true ones,
     decoding its own drafts."""
-    reads_trunk: ClassVar[bool] = False
-    """Heads 2..n read the trunk output beside head 1's block (parallel blocks), not what head 1 reads from."""
     own_unembeddings: ClassVar[bool] = False
     """One unembedding per head (``outputs[k-1]``) rather than one shared by all (``outputs[0]``)."""
     not_a_llama: ClassVar[str] = ""
@@ -119,8 +117,6 @@ def unembeddings(config: ModelConfig, count: int) -> nn.ModuleList:
 
 class ParallelHeads(Heads):
     """transformer: head k (k >= 2) is a block of its own on the trunk output; one unembedding shared by all."""
-
-    reads_trunk = True
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from mtp.decode import inference as inference_module
+from mtp.decode import packed as packed_module
 from mtp.decode.cache import KVCache
 from mtp.decode.inference import InferenceModel
 from tests.decode import helpers
@@ -115,12 +116,12 @@ def test_cached_steps_equal_the_full_forward_in_every_block_layout(monkeypatch, 
     count) compute what x @ W does: the full forward's logits, step after step of other row counts."""
     if layout == "MKL_PACKED" and not torch.backends.mkl.is_available():
         pytest.skip("this PyTorch has no MKL to pack matrices with")
-    chosen = getattr(inference_module, layout)
+    chosen = getattr(packed_module, layout)
     monkeypatch.setattr(InferenceModel, "block_layout", lambda self, rows, dtype: chosen)
     calls = []
-    product = inference_module.PackedMatrices.__call__
+    product = packed_module.PackedMatrices.__call__
     monkeypatch.setattr(
-        inference_module.PackedMatrices, "__call__", lambda self, x: calls.append(x.size(1)) or product(self, x)
+        packed_module.PackedMatrices, "__call__", lambda self, x: calls.append(x.size(1)) or product(self, x)
     )
     test_cached_steps_equal_the_full_forward_for_ragged_rows("transformer", False, 0)
     # the path's 3 rows of 6, 4 and 3 positions, each count packed (and the draft heads' blocks at 3 last positions)
@@ -135,7 +136,7 @@ def test_packed_copies_of_the_blocks_are_kept_for_a_few_row_counts():
     copies = {rows: blocks.packed_for(rows) for rows in (5, 4, 3)}
     assert blocks.packed_for(5) is copies[5]  # kept, and now the most recently used
     blocks.packed_for(2)  # a fourth count: the least recently used (4) is dropped
-    assert list(blocks._packed) == [3, 5, 2] == [3, 5, 2][: inference_module.PACKED_COPIES]
+    assert list(blocks._packed) == [3, 5, 2] == [3, 5, 2][: packed_module.PACKED_COPIES]
     assert blocks.packed_for(4) is not copies[4] and blocks.packed_for(4).packed_rows == 4
 
 
@@ -154,15 +155,15 @@ def test_cached_steps_equal_the_full_forward_with_the_unembeddings_packed(monkey
     and the draft heads' (a reduced vocabulary's, an unembedding of its own) what the full forward gives."""
     if not torch.backends.mkl.is_available():
         pytest.skip("this PyTorch has no MKL to pack matrices with")
-    monkeypatch.setattr(inference_module, "_LAYOUTS", {})
-    monkeypatch.setattr(inference_module, "faster_layout", lambda key, rows, products: len(products) - 1)
-    packed, product = [], inference_module.Unembedding.packed_rows
+    monkeypatch.setattr(packed_module, "_LAYOUTS", {})
+    monkeypatch.setattr(packed_module, "faster_layout", lambda key, rows, products: len(products) - 1)
+    packed, product = [], packed_module.Unembedding.packed_rows
 
     def counted(self, rows):
         packed.append(rows.size(0))
         return product(self, rows)
 
-    monkeypatch.setattr(inference_module.Unembedding, "packed_rows", counted)
+    monkeypatch.setattr(packed_module.Unembedding, "packed_rows", counted)
     model = tiny_model(draft_vocab=24)
     tokens = torch.randint(0, 40, (1, 18), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -182,16 +183,16 @@ def test_the_unembedding_packs_for_a_few_row_counts_of_float32_where_memory_allo
     than a quarter of the memory available."""
     if not torch.backends.mkl.is_available():
         pytest.skip("this PyTorch has no MKL to pack matrices with")
-    from mtp.decode.inference import PACKED_COPIES, PACKED_ROWS, Unembedding
+    from mtp.decode.packed import PACKED_COPIES, PACKED_ROWS, Unembedding
 
     offered = []
-    monkeypatch.setattr(inference_module, "_LAYOUTS", {})
+    monkeypatch.setattr(packed_module, "_LAYOUTS", {})
 
     def last_product(key, rows, products):
         offered.append(len(products))
         return len(products) - 1
 
-    monkeypatch.setattr(inference_module, "faster_layout", last_product)
+    monkeypatch.setattr(packed_module, "faster_layout", last_product)
     torch.manual_seed(0)
     unembedding = Unembedding(torch.randn(300, 24))
     for rows in (5, 4, 3, 5, 2, PACKED_ROWS + 1):
@@ -201,7 +202,7 @@ def test_the_unembedding_packs_for_a_few_row_counts_of_float32_where_memory_allo
     assert list(unembedding._packed) == [3, 5, 2][-PACKED_COPIES:]  # 4 dropped, 5 kept as the more recently used
     offered.clear()
     Unembedding(torch.randn(300, 24, dtype=torch.float64))(torch.randn(2, 24, dtype=torch.float64))
-    monkeypatch.setattr(inference_module, "available_bytes", lambda device: 1000)  # bytes: far below any copy
+    monkeypatch.setattr(packed_module, "available_bytes", lambda device: 1000)  # bytes: far below any copy
     short = Unembedding(torch.randn(300, 24))
     short(torch.randn(2, 24))
     assert offered == [2, 2] and not short._packed
@@ -311,7 +312,7 @@ def test_a_compiled_product_of_one_row_stays_a_blas_call_on_cpu(by_weight):
 
     x, weight = torch.randn(3, 1, 16), torch.randn(3, 16, 24)
     stored = weight.transpose(1, 2).contiguous() if by_weight else weight
-    compiled = torch.compile(lambda x, w: inference_module.product(x, w, by_weight), fullgraph=True)
+    compiled = torch.compile(lambda x, w: packed_module.product(x, w, by_weight), fullgraph=True)
     try:
         out, codes = run_and_get_code(compiled, x, stored)
     finally:
@@ -326,8 +327,7 @@ def test_the_unembedding_takes_the_product_measured_faster_and_both_products_agr
     (which one depends on the CPU and the rows); both are the same logits up to rounding, in rows."""
     import time
 
-    from mtp.decode import inference
-    from mtp.decode.inference import Unembedding, faster_layout
+    from mtp.decode.packed import Unembedding, faster_layout
 
     torch.manual_seed(0)
     unembedding = Unembedding(torch.randn(300, 24))
@@ -342,7 +342,7 @@ def test_the_unembedding_takes_the_product_measured_faster_and_both_products_agr
             assert logits.is_contiguous() and torch.allclose(logits, expected, atol=1e-5)
         assert torch.allclose(unembedding(x[None]), expected[None], atol=1e-5)
 
-    monkeypatch.setattr(inference, "_LAYOUTS", {})
+    monkeypatch.setattr(packed_module, "_LAYOUTS", {})
     calls = []
 
     def slow(rows):
@@ -365,20 +365,19 @@ def test_layouts_are_timed_on_fewer_than_256_rows_and_larger_counts_take_x_at_w_
     its steps): counts up to 32 are timed each, larger ones at the power of two below them, on that many rows, and
     from 256 rows x @ W is taken without timing (W @ x^T's copy back to rows loses there); the product still covers
     every row."""
-    from mtp.decode import inference
-    from mtp.decode.inference import Unembedding, timed_rows
+    from mtp.decode.packed import Unembedding, timed_rows
 
     assert [timed_rows(n) for n in (1, 7, 32, 33, 63, 64, 200, 255, 256, 40_000)] == [
         1, 7, 32, 32, 32, 64, 128, 128, 0, 0,
     ]  # fmt: skip
-    monkeypatch.setattr(inference, "_LAYOUTS", {})
+    monkeypatch.setattr(packed_module, "_LAYOUTS", {})
     timed = []
 
     def faster_layout(key, rows, products):
         timed.append((key[1], rows.size(0)))
         return 1
 
-    monkeypatch.setattr(inference, "faster_layout", faster_layout)
+    monkeypatch.setattr(packed_module, "faster_layout", faster_layout)
     torch.manual_seed(0)
     unembedding = Unembedding(torch.randn(50, 8))
     products = []

@@ -203,17 +203,17 @@ def test_greedy_decoding_equals_the_reference_in_either_matrix_layout(monkeypatc
     """On CPU each product picks the layout measured faster (x @ W, or W @ x^T from matrices stored (out, in)); the
     choice depends on the machine, so each layout is forced here: both decode the reference's tokens, with drafts
     passing (the accepting branch), on a random model, and in ragged batches."""
-    from mtp.decode import inference
+    from mtp.decode import packed
 
-    monkeypatch.setattr(inference, "faster_layout", lambda key, rows, products: layout)
-    monkeypatch.setattr(inference, "_LAYOUTS", {})  # what earlier decodes measured: not consulted here
-    weight_major, calls = inference.PackedBlocks.weight_major, []
+    monkeypatch.setattr(packed, "faster_layout", lambda key, rows, products: layout)
+    monkeypatch.setattr(packed, "_LAYOUTS", {})  # what earlier decodes measured: not consulted here
+    weight_major, calls = packed.PackedBlocks.weight_major, []
 
     def counted(blocks):
         calls.append(blocks)
         return weight_major(blocks)
 
-    monkeypatch.setattr(inference.PackedBlocks, "weight_major", counted)
+    monkeypatch.setattr(packed.PackedBlocks, "weight_major", counted)
     trained_model, prompts = trained_models(head_type), [[1, 2], [7, 8, 9, 10, 11], [20]]
     reference = [greedy_without_cache(trained_model, prompt, 30) for prompt in prompts]
     for heads in (1, 4):
@@ -230,12 +230,12 @@ def test_greedy_decoding_equals_the_reference_in_either_matrix_layout(monkeypatc
 def test_no_weight_major_copy_where_it_would_not_fit_in_memory(monkeypatch):
     """The faster layout may need a second copy of the blocks' matrices: where that copy would take more than a
     quarter of the memory available, decoding keeps the one layout without timing (and without the copy)."""
-    from mtp.decode import inference
+    from mtp.decode import inference, packed
 
-    monkeypatch.setattr(inference, "_LAYOUTS", {})
-    monkeypatch.setattr(inference, "available_bytes", lambda device: 1000)  # bytes: far below any copy
+    monkeypatch.setattr(packed, "_LAYOUTS", {})
+    monkeypatch.setattr(packed, "available_bytes", lambda device: 1000)  # bytes: far below any copy
     timed = []
-    monkeypatch.setattr(inference, "faster_layout", lambda key, rows, products: timed.append(key) or 1)
+    monkeypatch.setattr(packed, "faster_layout", lambda key, rows, products: timed.append(key) or 1)
     model = tiny_model()
     reference = [greedy_without_cache(model, prompt, 8) for prompt in RAGGED]
     assert greedy(model, RAGGED, 4, max_new_tokens=8)[0] == reference

@@ -1,0 +1,276 @@
+"""The draft heads' inference forms, one per head type: how heads 2..k draft inside a decoding step.
+
+Each form is built from the model and the inference form it drafts for (:class:`mtp.decode.inference.InferenceModel`),
+packs the heads' weights (:mod:`mtp.decode.packed`) and drafts from the step's forward: ``draft(hidden, cache, last,
+inputs, next_token, choose)`` reads what the path left for the heads at each row's last accepted position (``last``)
+and returns the drafts, (B, heads - 1). :data:`HEAD_FORMS` maps each head type's module (:mod:`mtp.model.heads`)
+to its form.
+
+=================  ==================================================================================================
+ParallelBlocks     transformer heads: blocks on the trunk output, stacked and run as one batched computation
+Unembeddings       linear and medusa heads: unembeddings of the trunk output (after residual blocks: medusa)
+CausalChain        causal heads: DeepSeek-V3 MTP depths, one after another, each on a cache of its own
+=================  ==================================================================================================
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mtp.config import ModelConfig
+from mtp.decode.cache import ChainCache, KVCache
+from mtp.decode.graphs import StepGraphs
+from mtp.decode.int8 import Int8Matrices
+from mtp.decode.packed import PackedBlocks, product
+from mtp.model import MTPModel
+from mtp.model.heads import CausalHeads, Heads, LinearHeads, MedusaHeads, ParallelHeads
+
+Chooser = Callable[[Tensor, int], Tensor]
+"""``choose(logits, first)``: draft tokens (h, B) from heads first+2..first+h+1's logits (h, B, V): greedy argmax, or
+samples whose proposals the caller keeps. A causal chain calls it once per depth, since depth k needs draft k-1."""
+
+
+class Form(Protocol):
+    """What a head form uses of the inference form it drafts for (:class:`mtp.decode.inference.InferenceModel`)."""
+
+    config: ModelConfig
+    heads: int
+    eps: float
+    embeddings: Tensor
+    rotations: Tensor
+    graphs: StepGraphs | None
+    draft_rows: slice
+
+    def run_blocks(
+        self,
+        w: PackedBlocks,
+        x: Tensor,
+        rotation: Tensor,
+        cache: KVCache,
+        slots: slice,
+        last: Tensor | None = None,
+        feed_forward: bool = True,
+        attention_input: Tensor | None = None,
+        at: tuple[Tensor, int, Tensor] | None = None,
+    ) -> Tensor: ...
+
+    def kv_cache(self, slots: int, batch_size: int, max_len: int, storage: Callable | None = None) -> KVCache: ...
+
+    def draft_logits(self, x: Tensor) -> Tensor: ...
+
+    def full_vocab(self, logits: Tensor) -> Tensor: ...
+
+
+class HeadForm:
+    """Heads 2..k of one type, packed to draft inside a step of the inference form ``form``."""
+
+    cache_slots = 0
+    """Slots the heads' blocks take in the form's cache, after the path's."""
+    own_output = False
+    """The heads unembed with matrices of their own (else with the form's ``draft_output``, head 1's or its rows of a
+    reduced draft vocabulary, which int8 drafts quantize)."""
+
+    def __init__(self, model: MTPModel, form: Form) -> None:
+        self.form = form
+
+    @staticmethod
+    def reads(model: MTPModel) -> list[int]:
+        """The path's states the heads read, each as the number of the path's blocks applied before it (what
+        :meth:`mtp.decode.inference.InferenceModel.verify` returns for them, concatenated): the path's output."""
+        return [len(model.layers)]
+
+    def prepare(self, cache: KVCache, batch_size: int, max_len: int) -> None:
+        """Add what the heads keep beside the form's new ``cache`` (rolled back and trimmed with it)."""
+
+    def in_int8(self, form: Form) -> HeadForm:
+        """These heads with int8 matrices, drafting for ``form`` (:meth:`InferenceModel.with_int8_drafts`)."""
+        raise NotImplementedError
+
+    def draft(
+        self, hidden: Tensor, cache: KVCache, last: Tensor, inputs: Tensor, next_token: Tensor, choose: Chooser
+    ) -> Tensor:
+        """Draft tokens (B, heads - 1): :meth:`mtp.decode.inference.InferenceModel.draft`."""
+        raise NotImplementedError
+
+
+class ParallelBlocks(HeadForm):
+    """Heads 2..k as blocks on the trunk output, stacked along a leading head dimension and run as one batched
+    computation; their keys and values follow the path's in the cache."""
+
+    @staticmethod
+    def reads(model: MTPModel) -> list[int]:
+        return [len(model.layers) - 1]  # the trunk output: what head 1's block reads too
+
+    def __init__(self, model: MTPModel, form: Form) -> None:
+        config = model.config
+        super().__init__(model, form)
+        self.blocks = PackedBlocks(
+            [model.head_block(k) for k in range(2, form.heads + 1)], config.n_heads, config.n_kv_heads
+        )
+        self.cache_slots = form.heads - 1
+        self.slots = slice(len(model.layers), len(model.layers) + form.heads - 1)
+
+    def in_int8(self, form: Form) -> ParallelBlocks:
+        """These heads with int8 blocks, drafting for ``form``."""
+        quantized = copy.copy(self)
+        quantized.form, quantized.blocks = form, self.blocks.in_int8()
+        return quantized
+
+    def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
+        if self.form.graphs is not None and cache.max_length:  # not the prompts' step: a width per prompt length
+            logits = self.form.graphs.run("draft", self.logits, cache, hidden, last)[0]
+        else:
+            logits = self.logits(cache, hidden, last)[0]
+        return choose(logits, 0).T
+
+    def logits(self, cache: KVCache, hidden: Tensor, last: Tensor) -> tuple[Tensor]:
+        """Heads 2..k's logits (h, B, V) at each row's position ``last`` (B,) of the step."""
+        form = self.form
+        x = hidden.expand(form.heads - 1, -1, -1, -1)  # (h, B, S, d)
+        rotation = form.rotations[cache.rotary]
+        out = form.run_blocks(self.blocks, x, rotation, cache, self.slots, last)  # (h, B, d)
+        return (form.draft_logits(out),)
+
+
+class Unembeddings(HeadForm):
+    """Heads 2..k as unembeddings of the trunk output (linear), after residual blocks of their own (medusa)."""
+
+    own_output = True
+
+    def __init__(self, model: MTPModel, form: Form) -> None:
+        super().__init__(model, form)
+        heads = range(2, form.heads + 1)
+        final_norm = model.norm.weight
+        residual = [model.heads.residual_layers(k) for k in heads]  # medusa's residual blocks; none for linear heads
+        self.residual = None
+        if residual[0]:  # (layers, h, d, d) transposed, so that x @ W^T is one bmm over heads
+            self.residual = [torch.stack([layers[i].weight.T for layers in residual]) for i in range(len(residual[0]))]
+            self.norm_weight = final_norm  # the residual blocks read the normed state: the weight cannot be folded
+            self.outputs = torch.stack([model.head_weight(k)[form.draft_rows].T for k in heads])  # (h, d, V or K)
+        else:
+            self.outputs = torch.stack([(model.head_weight(k)[form.draft_rows] * final_norm).T for k in heads])
+
+    def in_int8(self, form: Form) -> Unembeddings:
+        """These heads with int8 residual layers and outputs, drafting for ``form``."""
+        quantized = copy.copy(self)
+        quantized.form, quantized.outputs = form, Int8Matrices(self.outputs, "fbgemm")  # unembeddings: see int8.py
+        if self.residual is not None:
+            quantized.residual = [Int8Matrices(weight) for weight in self.residual]
+        return quantized
+
+    def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
+        x = hidden[torch.arange(hidden.size(0), device=hidden.device), last]  # (B, d)
+        normed = F.rms_norm(x, (x.size(-1),), eps=self.form.eps).expand(self.form.heads - 1, -1, -1)  # (h, B, d)
+        if self.residual is not None:
+            normed = normed * self.norm_weight
+            for weight in self.residual:
+                normed = normed + F.silu(product(normed, weight))
+        return choose(self.form.full_vocab(product(normed, self.outputs)), 0).T
+
+
+class CausalChain(HeadForm):
+    """Heads 2..k as DeepSeek-V3 MTP depths, drafted one after another: depth k reads depth k-1's hidden state and
+    the embedding of draft k-1 (of the token after the accepted ones, for depth 2).
+
+    Each depth is a causal block over its own sequence: at position i it reads token t_{i+k-1} and h_{k-1}(i), as in
+    training. So depth k's keys and values at i are final once t_{i+k-1} is known (accepted), which lags the trunk
+    by k - 2 positions; each step recomputes a depth from where its final entries end up to the last accepted
+    position, with drafts standing in for the tokens not known yet (those entries are rolled back after the step).
+    Every depth keeps its own cache and a buffer of its hidden states (:class:`mtp.decode.cache.ChainCache`).
+    """
+
+    def __init__(self, model: MTPModel, form: Form) -> None:
+        super().__init__(model, form)
+        config = model.config
+        packed = {}  # module -> its packed form: a shared depth is packed once, whatever the number of depths
+
+        def pack(module, packing):
+            if id(module) not in packed:
+                packed[id(module)] = packing(module)
+            return packed[id(module)]
+
+        def pack_block(block):
+            return PackedBlocks([block], config.n_heads, config.n_kv_heads)
+
+        def pack_input(module):  # (2d, d): [RMSNorm(e); RMSNorm(h)] @ W^T with both norm weights folded in
+            norms = torch.cat([module.enorm.weight, module.hnorm.weight])
+            return (module.eh_proj.weight * norms).T.contiguous()
+
+        depths = range(2, form.heads + 1)
+        self.blocks = [pack(model.heads.block(k), pack_block) for k in depths]
+        self.inputs: list[Tensor | Int8Matrices] = [pack(model.heads.causal_input(k), pack_input) for k in depths]
+
+    def in_int8(self, form: Form) -> CausalChain:
+        """These depths with int8 blocks and input matrices (a shared depth's quantized once), drafting for ``form``."""
+        quantized = copy.copy(self)
+        quantized.form, quantized.blocks = form, [blocks.in_int8() for blocks in self.blocks]
+        inputs = {id(matrix): matrix for matrix in self.inputs}
+        int8 = {key: Int8Matrices(matrix[None]) for key, matrix in inputs.items()}  # (1, 2d, d): one matrix
+        quantized.inputs = [int8[id(matrix)] for matrix in self.inputs]
+        return quantized
+
+    def prepare(self, cache: KVCache, batch_size: int, max_len: int) -> None:
+        form = self.form
+        caches = [form.kv_cache(1, batch_size, max_len) for _ in self.blocks]
+        shape = (form.heads - 1, batch_size, max_len, form.config.d_model)  # the last depth's are never read
+        cache.chain = ChainCache(caches, form.embeddings.new_zeros(shape))
+
+    def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
+        form, chain, eps = self.form, cache.chain, self.form.eps
+        B, S = inputs.shape
+        rows = torch.arange(B, device=inputs.device)[:, None]
+        held = cache.positions[:, 0]  # (B,) trunk positions held before this step
+        chain.hidden[0][rows, cache.positions] = hidden  # head 1's hidden state at the step's positions
+        # the tokens from position `held` on: the step's accepted inputs, the token after them, then the drafts
+        stream = torch.cat([inputs, inputs.new_zeros(B, form.heads)], dim=1)
+        stream[rows[:, 0], last + 1] = next_token
+        drafts = []
+        for k in range(2, form.heads + 1):
+            depth_cache, width = chain.caches[k - 2], S + k - 2
+            depth_cache.begin(width)  # from the first position not final yet, over the step's and k - 2 more
+            positions = depth_cache.positions  # (B, width)
+            tokens = stream.gather(1, (positions + k - 1 - held[:, None]).clamp(max=stream.size(1) - 1))
+            previous = chain.hidden[k - 2][rows, positions]  # h_{k-1}, (B, width, d)
+            embedded = F.embedding(tokens, form.embeddings)
+            d = (embedded.size(-1),)
+            x = torch.cat([F.rms_norm(embedded, d, eps=eps), F.rms_norm(previous, d, eps=eps)], dim=-1)
+            projection = self.inputs[k - 2]
+            if isinstance(projection, Int8Matrices):
+                x = projection(x[None])[0]  # (B, width, d)
+            else:
+                x = torch.matmul(x, projection)  # (B, width, d)
+            rotation = form.rotations[depth_cache.rotary]
+            read = held + last - positions[:, 0]  # (B,) the position each row drafts from, within the window
+            if k < form.heads:  # the next depth reads this one's hidden states at every position of the window
+                out = form.run_blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1))[
+                    0
+                ]  # (B, width, d)
+                chain.hidden[k - 1][rows, positions] = out
+                at_last = out[rows[:, 0], read]  # (B, d)
+            else:  # the last depth: keys and values everywhere, the rest of the block at the one position read
+                at_last = form.run_blocks(self.blocks[k - 2], x[None], rotation, depth_cache, slice(0, 1), read)[0]
+            token = choose(form.draft_logits(at_last)[None], k - 2)[0]
+            stream[rows[:, 0], last + k] = token
+            drafts.append(token)
+            depth_cache.commit(width)
+        return torch.stack(drafts, dim=1)
+
+
+HEAD_FORMS: dict[type[Heads], type[HeadForm]] = {
+    ParallelHeads: ParallelBlocks,
+    LinearHeads: Unembeddings,
+    MedusaHeads: Unembeddings,
+    CausalHeads: CausalChain,
+}
+"""The form of each head type's module."""
+
+
+def head_form(model: MTPModel, form: Form) -> HeadForm:
+    """``model``'s heads 2..``form.heads`` as their type's form, drafting for ``form``."""
+    return HEAD_FORMS[type(model.heads)](model, form)
