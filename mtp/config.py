@@ -13,7 +13,7 @@ from typing import Any
 
 from mtp.errors import UserError
 
-HEAD_TYPES = ("transformer", "linear", "causal", "medusa")
+HEAD_TYPES = ("transformer", "linear", "causal", "medusa", "eagle3")
 """What heads 2..n can be (the modules: :mod:`mtp.model.heads`)."""
 LOSS_MODES = ("sequential", "naive")
 HEAD_LOSSES = ("ce", "distill", "ce+distill")
@@ -23,10 +23,14 @@ WEIGHT_SCHEDULES = ("constant", "steps", "linear")
 
 def head_blocks(head_type: str, n_future: int, share_depth: bool) -> int:
     """Transformer blocks heads 2..n add (counted in ``n_layers``): one per head for transformer and causal heads
-    (one in all for a shared depth), none for linear and medusa heads."""
-    if head_type not in ("transformer", "causal") or n_future == 1:
+    (one in all for a shared depth), EAGLE-3's one draft layer, none for linear and medusa heads."""
+    if head_type not in ("transformer", "causal", "eagle3") or n_future == 1:
         return 0
-    return 1 if share_depth else n_future - 1
+    return 1 if share_depth or head_type == "eagle3" else n_future - 1
+
+
+EAGLE3_FEATURES = 3
+"""Trunk layers an EAGLE-3 draft reads (low, middle, high): what its ``fc`` (3d -> d) and the engines expect."""
 
 
 def swiglu_width(d_model: int, multiple_of: int) -> int:
@@ -53,11 +57,14 @@ class ModelConfig:
     head_type: str = "transformer"
     """What heads 2..n are (:data:`HEAD_TYPES`; their modules: mtp.model.heads): 'transformer' (a block each, in
     parallel on the trunk), 'linear' (an unembedding each), 'causal' (DeepSeek-V3 modules, each on the previous depth),
-    'medusa' (residual MLPs)."""
+    'medusa' (residual MLPs), 'eagle3' (EAGLE-3: one layer on three trunk layers' states, applied recursively)."""
     share_depth: bool = False
     """Causal heads only: one module applied at every depth (decoding may then draft beyond n_future)."""
     medusa_layers: int = 1
     """Medusa heads only: residual blocks per head."""
+    eagle3_layers: list[int] | None = None
+    """EAGLE-3 heads only: the three trunk layers whose inputs the draft fuses (low, middle, high; 0 is the first);
+    None: 2, L/2 and L-3 of the L trunk layers, what vLLM gives a Llama's EAGLE-3 draft."""
     draft_vocab: int = 0
     """If > 0, heads 2..n score only this many tokens, the training data's most frequent (a reduced draft vocabulary:
     FR-Spec, EAGLE-3's d2t); head 1 keeps the whole vocabulary, so greedy decoding stays exact and sampling lossless
@@ -71,6 +78,8 @@ class ModelConfig:
     """Derived: SwiGLU hidden width."""
 
     def __post_init__(self) -> None:
+        if self.eagle3_layers is not None:  # a Hydra list (or a tuple) as plain ints, as a checkpoint stores them
+            self.eagle3_layers = [int(layer) for layer in self.eagle3_layers]
         self.validate()
         self.ffn_hidden = swiglu_width(self.d_model, self.ffn_multiple_of)
 
@@ -104,6 +113,22 @@ class ModelConfig:
         return self.head_type in ("transformer", "causal")
 
     @property
+    def recursive(self) -> bool:
+        """One module drafts at every depth (a shared causal depth, EAGLE-3's layer), so decoding may draft beyond
+        n_future."""
+        return self.share_depth or self.head_type == "eagle3"
+
+    @property
+    def feature_layers(self) -> list[int]:
+        """The trunk layers whose inputs the heads read beside the trunk output (EAGLE-3's three); none for others."""
+        if self.head_type != "eagle3" or self.n_future == 1:  # one head: no draft to read them
+            return []
+        if self.eagle3_layers is not None:
+            return list(self.eagle3_layers)
+        trunk = self.n_layer_blocks
+        return [2, trunk // 2, trunk - 3]
+
+    @property
     def head_blocks(self) -> int:
         """Transformer blocks of heads 2..n (:func:`head_blocks`)."""
         return head_blocks(self.head_type, self.n_future, self.share_depth)
@@ -112,6 +137,34 @@ class ModelConfig:
     def n_layer_blocks(self) -> int:
         """Blocks in ``layers``: the trunk, and head 1's block where it has one (``n_layers`` counts every block)."""
         return self.n_layers - self.head_blocks
+
+    def validate_eagle3(self) -> None:
+        """EAGLE-3 heads read three trunk layers that exist; its layer list applies to them alone."""
+        if self.eagle3_layers is not None and self.head_type != "eagle3":
+            raise UserError(
+                f"model.eagle3_layers={self.eagle3_layers} applies to EAGLE-3 heads only, not "
+                f"head_type={self.head_type!r}; set model.head_type=eagle3 or drop model.eagle3_layers."
+            )
+        if self.head_type != "eagle3":
+            return
+        trunk = self.n_layer_blocks
+        if trunk < EAGLE3_FEATURES:
+            raise UserError(
+                f"model.head_type=eagle3 reads the inputs of {EAGLE3_FEATURES} trunk layers, and model.n_layers="
+                f"{self.n_layers} leaves {max(trunk, 0)} beside the draft layer; use n_layers >= {EAGLE3_FEATURES + 1}."
+            )
+        layers = self.eagle3_layers
+        if layers is not None and len(layers) != EAGLE3_FEATURES:
+            raise UserError(
+                f"model.eagle3_layers={layers} names {len(layers)} layers; EAGLE-3 fuses {EAGLE3_FEATURES} (low, "
+                f"middle, high), e.g. [2,{trunk // 2},{trunk - 3}]."
+            )
+        outside = [layer for layer in layers or [] if not 0 <= layer < trunk]
+        if outside:
+            raise UserError(
+                f"model.eagle3_layers={layers} names layer {outside[0]}, but the trunk's layers are 0..{trunk - 1}; "
+                f"use layers in that range, e.g. [2,{trunk // 2},{trunk - 3}]."
+            )
 
     def validate(self) -> None:
         def positive(name: str) -> None:
@@ -131,6 +184,7 @@ class ModelConfig:
             )
         if self.medusa_layers < 1:
             raise UserError(f"model.medusa_layers={self.medusa_layers} must be at least 1.")
+        self.validate_eagle3()
         if not 0 <= self.draft_vocab <= self.vocab_size:
             raise UserError(
                 f"model.draft_vocab={self.draft_vocab} must lie between 0 (off) and model.vocab_size={self.vocab_size}."
@@ -272,10 +326,11 @@ class LossConfig:
                     f"loss.{name} has {len(weights)} entries but model.n_future={model.n_future}; give one weight per "
                     "head."
                 )
-        if self.causal_inputs != "true" and model.head_type != "causal":
+        if self.causal_inputs != "true" and model.head_type not in ("causal", "eagle3"):
             raise UserError(
-                f"loss.causal_inputs={self.causal_inputs} applies to causal heads only, not "
-                f"model.head_type={model.head_type!r}; set model.head_type=causal or drop loss.causal_inputs."
+                f"loss.causal_inputs={self.causal_inputs} applies to causal and eagle3 heads only (they read the "
+                f"tokens before the one they predict), not model.head_type={model.head_type!r}; set "
+                "model.head_type=causal or eagle3, or drop loss.causal_inputs."
             )
 
 

@@ -27,6 +27,24 @@ def test_derived_values():
         ({"n_kv_heads": 3}, "must divide"),
         ({"head_type": "eagle"}, "head_type='eagle' is not one of"),
         ({"vocab_size": 0}, "vocab_size=0 must be at least 1"),
+        (
+            {"head_type": "eagle3", "n_layers": 3},
+            r"^model.head_type=eagle3 reads the inputs of 3 trunk layers, and "
+            r"model.n_layers=3 leaves 2 beside the draft layer; use n_layers >= 4\.$",
+        ),
+        (
+            {"head_type": "eagle3", "eagle3_layers": [2, 5, 9]},
+            r"^model.eagle3_layers=\[2, 5, 9\] names layer 9, but "
+            r"the trunk's layers are 0..8; use layers in that range, e.g. \[2,4,6\]\.$",
+        ),
+        ({"head_type": "eagle3", "eagle3_layers": [-1, 2, 4]}, "names layer -1, but the trunk's layers are 0..8"),
+        ({"head_type": "eagle3", "eagle3_layers": [2, 4]}, r"names 2 layers; EAGLE-3 fuses 3 \(low, middle, high\)"),
+        (
+            {"eagle3_layers": [2, 4, 6]},
+            r"^model.eagle3_layers=\[2, 4, 6\] applies to EAGLE-3 heads only, not "
+            "head_type='transformer'; set model.head_type=eagle3 or drop model.eagle3_layers.$",
+        ),
+        ({"head_type": "eagle3", "share_depth": True}, "share_depth=true applies to causal heads only"),
     ],
 )
 def test_bad_values_name_the_problem(kwargs, message):
@@ -61,7 +79,7 @@ def test_bad_loss_values_name_the_problem(kwargs, message):
     [
         ({}, {"loss_weights": [1.0, 1.0]}, r"^loss.loss_weights has 2 entries but model.n_future=4; give one weight"),
         ({"n_future": 2}, {"loss_weights_schedule": "linear", "loss_weights_final": [1.0]}, "_final has 1 entries"),
-        ({}, {"causal_inputs": "drafts"}, "^loss.causal_inputs=drafts applies to causal heads only, not model.head_"),
+        ({}, {"causal_inputs": "drafts"}, "^loss.causal_inputs=drafts applies to causal and eagle3 heads only"),
     ],
 )
 def test_loss_settings_that_contradict_the_model_are_one_sentence(model, loss, message):
@@ -132,6 +150,7 @@ PRESETS = {
     "causal4": (4, 8192, "causal"),
     "bytecausal8": (8, 320, "causal"),
     "medusa4": (4, 8192, "medusa"),
+    "eagle3": (4, 8192, "eagle3"),
 }
 
 
@@ -150,6 +169,7 @@ def test_every_model_preset_composes_to_its_recorded_settings(preset):
         "share_depth": False,
         "medusa_layers": 1,
         "draft_vocab": 0,
+        **({"eagle3_layers": None} if head_type == "eagle3" else {}),
         **SMALL,
     }
     composed = compose_train([f"model={preset}"])

@@ -48,6 +48,25 @@ def test_freeze_loaded_trains_only_the_added_causal_heads(make_cfg, tiny_checkpo
     assert len(optimizer["state"]) == trainable == sum(len(g["params"]) for g in optimizer["param_groups"])
 
 
+def test_freeze_loaded_trains_only_the_eagle3_draft_from_the_whole_start_model(make_cfg, tiny_checkpoints):
+    """Every block of the start model is trunk under EAGLE-3 heads (head 1 is the start's: its last block, norm and
+    unembedding); the draft's unembedding starts as head 1's, and only the draft trains."""
+    start = tiny_checkpoints["mtp4"]
+    before = weights(start)
+    path = grow(make_cfg, start, "eagle3", "freeze=loaded")
+    after, meta = weights(path), torch.load(path, weights_only=True)[CHECKPOINT_KEY]
+    start_blocks = len({k.split(".")[1] for k in before if k.startswith("layers.")})
+    config = ModelConfig.from_dict(meta["model_config"])
+    assert config.n_layer_blocks == start_blocks and config.n_layers == start_blocks + 1
+    assert config.feature_layers == [2, start_blocks // 2, start_blocks - 3]
+    loaded = [k for k in after if k.startswith(("tok_embeddings", "layers.", "norm.", "heads.outputs.0"))]
+    assert all(torch.equal(after[k], before[k]) for k in loaded)  # the start model, bit-identical
+    added = set(after) - set(loaded)
+    assert {k.split(".")[1] for k in added} == {"outputs", "fc", "layer", "norm"}
+    assert not torch.equal(after["heads.outputs.1.weight"], before["heads.outputs.0.weight"])  # trained from there
+    assert (after["heads.outputs.1.weight"] - before["heads.outputs.0.weight"]).abs().max() < 0.05  # 3 steps away
+
+
 def test_freeze_trunk_trains_head1_and_medusa_heads(make_cfg, tiny_checkpoints):
     start = tiny_checkpoints["mtp4"]
     before = weights(start)

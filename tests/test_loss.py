@@ -40,6 +40,7 @@ HEAD_TYPES = {
     "causal": {},
     "causal-shared": {"head_type": "causal", "share_depth": True},
     "medusa": {"medusa_layers": 2},
+    "eagle3": {"eagle3_layers": [6, 1, 3]},
 }
 
 
@@ -302,17 +303,22 @@ def test_distillation_with_hand_made_logits():
     assert moved.tokens[0, 0].tolist() == index[0, 2].tolist()
 
 
-@pytest.mark.parametrize("share_depth", [False, True])
-def test_drafted_causal_inputs_are_each_depths_argmax_fed_to_the_next(share_depth):
+DRAFTING = {"causal": {"head_type": "causal"}, "causal-shared": {"head_type": "causal", "share_depth": True}}
+DRAFTING["eagle3"] = {"head_type": "eagle3", **HEAD_TYPES["eagle3"]}
+
+
+@pytest.mark.parametrize("head_type", DRAFTING)
+def test_drafted_causal_inputs_are_each_depths_argmax_fed_to_the_next(head_type):
     """causal_inputs=drafts: depth k reads depth k-1's argmax at the same position, what greedy decoding feeds it;
-    built here depth by depth through the true-token path."""
-    model = make_model(4, head_type="causal", share_depth=share_depth)
+    built here depth by depth through the true-token path. EAGLE-3's first draft reads the token after the accepted
+    ones, head 1's own (decoding's next token), not a draft."""
+    model = make_model(4, **DRAFTING[head_type])
     window = torch.randint(0, 97, (2, 10 + 4))
     inputs, targets = split_window(window, 4)
     with torch.no_grad():
         drafted = model.head_states(inputs, targets[:-1], draft_rate=LossConfig(causal_inputs="drafts").draft_rate)
         following = targets[:-1].clone()
-        for k in range(2, 5):
+        for k in range(3 if head_type == "eagle3" else 2, 5):
             states = model.head_states(inputs, following)
             following[k - 2] = model.head_logits(k - 1, states[k - 2]).argmax(-1)
         expected = model.head_states(inputs, following)
@@ -342,9 +348,9 @@ def test_mixed_causal_inputs_read_drafts_at_the_rate_asked():
 
 
 @pytest.mark.parametrize("causal_inputs", ["drafts", "mixed"])
-@pytest.mark.parametrize("share_depth", [False, True])
-def test_drafted_causal_inputs_sequential_gradients_equal_naive(causal_inputs, share_depth):
-    model = make_model(4, head_type="causal", share_depth=share_depth)
+@pytest.mark.parametrize("head_type", DRAFTING)
+def test_drafted_causal_inputs_sequential_gradients_equal_naive(causal_inputs, head_type):
+    model = make_model(4, **DRAFTING[head_type])
     window = torch.randint(0, 97, (3, 16 + 4))
     loss = {"causal_inputs": causal_inputs, "loss_chunk": 5}
     torch.manual_seed(1)
@@ -355,7 +361,7 @@ def test_drafted_causal_inputs_sequential_gradients_equal_naive(causal_inputs, s
     for name, grad in naive_grads.items():
         relative = (sequential_grads[name] - grad).norm() / grad.norm()
         assert relative < 1e-5, f"{name}: relative difference {relative:.2e}"
-    true = mtp_loss(make_model(4, head_type="causal", share_depth=share_depth), window)
+    true = mtp_loss(make_model(4, **DRAFTING[head_type]), window)
     assert not torch.allclose(true.per_head[1:], naive.per_head[1:])  # the drafts changed what depths 2..4 read
 
 

@@ -112,3 +112,73 @@ def test_every_head_type_keeps_the_parameter_budget_where_it_counts_blocks():
         torch.equal(o.weight, medusa.heads.outputs[0].weight) for o in medusa.heads.outputs
     )  # copies of head 1's
     assert all(layer.weight.abs().sum() == 0 for head in medusa.heads.residuals for layer in head.layers)
+
+
+def test_eagle3_heads_draft_as_eagle3_decodes():
+    """EAGLE-3 written out by hand, one position and one draft at a time as a decoder runs it (vLLM's
+    llama_eagle3.py): the fused state f_i = fc([x_a(i); x_b(i); x_c(i)]) of the inputs of trunk layers a, b, c; the
+    layer's cache holds, at every position p <= i, keys and values of [RMSNorm(Emb(t_{p+1})); RMSNorm(f_p)]; draft 1
+    from i is the layer's output at i, h = f_i + Attention(...), out = h + SwiGLU(RMSNorm(h)), through its own norm
+    and unembedding; draft j + 1 reads draft j's output state and token t_{i+j+1} at position i + j, attending to
+    the cache and to its own chain's entries at i+1..i+j. Every head's logits equal the training forward's (the
+    training-time test's masked attention over the unrolled steps)."""
+    torch.manual_seed(0)
+    model = MTPModel(tiny(n_future=4, head_type="eagle3", eagle3_layers=[5, 0, 3])).double()
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # norm weights away from 1, so that a swapped or lost norm shows
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    layer, heads = model.heads.layer, model.heads
+    a, d, eps = layer.attention, model.config.d_model, model.config.norm_eps
+    window = torch.randint(0, 61, (1, 12))
+    inputs, following = window[:, :9], torch.stack([window[:, j : j + 9] for j in (1, 2, 3)])
+
+    def rms(x, weight):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+    def rotate(x, position):  # x (heads, head_dim), Llama's halves
+        cos, sin = model.rope_cos[position], model.rope_sin[position]
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+    def entry(token, state, position):  # (q, k, v) of the layer at one position, heads split, q and k rotated
+        x = torch.cat([rms(model.tok_embeddings.weight[token], layer.attention_norm.embedding_norm.weight),
+                       rms(state, layer.attention_norm.state_norm.weight)])  # fmt: skip
+        q = rotate((a.wq.weight @ x).view(a.n_heads, a.head_dim), position)
+        k = rotate((a.wk.weight @ x).view(a.n_kv_heads, a.head_dim), position)
+        return q, k, (a.wv.weight @ x).view(a.n_kv_heads, a.head_dim)
+
+    def layer_out(q, keys, values, state):  # attention over the given entries, then the residual and SwiGLU
+        group = a.n_heads // a.n_kv_heads
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)  # (n, heads, hd)
+        scores = torch.einsum("hd,nhd->hn", q, keys) / a.head_dim**0.5
+        y = torch.einsum("hn,nhd->hd", scores.softmax(dim=-1), values).reshape(-1)
+        h = state + a.wo.weight @ y
+        f = layer.feed_forward
+        g = rms(h, layer.ffn_norm.weight)
+        return h + f.w2.weight @ (torch.nn.functional.silu(f.w1.weight @ g) * (f.w3.weight @ g))
+
+    with torch.no_grad():
+        logits = model(inputs, following=following)  # (4, 1, 9, 61)
+        x, layer_inputs = model.tok_embeddings(inputs), []
+        cos, sin = model.rotary(9)
+        for block in model.layers:
+            layer_inputs.append(x)
+            x = block(x, cos, sin)
+        torch.testing.assert_close(logits[0, 0], rms(x[0], model.norm.weight) @ heads.outputs[0].weight.T)
+        fused = heads.fc(torch.cat([layer_inputs[i] for i in (5, 0, 3)], dim=-1))[0]  # (9, d)
+        text = window[0].tolist()
+        cache = [entry(text[p + 1], fused[p], p) for p in range(9)]  # (q, k, v) of each position's first step
+        for i in range(9):
+            chain_keys, chain_values, state = [], [], fused[i]
+            for j in range(3):  # draft j + 1 from i, at position i + j
+                q, k, v = cache[i] if j == 0 else entry(text[i + j + 1], state, i + j)
+                if j:
+                    chain_keys.append(k)
+                    chain_values.append(v)
+                keys = torch.stack([c[1] for c in cache[: i + 1]] + chain_keys)
+                values = torch.stack([c[2] for c in cache[: i + 1]] + chain_values)
+                state = layer_out(q, keys, values, state)
+                expected = rms(state, heads.norm.weight) @ heads.outputs[1].weight.T
+                torch.testing.assert_close(logits[j + 1, 0, i], expected)
+    assert d == 32 and heads.fc.weight.shape == (32, 96) and a.wq.weight.shape == (32, 64)

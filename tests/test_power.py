@@ -40,6 +40,7 @@ GREEDY_EXACT = (  # greedy decoding against the cache-free reference (not the fi
     GREEDY_BY_CHANCE,
 )
 CACHE = "tests/decode/test_cache.py"
+EAGLE3_BY_HAND = "tests/test_model.py::test_eagle3_heads_draft_as_eagle3_decodes"
 REFERENCE = "tests/interop/test_llama_reference.py"
 MODEL = "tests/test_model.py"
 LEGACY = "tests/test_legacy_checkpoints.py"
@@ -683,6 +684,62 @@ MUTATIONS = [
         "x = x + F.silu(layer(x))",
         "x = F.silu(layer(x))",
         (CACHE,),
+    ),
+    Mutation(
+        "EAGLE-3's training-time test: a later step attends to every earlier step's keys causally, not at its position",
+        "Eagle3Layer.forward",
+        "mask = torch.cat([causal] + [same] * (steps - 1), dim=1)",
+        "mask = torch.cat([causal] * steps, dim=1)",
+        (CACHE, EAGLE3_BY_HAND),
+    ),
+    Mutation(
+        "EAGLE-3's unrolled steps rotated at the first step's positions",
+        "Eagle3Heads.states",
+        "*x.rotary(step)",
+        "*x.rotary(0)",
+        (CACHE, EAGLE3_BY_HAND),
+    ),
+    Mutation(
+        "EAGLE-3's first step reads a draft under drafted inputs (decoding feeds it head 1's own next token)",
+        "Eagle3Heads.states",
+        "reads is None or step == 0",
+        "reads is None",
+        (f"{LOSS}::test_drafted_causal_inputs_are_each_depths_argmax_fed_to_the_next[eagle3]",),
+    ),
+    Mutation(
+        "EAGLE-3 fuses the layers' inputs in layer order, not the order its fc was trained on",
+        "MTPModel.trunk_features",
+        "torch.cat([inputs[i] for i in layers] + [x], dim=-1)",
+        "torch.cat([inputs[i] for i in sorted(layers)] + [x], dim=-1)",
+        (EAGLE3_BY_HAND,),
+    ),
+    Mutation(
+        "EAGLE-3 decodes from the layers' outputs instead of their inputs",
+        "Eagle3Chain.reads",
+        "return list(model.config.feature_layers)",
+        "return [layer + 1 for layer in model.config.feature_layers]",
+        (CACHE,),
+    ),
+    Mutation(
+        "EAGLE-3's chain drafts each token from one position early",
+        "Eagle3Chain.draft",
+        "position = held + last + j",
+        "position = held + last + j - 1",
+        (CACHE,),
+    ),
+    Mutation(
+        "EAGLE-3's first draft reads the step's next input instead of the token after the last accepted one",
+        "Eagle3Chain.first",
+        "after[rows, last] = next_token",
+        "after[rows, last] = after[rows, last]",
+        (CACHE,),
+    ),
+    Mutation(
+        "a trunk cache file of another model is trained on",
+        "TrunkCache.load",
+        'if written_for != self.trunk or stored["outputs"].size(-1) != width:',
+        "if False:",
+        ("tests/test_trunk_cache.py::test_a_cache_file_of_another_trunk_or_other_layers_is_refused_in_one_sentence",),
     ),
     Mutation(
         "a causal draft conditions on the token one position early",

@@ -27,7 +27,7 @@ def step(model: MTPModel, window: torch.Tensor, trunk=None) -> tuple[float, dict
     return out.total.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("head_type", ["transformer", "causal", "medusa"])
+@pytest.mark.parametrize("head_type", ["transformer", "causal", "medusa", "eagle3"])
 def test_a_cached_step_computes_exactly_the_uncached_one(head_type):
     model = frozen_model(head_type)
     cache = TrunkCache(model, max_bytes=2**20)
@@ -98,3 +98,19 @@ def test_a_cache_folder_serves_the_next_run_on_the_same_trunk_only(tmp_path):
     other = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
     step(model, window, other)
     assert other.hits == 0 and other.file != first.file
+
+
+def test_a_cache_file_of_another_trunk_or_other_layers_is_refused_in_one_sentence(tmp_path):
+    """A file renamed or copied from another model's cache (the names hash the trunk): refused, not trained on."""
+    model = frozen_model("eagle3")  # its cache keeps three layers' inputs beside the output: 4 x 32 wide
+    window = torch.randint(0, 61, (3, 15), generator=torch.Generator().manual_seed(2))
+    first = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
+    step(model, window, first)
+    first.save()
+    other = frozen_model("causal")
+    other_cache = TrunkCache(other, max_bytes=2**20, folder=tmp_path / "other")
+    step(other, window, other_cache)
+    other_cache.save()
+    other_cache.file.replace(first.file)  # the other model's outputs under this model's name
+    with pytest.raises(UserError, match=r"^trunk_cache_dir holds trunk-\w+-T11-float32.pt, written for another trunk"):
+        step(model, window, TrunkCache(model, max_bytes=2**20, folder=tmp_path))

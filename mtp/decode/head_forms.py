@@ -10,6 +10,7 @@ to its form.
 ParallelBlocks     transformer heads: blocks on the trunk output, stacked and run as one batched computation
 Unembeddings       linear and medusa heads: unembeddings of the trunk output (after residual blocks: medusa)
 CausalChain        causal heads: DeepSeek-V3 MTP depths, one after another, each on a cache of its own
+Eagle3Chain        eagle3 heads: EAGLE-3's layer on three trunk layers' states, then on its own, one slot of the cache
 =================  ==================================================================================================
 """
 
@@ -27,9 +28,9 @@ from mtp.config import ModelConfig
 from mtp.decode.cache import ChainCache, KVCache
 from mtp.decode.graphs import StepGraphs
 from mtp.decode.int8 import Int8Matrices
-from mtp.decode.packed import PackedBlocks, product
+from mtp.decode.packed import PackedBlocks, Unembedding, product
 from mtp.model import MTPModel
-from mtp.model.heads import CausalHeads, Heads, LinearHeads, MedusaHeads, ParallelHeads
+from mtp.model.heads import CausalHeads, Eagle3Heads, Heads, LinearHeads, MedusaHeads, ParallelHeads
 
 Chooser = Callable[[Tensor, int], Tensor]
 """``choose(logits, first)``: draft tokens (h, B) from heads first+2..first+h+1's logits (h, B, V): greedy argmax, or
@@ -262,11 +263,115 @@ class CausalChain(HeadForm):
         return torch.stack(drafts, dim=1)
 
 
+class Eagle3Chain(HeadForm):
+    """EAGLE-3's draft layer (:class:`mtp.model.heads.Eagle3Heads`) drafting recursively inside the step, on one slot
+    of the form's cache after the path's.
+
+    At a position i the slot holds the layer's keys and values of the fused trunk features at i and the token after i
+    (what draft 1 from i reads): final once that token is known, which for the last accepted position is the step's
+    next token. So each step writes the step's positions (the fused features of the step's inputs, each with the
+    input after it, the next token after the last accepted one; the entries past that are overwritten by the chain or
+    rolled back with the step), reads the layer's output at the last accepted position (draft 1), then drafts from its
+    own output state one position further per draft, each position attending to the accepted entries and to its own
+    chain's: the training-time test's attention (:class:`mtp.model.heads.Eagle3Layer`)."""
+
+    cache_slots = 1
+    own_output = True
+
+    @staticmethod
+    def reads(model: MTPModel) -> list[int]:
+        return list(model.config.feature_layers)  # the inputs of those trunk layers: blocks applied before them
+
+    def __init__(self, model: MTPModel, form: Form) -> None:
+        super().__init__(model, form)
+        config, heads = model.config, model.heads
+        self.slot = slice(len(model.layers), len(model.layers) + 1)
+        self.fc: Tensor | Int8Matrices = heads.fc.weight.T.contiguous()  # (3d, d)
+        # its split norm's weights folded into q/k/v as any block's norm is (the layer is named as a Block is)
+        self.layer = PackedBlocks([heads.layer], config.n_heads, config.n_kv_heads)
+        self.output = Unembedding(model.head_weight(2)[form.draft_rows] * heads.norm.weight)  # its own norm folded in
+
+    def in_int8(self, form: Form) -> Eagle3Chain:
+        """This layer, its fc and its unembedding in int8, drafting for ``form``."""
+        quantized = copy.copy(self)
+        quantized.form, quantized.layer = form, self.layer.in_int8()
+        quantized.fc, quantized.output = Int8Matrices(self.fc[None]), self.output.int8()
+        return quantized
+
+    def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
+        form = self.form
+        B, S = inputs.shape
+        held = cache.positions[:, 0]  # (B,) positions held before this step
+        if form.graphs is not None and cache.max_length:  # not the prompts' step: a width per prompt length
+            state, logits = form.graphs.run("eagle3 first", self.first, cache, hidden, inputs, next_token, last)
+        else:
+            state, logits = self.first(cache, hidden, inputs, next_token, last)
+        token = choose(logits[None], 0)[0]
+        drafts = [token]
+        keys = torch.arange(cache.max_len, device=inputs.device)
+        for j in range(1, form.heads - 1):  # draft j + 1 from position held + last + j, reading draft j
+            position = held + last + j
+            multiple = cache.span_multiple
+            span = min(cache.max_len, -(-(cache.span + j) // multiple) * multiple)  # past every row's position
+            mask = (keys[:span] <= position[:, None])[:, None, None]  # (B, 1, 1, span)
+            if form.graphs is not None and cache.max_length:
+                state, logits = form.graphs.run("eagle3 chain", self.chain, cache, state, token, position, mask)
+            else:
+                state, logits = self.chain(cache, state, token, position, mask)
+            token = choose(logits[None], j)[0]
+            drafts.append(token)
+        return torch.stack(drafts, dim=1)
+
+    def first(
+        self, cache: KVCache, hidden: Tensor, inputs: Tensor, next_token: Tensor, last: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The layer over the step's positions (its keys and values written at each), on the fused features
+        ``hidden`` (B, S, 3d) and the token after each input: its output state (B, d) and logits (B, V) at ``last``."""
+        rows = torch.arange(inputs.size(0), device=inputs.device)
+        after = torch.cat([inputs[:, 1:], inputs[:, -1:]], dim=1)  # the last position's is never read
+        after[rows, last] = next_token
+        if isinstance(self.fc, Int8Matrices):
+            fused = self.fc(hidden[None])[0]  # (B, S, d)
+        else:
+            fused = torch.matmul(hidden, self.fc)
+        state = self.form.run_blocks(
+            self.layer, fused[None], self.form.rotations[cache.rotary], cache, self.slot, last,
+            attention_input=self.attention_input(after, fused)[None],
+        )[0]  # fmt: skip
+        return state, self.logits(state)
+
+    def chain(
+        self, cache: KVCache, state: Tensor, token: Tensor, position: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The layer at one position per row, ``position`` (B,), on its own last output state (B, d) and the draft
+        ``token`` (B,), attending under ``mask`` (B, 1, 1, span): its output state and logits there."""
+        positions = position[:, None]
+        state = self.form.run_blocks(
+            self.layer, state[None, :, None], self.form.rotations[positions], cache, self.slot,
+            attention_input=self.attention_input(token[:, None], state[:, None])[None],
+            at=(positions, mask.size(-1), mask),
+        )[0, :, 0]  # fmt: skip
+        return state, self.logits(state)
+
+    def attention_input(self, tokens: Tensor, state: Tensor) -> Tensor:
+        """[RMSNorm(Emb(tokens)); RMSNorm(state)] (..., 2d), the norms' weights folded into the layer's q/k/v."""
+        form = self.form
+        embedded = F.embedding(tokens, form.embeddings)
+        d = (embedded.size(-1),)
+        return torch.cat([F.rms_norm(embedded, d, eps=form.eps), F.rms_norm(state, d, eps=form.eps)], dim=-1)
+
+    def logits(self, state: Tensor) -> Tensor:
+        """The draft's logits (B, V) of its output states (B, d), through its own norm and unembedding."""
+        normed = F.rms_norm(state, (state.size(-1),), eps=self.form.eps)
+        return self.form.full_vocab(self.output(normed))
+
+
 HEAD_FORMS: dict[type[Heads], type[HeadForm]] = {
     ParallelHeads: ParallelBlocks,
     LinearHeads: Unembeddings,
     MedusaHeads: Unembeddings,
     CausalHeads: CausalChain,
+    Eagle3Heads: Eagle3Chain,
 }
 """The form of each head type's module."""
 

@@ -321,10 +321,10 @@ class Drafted(GenerationConfig):
         """Whether ``model`` can decode ``prompts`` with these settings (:func:`~mtp.decode.generate` asks, and the
         commands before their work): a SettingError for more heads than it has (beyond a shared causal depth) or
         prompts and new tokens beyond its context, a ValueError for an empty prompt."""
-        if self.heads > model.n_future and not model.share_depth:
+        if self.heads > model.n_future and not model.recursive:
             raise SettingError(
-                f"{{heads}} exceeds this checkpoint's {model.n_future} head(s); only causal heads trained with "
-                f"model.share_depth=true draft beyond them; use {{heads:1..{model.n_future}}}.",
+                f"{{heads}} exceeds this checkpoint's {model.n_future} head(s); only eagle3 heads and causal heads "
+                f"trained with model.share_depth=true draft beyond them; use {{heads:1..{model.n_future}}}.",
                 heads=self.heads,
             )
         if self.draft_first_ids and model.draft_vocab:

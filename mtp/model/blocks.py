@@ -36,7 +36,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, input_width: int | None = None) -> None:
+        """``input_width``: what q, k and v read (default: the model's width; an EAGLE-3 layer reads twice that)."""
         super().__init__()
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads
@@ -44,20 +45,30 @@ class Attention(nn.Module):
         # a bool fixed here: under FSDP2, compile treats a module's int attributes as symbolic, and SDPA refuses the
         # SymBool a comparison of them gives (seen with torch 2.11 on an H200)
         self.grouped = config.n_kv_heads != config.n_heads
-        self.wq = nn.Linear(config.d_model, config.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(config.d_model, config.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(config.d_model, config.n_kv_heads * self.head_dim, bias=False)
+        width = input_width or config.d_model
+        self.wq = nn.Linear(width, config.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(width, config.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(width, config.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(config.n_heads * self.head_dim, config.d_model, bias=False)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """Causal self-attention over x (B, T, d_model)."""
-        B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, n_heads, T, head_dim)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv_heads, T, head_dim)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k, v = self.project(x, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.grouped)
-        return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, d_model)
+        return self.output(y)
+
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, n_heads, T, head_dim), k and v (B, n_kv_heads, T, head_dim) of x (B, T, width), q and k rotated."""
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def output(self, y: Tensor) -> Tensor:
+        """The attention's output (B, T, d_model) from its heads' (B, n_heads, T, head_dim)."""
+        B, _, T, _ = y.shape
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class FeedForward(nn.Module):

@@ -16,6 +16,12 @@ causal         DeepSeek-V3's MTP modules: depth k (k >= 2) sees depth k-1's hidd
 medusa         Cai et al.: every block is trunk; head k (k >= 2) is ``medusa_layers`` residual blocks
                x + SiLU(W x) (W zero-initialised) on the normed trunk output, then its own unembedding,
                initialised from head 1's.
+eagle3         EAGLE-3 (Li et al. 2025): every block is trunk; the inputs of three trunk layers are fused by one
+               linear layer ``fc`` (3d -> d), and ONE decoder layer whose attention reads [RMSNorm(Emb(t_{i+1}));
+               RMSNorm(state)] drafts head 2 from the fused state, then every later head from its own output state
+               (recursively, as many drafts as asked), through its own norm and unembedding. Trained with the
+               training-time test: the layer unrolled on its own states, each step attending to the first step's
+               keys before it and to its own earlier steps' at its position, as decoding's cache holds them.
 =============  =====================================================================================================
 
 The names here are the type names :data:`mtp.config.HEAD_TYPES` lists; nothing outside the config and this
@@ -25,6 +31,7 @@ module compares them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -32,10 +39,39 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtp.config import ModelConfig
-from mtp.model.blocks import Block, RMSNorm
+from mtp.model.blocks import Attention, Block, FeedForward, RMSNorm
 
 Reads = Callable[[int, Tensor, Tensor], Tensor]
-"""What a causal depth reads in training: ``reads(k, state, true)`` -> token ids (B, T) (see :meth:`Heads.states`)."""
+"""What a causal depth reads in training: ``reads(k, state, true)`` -> token ids (B, T) (see :class:`HeadInputs`)."""
+
+
+@dataclass
+class HeadInputs:
+    """What heads 2..n read over a window of T positions (:meth:`Heads.states`)."""
+
+    trunk: Tensor
+    """(B, T, d) the trunk output."""
+    head1: Tensor
+    """(B, T, d) head 1's hidden state: its block's output, or the trunk output for types without one."""
+    features: Tensor | None
+    """(B, T, F d) the inputs of the trunk layers the type reads (:attr:`mtp.config.ModelConfig.feature_layers`),
+    concatenated; None for types that read none."""
+    norm: nn.Module
+    """The shared final norm."""
+    embed: nn.Embedding
+    """The token embedding."""
+    rope: tuple[Tensor, Tensor]
+    """The model's rotary tables (cos, sin), (max_seq_len, head_dim / 2) each."""
+    following: Tensor | None
+    """(n - 1, B, T): following[j-1][b, t] is token t + j (heads that read tokens: causal, eagle3)."""
+    reads: Reads | None = None
+    """``reads(k, state, true)``: the tokens head k reads instead of the true ones ``true`` (B, T), given head k-1's
+    normed state (None: the true ones)."""
+
+    def rotary(self, offset: int = 0) -> tuple[Tensor, Tensor]:
+        """(cos, sin) of positions offset..offset+T-1."""
+        T = self.trunk.size(1)
+        return self.rope[0][offset : offset + T], self.rope[1][offset : offset + T]
 
 
 class Heads(nn.Module):
@@ -95,17 +131,8 @@ class Heads(nn.Module):
                 if f"outputs.{i}.weight" not in loaded:
                     output.weight.copy_(self.outputs[0].weight)
 
-    def states(
-        self, z: Tensor, head1: Tensor, norm: nn.Module, rotary: tuple[Tensor, Tensor], embed: nn.Embedding,
-        following: Tensor | None, reads: Reads | None = None,
-    ) -> list[Tensor]:  # fmt: skip
-        """Each head's hidden state after the shared ``norm`` (what its unembedding reads), n_future x (B, T, d).
-
-        ``z``: the trunk output (B, T, d); ``head1``: head 1's hidden state (its block's output, or ``z`` for types
-        without one); ``rotary``: (cos, sin) for T positions; ``embed``: the token embedding; ``following``
-        (n - 1, B, T): following[j-1][b, t] is token t + j (causal heads only); ``reads(k, state, true)``: the tokens
-        depth k reads instead of the true ones ``true`` (B, T), given depth k-1's normed state (causal heads only;
-        None: the true ones)."""
+    def states(self, x: HeadInputs) -> list[Tensor]:
+        """Each head's hidden state after its final norm (what its unembedding reads), n_future x (B, T, d)."""
         raise NotImplementedError
 
 
@@ -129,8 +156,9 @@ class ParallelHeads(Heads):
     def blocks(self) -> list[Block]:
         return list(self.layers)
 
-    def states(self, z, head1, norm, rotary, embed, following, reads=None) -> list[Tensor]:
-        return [norm(head1)] + [norm(self.block(k)(z, *rotary)) for k in range(2, self.n_future + 1)]
+    def states(self, x: HeadInputs) -> list[Tensor]:
+        rotary = x.rotary()
+        return [x.norm(x.head1)] + [x.norm(self.block(k)(x.trunk, *rotary)) for k in range(2, self.n_future + 1)]
 
 
 class CausalInput(nn.Module):
@@ -173,14 +201,15 @@ class CausalHeads(Heads):
         per_module = sum(p.numel() for p in self.inputs.parameters())
         return per_module * (self.n_future - 1) if self.share_depth else per_module
 
-    def states(self, z, head1, norm, rotary, embed, following, reads=None) -> list[Tensor]:
+    def states(self, x: HeadInputs) -> list[Tensor]:
+        following, reads, rotary = x.following, x.reads, x.rotary()
         if self.n_future > 1 and following is None:
             raise ValueError("causal heads need the following tokens (n_future - 1, B, T) to condition on")
-        hidden, states = head1, [norm(head1)]
+        hidden, states = x.head1, [x.norm(x.head1)]
         for k in range(2, self.n_future + 1):  # depth k reads depth k-1's hidden state and the embedding of t+k-1
             tokens = following[k - 2] if reads is None else reads(k, states[-1], following[k - 2])
-            hidden = self.block(k)(self.causal_input(k)(embed(tokens), hidden), *rotary)
-            states.append(norm(hidden))
+            hidden = self.block(k)(self.causal_input(k)(x.embed(tokens), hidden), *rotary)
+            states.append(x.norm(hidden))
         return states
 
 
@@ -193,8 +222,8 @@ class LinearHeads(Heads):
         super().__init__(config)
         self.outputs = unembeddings(config, config.n_future)
 
-    def states(self, z, head1, norm, rotary, embed, following, reads=None) -> list[Tensor]:
-        return [norm(z)] * self.n_future  # every head reads the trunk output: normalize it once
+    def states(self, x: HeadInputs) -> list[Tensor]:
+        return [x.norm(x.trunk)] * self.n_future  # every head reads the trunk output: normalize it once
 
 
 class MedusaHead(nn.Module):
@@ -237,9 +266,105 @@ class MedusaHeads(Heads):
             for output in self.outputs[1:]:
                 output.weight.copy_(self.outputs[0].weight)
 
-    def states(self, z, head1, norm, rotary, embed, following, reads=None) -> list[Tensor]:
-        normed = norm(z)
+    def states(self, x: HeadInputs) -> list[Tensor]:
+        normed = x.norm(x.trunk)
         return [normed] + [head(normed) for head in self.residuals]
+
+
+class SplitNorm(nn.Module):
+    """[RMSNorm(e); RMSNorm(h)]: the token's embedding and the state normed apart, side by side (EAGLE-3's
+    input_layernorm and hidden_norm). ``weight`` is both weights as one vector (2d), what a packed q/k/v folds in."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embedding_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.state_norm = RMSNorm(config.d_model, config.norm_eps)
+
+    @property
+    def weight(self) -> Tensor:
+        return torch.cat([self.embedding_norm.weight, self.state_norm.weight])
+
+    def forward(self, embedded: Tensor, state: Tensor) -> Tensor:
+        return torch.cat([self.embedding_norm(embedded), self.state_norm(state)], dim=-1)
+
+
+class Eagle3Layer(nn.Module):
+    """EAGLE-3's draft layer: a Llama block whose attention reads [RMSNorm(embedding); RMSNorm(state)] (2d wide) while
+    its residual stream is the state: h = state + Attention(...), out = h + SwiGLU(RMSNorm(h)). Named as
+    :class:`~mtp.model.blocks.Block` is, so that what packs a block packs it (its ``attention_norm`` is split)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attention_norm = SplitNorm(config)
+        self.attention = Attention(config, input_width=2 * config.d_model)
+        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(
+        self, embedded: Tensor, state: Tensor, cos: Tensor, sin: Tensor, earlier: tuple[Tensor, ...] = ()
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The layer at T positions of one unrolled step: its output state (B, T, d), and its keys and values
+        (B, n_kv_heads, T, head_dim) for the steps after. ``embedded``: the embeddings of the tokens read (B, T, d);
+        ``state``: the states read (B, T, d); cos/sin: the step's positions' rotary tables (T, head_dim / 2).
+
+        ``earlier`` (keys, values of step 0, then of steps 1..j-1, flat): empty, the first step attends causally to
+        its own positions; given, step j at position i attends to step 0's keys at positions <= i and to the keys of
+        steps 1..j (its own included) at position i only: what the draft's cache holds when decoding drafts its
+        (j+1)-th token from position i (the accepted positions' entries, then its own chain's)."""
+        attention = self.attention
+        q, k, v = attention.project(self.attention_norm(embedded, state), cos, sin)
+        if not earlier:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=attention.grouped)
+        else:
+            steps = len(earlier) // 2 + 1  # step 0's, the steps' between, this one's
+            keys = torch.cat([*earlier[0::2], k], dim=2)  # (B, n_kv_heads, steps T, head_dim)
+            values = torch.cat([*earlier[1::2], v], dim=2)
+            T = q.size(2)
+            causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+            same = torch.eye(T, dtype=torch.bool, device=q.device)
+            mask = torch.cat([causal] + [same] * (steps - 1), dim=1)  # (T, steps T)
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=attention.grouped)
+        h = state + attention.output(y)
+        return h + self.feed_forward(self.ffn_norm(h)), k, v
+
+
+class Eagle3Heads(Heads):
+    """eagle3: one layer on the fused inputs of three trunk layers, then on its own output states; its own norm and
+    unembedding (``outputs[1]``, every draft's), head 1's the model's (``outputs[0]``)."""
+
+    conditions_on_tokens = True
+    own_unembeddings = True
+    not_a_llama = "is EAGLE-3's layer on three trunk layers' states and the token before"
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.outputs = unembeddings(config, 1 if config.n_future == 1 else 2)
+        if config.n_future > 1:  # one head (next-token prediction alone) drafts nothing
+            self.fc = nn.Linear(len(config.feature_layers) * config.d_model, config.d_model, bias=False)
+            self.layer = Eagle3Layer(config)
+            self.norm = RMSNorm(config.d_model, config.norm_eps)
+
+    def unembedding(self, k: int) -> nn.Linear:
+        return self.outputs[0 if k == 1 else 1]
+
+    def blocks(self) -> list[nn.Module]:
+        return [self.layer] if self.n_future > 1 else []
+
+    def states(self, x: HeadInputs) -> list[Tensor]:
+        following, reads = x.following, x.reads
+        if self.n_future > 1 and (following is None or x.features is None):
+            raise ValueError("eagle3 heads need three trunk layers' states and the following tokens (n - 1, B, T)")
+        states = [x.norm(x.head1)]
+        if self.n_future == 1:
+            return states
+        state, earlier = self.fc(x.features), ()
+        for step in range(self.n_future - 1):  # step j drafts head j + 2 from position i + j, reading token i + j + 1
+            k = step + 2
+            tokens = following[step] if reads is None or step == 0 else reads(k, states[-1], following[step])
+            state, keys, values = self.layer(x.embed(tokens), state, *x.rotary(step), earlier)
+            earlier = (*earlier, keys, values)
+            states.append(self.norm(state))
+        return states
 
 
 HEADS: dict[str, Callable[[ModelConfig], Heads]] = {
@@ -247,6 +372,7 @@ HEADS: dict[str, Callable[[ModelConfig], Heads]] = {
     "linear": LinearHeads,
     "causal": CausalHeads,
     "medusa": MedusaHeads,
+    "eagle3": Eagle3Heads,
 }
 """The module of each type :data:`mtp.config.HEAD_TYPES` names."""
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from mtp.config import ModelConfig
 from mtp.model.blocks import Block, RMSNorm, rotary_tables
-from mtp.model.heads import HEADS, Heads, current_names
+from mtp.model.heads import HEADS, HeadInputs, Heads, current_names
 
 IGNORE = -100
 """A target no loss counts: a token outside a draft head's reduced vocabulary (PyTorch's ignore_index)."""
@@ -89,13 +89,22 @@ class MTPModel(nn.Module):
 
     def trunk(self, idx: Tensor) -> Tensor:
         """Shared trunk output z, (B, T, d_model), for token ids (B, T)."""
+        return self.trunk_features(idx)[..., -self.config.d_model :]
+
+    def trunk_features(self, idx: Tensor) -> Tensor:
+        """What the heads read of the trunk for token ids (B, T): the inputs of the layers
+        :attr:`~mtp.config.ModelConfig.feature_layers` names (EAGLE-3's three), then the trunk output z, concatenated:
+        (B, T, (F + 1) d_model); z alone, (B, T, d_model), for head types that read no layer."""
         if idx.size(1) > self.config.max_seq_len:
             raise ValueError(f"sequence of {idx.size(1)} tokens exceeds max_seq_len={self.config.max_seq_len}")
         cos, sin = self.rotary(idx.size(1))
         x = self.tok_embeddings(idx)
-        for block in self.trunk_blocks:
+        inputs = {}
+        for i, block in enumerate(self.trunk_blocks):
+            inputs[i] = x
             x = block(x, cos, sin)
-        return x
+        layers = self.config.feature_layers
+        return torch.cat([inputs[i] for i in layers] + [x], dim=-1) if layers else x
 
     @property
     def trunk_blocks(self) -> nn.ModuleList:
@@ -153,9 +162,10 @@ class MTPModel(nn.Module):
     ) -> list[Tensor]:
         """What each head's unembedding reads: its hidden state after the shared norm, n_future x (B, T, d_model).
 
-        ``following`` (n_future - 1, B, T), following[j-1][b, t] = token t + j: the tokens causal heads condition
-        on (the window's targets in training); other head types ignore it. ``trunk``: :meth:`trunk`'s output for
-        ``idx``, when the caller has it already (a frozen trunk's, kept from an earlier epoch). ``draft_rate``: the
+        ``following`` (n_future - 1, B, T), following[j-1][b, t] = token t + j: the tokens causal and EAGLE-3 heads
+        condition on (the window's targets in training); other head types ignore it. ``trunk``:
+        :meth:`trunk_features`' output for ``idx``, when the caller has it already (a frozen trunk's, kept from an
+        earlier epoch). ``draft_rate``: the
         fraction of positions where causal depth k reads depth k-1's draft instead of ``following``'s token (0: the
         true tokens, evaluation's; 1: drafts everywhere; training passes :attr:`mtp.config.LossConfig.draft_rate`).
 
@@ -163,11 +173,14 @@ class MTPModel(nn.Module):
         at a time), so a wrapper that hooks a forward method (FSDP2's ``register_fsdp_forward_method``) needs
         only this and ``forward``.
         """
-        z = self.trunk(idx) if trunk is None else trunk
-        rotary = self.rotary(z.size(1))
-        head1 = self.layers[-1](z, *rotary) if self.config.head1_block else z
+        features = self.trunk_features(idx) if trunk is None else trunk
+        d = self.config.d_model
+        z = features[..., -d:]
+        head1 = self.layers[-1](z, *self.rotary(z.size(1))) if self.config.head1_block else z
         reads = partial(self.drafted_inputs, draft_rate) if draft_rate > 0 else None
-        return self.heads.states(z, head1, self.norm, rotary, self.tok_embeddings, following, reads)
+        layers = features[..., :-d] if self.config.feature_layers else None
+        rope = (self.rope_cos, self.rope_sin)
+        return self.heads.states(HeadInputs(z, head1, layers, self.norm, self.tok_embeddings, rope, following, reads))
 
     def drafted_inputs(self, rate: float, k: int, state: Tensor, true: Tensor) -> Tensor:
         """The tokens causal depth k reads in training at a draft ``rate`` (:attr:`mtp.config.LossConfig.draft_rate`):

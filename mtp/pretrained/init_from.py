@@ -38,7 +38,7 @@ SHAPE_SETTINGS = ("vocab_size", "d_model", "n_heads", "n_kv_heads", "ffn_multipl
 # settings taken from the checkpoint too, unless the command line sets them: the rotary tables' reach
 CONTEXT_SETTINGS = ("max_seq_len",)
 # settings that change what head 2..n's weights mean: the checkpoint's heads carry over only when all are equal
-HEAD_SETTINGS = ("head_type", "share_depth", "medusa_layers", "draft_vocab")
+HEAD_SETTINGS = ("head_type", "share_depth", "medusa_layers", "eagle3_layers", "draft_vocab")
 
 
 @dataclass

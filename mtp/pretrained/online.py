@@ -94,7 +94,7 @@ class OnlineHeads:
         device = next(model.parameters()).device
         tokens = torch.tensor(prompt + completion, device=device)
         inputs, following = self.window(tokens)
-        trunk = model.trunk(inputs[None])
+        trunk = model.trunk_features(inputs[None])
         states = model.head_states(inputs[None], following[:, None], trunk)
         L = tokens.numel()
         rejected = torch.zeros(n - 1, L, dtype=torch.bool, device=device)

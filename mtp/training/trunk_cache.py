@@ -36,6 +36,7 @@ class TrunkCache:
         self.hits = self.misses = 0
         self.folder = Path(folder) if folder is not None else None
         self.file: Path | None = None  # known once the window length is (the first step)
+        self.trunk = ""  # the hash of the trunk's weights the file is named by
         self.saved = 0  # rows the file holds
 
     @staticmethod
@@ -56,7 +57,8 @@ class TrunkCache:
             dtype = self.model.tok_embeddings.weight.dtype
             if torch.is_autocast_enabled(device):
                 dtype = torch.get_autocast_dtype(device)
-            self.file = self.folder / f"trunk-{trunk_hash(self.model)}-T{inputs.size(1)}-{str(dtype)[6:]}.pt"
+            self.trunk = trunk_hash(self.model)
+            self.file = self.folder / f"trunk-{self.trunk}-T{inputs.size(1)}-{str(dtype)[6:]}.pt"
             self.load()
         keys = [row.tobytes() for row in inputs.cpu().numpy()]
         if all(key in self.outputs for key in keys):
@@ -64,7 +66,7 @@ class TrunkCache:
             return torch.stack([self.outputs[key] for key in keys])
         self.misses += len(keys)
         with torch.no_grad():
-            trunk = self.model.trunk(inputs)
+            trunk = self.model.trunk_features(inputs)
         for key, row in zip(keys, trunk, strict=True):
             self.keep(key, row.clone())  # its own storage: the batch's tensor is not kept alive
         return trunk
@@ -83,6 +85,15 @@ class TrunkCache:
             stored = torch.load(self.file, map_location=self.model.tok_embeddings.weight.device, weights_only=True)
         except Exception:  # a damaged file is only a lost cache: the trunk computes those windows again
             return
+        config = self.model.config
+        width = (len(config.feature_layers) + 1) * config.d_model
+        written_for = stored.get("trunk", self.trunk)  # files written before it was recorded: by their name
+        if written_for != self.trunk or stored["outputs"].size(-1) != width:
+            raise UserError(
+                f"trunk_cache_dir holds {self.file.name}, written for another trunk or other layers than this model's "
+                f"(outputs {stored['outputs'].size(-1)} wide, this model's {width}); delete that file or point "
+                "trunk_cache_dir at another folder."
+            )
         for ids, output in zip(stored["ids"].numpy(), stored["outputs"], strict=True):
             self.keep(ids.tobytes(), output)
         self.saved = len(self.outputs)
@@ -93,14 +104,17 @@ class TrunkCache:
             return
         self.file.parent.mkdir(parents=True, exist_ok=True)
         ids = torch.stack([torch.frombuffer(bytearray(key), dtype=torch.long) for key in self.outputs])
-        stored = {"ids": ids, "outputs": torch.stack(list(self.outputs.values())).cpu()}
+        stored = {"ids": ids, "outputs": torch.stack(list(self.outputs.values())).cpu(), "trunk": self.trunk}
         write_whole(self.file, lambda f: torch.save(stored, f))
         self.saved = len(self.outputs)
 
 
 def trunk_hash(model: MTPModel) -> str:
     """A hash of what decides the trunk's outputs: its weights (embedding, trunk blocks) and rotary settings."""
-    digest = hashlib.sha256(repr((model.config.rope_theta, model.config.norm_eps, len(model.trunk_blocks))).encode())
+    config = model.config
+    digest = hashlib.sha256(repr((config.rope_theta, config.norm_eps, len(model.trunk_blocks))).encode())
+    if config.feature_layers:  # the layers' inputs kept beside the output (mtp.model.MTPModel.trunk_features)
+        digest.update(repr(("features", config.feature_layers)).encode())
     for parameter in [model.tok_embeddings.weight, *model.trunk_blocks.parameters()]:
         digest.update(parameter.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]

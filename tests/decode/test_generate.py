@@ -192,6 +192,16 @@ def test_a_shared_causal_depth_drafts_beyond_the_trained_heads(trained_models):
     assert len(stats.acceptance) == 6 and stats.accepted[5] > 0  # depths 5..7, never trained, draft and pass
 
 
+def test_eagle3_drafts_beyond_its_trained_depth(trained_models):
+    """One layer drafts every depth: past the training-time test's unrolled steps too, greedy-exact."""
+    model = trained_models("eagle3")
+    prompts = [[1, 2], [7, 8, 9, 10, 11], [20]]
+    reference = [greedy_without_cache(model, prompt, 30) for prompt in prompts]
+    out, stats = greedy(model, prompts, heads=7, max_new_tokens=30)
+    assert out == reference
+    assert len(stats.acceptance) == 6 and stats.accepted[5] > 0  # depths 5..7, never trained, draft and pass
+
+
 def test_drafting_beyond_the_trained_heads_needs_a_shared_depth():
     with pytest.raises(ValueError, match="share_depth"):
         greedy(tiny_model(head_type="causal"), [[1, 2]], heads=5)

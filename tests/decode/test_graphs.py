@@ -38,7 +38,7 @@ def configs(heads: int, tree: DraftTree | None = None) -> list[GenerationConfig]
     ]
 
 
-@pytest.mark.parametrize("head_type", ["transformer", pytest.param("causal", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("head_type", ["transformer", "eagle3", pytest.param("causal", marks=pytest.mark.slow)])
 def test_captured_steps_decode_what_eager_steps_do(trained_models, head_type, rerun_on_cpu):
     """Greedy and sampled (same seed), autoregressive, chains and a tree, a batch whose rows accept different drafts
     and end at different steps: the same tokens and acceptance as eager steps, with steps captured and replayed."""
