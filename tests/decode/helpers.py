@@ -24,7 +24,7 @@ HEAD_TYPES = {
     "causal": {"head_type": "causal"},
     "causal-shared": {"head_type": "causal", "share_depth": True},
     "medusa": {"head_type": "medusa", "medusa_layers": 2},
-    "eagle3": {"head_type": "eagle3", "eagle3_layers": [4, 1, 2]},  # out of order: a feature read out of place shows
+    "eagle3": {"head_type": "eagle3", "eagle3_layers": [2, 0, 1]},  # out of order: a feature read out of place shows
 }
 """Settings of every head type (and variant) that decoding tests run on."""
 

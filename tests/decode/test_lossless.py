@@ -202,10 +202,13 @@ HEAD_BLOCK_CASES = {
     "medusa-draft-vocab": ("medusa", {}, 3),
     "causal-decode-draft-vocab-top_p": ("causal", {"top_p": 0.9, "draft_first_ids": 2}, 0),
     "medusa-decode-draft-vocab": ("medusa", {"draft_first_ids": 3}, 0),
+    "eagle3-top_p": ("eagle3", {"top_p": 0.9}, 0),
+    "eagle3-draft-vocab": ("eagle3", {}, 3),
 }
 """(head type, sampling settings, trained draft vocabulary)."""
-SLOW_HEAD_BLOCK_CASES = set(HEAD_BLOCK_CASES) - {"plain", "causal", "draft-vocab-top_p"}
-"""Run with the slow tests (the everyday suite keeps parallel and causal heads and a trained draft vocabulary)."""
+SLOW_HEAD_BLOCK_CASES = set(HEAD_BLOCK_CASES) - {"plain", "causal", "draft-vocab-top_p", "eagle3-top_p"}
+"""Run with the slow tests (the everyday suite keeps parallel, causal and eagle3 heads and a trained draft
+vocabulary)."""
 
 
 @pytest.mark.parametrize(
@@ -324,6 +327,7 @@ REAL_MODEL_DRAFTING = {
     "chain-p_min": ("medusa", dict(draft_p_min=0.4)),
     "tree-causal-top_drafts": ("causal", dict(tree=DraftTree([(0,), (1,), (0, 0), (0, 1)]), draft_choice="top")),
     "chain-transformer-top_drafts": ("transformer", dict(draft_choice="top")),
+    "tree-eagle3": ("eagle3", dict(tree=DraftTree([(0,), (1,), (0, 0), (0, 1)]))),
 }
 
 
