@@ -519,8 +519,8 @@ MUTATIONS = [
     Mutation(
         "a weight-major product's rows come back in the wrong layout (right shape)",
         "product",
-        "    return out.transpose(1, 2).contiguous() if by_weight else out",
-        "    return out.reshape(x.size(0), x.size(1), -1) if by_weight else out",
+        "    return out[..., :rows].transpose(1, 2).contiguous() if by_weight else out",
+        "    return out[..., :rows].reshape(x.size(0), x.size(1), -1) if by_weight else out",
         (LAYOUT,),
     ),
     Mutation(
@@ -533,8 +533,8 @@ MUTATIONS = [
     Mutation(
         "the unembedding's weight-major logits come back in the wrong layout (right shape)",
         "Unembedding.rows_by_weight",
-        "return torch.mm(self.weight, rows.T).T.contiguous()",
-        "return torch.mm(self.weight, rows.T).reshape(rows.size(0), -1)",
+        "return torch.mm(self.weight, paired(rows).T)[:, : rows.size(0)].T.contiguous()",
+        "return torch.mm(self.weight, paired(rows).T)[:, : rows.size(0)].reshape(rows.size(0), -1)",
         (LAYOUT, CACHE),
     ),
     Mutation(

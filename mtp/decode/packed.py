@@ -97,7 +97,7 @@ class Unembedding:
         return torch.mm(rows, self.transposed)
 
     def rows_by_weight(self, rows: Tensor) -> Tensor:
-        return torch.mm(self.weight, rows.T).T.contiguous()
+        return torch.mm(self.weight, paired(rows).T)[:, : rows.size(0)].T.contiguous()
 
     def packed_rows(self, rows: Tensor) -> Tensor:
         """rows (M, d) @ W^T through the weight packed by MKL for exactly M rows (packed the first time M is met; at
@@ -350,6 +350,9 @@ class PackedMatrices:
 def product(x: Tensor, weight: Tensor | Int8Matrices | PackedMatrices, by_weight: bool = False) -> Tensor:
     """x (h, M, in) @ weight (h, in, out): one ``bmm``, or each matrix's product of an int8 or packed stack;
     ``by_weight``: weight stored (h, out, in), the product taken as weight @ x^T and returned as (h, M, out) rows.
+    A single row is multiplied as two (:func:`paired`): BLAS takes a one-column weight @ x^T as a matrix-vector
+    product, which some BLAS libraries run far slower than the same matrix times two columns (the weight, read once
+    either way, is what costs).
 
     Compiled on CPU, the ``bmm`` is a ``baddbmm`` with ``beta=0`` (the added matrix a zero broadcast, never read):
     Inductor lowers a ``bmm`` of one row (or one column) on CPU to a loop of its own instead of the BLAS call, which
@@ -357,12 +360,19 @@ def product(x: Tensor, weight: Tensor | Int8Matrices | PackedMatrices, by_weight
     call."""
     if isinstance(weight, (Int8Matrices, PackedMatrices)):
         return weight(x)
-    a, b = (weight, x.transpose(1, 2)) if by_weight else (x, weight)
+    rows = x.size(1)
+    a, b = (weight, paired(x).transpose(1, 2)) if by_weight else (x, weight)
     if torch.compiler.is_compiling() and x.device.type == "cpu":  # the BLAS call, not Inductor's loop
         out = torch.baddbmm(a.new_zeros(()).expand(a.size(0), a.size(1), b.size(2)), a, b, beta=0)
     else:
         out = torch.bmm(a, b)
-    return out.transpose(1, 2).contiguous() if by_weight else out
+    return out[..., :rows].transpose(1, 2).contiguous() if by_weight else out
+
+
+def paired(x: Tensor) -> Tensor:
+    """x (..., M, in), its one row repeated when M is 1: what weight @ x^T multiplies as a matrix, not a vector (MKL's
+    matrix-vector product runs several times slower than its matrix product on AMD CPUs; block_layout times both)."""
+    return torch.cat([x, x], dim=-2) if x.size(-2) == 1 else x
 
 
 def rotate(x: Tensor, rotation: Tensor) -> Tensor:
@@ -406,7 +416,7 @@ def block_layout(path: list[PackedBlocks], rows: int, dtype: torch.dtype) -> int
 
     def by_weight(x: Tensor) -> None:
         for m in transposed:
-            torch.bmm(m, x.transpose(1, 2))
+            product(x, m, by_weight=True)
 
     products = [by_input, by_weight]
     if PackedMatrices.available(timed, dtype):  # a count it packs for is timed exactly (timed == rows)

@@ -389,3 +389,16 @@ def test_layouts_are_timed_on_fewer_than_256_rows_and_larger_counts_take_x_at_w_
         torch.testing.assert_close(unembedding(x), x @ unembedding.weight.T)
     assert timed == [(128, 128), (64, 64)]  # the real faster_layout measures a key once; this stand-in records each ask
     assert products == ["x @ W^T"] * 2  # 3000 and 300 rows, untimed
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_a_product_by_weight_of_one_row_is_taken_as_two_and_gives_that_row(rows):
+    """weight @ x^T of one row multiplies the row twice (a BLAS matrix product, not a matrix-vector one: some BLAS
+    libraries run the latter several times slower) and returns the one row; other counts as they are."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(3, rows, 16), torch.randn(3, 16, 24)
+    stored = weight.transpose(1, 2).contiguous()
+    torch.testing.assert_close(packed_module.product(x, stored, by_weight=True), torch.bmm(x, weight))
+    assert packed_module.paired(x).size(1) == (2 if rows == 1 else rows)
+    unembedding = packed_module.Unembedding(torch.randn(50, 16))
+    torch.testing.assert_close(unembedding.rows_by_weight(x[0]), x[0] @ unembedding.weight.T)
