@@ -41,6 +41,7 @@ GREEDY_EXACT = (  # greedy decoding against the cache-free reference (not the fi
 )
 CACHE = "tests/decode/test_cache.py"
 EAGLE3_BY_HAND = "tests/test_model.py::test_eagle3_heads_draft_as_eagle3_decodes"
+ENGINES = "tests/interop/test_engines.py"
 REFERENCE = "tests/interop/test_llama_reference.py"
 MODEL = "tests/test_model.py"
 LEGACY = "tests/test_legacy_checkpoints.py"
@@ -740,6 +741,27 @@ MUTATIONS = [
         'if written_for != self.trunk or stored["outputs"].size(-1) != width:',
         "if False:",
         ("tests/test_trunk_cache.py::test_a_cache_file_of_another_trunk_or_other_layers_is_refused_in_one_sentence",),
+    ),
+    Mutation(
+        "the EAGLE-3 export names the embedding's norm as the state's",
+        "mtp.interop.engines",
+        '"attention_norm.embedding_norm.weight": "input_layernorm.weight",',
+        '"attention_norm.embedding_norm.weight": "hidden_norm.weight",',
+        (ENGINES,),
+    ),
+    Mutation(
+        "the EAGLE-3 export's d2t holds target ids where the engines read offsets",
+        "vocabulary_maps",
+        "(vocab - torch.arange(vocab.numel(), device=vocab.device)).long()",
+        "vocab.long()",
+        (ENGINES,),
+    ),
+    Mutation(
+        "the Medusa export leaves out the map of its truncated vocabulary",
+        "medusa_layout",
+        'tensors["token_map"] = vocab.long()',
+        "pass",
+        (ENGINES,),
     ),
     Mutation(
         "a causal draft conditions on the token one position early",

@@ -69,6 +69,7 @@ from mtp.benchmarks.humaneval import (
     check_sandbox,
     sandbox_description,
 )
+from mtp.benchmarks.llama_cpp import LlamaCpp, LlamaCppPeer, llama_cpp_table
 from mtp.benchmarks.report import (
     CHAIN,
     captured_summary,
@@ -80,7 +81,7 @@ from mtp.benchmarks.report import (
     same_cell,
 )
 from mtp.benchmarks.results_page import provenance
-from mtp.checkpoint.load import load_checkpoint, model_chat
+from mtp.checkpoint.load import load_checkpoint, model_chat, read_foreign_config
 from mtp.commands.cli import (
     add_device_flag,
     add_dtype_flag,
@@ -102,7 +103,9 @@ from mtp.decode.proposers import DEFAULT_GAMMA, Proposer
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES, Drafted
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES
 from mtp.errors import UserError
+from mtp.interop.engines import carries
 from mtp.pretrained.distill import ChatTemplate
+from mtp.pretrained.export import export_draft, export_hf
 
 
 def methods() -> tuple[str, ...]:
@@ -197,6 +200,23 @@ def build_parser() -> argparse.ArgumentParser:
         "warm-up that compiles is reported apart); default: on CUDA",
     )
     parser.add_argument(
+        "--llama-cpp",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also time llama.cpp on the same prompts (plain, n-gram lookup, and the checkpoint's eagle3 heads as its "
+        "EAGLE-3 draft at each --heads), its tools built from PyPI's llama-cpp-python source into DIR the first time "
+        "(20-40 minutes on 2 cores)",
+    )
+    parser.add_argument(
+        "--llama-cpp-target",
+        type=Path,
+        default=None,
+        metavar="GGUF",
+        help="with --llama-cpp, the target model's GGUF (such as the quantized file the heads were trained on); "
+        "default: the checkpoint's own weights converted to a float32 GGUF",
+    )
+    parser.add_argument(
         WEAKER_SANDBOX_FLAG,
         action="store_true",
         help="where this machine cannot jail model-written code (no Landlock or seccomp), run HumanEval's tests under "
@@ -244,6 +264,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--hf-static adds a row to the Hugging Face comparison; add --hf")
     if args.hf and ("greedy" not in args.modes or 1 not in args.batch_sizes):
         parser.error("--hf compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes")
+    if args.llama_cpp and ("greedy" not in args.modes or 1 not in args.batch_sizes):
+        parser.error("--llama-cpp compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes")
+    if args.llama_cpp_target is not None and not args.llama_cpp:
+        parser.error("--llama-cpp-target names the model llama.cpp decodes; add --llama-cpp DIR")
     require_at_least(args, 1, "gamma", "prompt_lookup", "prompts", "prompt_tokens", "repeats")  # --gammas: int_list
     return args
 
@@ -349,6 +373,7 @@ def run(args: argparse.Namespace) -> None:
 
     static = args.hf_static if args.hf_static is not None else device.type == "cuda"
     peer = HFPeer(model, prompts, args.max_new_tokens, static, end_of_turn) if args.hf else None
+    cpp = llama_cpp_peer(args, loaded, prompts, heads) if args.llama_cpp else None
     best: dict[int, DecodeStats] = {}
     checked = [i for i, setting in enumerate(settings) if setting[:2] == ("greedy", 1)]  # compared with autoregressive
     outputs: dict[int, list[list[int]]] = {}
@@ -366,6 +391,8 @@ def run(args: argparse.Namespace) -> None:
             )
         if peer is not None:  # the HF peer in the same rounds
             peer.run_round()
+        if cpp is not None:
+            cpp.run_round()
     rows = [result_row(*setting, best[i], *capture[i]) for i, setting in enumerate(settings)]
     predicted = {label for method in REGISTRY.values() for label in method.predicted}
     for i, row in enumerate(rows):  # speed-up and forward cost against k = 1 of the same mode and batch size
@@ -399,6 +426,8 @@ def run(args: argparse.Namespace) -> None:
                 twin = settings.index((*settings[i][:3], replace(settings[i][3], cuda_graphs=False), settings[i][4]))
                 rows[i]["identical_to_eager"] = sum(a == b for a, b in zip(outputs[i], outputs[twin], strict=True))
     peer = peer.compare(rows, reference, scorer) if peer is not None else None
+    if cpp is not None:  # mtp autoregressive decoding's replies as text, as llama.cpp prints its own
+        cpp = cpp.compare([loaded.tokenizer.decode(output, skip_special_tokens=False) for output in reference])
     if scorer is not None:
         print(
             f"HumanEval: ran the tests of {len(scorer.evaluations)} distinct output set(s) of {len(prompts)} problems"
@@ -431,7 +460,7 @@ def run(args: argparse.Namespace) -> None:
     )
     on_gpu = torch.cuda.get_device_name() if device.type == "cuda" else None
     run_provenance = provenance(getattr(args, "argv", None), on_gpu)
-    results = {"provenance": run_provenance, "setup": setup, "results": rows, "hf": peer}
+    results = {"provenance": run_provenance, "setup": setup, "results": rows, "hf": peer, "llama_cpp": cpp}
     if problems is not None and reference is not None:  # what the exact methods complete, for reading the outcomes
         results["humaneval_completions"] = {
             name: scorer.completion(prompt, output)
@@ -439,6 +468,13 @@ def run(args: argparse.Namespace) -> None:
         }
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     table = decode_table(rows) + (f"\n\n{peer_table(peer)}" if peer else "")
+    if cpp is not None:
+        greedy1 = [
+            r
+            for r in rows
+            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, CHAIN, "auto")
+        ]
+        table += f"\n\n{llama_cpp_table(cpp, greedy1)}"
     if any(r["cuda_graphs"] for r in rows):
         table += f"\n\n{captured_summary(rows)}"
     if reference is not None:
@@ -451,6 +487,31 @@ def run(args: argparse.Namespace) -> None:
     series = {label: text for method in registered for label, text in method.gamma_series.items()}
     plot_decode(rows, args.out / "decode.png", title, markers, series)
     print(f"\n{title}\n\n{table}\n\nwrote {args.out}/results.json, results.md, decode.png")
+
+
+def llama_cpp_peer(args: argparse.Namespace, loaded, prompts: list[list[int]], heads: list[int]) -> LlamaCppPeer:
+    """llama.cpp on the benchmark's prompts (as text) at this process's thread count: the target (--llama-cpp-target,
+    or the checkpoint's own weights converted to a float32 GGUF), and eagle3 heads as its EAGLE-3 draft (exported
+    and converted against the checkpoint's target, into --out/llama_cpp/) at each --heads above 1. A target of another
+    vocabulary or width than the heads' is one sentence."""
+    tools = LlamaCpp.at(args.llama_cpp)
+    work = args.out / "llama_cpp"
+    target_hf = export_hf(args.checkpoint, work / "target-hf", force=True).directory
+    target = args.llama_cpp_target or tools.convert(target_hf, work / "target-f32.gguf")
+    config, theirs = loaded.config, read_foreign_config(target)
+    if (theirs.vocab_size, theirs.d_model) != (config.vocab_size, config.d_model):
+        raise UserError(
+            f"--llama-cpp-target {target} has a vocabulary of {theirs.vocab_size} and width {theirs.d_model}, the "
+            f"checkpoint's heads {config.vocab_size} and {config.d_model}: another model; pass the GGUF the heads were "
+            "trained on, or leave --llama-cpp-target out."
+        )
+    draft = None
+    if carries(config, "eagle3") and max(heads) > 1:
+        export_draft(args.checkpoint, work / "draft", "eagle3", force=True)
+        draft = tools.convert(work / "draft", work / "draft.gguf", target=target_hf)
+    texts = [loaded.tokenizer.decode(prompt, skip_special_tokens=False) for prompt in prompts]
+    draft_max = tuple(k - 1 for k in heads if k > 1)
+    return LlamaCppPeer(tools, target, texts, args.max_new_tokens, torch.get_num_threads(), draft, draft_max)
 
 
 def in_draft_dtypes(entries: list[tuple], draft_dtypes: list[str]) -> list[tuple]:

@@ -1,6 +1,9 @@
-"""Export an mtp checkpoint as a Hugging Face Llama directory (safetensors) that transformers loads with no mtp code.
+"""Export an mtp checkpoint as a Hugging Face Llama directory (safetensors) that transformers loads with no mtp code,
+or its draft heads as the draft a serving engine loads beside that model.
 
     python scripts/export.py CKPT OUT_DIR --format hf            # head 1's path + the other heads beside it
+    python scripts/export.py CKPT DRAFT_DIR --format eagle3      # eagle3 heads: vLLM, SGLang, llama.cpp's converter
+    python scripts/export.py CKPT DRAFT_DIR --format medusa      # medusa heads: vLLM
     python scripts/export.py CKPT OUT_DIR --format hf --head 2   # head 2's path as its own Llama (analysis)
     python scripts/export.py CKPT OUT_DIR --format hf --max-shard-size 2GB --dtype bfloat16
     python scripts/export.py CKPT OUT_DIR --format hf --verify   # then compare transformers' outputs with mtp's
@@ -9,7 +12,12 @@ OUT_DIR gets config.json, generation_config.json, model.safetensors (sharded wit
 --max-shard-size), tokenizer.json and tokenizer_config.json: AutoModelForCausalLM / AutoTokenizer.from_pretrained
 (OUT_DIR) read it. With head 1 it also gets mtp_heads.safetensors and mtp_config.json, so that init_from=OUT_DIR
 and scripts/decode.py OUT_DIR read back the whole MTP model. CKPT may also be a Hugging Face or Meta directory.
-An OUT_DIR that exists and is not empty is replaced only with --force; nothing is left half-written.
+
+--format eagle3 / medusa write DRAFT_DIR with config.json and model.safetensors under the engine's names
+(mtp/interop/engines.py): the draft alone, which the engine runs beside the target model (the --format hf export of
+the same checkpoint, or the model the heads were trained on). eagle3 carries eagle3 heads, medusa medusa heads; other
+head types are refused in one sentence. An OUT_DIR that exists and is not empty is replaced only with --force; nothing
+is left half-written.
 """
 
 from __future__ import annotations
@@ -20,14 +28,20 @@ from pathlib import Path
 from typing import NoReturn
 
 from mtp.commands.cli import run_script
-from mtp.pretrained.export import EXPORT_DTYPES, export_hf, verify_export
+from mtp.errors import UserError
+from mtp.pretrained.export import DRAFT_LAYOUTS, EXPORT_DTYPES, export_draft, export_hf, verify_export
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path, help="a .ckpt (file or sharded folder) written by scripts/pretrain.py")
     parser.add_argument("out_dir", type=Path, help="the directory to write (new, empty, or replaced with --force)")
-    parser.add_argument("--format", choices=["hf"], default="hf", help="hf: a Hugging Face LlamaForCausalLM directory")
+    parser.add_argument(
+        "--format",
+        choices=["hf", *DRAFT_LAYOUTS],
+        default="hf",
+        help="hf: a Hugging Face LlamaForCausalLM directory; eagle3, medusa: the draft heads as engines load them",
+    )
     parser.add_argument("--head", type=int, default=1, help="which head's path becomes the Llama (default 1)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")
     parser.add_argument("--max-shard-size", default="5GB", help="largest model-*.safetensors file (default 5GB)")
@@ -44,7 +58,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
-    exported = export_hf(args.checkpoint, args.out_dir, args.head, args.force, args.max_shard_size, args.dtype)
+    if args.format != "hf" and (args.verify or args.head != 1):
+        raise UserError(f"--format {args.format} writes the draft heads; --head and --verify apply to --format hf.")
+    if args.format == "hf":
+        exported = export_hf(args.checkpoint, args.out_dir, args.head, args.force, args.max_shard_size, args.dtype)
+    else:
+        exported = export_draft(args.checkpoint, args.out_dir, args.format, args.force, args.dtype)
     total = sum(exported.files.values())
     for name, size in exported.files.items():
         print(f"{size / 1e6:10.2f} MB  {name}")

@@ -1,7 +1,11 @@
 """Exporting an mtp model as a Hugging Face Llama directory, and checking an export against the model it came from
-(the directory's layout: :mod:`mtp.interop.hf`, which reads it back).
+(the directory's layout: :mod:`mtp.interop.hf`, which reads it back); and its draft heads in the layouts serving
+engines load beside the target model (:func:`export_draft`: EAGLE-3 for vLLM, SGLang and llama.cpp, Medusa for vLLM;
+the layouts: :mod:`mtp.interop.engines`).
 
-Above the loader (:mod:`mtp.checkpoint.load`): it reads any checkpoint mtp reads, and decodes to compare.
+Above the loader (:mod:`mtp.checkpoint.load`): it reads any checkpoint mtp reads, and decodes to compare. Every
+export is written into a temporary directory beside its destination and renamed into place at the end, so a failure
+leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from mtp.data.prompts import held_out_prompts
 from mtp.data.tokenizer import eot_id
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
+from mtp.interop.engines import check_carries, eagle3_layout, medusa_layout
 from mtp.interop.hf import INSTALL_HINT, MTP_CONFIG, MTP_FORMAT, MTP_HEADS, read_hf
 from mtp.interop.llama import head_path_names, llama_config
 
@@ -60,11 +65,7 @@ def export_hf(
     cast = EXPORT_DTYPES[dtype]
     path_tensors = {hf: weights[ours].to(cast).contiguous() for hf, ours in names.items()}
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    partial = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
-    try:
+    def write(partial: Path) -> None:
         _write_weights(partial, path_tensors, shard_bytes, safetensors_torch)
         eot = _write_tokenizer(partial, loaded.tokenizer, config, transformers, model_chat(checkpoint).template)
         hf_config = transformers.LlamaConfig(
@@ -88,6 +89,50 @@ def export_hf(
                 "other tensor under mtp's names (mtp.model.MTPModel). Read back with mtp's init_from= or decode.py.",
             }
             (partial / MTP_CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
+
+    return Exported(out_dir, _write_into_place(out_dir, write))
+
+
+DRAFT_LAYOUTS = {"eagle3": eagle3_layout, "medusa": medusa_layout}
+"""The engines' draft layouts (:mod:`mtp.interop.engines`): each gives a model's heads' tensors and config.json."""
+
+
+def export_draft(
+    checkpoint: str | os.PathLike, out_dir: str | os.PathLike, layout: str, force: bool = False, dtype: str = "float32"
+) -> Exported:
+    """Write ``checkpoint``'s draft heads in an engine's ``layout`` (eagle3, medusa): config.json and
+    model.safetensors, which vLLM, SGLang or llama.cpp's converter read beside the target model (its own export:
+    :func:`export_hf`). A head type the layout cannot carry is refused in one sentence naming those it can."""
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir, force)
+    if dtype not in EXPORT_DTYPES:
+        raise UserError(f"--dtype {dtype} is not one of {', '.join(EXPORT_DTYPES)}.")
+    safetensors_torch, _ = _interop_packages(f"exporting to the {layout} layout")
+    loaded = load_checkpoint(checkpoint, "cpu", "float32")
+    check_carries(loaded.config, layout)
+    tensors, settings = DRAFT_LAYOUTS[layout](loaded.model)
+    cast = EXPORT_DTYPES[dtype]
+    tensors = {
+        name: (t.to(cast) if t.is_floating_point() else t).detach().contiguous().clone() for name, t in tensors.items()
+    }
+    settings = {**settings, "torch_dtype": dtype}
+
+    def write(partial: Path) -> None:
+        safetensors_torch.save_file(tensors, partial / "model.safetensors", metadata={"format": "pt"})
+        (partial / "config.json").write_text(json.dumps(settings, indent=2) + "\n")
+
+    return Exported(out_dir, _write_into_place(out_dir, write))
+
+
+def _write_into_place(out_dir: Path, write) -> dict[str, int]:
+    """``write(folder)`` into a temporary folder beside ``out_dir``, renamed to it once whole (every file given the
+    usual mode); the files and their sizes. A failure leaves nothing there."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    try:
+        write(partial)
         mode = 0o666 & ~_umask()  # safetensors creates its files private (0600); give every file the usual mode
         for file in partial.iterdir():
             file.chmod(mode)
@@ -97,7 +142,7 @@ def export_hf(
         raise UserError(f"writing {out_dir} failed ({err.strerror or err}); nothing was left there.") from err
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return Exported(out_dir, files)
+    return files
 
 
 @dataclass

@@ -1,0 +1,268 @@
+"""llama.cpp beside mtp on a CPU: its tools, built from the source PyPI's llama-cpp-python sdist vendors, decoding a
+prompt plainly, with an EAGLE-3 draft (``--spec-type draft-eagle3``) or with its n-gram lookup.
+
+PyPI is the one way to llama.cpp on machines that reach only package registries: ``llama-cpp-python``'s sdist
+carries llama.cpp's whole tree (its ``convert_hf_to_gguf.py`` and ``gguf-py`` too). :meth:`LlamaCpp.at` downloads it
+into a cache folder and builds the tools there once (cmake, Release, native CPU flags; the version and flags recorded
+in ``build.json``); later calls find them. :meth:`LlamaCpp.convert` converts a Hugging Face directory (a target, or an
+EAGLE-3 draft against its target) with that tree's converter. :meth:`LlamaCpp.decode` runs one prompt greedily:
+``llama-completion`` plainly, ``llama-speculative-simple`` with a draft or lookup, and reads what they print (the
+reply; the decoding's tokens and seconds, the prompt's excluded; drafted and accepted tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from mtp.errors import UserError
+
+LLAMA_CPP_PYTHON = "0.3.36"
+"""The llama-cpp-python release whose vendored llama.cpp is built (it has the eagle3 architecture)."""
+TOOLS = ("llama-completion", "llama-speculative-simple")
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+)  # fmt: skip
+CONTEXT = 2048
+"""Positions each run holds: a benchmark prompt and its reply."""
+
+
+@dataclass
+class LlamaCppRun:
+    text: str
+    """The reply, as the tool printed it."""
+    tokens: int
+    seconds: float
+    """Decoding time, the prompt's processing excluded (as the tool measures it)."""
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class LlamaCpp:
+    bin: Path
+    source: Path
+    version: str
+
+    @classmethod
+    def at(cls, cache: Path) -> LlamaCpp:
+        """The tools in ``cache``, downloaded and built there the first time (20-40 minutes on 2 cores); a failed step
+        is one sentence naming its log."""
+        cache = Path(cache).expanduser()
+        source = cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+        tools = cache / "build" / "bin"
+        if not all((tools / tool).is_file() for tool in TOOLS):
+            cache.mkdir(parents=True, exist_ok=True)
+            if not source.is_dir():
+                _step(
+                    [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                     f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(cache)],
+                    cache / "download.log", f"downloading llama-cpp-python {LLAMA_CPP_PYTHON}'s source from PyPI",
+                )  # fmt: skip
+                with tarfile.open(cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz") as archive:
+                    archive.extractall(cache, filter="data")
+            build = cache / "build"
+            _step(["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", *CMAKE_FLAGS], cache / "cmake.log",
+                  "configuring llama.cpp")  # fmt: skip
+            jobs = str(os.cpu_count() or 1)
+            _step(["cmake", "--build", str(build), "-j", jobs, "--target", *TOOLS], cache / "build.log",
+                  "building llama.cpp's tools")  # fmt: skip
+            record = {"llama_cpp_python": LLAMA_CPP_PYTHON, "cmake_flags": list(CMAKE_FLAGS), "tools": list(TOOLS)}
+            (cache / "build.json").write_text(json.dumps(record, indent=2) + "\n")
+        return cls(tools, source, LLAMA_CPP_PYTHON)
+
+    def convert(self, model: Path, out: Path, target: Path | None = None, outtype: str = "f32") -> Path:
+        """``model`` (a Hugging Face directory) as the GGUF file ``out``, with this tree's converter; an EAGLE-3 draft
+        against its ``target``'s directory (its vocabulary and sizes)."""
+        command = [sys.executable, str(self.source / "convert_hf_to_gguf.py"), str(model), "--outtype", outtype,
+                   "--outfile", str(out)]  # fmt: skip
+        if target is not None:
+            command += ["--target-model-dir", str(target)]
+        _step(command, out.with_suffix(".convert.log"), f"converting {model} to GGUF")
+        return out
+
+    def decode(
+        self,
+        model: Path,
+        prompt: str,
+        max_new_tokens: int,
+        threads: int,
+        draft: Path | None = None,
+        draft_max: int = 3,
+        lookup: bool = False,
+    ) -> LlamaCppRun:
+        """``prompt`` (text: the chat template's special tokens are read as such) continued greedily by up to
+        ``max_new_tokens`` tokens, stopping at the model's end of generation: plainly, with the EAGLE-3 ``draft``
+        (``draft_max`` drafts a step) or with n-gram lookup."""
+        common = ["-m", str(model), "-p", prompt, "-n", str(max_new_tokens), "--temp", "0", "-t", str(threads),
+                  "-c", str(CONTEXT)]  # fmt: skip
+        if draft is None and not lookup:
+            result = self._run("llama-completion", [*common, "-no-cnv", "--no-display-prompt", "--no-warmup"])
+            timing = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs", result.stderr)
+            if timing is None:
+                raise UserError(f"llama-completion printed no eval time; its output ends: {result.stderr[-300:]}")
+            # the first token comes from the prompt's processing: the runs decode the rest
+            return LlamaCppRun(result.stdout, int(timing.group(2)) + 1, float(timing.group(1)) / 1000)
+        spec = (
+            ["--spec-type", "draft-eagle3", "-md", str(draft)] if draft is not None else ["--spec-type", "ngram-simple"]
+        )
+        result = self._run("llama-speculative-simple", [*common, *spec, "--spec-draft-n-max", str(draft_max)])
+        decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", result.stderr)
+        drafted, accepted = (re.search(rf"{name}\s*=\s*(\d+)", result.stderr) for name in ("n_drafted", "n_accept"))
+        if decoded is None or drafted is None or accepted is None:
+            raise UserError(f"llama-speculative-simple printed no statistics; its output ends: {result.stderr[-300:]}")
+        echoed = result.stdout.removeprefix("\n\n")
+        if not echoed.startswith(prompt):
+            raise UserError("llama-speculative-simple echoed another prompt than it was given; its tokenizer differs")
+        reply = echoed[len(prompt) :].removesuffix("\n\n")
+        tokens, seconds = int(decoded.group(1)), float(decoded.group(2))
+        return LlamaCppRun(reply, tokens, seconds, int(drafted.group(1)), int(accepted.group(1)))
+
+    def _run(self, tool: str, arguments: list[str]) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [str(self.bin / tool), *arguments], capture_output=True, text=True, stdin=subprocess.DEVNULL
+        )
+        if result.returncode != 0:
+            last = result.stderr.strip().splitlines()[-1:] or ["no output"]
+            raise UserError(f"{tool} failed (exit {result.returncode}): {last[0]}")
+        return result
+
+
+def _step(command: list[str], log: Path, what: str) -> None:
+    """Run one step of making the tools or files, its output in ``log``; a failure is one sentence naming it."""
+    try:
+        with log.open("w") as output:
+            status = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT).returncode
+    except FileNotFoundError as err:
+        raise UserError(f"{what} needs {err.filename}, which is not installed; install it and run again.") from None
+    if status != 0:
+        raise UserError(f"{what} failed (exit {status}); see {log}.")
+
+
+@dataclass
+class LlamaCppMethod:
+    """One way llama.cpp decodes the prompts: its runs (best round), and the replies of its last round."""
+
+    name: str
+    draft_max: int = 0
+    runs: list[LlamaCppRun] | None = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(run.tokens for run in self.runs)
+
+    @property
+    def seconds(self) -> float:
+        return sum(run.seconds for run in self.runs)
+
+    def row(self, plain: LlamaCppMethod, threads: int) -> dict:
+        """Its figures, its replies checked against plain decoding's prompt by prompt."""
+        drafted, accepted = sum(r.drafted for r in self.runs), sum(r.accepted for r in self.runs)
+        steps = self.tokens - accepted  # a step emits its accepted drafts and one token of the target's
+        return {
+            "method": self.name,
+            "draft_max": self.draft_max,
+            "threads": threads,
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "tokens_per_s": self.tokens / self.seconds if self.seconds > 0 else 0.0,
+            "tokens_per_forward": self.tokens / steps if steps > 0 else 1.0,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "same_replies_as_plain": sum(a.text == b.text for a, b in zip(self.runs, plain.runs, strict=True)),
+        }
+
+
+class LlamaCppPeer:
+    """llama.cpp decoding the benchmark's prompts (as text, batch 1, greedy, at ``threads`` threads): plainly, with
+    n-gram lookup, and with an EAGLE-3 ``draft`` GGUF at each of ``draft_max``; best of the same rounds as mtp's
+    rows."""
+
+    def __init__(
+        self,
+        tools: LlamaCpp,
+        target: Path,
+        prompts: list[str],
+        max_new_tokens: int,
+        threads: int,
+        draft: Path | None = None,
+        draft_max: tuple[int, ...] = (),
+    ) -> None:
+        self.tools, self.target, self.prompts, self.threads = tools, target, prompts, threads
+        self.max_new_tokens, self.draft = max_new_tokens, draft
+        self.methods = [LlamaCppMethod("plain"), LlamaCppMethod("lookup (ngram-simple)", 3)]
+        self.methods += [LlamaCppMethod("EAGLE-3 draft", k) for k in draft_max if draft is not None]
+        tools.decode(target, prompts[0], 4, threads)  # warm-up: the weights read into memory
+
+    def run_round(self) -> None:
+        for method in self.methods:
+            runs = [
+                self.tools.decode(
+                    self.target,
+                    prompt,
+                    self.max_new_tokens,
+                    self.threads,
+                    draft=self.draft if method.name == "EAGLE-3 draft" else None,
+                    draft_max=method.draft_max,
+                    lookup=method.name.startswith("lookup"),
+                )  # fmt: skip
+                for prompt in self.prompts
+            ]
+            if method.runs is None or sum(r.seconds for r in runs) < method.seconds:
+                method.runs = runs
+        rates = ", ".join(f"{m.name} k={m.draft_max + 1} {m.tokens / m.seconds:.1f}" for m in self.methods)
+        print(f"   llama.cpp ({self.threads} threads) tokens/s: {rates}", flush=True)
+
+    def compare(self, ours: list[str]) -> dict:
+        """The rows, and plain decoding's replies checked against ``ours``: mtp autoregressive decoding's, as text."""
+        plain = self.methods[0]
+        return {
+            "version": self.tools.version,
+            "target": str(self.target),
+            "draft": str(self.draft) if self.draft is not None else None,
+            "threads": self.threads,
+            "prompts": len(self.prompts),
+            "rows": [method.row(plain, self.threads) for method in self.methods],
+            "plain_replies_equal_mtp": sum(run.text == text for run, text in zip(plain.runs, ours, strict=True)),
+        }
+
+
+def llama_cpp_table(peer: dict, mtp_rows: list[dict]) -> str:
+    """llama.cpp's rows beside mtp's greedy batch-1 rows of the same prompts."""
+    plain = peer["rows"][0]["tokens_per_s"]
+    lines = [
+        f"| greedy, batch 1, {peer['threads']} threads | tokens/s | tokens/forward | acceptance | against llama.cpp "
+        "plain | same replies as llama.cpp plain |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in peer["rows"]:
+        acceptance = f"{row['acceptance_rate']:.2f}" if row["acceptance_rate"] is not None else ""
+        k = f" (k={row['draft_max'] + 1})" if row["method"] != "plain" else ""
+        lines.append(
+            f"| llama.cpp {row['method']}{k} | {row['tokens_per_s']:.1f} | {row['tokens_per_forward']:.2f} | "
+            f"{acceptance} | {row['tokens_per_s'] / plain:.2f}x | {row['same_replies_as_plain']}/{peer['prompts']} |"
+        )
+    for row in mtp_rows:
+        name = "mtp autoregressive" if row["heads"] == 1 else f"mtp {row['method']} (k={row['heads']})"
+        lines.append(
+            f"| {name} | {row['tokens_per_s']:.1f} | {row['tokens_per_forward']:.2f} | | "
+            f"{row['tokens_per_s'] / plain:.2f}x | |"
+        )
+    same = peer["plain_replies_equal_mtp"]
+    lines.append("")
+    lines.append(
+        f"llama.cpp {peer['version']}'s plain replies equal mtp autoregressive decoding's on {same} of "
+        f"{peer['prompts']} prompts (target {Path(peer['target']).name}: another file's weights, or quantized ones, "
+        "part where a near-tie falls the other way)."
+    )
+    return "\n".join(lines)
