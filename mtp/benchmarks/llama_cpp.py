@@ -49,6 +49,18 @@ class LlamaCppRun:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+def same_reply(a: tuple[str, int], b: tuple[str, int], budget: int) -> bool:
+    """Whether two greedy replies, each (text, tokens), are the same decoding: the same text (trailing whitespace
+    aside: the tools print a reply's end differently), or, where both ran to the token ``budget``, one the other's
+    start (a speculative step may pass the budget by the drafts it accepts at once; a cut reply ends mid-word). A
+    reply that ended before the budget must be the other's whole text."""
+    (x, x_tokens), (y, y_tokens) = a, b
+    x, y = x.rstrip(), y.rstrip()
+    if x == y:
+        return True
+    return min(x_tokens, y_tokens) >= budget and (x.startswith(y) or y.startswith(x))
+
+
 @dataclass
 class LlamaCpp:
     bin: Path
@@ -166,8 +178,8 @@ class LlamaCppMethod:
     def seconds(self) -> float:
         return sum(run.seconds for run in self.runs)
 
-    def row(self, plain: LlamaCppMethod, threads: int) -> dict:
-        """Its figures, its replies checked against plain decoding's prompt by prompt."""
+    def row(self, plain: LlamaCppMethod, threads: int, budget: int) -> dict:
+        """Its figures, its replies checked against plain decoding's prompt by prompt (:func:`same_reply`)."""
         drafted, accepted = sum(r.drafted for r in self.runs), sum(r.accepted for r in self.runs)
         steps = self.tokens - accepted  # a step emits its accepted drafts and one token of the target's
         return {
@@ -179,7 +191,10 @@ class LlamaCppMethod:
             "tokens_per_s": self.tokens / self.seconds if self.seconds > 0 else 0.0,
             "tokens_per_forward": self.tokens / steps if steps > 0 else 1.0,
             "acceptance_rate": accepted / drafted if drafted else None,
-            "same_replies_as_plain": sum(a.text == b.text for a, b in zip(self.runs, plain.runs, strict=True)),
+            "same_replies_as_plain": sum(
+                same_reply((a.text, a.tokens), (b.text, b.tokens), budget)
+                for a, b in zip(self.runs, plain.runs, strict=True)
+            ),
         }
 
 
@@ -223,8 +238,9 @@ class LlamaCppPeer:
         rates = ", ".join(f"{m.name} k={m.draft_max + 1} {m.tokens / m.seconds:.1f}" for m in self.methods)
         print(f"   llama.cpp ({self.threads} threads) tokens/s: {rates}", flush=True)
 
-    def compare(self, ours: list[str]) -> dict:
-        """The rows, and plain decoding's replies checked against ``ours``: mtp autoregressive decoding's, as text."""
+    def compare(self, ours: list[tuple[str, int]]) -> dict:
+        """The rows, and plain decoding's replies checked against ``ours``: mtp autoregressive decoding's, each (text
+        without special tokens, tokens)."""
         plain = self.methods[0]
         return {
             "version": self.tools.version,
@@ -232,8 +248,14 @@ class LlamaCppPeer:
             "draft": str(self.draft) if self.draft is not None else None,
             "threads": self.threads,
             "prompts": len(self.prompts),
-            "rows": [method.row(plain, self.threads) for method in self.methods],
-            "plain_replies_equal_mtp": sum(run.text == text for run, text in zip(plain.runs, ours, strict=True)),
+            "rows": [method.row(plain, self.threads, self.max_new_tokens) for method in self.methods],
+            "plain_replies_equal_mtp": sum(
+                same_reply((run.text, run.tokens), reply, self.max_new_tokens)
+                for run, reply in zip(plain.runs, ours, strict=True)
+            ),
+            "replies": {
+                method.name + f" k={method.draft_max + 1}": [r.text for r in method.runs] for method in self.methods
+            },
         }
 
 

@@ -427,7 +427,7 @@ def run(args: argparse.Namespace) -> None:
                 rows[i]["identical_to_eager"] = sum(a == b for a, b in zip(outputs[i], outputs[twin], strict=True))
     peer = peer.compare(rows, reference, scorer) if peer is not None else None
     if cpp is not None:  # mtp autoregressive decoding's replies as text, as llama.cpp prints its own
-        cpp = cpp.compare([loaded.tokenizer.decode(output, skip_special_tokens=False) for output in reference])
+        cpp = cpp.compare([(loaded.tokenizer.decode(out, skip_special_tokens=True), len(out)) for out in reference])
     if scorer is not None:
         print(
             f"HumanEval: ran the tests of {len(scorer.evaluations)} distinct output set(s) of {len(prompts)} problems"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mtp.benchmarks import llama_cpp
-from mtp.benchmarks.llama_cpp import LlamaCpp, LlamaCppPeer, LlamaCppRun, llama_cpp_table
+from mtp.benchmarks.llama_cpp import LlamaCpp, LlamaCppPeer, LlamaCppRun, llama_cpp_table, same_reply
 from mtp.errors import UserError
 
 PROMPT = "<|im_start|>user\nsum a list<|im_end|>\n<|im_start|>assistant\n"
@@ -117,7 +117,7 @@ def test_the_peer_rows_count_forwards_and_check_each_reply_against_plain_decodin
     ]
     peer = LlamaCppPeer(tools, Path("t.gguf"), [PROMPT, PROMPT], 128, 2, Path("d.gguf"), (2,))
     peer.run_round()
-    compared = peer.compare([replies[0], "def g():\n    return 2"])
+    compared = peer.compare([(replies[0], 11), ("def g():\n    return 2", 11)])
     plain, lookup, drafted = compared["rows"]
     assert (plain["tokens"], plain["seconds"], plain["tokens_per_forward"]) == (24, 1.0, 1.0)
     assert lookup["tokens_per_forward"] == pytest.approx(24 / 18) and lookup["acceptance_rate"] == 0.25
@@ -151,3 +151,13 @@ def test_a_target_of_another_model_is_one_sentence(monkeypatch, tmp_path, tiny_c
     loaded = load_checkpoint(tiny_checkpoints["mtp4"], "cpu", "float32")
     with pytest.raises(UserError, match=r"^--llama-cpp-target .*t.gguf has a vocabulary of 49152 and width 576, the"):
         bench_decode.llama_cpp_peer(args, loaded, [[1, 2, 3]], [1, 2])
+
+
+def test_replies_are_the_same_up_to_trailing_space_or_a_budget_both_reached():
+    """A speculative run may pass the token budget by the drafts one step accepts, and the tools end a reply's text
+    differently; a reply that ended before the budget must equal the other whole."""
+    assert same_reply(("def f():\n    pass\n\n", 6), ("def f():\n    pass", 6), 128)
+    assert same_reply(("def f(x):\n    ret", 128), ("def f(x):\n    return x", 130), 128)
+    assert not same_reply(("def f(x):", 4), ("def f(x):\n    return x", 128), 128)  # one ended early
+    assert not same_reply(("def f(x):\n    ret", 127), ("def f(x):\n    return x", 130), 128)
+    assert not same_reply(("return a", 128), ("return b", 128), 128)
