@@ -26,6 +26,8 @@ from mtp.errors import UserError
 LLAMA_CPP_PYTHON = "0.3.36"
 """The llama-cpp-python release whose vendored llama.cpp is built (it has the eagle3 architecture)."""
 TOOLS = ("llama-completion", "llama-speculative-simple")
+END_OF_TEXT = " [end of text]"
+"""What llama-completion prints after a reply that ended at the model's end of generation."""
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_SERVER=OFF",
@@ -125,7 +127,8 @@ class LlamaCpp:
             if timing is None:
                 raise UserError(f"llama-completion printed no eval time; its output ends: {result.stderr[-300:]}")
             # the first token comes from the prompt's processing: the runs decode the rest
-            return LlamaCppRun(result.stdout, int(timing.group(2)) + 1, float(timing.group(1)) / 1000)
+            reply = result.stdout.rstrip().removesuffix(END_OF_TEXT)  # what it prints at the model's end of generation
+            return LlamaCppRun(reply, int(timing.group(2)) + 1, float(timing.group(1)) / 1000)
         spec = (
             ["--spec-type", "draft-eagle3", "-md", str(draft)] if draft is not None else ["--spec-type", "ngram-simple"]
         )

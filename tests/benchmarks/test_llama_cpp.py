@@ -108,7 +108,7 @@ def test_a_build_that_fails_is_one_sentence_naming_its_log(monkeypatch, tmp_path
 def test_the_peer_rows_count_forwards_and_check_each_reply_against_plain_decoding(tools):
     replies = ["def f(x):\n    return sum(x)", "def g():\n    pass"]
     tools.outputs["llama-completion"] = [completion(replies[0], 3, 10.0)]  # the warm-up
-    tools.outputs["llama-completion"] += [completion(r, 11, 500.0) for r in replies]
+    tools.outputs["llama-completion"] += [completion(r + " [end of text]\n\n", 11, 500.0) for r in replies]
     tools.outputs["llama-speculative-simple"] = [
         speculative(replies[0], 12, 1.0, 12, 3),  # lookup
         speculative(replies[1], 12, 1.0, 12, 3),
