@@ -128,19 +128,24 @@ def timed_rows(rows: int) -> int:
     return rows if rows <= EXACT_ROWS else 1 << (rows.bit_length() - 1)
 
 
+TIMING_ROUNDS = 5
+"""Rounds of :func:`faster_layout`'s timing."""
+
+
 def faster_layout(key: tuple, rows: Tensor, products: tuple[Callable[[Tensor], Tensor], ...]) -> int:
     """The index of the fastest of ``products`` (each the same product of ``rows`` in another layout), timed on
-    ``rows`` the first time ``key`` (the shapes and dtypes) is met: one warm-up call each, then the best of three."""
+    ``rows`` the first time ``key`` (the shapes and dtypes) is met: one warm-up call each, then the best of
+    :data:`TIMING_ROUNDS` rounds that each time every product in turn (a pause of the machine's during one round then
+    slows every product once, not one product's every try)."""
     if key not in _LAYOUTS:
-        best = []
         for product in products:
             product(rows)
-            times = []
-            for _ in range(3):
+        best = [float("inf")] * len(products)
+        for _ in range(TIMING_ROUNDS):
+            for i, product in enumerate(products):
                 start = time.perf_counter()
                 product(rows)
-                times.append(time.perf_counter() - start)
-            best.append(min(times))
+                best[i] = min(best[i], time.perf_counter() - start)
         _LAYOUTS[key] = min(range(len(products)), key=best.__getitem__)
     return _LAYOUTS[key]
 

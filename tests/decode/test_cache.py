@@ -356,8 +356,19 @@ def test_the_unembedding_takes_the_product_measured_faster_and_both_products_agr
 
     assert faster_layout(("shape",), torch.zeros(2, 1), (slow, fast)) == 1
     assert faster_layout(("shape",), torch.zeros(2, 1), (fast, slow)) == 1  # measured once: kept for that shape
-    assert calls == ["slow"] * 4 + ["fast"] * 4
+    assert calls == ["slow", "fast"] * 6  # a warm-up each, then rounds that time each in turn
     assert faster_layout(("other",), torch.zeros(2, 1), (fast, slow)) == 0
+
+    def paused(seconds):  # the machine pauses during the 2nd to 4th product calls, whichever product runs then
+        def product(rows):
+            calls.append(seconds)
+            time.sleep(seconds + (0.03 if 2 <= len(calls) <= 4 else 0))
+            return rows
+
+        return product
+
+    calls.clear()
+    assert faster_layout(("paused",), torch.zeros(2, 1), (paused(0.001), paused(0.006))) == 0
 
 
 def test_layouts_are_timed_on_fewer_than_256_rows_and_larger_counts_take_x_at_w_untimed(monkeypatch):
