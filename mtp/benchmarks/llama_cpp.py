@@ -181,6 +181,10 @@ class LlamaCppMethod:
     def seconds(self) -> float:
         return sum(run.seconds for run in self.runs)
 
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
     def row(self, plain: LlamaCppMethod, threads: int, budget: int) -> dict:
         """Its figures, its replies checked against plain decoding's prompt by prompt (:func:`same_reply`)."""
         drafted, accepted = sum(r.drafted for r in self.runs), sum(r.accepted for r in self.runs)
@@ -191,7 +195,7 @@ class LlamaCppMethod:
             "threads": threads,
             "tokens": self.tokens,
             "seconds": self.seconds,
-            "tokens_per_s": self.tokens / self.seconds if self.seconds > 0 else 0.0,
+            "tokens_per_s": self.tokens_per_s,
             "tokens_per_forward": self.tokens / steps if steps > 0 else 1.0,
             "acceptance_rate": accepted / drafted if drafted else None,
             "same_replies_as_plain": sum(
@@ -238,7 +242,7 @@ class LlamaCppPeer:
             ]
             if method.runs is None or sum(r.seconds for r in runs) < method.seconds:
                 method.runs = runs
-        rates = ", ".join(f"{m.name} k={m.draft_max + 1} {m.tokens / m.seconds:.1f}" for m in self.methods)
+        rates = ", ".join(f"{m.name} k={m.draft_max + 1} {m.tokens_per_s:.1f}" for m in self.methods)
         print(f"   llama.cpp ({self.threads} threads) tokens/s: {rates}", flush=True)
 
     def compare(self, ours: list[tuple[str, int]]) -> dict:

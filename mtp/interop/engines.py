@@ -32,7 +32,7 @@ from torch import Tensor
 
 from mtp.config import ModelConfig
 from mtp.errors import UserError
-from mtp.interop.llama import BLOCK_NAMES
+from mtp.interop.llama import BLOCK_NAMES, llama_config
 from mtp.model import MTPModel
 
 ENGINE_FORMATS = {"eagle3": "eagle3", "medusa": "medusa"}
@@ -75,20 +75,8 @@ def eagle3_layout(model: MTPModel) -> tuple[dict[str, Tensor], dict[str, Any]]:
     settings = {
         "architectures": [EAGLE3_ARCHITECTURE],
         "model_type": "llama",
-        "hidden_size": config.d_model,
-        "intermediate_size": config.ffn_hidden,
+        **llama_config(config),
         "num_hidden_layers": 1,
-        "num_attention_heads": config.n_heads,
-        "num_key_value_heads": config.n_kv_heads,
-        "head_dim": config.d_model // config.n_heads,
-        "hidden_act": "silu",
-        "max_position_embeddings": config.max_seq_len,
-        "rms_norm_eps": config.norm_eps,
-        "rope_theta": config.rope_theta,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-        "vocab_size": config.vocab_size,
         "draft_vocab_size": tensors["lm_head.weight"].size(0),
         "target_hidden_size": config.d_model,
         "eagle_aux_hidden_state_layer_ids": config.feature_layers,  # llama.cpp's converter reads it here

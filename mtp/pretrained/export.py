@@ -54,15 +54,13 @@ def export_hf(
     """
     out_dir = Path(out_dir)
     check_output_dir(out_dir, force)
-    if dtype not in EXPORT_DTYPES:
-        raise UserError(f"--dtype {dtype} is not one of {', '.join(EXPORT_DTYPES)}.")
+    cast = export_dtype(dtype)
     shard_bytes = parse_size(max_shard_size)
     safetensors_torch, transformers = _interop_packages("exporting to Hugging Face")
     loaded = load_checkpoint(checkpoint, "cpu", "float32")
     config, model = loaded.config, loaded.model
     names = head_path_names(config, head)  # refuses heads that are not a Llama
     weights = model.state_dict()
-    cast = EXPORT_DTYPES[dtype]
     path_tensors = {hf: weights[ours].to(cast).contiguous() for hf, ours in names.items()}
 
     def write(partial: Path) -> None:
@@ -105,13 +103,11 @@ def export_draft(
     :func:`export_hf`). A head type the layout cannot carry is refused in one sentence naming those it can."""
     out_dir = Path(out_dir)
     check_output_dir(out_dir, force)
-    if dtype not in EXPORT_DTYPES:
-        raise UserError(f"--dtype {dtype} is not one of {', '.join(EXPORT_DTYPES)}.")
+    cast = export_dtype(dtype)
     safetensors_torch, _ = _interop_packages(f"exporting to the {layout} layout")
     loaded = load_checkpoint(checkpoint, "cpu", "float32")
     check_carries(loaded.config, layout)
     tensors, settings = DRAFT_LAYOUTS[layout](loaded.model)
-    cast = EXPORT_DTYPES[dtype]
     tensors = {
         name: (t.to(cast) if t.is_floating_point() else t).detach().contiguous().clone() for name, t in tensors.items()
     }
@@ -186,6 +182,13 @@ def verify_export(checkpoint: str | os.PathLike, out_dir: Path, prompts: int = 8
             equal += sum(a == b for a, b in zip(expected, got, strict=False))  # generate may stop at eos
             total, same_rows = total + len(expected), same_rows + (expected == got)
     return Verified(exact, diff, equal, total, same_rows, len(rows))
+
+
+def export_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype of ``--dtype``; one sentence for a name it is not."""
+    if dtype not in EXPORT_DTYPES:
+        raise UserError(f"--dtype {dtype} is not one of {', '.join(EXPORT_DTYPES)}.")
+    return EXPORT_DTYPES[dtype]
 
 
 def check_output_dir(out_dir: Path, force: bool) -> None:
