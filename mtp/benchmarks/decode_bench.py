@@ -38,7 +38,8 @@ from mtp.interop.chat import ModelChat
 
 @dataclass
 class DecodeBenchOptions:
-    """How the benchmark runs and reports beside its settings: each field is the flag of its name."""
+    """How the benchmark runs and reports beside its settings: each field the parsed argument of its name (a flag's,
+    or ``sandbox`` and ``argv``, which the command sets)."""
 
     checkpoint: Path
     out: Path
@@ -65,7 +66,7 @@ class DecodeBenchOptions:
 
     @classmethod
     def from_flags(cls, args: argparse.Namespace) -> DecodeBenchOptions:
-        """The options of parsed flags (a field ``args`` lacks keeps its default)."""
+        """The options of parsed arguments (``argv``, where ``args`` has none, is None)."""
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
