@@ -480,7 +480,7 @@ def test_bench_decode_hf_peer_decodes_the_same_tokens(tiny_checkpoints, tmp_path
 def test_the_peer_table_has_a_self_speculative_row_only_for_a_model_with_heads():
     """A model without heads (a GGUF as it is) has k=1 only: its "self-speculative" row would be the autoregressive
     one again under another name; mtp's prompt lookup is then the row beside HF's prompt lookup."""
-    from mtp.commands.bench_decode import peer_table
+    from mtp.benchmarks.hf_peer import peer_table
 
     checks = {"prompts": 4, "identical_outputs": 4}
     peer = {

@@ -1,6 +1,6 @@
 """The package's parts stay apart: no import circle anywhere in mtp/ (imports inside functions and for type hints
-included), no library module reaching up into the commands or the benchmarks, and nothing in the decoder reaching
-for argument parsing."""
+included), no library module reaching up into the commands or the benchmarks, no benchmark reaching up into the
+commands, and nothing in the decoder reaching for argument parsing."""
 
 import ast
 from pathlib import Path
@@ -92,6 +92,13 @@ def test_the_graph_sees_imports_inside_functions(tmp_path):
 @pytest.mark.parametrize("name", [n for n in MODULES if not n.startswith(TOP)])
 def test_the_library_does_not_import_commands_or_benchmarks(name):
     reaching_up = {m for m in imports_of(MODULES[name]) if m.startswith(TOP)}
+    assert not reaching_up, f"{name} imports {sorted(reaching_up)}"
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith("mtp.benchmarks")])
+def test_the_benchmarks_do_not_import_the_commands(name):
+    """The commands parse flags and call the benchmarks; the benchmarks never reach up into a command."""
+    reaching_up = {m for m in imports_of(MODULES[name]) if m.startswith("mtp.commands")}
     assert not reaching_up, f"{name} imports {sorted(reaching_up)}"
 
 

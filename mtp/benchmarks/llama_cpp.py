@@ -7,7 +7,8 @@ into a cache folder and builds the tools there once (cmake, Release, native CPU 
 in ``build.json``); later calls find them. :meth:`LlamaCpp.convert` converts a Hugging Face directory (a target, or an
 EAGLE-3 draft against its target) with that tree's converter. :meth:`LlamaCpp.decode` runs one prompt greedily:
 ``llama-completion`` plainly, ``llama-speculative-simple`` with a draft or lookup, and reads what they print (the
-reply; the decoding's tokens and seconds, the prompt's excluded; drafted and accepted tokens).
+reply; the decoding's tokens and seconds, the prompt's excluded; drafted and accepted tokens). :func:`llama_cpp_peer`
+readies the decoding benchmark's :class:`LlamaCppPeer`: a checkpoint's target and EAGLE-3 draft as GGUF files.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from mtp.checkpoint.load import LoadedCheckpoint, read_foreign_config
 from mtp.errors import UserError
+from mtp.interop.engines import carries
+from mtp.pretrained.export import export_draft, export_hf
 
 LLAMA_CPP_PYTHON = "0.3.36"
 """The llama-cpp-python release whose vendored llama.cpp is built (it has the eagle3 architecture)."""
@@ -264,6 +270,39 @@ class LlamaCppPeer:
                 method.name + f" k={method.draft_max + 1}": [r.text for r in method.runs] for method in self.methods
             },
         }
+
+
+def llama_cpp_peer(
+    tools_dir: Path,
+    target: Path | None,
+    checkpoint: Path,
+    loaded: LoadedCheckpoint,
+    prompts: list[list[int]],
+    heads: list[int],
+    max_new_tokens: int,
+    work: Path,
+) -> LlamaCppPeer:
+    """llama.cpp (its tools in ``tools_dir``, :meth:`LlamaCpp.at`) on the benchmark's prompts (as text) at this
+    process's thread count: the ``target`` GGUF (--llama-cpp-target; None: the checkpoint's own weights converted to a
+    float32 GGUF), and eagle3 heads as its EAGLE-3 draft (exported and converted against the checkpoint's target, into
+    ``work``) at each of ``heads`` above 1. A target of another vocabulary or width than the heads' is one sentence."""
+    tools = LlamaCpp.at(tools_dir)
+    target_hf = export_hf(checkpoint, work / "target-hf", force=True).directory
+    target = target or tools.convert(target_hf, work / "target-f32.gguf")
+    config, theirs = loaded.config, read_foreign_config(target)
+    if (theirs.vocab_size, theirs.d_model) != (config.vocab_size, config.d_model):
+        raise UserError(
+            f"--llama-cpp-target {target} has a vocabulary of {theirs.vocab_size} and width {theirs.d_model}, the "
+            f"checkpoint's heads {config.vocab_size} and {config.d_model}: another model; pass the GGUF the heads were "
+            "trained on, or leave --llama-cpp-target out."
+        )
+    draft = None
+    if carries(config, "eagle3") and max(heads) > 1:
+        export_draft(checkpoint, work / "draft", "eagle3", force=True)
+        draft = tools.convert(work / "draft", work / "draft.gguf", target=target_hf)
+    texts = [loaded.tokenizer.decode(prompt, skip_special_tokens=False) for prompt in prompts]
+    draft_max = tuple(k - 1 for k in heads if k > 1)
+    return LlamaCppPeer(tools, target, texts, max_new_tokens, torch.get_num_threads(), draft, draft_max)
 
 
 def llama_cpp_table(peer: dict, mtp_rows: list[dict]) -> str:

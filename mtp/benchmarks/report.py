@@ -207,6 +207,20 @@ def parted(checks: dict[str, Any]) -> str:
     return f", parting at {where} (head 1's top-2 logit margin)" if found else ""
 
 
+def exactness_entries(rows: list[dict[str, Any]], peer: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
+    """(label, output checks) of every greedy method at batch 1, mtp's and (with --hf) Hugging Face's."""
+    entries = [
+        (method_label(r) + (f" k={r['heads']}" if r["method"] == CHAIN else ""), r)
+        for r in rows
+        if "identical_outputs" in r
+    ]
+    if peer is not None:
+        entries += [("HF generate", peer["hf_generate_checks"]), ("HF prompt lookup", peer["hf_prompt_lookup_checks"])]
+        if "hf_static_checks" in peer:
+            entries.append(("HF generate, static cache", peer["hf_static_checks"]))
+    return entries
+
+
 def exactness_summary(entries: list[tuple[str, dict[str, Any]]]) -> str:
     """One paragraph on the greedy methods at batch 1, all exact (their tokens are autoregressive decoding's up to
     floating-point rounding): which decode mtp autoregressive decoding's tokens on every prompt, and their pass@1 (the

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from mtp.benchmarks import llama_cpp
-from mtp.benchmarks.llama_cpp import LlamaCpp, LlamaCppPeer, LlamaCppRun, llama_cpp_table, same_reply
+from mtp.benchmarks.llama_cpp import (
+    LlamaCpp,
+    LlamaCppPeer,
+    LlamaCppRun,
+    llama_cpp_peer,
+    llama_cpp_table,
+    same_reply,
+)
 from mtp.errors import UserError
 
 PROMPT = "<|im_start|>user\nsum a list<|im_end|>\n<|im_start|>assistant\n"
@@ -132,25 +139,14 @@ def test_the_peer_rows_count_forwards_and_check_each_reply_against_plain_decodin
 
 def test_a_target_of_another_model_is_one_sentence(monkeypatch, tmp_path, tiny_checkpoints):
     from mtp.checkpoint.load import load_checkpoint
-    from mtp.commands import bench_decode
     from mtp.config import ModelConfig
 
     monkeypatch.setattr(LlamaCpp, "at", classmethod(lambda cls, cache: cls(tmp_path, tmp_path, "0.3.36")))
-    monkeypatch.setattr(bench_decode, "read_foreign_config", lambda path: ModelConfig(vocab_size=49152, d_model=576))
-    args = bench_decode.checked_args(
-        [
-            str(tiny_checkpoints["mtp4"]),
-            "--llama-cpp",
-            str(tmp_path),
-            "--llama-cpp-target",
-            str(tmp_path / "t.gguf"),
-            "--out",
-            str(tmp_path / "out"),
-        ]  # fmt: skip
-    )
-    loaded = load_checkpoint(tiny_checkpoints["mtp4"], "cpu", "float32")
+    monkeypatch.setattr(llama_cpp, "read_foreign_config", lambda path: ModelConfig(vocab_size=49152, d_model=576))
+    checkpoint = tiny_checkpoints["mtp4"]
+    loaded = load_checkpoint(checkpoint, "cpu", "float32")
     with pytest.raises(UserError, match=r"^--llama-cpp-target .*t.gguf has a vocabulary of 49152 and width 576, the"):
-        bench_decode.llama_cpp_peer(args, loaded, [[1, 2, 3]], [1, 2])
+        llama_cpp_peer(tmp_path, tmp_path / "t.gguf", checkpoint, loaded, [[1, 2, 3]], [1, 2], 128, tmp_path / "out")
 
 
 def test_replies_are_the_same_up_to_trailing_space_or_a_budget_both_reached():

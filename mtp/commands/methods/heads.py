@@ -10,10 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
+from mtp.benchmarks.cli import int_list, node_budgets
 from mtp.checkpoint.load import LoadedCheckpoint
 from mtp.decode import GenerationConfig
 from mtp.decode.tree import DraftTree, read_tree
-from mtp.decode.tree_fit import FASTEST, fitted_tree
+from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 
 VariantRow = tuple[str, GenerationConfig, None]
 """A benchmark row of the heads' variant: its label, its decoding settings, and no drafter (the heads draft)."""
@@ -55,6 +56,24 @@ def register_variant(cls: type[HeadsVariant]) -> type[HeadsVariant]:
 def unregister_variant(name: str) -> None:
     """Forget a variant (a test's own, once it is done)."""
     HEADS_VARIANTS.pop(name, None)
+
+
+def add_variant_flags(parser: argparse.ArgumentParser) -> None:
+    """--tree, --tree-nodes and --sequences: the flags of the variants' rows on bench_decode's parser."""
+    parser.add_argument("--tree", default="auto", help="for tree/typical: a JSON tree, or auto (fitted per mode)")
+    parser.add_argument(
+        "--tree-nodes",
+        type=node_budgets,
+        default=[FASTEST],
+        help=f"node budgets of the fitted trees, one tree row each (e.g. fastest,8,16); {FASTEST}: the size of 1 to "
+        f"{FASTEST_SIZES[-1]} nodes whose steps, timed here at batch 1, give the most expected tokens per second",
+    )
+    parser.add_argument(
+        "--sequences",
+        type=int_list,
+        default=[2, 4],
+        help="for spectr: draft sequences per step (SpecTr's k), one row each (with draft: the draft model's too)",
+    )
 
 
 def bench_trees(args: argparse.Namespace, loaded: LoadedCheckpoint, chain: GenerationConfig, mode: str) -> list:

@@ -1,0 +1,439 @@
+"""The decoding benchmark: its settings (:mod:`~mtp.benchmarks.decode_settings`) warmed up, then timed in rounds
+beside the peers (Hugging Face generate, llama.cpp), the best round of each counting; a row per setting with its
+speed-up over autoregressive decoding (k = 1, same mode, batch size and step mode), the greedy batch-1 rows' outputs
+checked against autoregressive decoding's (and, on HumanEval prompts, run against its tests); results.json,
+results.md and decode.png written."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from mtp.benchmarks.cli import describe_prompts
+from mtp.benchmarks.decode_runs import decode_prompts, output_checks
+from mtp.benchmarks.decode_settings import BenchSetting
+from mtp.benchmarks.hf_peer import HFPeer, first_divergence, peer_table, top2_margin
+from mtp.benchmarks.humaneval import WEAKER_SANDBOX_FLAG, HumanEvalScorer, sandbox_description
+from mtp.benchmarks.llama_cpp import LlamaCppPeer, llama_cpp_peer, llama_cpp_table
+from mtp.benchmarks.report import (
+    CHAIN,
+    captured_summary,
+    decode_table,
+    exactness_entries,
+    exactness_summary,
+    plot_decode,
+)
+from mtp.benchmarks.results_page import provenance
+from mtp.checkpoint.load import LoadedCheckpoint
+from mtp.data.prompts import HumanEvalProblem
+from mtp.decode import DecodeStats, generate
+from mtp.interop.chat import ModelChat
+
+
+@dataclass
+class DecodeBenchOptions:
+    """How the benchmark runs and reports beside its settings: each field the parsed argument of its name (a flag's,
+    or ``sandbox`` and ``argv``, which the command sets)."""
+
+    checkpoint: Path
+    out: Path
+    """Where results.json, results.md and decode.png are written (llama.cpp's files in its llama_cpp/)."""
+    repeats: int
+    """Rounds over all settings; the best round counts."""
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    compile: bool
+    prompt_set: str
+    prompt_format: str
+    prompt_tokens: int
+    sandbox: str
+    """Where HumanEval's tests run: jail, or guards (--weaker-sandbox)."""
+    hf: bool
+    hf_static: bool | None
+    """Also HF's static cache (None: on CUDA)."""
+    llama_cpp: Path | None
+    """The folder of llama.cpp's tools (None: no llama.cpp)."""
+    llama_cpp_target: Path | None
+    argv: list[str] | None = None
+    """The command line a results page is headed by (None: this process's own arguments)."""
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace) -> DecodeBenchOptions:
+        """The options of parsed arguments (``argv``, where ``args`` has none, is None)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+def add_peer_flags(parser: argparse.ArgumentParser) -> None:
+    """--hf, --hf-static, --llama-cpp, --llama-cpp-target and --weaker-sandbox: the peers timed beside mtp, and where
+    HumanEval's tests run."""
+    parser.add_argument(
+        "--hf", action="store_true", help="also time Hugging Face generate and prompt lookup on the same weights"
+    )
+    parser.add_argument(
+        "--hf-static",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --hf, also time generate with HF's static cache, which it compiles on CUDA (its fastest path; the "
+        "warm-up that compiles is reported apart); default: on CUDA",
+    )
+    parser.add_argument(
+        "--llama-cpp",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also time llama.cpp on the same prompts (plain, n-gram lookup, and the checkpoint's eagle3 heads as its "
+        "EAGLE-3 draft at each --heads), its tools built from PyPI's llama-cpp-python source into DIR the first time "
+        "(20-40 minutes on 2 cores)",
+    )
+    parser.add_argument(
+        "--llama-cpp-target",
+        type=Path,
+        default=None,
+        metavar="GGUF",
+        help="with --llama-cpp, the target model's GGUF (such as the quantized file the heads were trained on); "
+        "default: the checkpoint's own weights converted to a float32 GGUF",
+    )
+    parser.add_argument(
+        WEAKER_SANDBOX_FLAG,
+        action="store_true",
+        help="where this machine cannot jail model-written code (no Landlock or seccomp), run HumanEval's tests under "
+        "resource limits and Python-level guards only: enough for careless code, not for code written to escape",
+    )
+
+
+def check_peer_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The peers' flags against each other and the settings (a peer compares with greedy decoding at batch 1), and
+    --hf's extra installed; a bad combination is the parser's error."""
+    if args.hf and importlib.util.find_spec("transformers") is None:
+        parser.error("--hf needs transformers: pip install -e '.[hf]'")
+    if args.hf_static and not args.hf:
+        parser.error("--hf-static adds a row to the Hugging Face comparison; add --hf")
+    if args.hf and ("greedy" not in args.modes or 1 not in args.batch_sizes):
+        parser.error("--hf compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes")
+    if args.llama_cpp and ("greedy" not in args.modes or 1 not in args.batch_sizes):
+        parser.error("--llama-cpp compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes")
+    if args.llama_cpp_target is not None and not args.llama_cpp:
+        parser.error("--llama-cpp-target names the model llama.cpp decodes; add --llama-cpp DIR")
+
+
+@dataclass
+class RowLabels:
+    """What the methods (registered above the benchmarks) say of their rows, by the rows' labels."""
+
+    predicted: set[str] = field(default_factory=set)
+    """Labels whose rows carry Leviathan et al.'s predicted speed-up (a draft model's)."""
+    markers: dict[str, str] = field(default_factory=dict)
+    """The plot's matplotlib marker of each label."""
+    series: dict[str, str] = field(default_factory=dict)
+    """Labels drawn as lines over gamma in the plot, with their legend text."""
+
+
+@dataclass
+class Timing:
+    """A setting's measurements over the warm-up and the rounds."""
+
+    best: DecodeStats | None = None
+    """Its best round's statistics."""
+    outputs: list[list[int]] | None = None
+    """Its best round's tokens, kept where they are checked (greedy, batch 1)."""
+    captures: int = 0
+    """Step shapes captured as CUDA graphs over every round and the warm-up."""
+    capture_s: float = 0.0
+    """The seconds those captures took."""
+
+
+def end_of_turn_id(tokenizer: Tokenizer, chat: ModelChat, stops: bool) -> int | None:
+    """The token a reply stops at where replies ``stops`` (in the chat format, unless --fixed-length): the model's end
+    of turn, which its chat settings declare; None (every prompt decoded to --max-new-tokens) otherwise."""
+    if not stops or not chat.eos_token:
+        return None
+    return tokenizer.token_to_id(chat.eos_token)
+
+
+def length_words(max_new_tokens: int, stops: bool) -> str:
+    """``128 new tokens each``, or ``up to 128 new tokens each (a reply ends at its end of turn)``."""
+    if stops:
+        return f"up to {max_new_tokens} new tokens each (a reply ends at its end of turn)"
+    return f"{max_new_tokens} new tokens each"
+
+
+@dataclass
+class DecodeBench:
+    """One decoding benchmark: a loaded checkpoint, its prompts (their ``names``; HumanEval's ``problems``, or None
+    for held-out prompts), the k of the chain's rows (``heads``; llama.cpp's EAGLE-3 draft runs at the same) and
+    where a reply stops (``end_of_turn``; None: at max_new_tokens)."""
+
+    options: DecodeBenchOptions
+    loaded: LoadedCheckpoint
+    prompts: list[list[int]]
+    names: list[str]
+    problems: list[HumanEvalProblem] | None
+    heads: list[int]
+    end_of_turn: int | None
+
+    def run(self, settings: list[BenchSetting], labels: RowLabels) -> None:
+        """Time ``settings`` beside the peers the options ask for; write results.json, results.md and decode.png."""
+        options, model, prompts = self.options, self.loaded.model, self.prompts
+        timings = warm_up(model, prompts, settings)
+        hf, cpp = self.peers()
+        time_rounds(model, prompts, settings, timings, options.repeats, [p for p in (hf, cpp) if p is not None])
+        rows = result_rows(settings, timings, labels.predicted)
+        scorer = None
+        if self.problems is not None:
+            scorer = HumanEvalScorer(
+                self.loaded.tokenizer, self.problems, prompts, options.sandbox, options.prompt_format
+            )
+        reference = check_outputs(model, prompts, settings, timings, rows, scorer)
+        hf_results = hf.compare(rows, reference, scorer) if hf is not None else None
+        cpp_results = None
+        if cpp is not None:  # mtp autoregressive decoding's replies as text, as llama.cpp prints its own
+            replies = [(self.loaded.tokenizer.decode(out, skip_special_tokens=True), len(out)) for out in reference]
+            cpp_results = cpp.compare(replies)
+        if scorer is not None:
+            print(
+                f"HumanEval: ran the tests of {len(scorer.evaluations)} distinct output set(s) of {len(prompts)} "
+                "problems"
+            )
+        self.write(rows, hf_results, cpp_results, reference, scorer, labels)
+
+    def peers(self) -> tuple[HFPeer | None, LlamaCppPeer | None]:
+        """Hugging Face generate (--hf) and llama.cpp (--llama-cpp) on the same prompts, warmed up; None where not
+        asked for."""
+        options, loaded = self.options, self.loaded
+        on_cuda = next(loaded.model.parameters()).device.type == "cuda"
+        static = options.hf_static if options.hf_static is not None else on_cuda
+        hf = None
+        if options.hf:
+            hf = HFPeer(loaded.model, self.prompts, options.max_new_tokens, static, self.end_of_turn)
+        cpp = None
+        if options.llama_cpp:
+            cpp = llama_cpp_peer(
+                options.llama_cpp,
+                options.llama_cpp_target,
+                options.checkpoint,
+                loaded,
+                self.prompts,
+                self.heads,
+                options.max_new_tokens,
+                options.out / "llama_cpp",
+            )
+        return hf, cpp
+
+    def setup(self, device_name: str, scored: bool) -> dict:
+        """results.json's setup: the checkpoint, machine, prompts and decoding settings (``scored``: pass@1 was run,
+        and the sandbox it ran in is named)."""
+        options, model, tokenizer = self.options, self.loaded.model, self.loaded.tokenizer
+        held_out = self.problems is None
+        setup = {
+            "checkpoint": str(options.checkpoint),
+            "device": device_name,
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "compile": options.compile,
+            "repeats": options.repeats,
+            "n_future": self.loaded.config.n_future,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "prompts": len(self.prompts),
+            "prompt_set": options.prompt_set,
+            "prompt_format": options.prompt_format if not held_out else None,
+            "prompt_tokens": options.prompt_tokens if held_out else None,
+            "prompt_lengths": [len(prompt) for prompt in self.prompts],
+            "max_new_tokens": options.max_new_tokens,
+            "stops_at": tokenizer.id_to_token(self.end_of_turn) if self.end_of_turn is not None else None,
+            "sampling": {"temperature": options.temperature, "top_p": options.top_p},
+        }
+        if scored:
+            setup["pass_at_1_sandbox"] = sandbox_description(options.sandbox)
+        return setup
+
+    def title(self, setup: dict) -> str:
+        """The results' heading: the checkpoint, machine, prompts, reply lengths and rounds."""
+        options = self.options
+        prompt_set = describe_prompts(
+            self.prompts, self.names, self.problems, options.prompt_tokens, options.prompt_format
+        )
+        return (
+            f"Decoding {options.checkpoint.name} (n={setup['n_future']}, {setup['dtype']}"
+            f"{', compiled' if options.compile else ''}) on {setup['device']}: {prompt_set}, "
+            f"{length_words(options.max_new_tokens, self.end_of_turn is not None)}, best of {options.repeats} rounds"
+        )
+
+    def write(
+        self,
+        rows: list[dict],
+        hf: dict | None,
+        cpp: dict | None,
+        reference: list[list[int]] | None,
+        scorer: HumanEvalScorer | None,
+        labels: RowLabels,
+    ) -> None:
+        """results.json, results.md and decode.png in --out, and the tables printed."""
+        out, on_cuda = self.options.out, next(self.loaded.model.parameters()).device.type == "cuda"
+        device_name = torch.cuda.get_device_name() if on_cuda else f"CPU ({torch.get_num_threads()} threads)"
+        setup = self.setup(device_name, scorer is not None and bool(scorer.evaluations))
+        title = self.title(setup)
+        run_provenance = provenance(self.options.argv, torch.cuda.get_device_name() if on_cuda else None)
+        results = {"provenance": run_provenance, "setup": setup, "results": rows, "hf": hf, "llama_cpp": cpp}
+        if self.problems is not None and reference is not None:  # what the exact methods complete, for the outcomes
+            results["humaneval_completions"] = {
+                name: scorer.completion(prompt, output)
+                for name, prompt, output in zip(self.names, self.prompts, reference, strict=True)
+            }
+        (out / "results.json").write_text(json.dumps(results, indent=2))
+        table = decode_table(rows) + (f"\n\n{peer_table(hf)}" if hf else "")
+        if cpp is not None:
+            greedy1 = [
+                r
+                for r in rows
+                if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, CHAIN, "auto")
+            ]
+            table += f"\n\n{llama_cpp_table(cpp, greedy1)}"
+        if any(r["cuda_graphs"] for r in rows):
+            table += f"\n\n{captured_summary(rows)}"
+        if reference is not None:
+            table += f"\n\n{exactness_summary(exactness_entries(rows, hf))}"
+        (out / "results.md").write_text(f"{title}\n\n{table}\n")
+        plot_decode(rows, out / "decode.png", title, labels.markers, labels.series)
+        print(f"\n{title}\n\n{table}\n\nwrote {out}/results.json, results.md, decode.png")
+
+
+def warm_up(model, prompts: list[list[int]], settings: list[BenchSetting]) -> list[Timing]:
+    """Every setting's step shapes warmed up (and compiled): a captured setting decodes every prompt in full, so that
+    the steps of every shape the rounds meet are captured here; an eager one 4 tokens of its first batch."""
+    timings = []
+    for setting in settings:
+        timing = Timing()
+        if setting.config.cuda_graphs:
+            stats = decode_prompts(model, prompts, setting.config, setting.batch_size, setting.drafter)[1]
+            timing.captures, timing.capture_s = stats.captures, stats.capture_s
+        else:
+            generate(model, prompts[: setting.batch_size], replace(setting.config, max_new_tokens=4), setting.drafter)
+        timings.append(timing)
+    return timings
+
+
+def time_rounds(
+    model,
+    prompts: list[list[int]],
+    settings: list[BenchSetting],
+    timings: list[Timing],
+    repeats: int,
+    peers: list[HFPeer | LlamaCppPeer],
+) -> None:
+    """``repeats`` rounds, each over every setting and then every peer (rounds interleave the settings, so that a slow
+    spell hits all of them), each round's line printed; every setting's best round into its timing."""
+    for round_ in range(repeats):
+        for setting, timing in zip(settings, timings, strict=True):
+            config = setting.config
+            decoded, stats = decode_prompts(model, prompts, config, setting.batch_size, setting.drafter)
+            timing.captures, timing.capture_s = timing.captures + stats.captures, timing.capture_s + stats.capture_s
+            if timing.best is None or stats.decoding_s < timing.best.decoding_s:
+                timing.best = stats
+                if setting.checked:
+                    timing.outputs = decoded
+            print(
+                f"round {round_ + 1} {setting.mode:>8} batch={setting.batch_size} {setting.method} k={config.heads}: "
+                f"{stats.line()}",
+                flush=True,
+            )
+        for peer in peers:  # the peers in the same rounds
+            peer.run_round()
+
+
+def result_rows(settings: list[BenchSetting], timings: list[Timing], predicted: set[str]) -> list[dict]:
+    """A row per setting (:func:`result_row`) with its speed-up and forward cost against k = 1 of the same mode, batch
+    size and step mode; Leviathan et al.'s predicted speed-up on the rows labelled in ``predicted``; an int8 row's
+    draft time per step against its float twin's."""
+    rows = [result_row(s, t.best, t.captures, t.capture_s) for s, t in zip(settings, timings, strict=True)]
+    for setting, row in zip(settings, rows, strict=True):
+        baseline = next(
+            r
+            for r in rows
+            if (r["mode"], r["batch_size"], r["heads"], r["method"], r["cuda_graphs"])
+            == (row["mode"], row["batch_size"], 1, CHAIN, row["cuda_graphs"])
+        )
+        row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
+        row["forward_cost"] = row["ms_per_forward"] / baseline["ms_per_forward"]
+        if row["method"] in predicted:
+            row["predicted_speedup"] = predicted_speedup(row, baseline)
+        if row["draft_dtype"] != "auto":  # the draft side's time per step against the same setting's in float
+            float_row = rows[settings.index(setting.twin(draft_dtype="auto"))]
+            row["draft_time_vs_auto"] = row["draft_ms_per_step"] / float_row["draft_ms_per_step"]
+    return rows
+
+
+def check_outputs(
+    model,
+    prompts: list[list[int]],
+    settings: list[BenchSetting],
+    timings: list[Timing],
+    rows: list[dict],
+    scorer: HumanEvalScorer | None,
+) -> list[list[int]] | None:
+    """Every greedy batch-1 row's outputs checked against mtp autoregressive decoding's (identical prompts, and pass@1
+    with a ``scorer``), where each parts from them with how near the tie was there, and a captured row's against its
+    eager twin's; autoregressive decoding's outputs returned (None: no greedy batch-1 row)."""
+    checked = [i for i, setting in enumerate(settings) if setting.checked]
+    if not checked:
+        return None
+    autoregressive = next(i for i in checked if (settings[i].method, settings[i].config.heads) == (CHAIN, 1))
+    reference = timings[autoregressive].outputs
+    for i in checked:
+        outputs = timings[i].outputs
+        rows[i].update(output_checks(outputs, reference, scorer))
+        rows[i]["parted"] = [  # where its tokens leave autoregressive decoding's, and how near the tie was there
+            {"prompt": p, "token": j, "top2_margin": top2_margin(model, prompts[p], reference[p][:j])}
+            for p, j in first_divergence(outputs, reference)
+        ]
+        if settings[i].config.cuda_graphs:  # captured steps against the same setting's eager ones, token for token
+            eager = timings[settings.index(settings[i].twin(cuda_graphs=False))].outputs
+            rows[i]["identical_to_eager"] = sum(a == b for a, b in zip(outputs, eager, strict=True))
+    return reference
+
+
+def predicted_speedup(row: dict, baseline: dict) -> float:
+    """Leviathan et al.'s expected speed-up (1 - a^(g+1)) / ((1 - a)(g c + 1)): a, the drafts' acceptance rate
+    (accepted over verified drafts, all positions), c, a draft forward's time over an autoregressive step's."""
+    a, g = min(row["acceptance_rate"], 1 - 1e-9), row["gamma"]
+    c = row["draft_ms_per_forward"] / baseline["ms_per_forward"]
+    return (1 - a ** (g + 1)) / ((1 - a) * (g * c + 1))
+
+
+def result_row(setting: BenchSetting, stats: DecodeStats, captures=0, capture_s=0.0) -> dict:
+    """A setting's row from its best round's statistics; ``captures`` and ``capture_s``: the step shapes captured as
+    CUDA graphs over every round (and its warm-up), and the seconds that took (outside the best round, mostly)."""
+    config, drafter = setting.config, setting.drafter
+    return {
+        "mode": setting.mode,
+        "batch_size": setting.batch_size,
+        "method": setting.method,
+        "tree_nodes": stats.tree_nodes,
+        "heads": config.heads,
+        "tokens": stats.tokens,
+        "forwards": stats.forwards,
+        "tokens_per_forward": stats.tokens_per_forward,
+        "acceptance": stats.acceptance,
+        "tokens_per_s": stats.tokens_per_s,
+        "ms_per_forward": stats.ms_per_forward,
+        "wall_time_s": stats.wall_time_s,
+        "gamma": drafter.gamma if drafter is not None else 0,
+        "sequences": config.drafts_per_step,
+        "lossy": config.typical,  # typical acceptance: not the target's distribution
+        "drafter": stats.method_params,
+        "draft_dtype": config.draft_dtype,
+        "draft_choice": config.draft_choice,
+        "draft_first_ids": config.draft_first_ids,
+        "draft_share": stats.draft_share,
+        "draft_ms_per_step": 1000 * stats.draft_s / stats.forwards,
+        "draft_ms_per_forward": 1000 * stats.draft_s / stats.draft_forwards if stats.draft_forwards else 0.0,
+        "acceptance_rate": sum(stats.accepted) / sum(stats.drafted) if sum(stats.drafted) else 0.0,
+        "cuda_graphs": config.cuda_graphs,
+        "captures": captures,
+        "capture_s": capture_s,
+    }

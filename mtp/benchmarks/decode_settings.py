@@ -1,0 +1,214 @@
+"""What the decoding benchmark times: its settings (a mode, a batch size, a method's row), each beside its twins in the
+other draft dtypes, draft vocabularies, step modes and draft choices asked for, and the flags that ask for them."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from mtp.benchmarks.report import CHAIN
+from mtp.config import ModelConfig
+from mtp.decode import GenerationConfig
+from mtp.decode.graphs import captures_on
+from mtp.decode.proposers import Proposer
+from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
+from mtp.errors import UserError
+
+STEP_MODES = ("eager", "captured")
+
+MethodRow = tuple[str, GenerationConfig, Proposer | None]
+"""A method's row as the methods give it: its label, its decoding settings and its drafter (None: the heads draft)."""
+
+
+@dataclass(frozen=True)
+class BenchSetting:
+    """One setting the benchmark times: a row of its table."""
+
+    mode: str
+    """greedy or sampling."""
+    batch_size: int
+    method: str
+    """The row's label: the heads' chain (:data:`~mtp.benchmarks.report.CHAIN`), a variant of it or a drafting
+    method ('tree', 'draft spectr')."""
+    config: GenerationConfig
+    """Its decoding settings: the heads (k), a tree, the acceptance rule, the drafts' dtype, choice and vocabulary,
+    eager or captured steps."""
+    drafter: Proposer | None = None
+    """What drafts in place of the heads (None: the heads)."""
+
+    def twin(self, **changes) -> BenchSetting:
+        """The same setting with ``changes`` to its decoding settings (``draft_dtype="int8"``)."""
+        return replace(self, config=replace(self.config, **changes))
+
+    @property
+    def checked(self) -> bool:
+        """Its outputs are compared with autoregressive decoding's: greedy at batch 1."""
+        return (self.mode, self.batch_size) == ("greedy", 1)
+
+    @property
+    def drafts_from_a_model(self) -> bool:
+        """Its drafts come from a model: the heads above k = 1, a draft model, layer skip (not prompt lookup)."""
+        return self.config.heads > 1 or (self.drafter is not None and self.drafter.drafts_with_a_model)
+
+
+def add_variation_flags(parser: argparse.ArgumentParser) -> None:
+    """--draft-dtypes, --step-modes, --draft-first-ids and --draft-choices: the twins every setting runs beside."""
+    parser.add_argument(
+        "--draft-dtypes",
+        default="auto",
+        help="the drafts' dtypes, each setting with drafts from a model run in every one: auto (the model's) and/or "
+        "int8 (CPU)",
+    )
+    parser.add_argument(
+        "--step-modes",
+        default="eager",
+        help="how steps run, each setting in every one: eager (one launch per kernel) and/or captured (each step shape "
+        "captured as a CUDA graph and replayed; CUDA; the capture timed apart)",
+    )
+    parser.add_argument(
+        "--draft-first-ids",
+        default="0",
+        help="the heads' drafts scoring only the first N token ids (FR-Spec; head 1 verifies over all), each setting "
+        "where the heads draft run at every N: 0 (every token: the baseline rows) and any N",
+    )
+    parser.add_argument(
+        "--draft-choices",
+        default="auto",
+        help="sampling mode: how drafts from a model are chosen, each such setting run in every one: auto (the "
+        "baseline rows) and any of sampled (drawn from the drafter's law after temperature, top-k and top-p), tempered "
+        "(after temperature and top-k only), top (top-ranked, one-hot proposals); all lossless",
+    )
+
+
+@dataclass(frozen=True)
+class Variations:
+    """The twins every setting runs beside, each list led by its baseline rows' value."""
+
+    draft_dtypes: list[str]
+    """The drafts' dtypes (auto, int8) of every setting whose drafts come from a model."""
+    draft_first_ids: list[int]
+    """The first N token ids the heads' drafts score (0: all) wherever the heads draft."""
+    step_modes: list[str]
+    """eager and/or captured (CUDA graphs), every setting in each."""
+    draft_choices: list[str]
+    """How sampling's drafts from a model are chosen (auto, sampled, tempered, top)."""
+
+    def check_on(self, device: torch.device) -> None:
+        """int8 drafts need the CPU and captured steps CUDA: one sentence where the benchmark runs elsewhere."""
+        if "int8" in self.draft_dtypes and device.type != "cpu":
+            raise UserError(
+                f"--draft-dtypes int8 drafts with PyTorch's int8 CPU kernels, and the benchmark runs on {device.type}; "
+                "use --device cpu, or drop int8."
+            )
+        if "captured" in self.step_modes and not captures_on(device):
+            raise UserError(
+                f"--step-modes captured replays CUDA graphs, and the benchmark runs on {device.type}; use --device "
+                "cuda on a machine with a GPU, or --step-modes eager."
+            )
+
+    def check_for(self, config: ModelConfig) -> None:
+        """Heads trained on a reduced draft vocabulary draft over it alone, and no N may reach past the vocabulary."""
+        vocab, trained = config.vocab_size, config.draft_vocab
+        if trained and max(self.draft_first_ids):
+            raise UserError(
+                f"--draft-first-ids: this checkpoint's heads were trained to score its {trained} most frequent tokens; "
+                "leave --draft-first-ids out."
+            )
+        if max(self.draft_first_ids) >= vocab:
+            raise UserError(
+                f"--draft-first-ids {max(self.draft_first_ids)}: each must be below the vocabulary's {vocab} tokens."
+            )
+
+
+def parse_variations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Variations:
+    """:func:`add_variation_flags`' flags read; a bad entry is the parser's error."""
+    draft_dtypes = args.draft_dtypes.split(",")
+    if not set(draft_dtypes) <= set(DRAFT_DTYPES) or "auto" not in draft_dtypes:
+        parser.error(f"--draft-dtypes {','.join(draft_dtypes)}: auto (the baseline rows) and any of int8")
+    step_modes = args.step_modes.split(",")
+    if not step_modes or not set(step_modes) <= set(STEP_MODES):
+        parser.error(f"--step-modes {','.join(step_modes)}: each must be eager or captured")
+    given = args.draft_first_ids
+    draft_first_ids = [int(v) for v in given.split(",")] if re.fullmatch(r"\d+(,\d+)*", given) else []
+    if 0 not in draft_first_ids:
+        parser.error(
+            f"--draft-first-ids {given}: 0 (every token: the baseline rows) and any token counts, such as 0,1024"
+        )
+    draft_choices = args.draft_choices.split(",")
+    if not set(draft_choices) <= set(DRAFT_CHOICES) or "auto" not in draft_choices:
+        others = ", ".join(c for c in DRAFT_CHOICES if c != "auto")
+        parser.error(f"--draft-choices {','.join(draft_choices)}: auto (the baseline rows) and any of {others}")
+    return Variations(draft_dtypes, draft_first_ids, step_modes, draft_choices)
+
+
+def bench_settings(
+    modes: list[str],
+    batch_sizes: list[int],
+    heads: list[int],
+    chain: GenerationConfig,
+    method_rows: Callable[[GenerationConfig, str], list[MethodRow]],
+    variations: Variations,
+) -> list[BenchSetting]:
+    """Every setting, per mode and batch size: the chain at each k of ``heads``, then ``method_rows(chain, mode)``
+    (the other methods' rows at the largest k, asked once per mode), each with its twins in the ``variations`` (the
+    draft dtypes, draft vocabularies, step modes and, sampling, draft choices)."""
+    settings = []
+    for mode in modes:
+        mode_chain = chain if mode == "sampling" else replace(chain, temperature=0.0, top_p=1.0)
+        rows = method_rows(mode_chain, mode)
+        for batch_size in batch_sizes:
+            entries = [BenchSetting(mode, batch_size, CHAIN, replace(mode_chain, heads=k)) for k in heads]
+            entries += [BenchSetting(mode, batch_size, *row) for row in rows]
+            entries = in_draft_dtypes(entries, variations.draft_dtypes)
+            entries = in_draft_first_ids(entries, variations.draft_first_ids)
+            entries = in_step_modes(entries, variations.step_modes)
+            if mode == "sampling":
+                entries = in_draft_choices(entries, variations.draft_choices)
+            settings += entries
+    return settings
+
+
+def in_draft_dtypes(settings: list[BenchSetting], draft_dtypes: list[str]) -> list[BenchSetting]:
+    """``settings``, each followed by its twins in the other ``draft_dtypes`` where its drafts come from a model
+    (heads above 1, a draft model, layer skip): the same drafter, another ``draft_dtype``."""
+    out = []
+    for setting in settings:
+        out.append(setting)
+        if setting.drafts_from_a_model:
+            out += [setting.twin(draft_dtype=d) for d in draft_dtypes if d != setting.config.draft_dtype]
+    return out
+
+
+def in_step_modes(settings: list[BenchSetting], step_modes: list[str]) -> list[BenchSetting]:
+    """``settings`` in each of ``step_modes``: eager, then captured (CUDA graphs)."""
+    modes = [mode == "captured" for mode in STEP_MODES if mode in step_modes]
+    return [setting.twin(cuda_graphs=captured) for captured in modes for setting in settings]
+
+
+def in_draft_first_ids(settings: list[BenchSetting], draft_first_ids: list[int]) -> list[BenchSetting]:
+    """``settings``, each followed by its twins drafting over the first N token ids for every other N of
+    ``draft_first_ids`` where the heads draft (a drafter's vocabulary is its own)."""
+    out = []
+    for setting in settings:
+        out.append(setting)
+        if setting.config.heads > 1:
+            out += [setting.twin(draft_first_ids=v) for v in draft_first_ids if v != setting.config.draft_first_ids]
+    return out
+
+
+def in_draft_choices(settings: list[BenchSetting], draft_choices: list[str]) -> list[BenchSetting]:
+    """Sampling's ``settings``, each followed by its twins with the other ``draft_choices`` where it samples drafts
+    from a model and may draft them otherwise (not SpecTr's i.i.d. sequences, not a staged draft, not prompt lookup,
+    whose drafts are top-ranked already)."""
+    out = []
+    for setting in settings:
+        out.append(setting)
+        config, drafter = setting.config, setting.drafter
+        if config.samples_drafts and config.acceptance == "exact" and (drafter is None or drafter.draws_drafts):
+            if config.heads > 1 or drafter is not None:
+                out += [setting.twin(draft_choice=c) for c in draft_choices if c != config.draft_choice]
+    return out
