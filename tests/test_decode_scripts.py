@@ -743,3 +743,20 @@ def test_bench_decode_refuses_captured_steps_without_cuda(tiny_checkpoints, caps
     with pytest.raises(SystemExit):
         bench.checked_args([str(tiny_checkpoints["mtp4"]), "--step-modes", "eager,replayed"])
     assert "--step-modes eager,replayed: each must be eager or captured" in capsys.readouterr().err
+
+
+def test_a_near_ties_margin_is_head_ones_for_every_head_type():
+    """Where a method's tokens leave autoregressive decoding's, the benchmark reports head 1's top-2 margin there:
+    models whose draft heads read the following tokens (EAGLE-3) included."""
+    import torch
+
+    from mtp.benchmarks.hf_peer import top2_margin
+    from mtp.config import ModelConfig
+    from mtp.model import MTPModel
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=61, d_model=32, n_layers=9, n_heads=4, n_kv_heads=2, n_future=3)
+    model = MTPModel(ModelConfig(**shape, head_type="eagle3", eagle3_layers=[5, 0, 3])).eval()
+    prompt, continuation = [3, 14, 15, 9, 2], [6, 5]
+    top = model.next_token_logits(torch.tensor([prompt + continuation]))[0, -1].topk(2).values
+    assert top2_margin(model, prompt, continuation) == pytest.approx(float(top[0] - top[1]))

@@ -182,3 +182,16 @@ def test_eagle3_heads_draft_as_eagle3_decodes():
                 expected = rms(state, heads.norm.weight) @ heads.outputs[1].weight.T
                 torch.testing.assert_close(logits[j + 1, 0, i], expected)
     assert d == 32 and heads.fc.weight.shape == (32, 96) and a.wq.weight.shape == (32, 64)
+
+
+@pytest.mark.parametrize("head_type", ["transformer", "linear", "causal", "medusa", "eagle3"])
+def test_next_token_logits_are_head_ones_without_the_following_tokens(head_type):
+    """What a caller asks of the model's own next-token prediction (a near-tie's margin, an export's check) needs no
+    following tokens, which causal and EAGLE-3 heads read for heads 2..n."""
+    torch.manual_seed(0)
+    extra = {"eagle3_layers": [5, 0, 3]} if head_type == "eagle3" else {}
+    model = MTPModel(tiny(head_type=head_type, draft_vocab=17 if head_type == "eagle3" else 0, **extra)).double()
+    window = torch.randint(0, 61, (2, 12))
+    idx, following = window[:, :9], torch.stack([window[:, j : j + 9] for j in (1, 2, 3)])
+    with torch.no_grad():
+        torch.testing.assert_close(model.next_token_logits(idx), model(idx, following)[0], rtol=0, atol=1e-12)

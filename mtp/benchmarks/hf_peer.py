@@ -93,7 +93,7 @@ def first_divergence(ours: list[list[int]], theirs: list[list[int]]) -> list[tup
 def top2_margin(model: MTPModel, prompt: list[int], continuation: list[int]) -> float:
     """Head 1's logit margin between its two best tokens after ``prompt + continuation`` (full forward, fp32)."""
     tokens = torch.tensor([prompt + continuation], device=next(model.parameters()).device)
-    top = model(tokens)[0, 0, -1].float().topk(2).values
+    top = model.next_token_logits(tokens)[0, -1].float().topk(2).values
     return float(top[0] - top[1])
 
 

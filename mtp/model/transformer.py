@@ -182,6 +182,13 @@ class MTPModel(nn.Module):
         rope = (self.rope_cos, self.rope_sin)
         return self.heads.states(HeadInputs(z, head1, layers, self.norm, self.tok_embeddings, rope, following, reads))
 
+    def next_token_logits(self, idx: Tensor) -> Tensor:
+        """Head 1's logits alone, (B, T, vocab_size): the model's next-token prediction, which reads no following
+        tokens (those condition causal and EAGLE-3 heads 2..n only)."""
+        z = self.trunk(idx)
+        head1 = self.layers[-1](z, *self.rotary(z.size(1))) if self.config.head1_block else z
+        return self.head_logits(1, self.norm(head1))
+
     def drafted_inputs(self, rate: float, k: int, state: Tensor, true: Tensor) -> Tensor:
         """The tokens causal depth k reads in training at a draft ``rate`` (:attr:`mtp.config.LossConfig.draft_rate`):
         depth k-1's argmax (what greedy decoding feeds it; no gradient flows through the choice) at every position

@@ -174,7 +174,7 @@ def verify_export(checkpoint: str | os.PathLike, out_dir: Path, prompts: int = 8
     with torch.no_grad():
         for row in rows:
             tokens = torch.tensor([row])
-            diff = max(diff, (original.model(tokens)[0] - theirs(tokens).logits).abs().max().item())
+            diff = max(diff, (original.model.next_token_logits(tokens) - theirs(tokens).logits).abs().max().item())
             prompt = row[:65]
             expected = generate(original.model, [prompt], greedy)[0][0]
             got = theirs.generate(torch.tensor([prompt]), max_new_tokens=len(expected), do_sample=False)
