@@ -207,6 +207,29 @@ def test_a_curve_of_folders_that_are_not_benchmarks_is_one_sentence(tmp_path):
     assert not (tmp_path / "curve").exists()
 
 
+def test_a_curve_of_an_older_checkpoint_leaves_out_files_made_after_it(tmp_path):
+    """A checkpoint written before training recorded its files: its data paths are globbed, without the files changed
+    after the checkpoint was (training cannot have read them)."""
+    import os
+
+    from mtp.benchmarks.heads_curve import training_files
+
+    folder = tmp_path / "teacher"
+    folder.mkdir()
+    read, made_after = folder / "distill-0.jsonl", folder / "distill-1.jsonl"
+    checkpoint = tmp_path / "last.ckpt"
+    for path, mtime in ((read, 1_000_000), (checkpoint, 2_000_000), (made_after, 3_000_000)):
+        path.write_text("{}\n")
+        os.utime(path, (mtime, mtime))
+    stored = {"mtp": {"data": {"source": {"paths": [str(folder / "*.jsonl")]}}}}
+    assert training_files(stored, checkpoint) == [read]
+    recorded = {"mtp": {"data": {"files": [{"path": str(made_after), "bytes": 3}], "source": {"paths": []}}}}
+    assert training_files(recorded, checkpoint) == [made_after]
+    os.utime(read, (3_000_000, 3_000_000))
+    with pytest.raises(UserError, match="records no training files that exist here"):
+        training_files(stored, checkpoint)
+
+
 def eagle3_recipe(tiny: Path, tmp_path: Path, *extra: str) -> list[str]:
     """experiment=pretrained_heads_eagle3 at tiny sizes: the tiny test checkpoint reads a few stdlib tasks with their
     own functions as replies (no chat template: the tiny model has none), 2 training steps."""
@@ -267,3 +290,18 @@ def test_the_eagle3_recipe_reads_tasks_trains_and_benchmarks_in_one_command(tiny
     read = sum(len(row["prompt_ids"]) + len(row["completion_ids"]) for row in rows)
     assert point["teacher_forced_tokens"] == read and point["distilled_tokens"] == 0
     assert point["head_type"] == "eagle3" and point["step"] == 2
+    # the files training read, as it recorded them: a shard written into the folder afterwards is not counted
+    later = tmp_path / "teacher" / "distill-later.jsonl"
+    later.write_text(
+        (tmp_path / "teacher" / sorted(p.name for p in (tmp_path / "teacher").glob("*.jsonl"))[0]).read_text()
+    )
+    heads_curve.main([str(run / "bench_decode"), "--out", str(tmp_path / "curve2")])
+    (again,) = json.loads((tmp_path / "curve2" / "results.json").read_text())["points"]
+    assert again["teacher_forced_tokens"] == read
+    shard = next(f for f in sorted((tmp_path / "teacher").glob("distill-*.jsonl")) if f != later)
+    with shard.open("a") as grown:
+        grown.write(later.read_text().splitlines()[0] + "\n")
+    with pytest.raises(
+        UserError, match=r"which .*last.ckpt trained on, has changed since \(\d+ bytes then, \d+ bytes now\)"
+    ):
+        heads_curve.main([str(run / "bench_decode"), "--out", str(tmp_path / "curve3")])

@@ -53,10 +53,25 @@ class CurvePoint:
 
 
 def training_files(stored: dict[str, Any], checkpoint: Path) -> list[Path]:
-    """The files of the checkpoint's training data (its data source's paths, globbed as training globbed them)."""
-    meta = stored.get(CHECKPOINT_KEY, {})
-    paths = meta.get("data", {}).get("source", {}).get("paths") or []
+    """The files of the checkpoint's training data: those training recorded (path and size, checked against the files
+    here), or, for a checkpoint that predates that record, its data source's paths globbed now, leaving out the
+    files changed after the checkpoint was written (training cannot have read them)."""
+    data = stored.get(CHECKPOINT_KEY, {}).get("data", {})
+    if "files" in data:
+        files = [Path(f["path"]) for f in data["files"]]
+        for recorded, path in zip(data["files"], files, strict=True):
+            if not path.is_file() or path.stat().st_size != recorded["bytes"]:
+                now = f"{path.stat().st_size} bytes now" if path.is_file() else "gone"
+                raise UserError(
+                    f"{path}, which {checkpoint} trained on, has changed since ({recorded['bytes']} bytes then, "
+                    f"{now}); a curve point counts the tokens training read, so restore the file or retrain on what "
+                    "is there."
+                )
+        return files
+    paths = data.get("source", {}).get("paths") or []
+    written = checkpoint.stat().st_mtime
     files = sorted({Path(f) for pattern in paths for f in glob.glob(str(pattern))})
+    files = [f for f in files if f.stat().st_mtime <= written]
     if not files:
         raise UserError(
             f"{checkpoint} records no training files that exist here (data.source.paths); a curve point needs heads "

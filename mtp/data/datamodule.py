@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from mtp.data.packing import PackedData, TokenizerConfig, prepare
-from mtp.data.sources import SourceConfig
+from mtp.data.sources import SourceConfig, source_files
 from mtp.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,7 @@ class MTPDataModule(L.LightningDataModule):
         self.val_fraction, self.cache_dir, self.num_workers = val_fraction, cache_dir, num_workers
         self.seed = 0 if seed is None else seed
         self.packed: PackedData | None = None
+        self.files: list[dict[str, Any]] = []
 
     def prepare_data(self) -> None:
         """Build the packed corpus if absent (Lightning calls this on one process per node, before setup; nodes or
@@ -136,6 +137,8 @@ class MTPDataModule(L.LightningDataModule):
         if self.packed is None:  # the processes that did not prepare: prepare opens the complete entry, or waits
             # on its lock for the process still building it (never reading a half-built entry, never building twice)
             self.packed = prepare(self.source, self.tokenizer_config, self.val_fraction, self.cache_dir)
+        if self.source.kind == "files":  # what this run reads, as it is now (the checkpoint keeps the list)
+            self.files = [{"path": str(f.resolve()), "bytes": f.stat().st_size} for f in source_files(self.source)]
         window = self.seq_len + self.n_future
         val_tokens = self.packed.meta["tokens"]["validation"]
         if val_tokens < window:
@@ -150,8 +153,13 @@ class MTPDataModule(L.LightningDataModule):
             )  # fmt: skip
 
     def description(self) -> dict[str, Any]:
-        """Plain settings that recover this data's splits: the source and the validation fraction."""
-        return {"source": asdict(self.source), "val_fraction": self.val_fraction, "seq_len": self.seq_len}
+        """Plain settings that recover this data's splits: the source and the validation fraction; for a source of
+        files, the files its paths matched when training set the data up (path and size), which a later glob of the
+        same paths may no longer give."""
+        described = {"source": asdict(self.source), "val_fraction": self.val_fraction, "seq_len": self.seq_len}
+        if self.files:
+            described["files"] = self.files
+        return described
 
     def token_counts(self, split: str = "train") -> np.ndarray:
         """How often each token id occurs in a split, (vocab_size,)."""
