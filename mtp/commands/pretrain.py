@@ -84,7 +84,8 @@ def internal_groups_hidden() -> Iterator[None]:
         with redirect_stdout(printed):
             yield
     finally:
-        sys.stdout.write("".join(line for line in printed.getvalue().splitlines(True) if not INTERNAL_GROUP.match(line)))
+        lines = printed.getvalue().splitlines(keepends=True)
+        sys.stdout.write("".join(line for line in lines if not INTERNAL_GROUP.match(line)))
 
 
 @contextmanager

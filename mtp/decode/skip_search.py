@@ -8,17 +8,17 @@ optimization over sublayers (Optuna's TPE sampler, seeded, a bounded number of t
 
 Why a search finds the same set in two runs. A set's time per token is modelled as (target steps x a target step's
 time + draft forwards x a draft forward's time) / tokens (:meth:`Trial.time_per_token`). The counts come from decoding
-the prompts with the set, which is deterministic: greedy acceptance, or sampling from seeded uniforms. Only times are
-noisy, and on a shared CPU a set's wall time can move between runs by more than good sets differ by. So the times are
-measured once, before the search (:func:`measure_costs`): a target step, and a draft forward's parts (the head, one
-block's attention, one block's MLP: every block of the path has the same shapes), each as the median of many
-interleaved timings of its share of a target step, in CPU time on one thread (which other processes do not inflate), rounded to :data:`COST_RESOLUTION`. A
-set's time per token is then a deterministic function of the set and the costs; the block search is deterministic
-given them and the sublayer search's sampler is seeded, so two runs whose costs round alike decode the same sets in
-the same order and choose the same one. A share near the middle between two multiples can round apart (the log shows
-the shares before rounding); the choice then still holds unless the shift reorders sets whose times are nearly tied.
-The decoding loop's own per-step work (acceptance, the host transfer) is left out of the costs: it is the same for
-every set.
+the prompts with the set, which is deterministic: greedy acceptance, or sampling from seeded uniforms. Only times
+are noisy, and on a shared CPU a set's wall time can move between runs by more than good sets differ by. So the times
+are measured once, before the search (:func:`measure_costs`): a target step, and a draft forward's parts (the head,
+one block's attention, one block's MLP: every block of the path has the same shapes), each as the median of many
+interleaved timings of its share of a target step, in CPU time on one thread (which other processes do not inflate),
+rounded to :data:`COST_RESOLUTION`. A set's time per token is then a deterministic function of the set and the costs;
+the block search is deterministic given them and the sublayer search's sampler is seeded, so two runs whose costs round
+alike decode the same sets in the same order and choose the same one. A share near the middle between two multiples
+can round apart (the log shows the shares before rounding); the choice then still holds unless the shift reorders sets
+whose times are nearly tied. The decoding loop's own per-step work (acceptance, the host transfer) is left out of the
+costs: it is the same for every set.
 """
 
 from __future__ import annotations
