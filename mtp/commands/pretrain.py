@@ -63,6 +63,20 @@ def quiet_library_notices() -> None:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(not_litlogger_tip)
 
 
+def lightning_through_hydra() -> None:
+    """Lightning's messages once, through the job's own handlers (the console, pretrain.log): Lightning gives its
+    logger a console handler of its own when imported before logging is set up, and Hydra's logging set-up lets the
+    messages reach the root's console handler too, so each line ("Seed set to ...", the model summary) printed
+    twice."""
+    import lightning  # noqa: F401  (its import adds the handler: imported first, the handler goes for good)
+
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
 def not_litlogger_tip(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith(LITLOGGER_TIP)
 
@@ -152,6 +166,7 @@ def train_in_run_dir(cfg: DictConfig) -> None:
     """
     if _raising_for_mtp:  # composed: the job's own errors get Hydra's usual report again
         os.environ.pop(FULL_ERROR, None)
+    lightning_through_hydra()
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     with errors_reported(cleanup=lambda: remove_empty_run_dir(output_dir)):
         bench = None
