@@ -51,6 +51,12 @@ def test_a_subcommand_takes_its_scripts_arguments_and_errors(capsys):
     assert status == 2 and "model=nope names no config in conf/model/" in err
 
 
+def test_pretrain_help_lists_the_config_groups_to_choose_from_and_not_the_internal_ones(capsys):
+    status, out, _ = run(["pretrain", "--help"], capsys)
+    assert status == 0 and re.search(r"^model: .*\bmtp4\b", out, re.M) and re.search(r"^size: ", out, re.M)
+    assert not re.search(r"^(\S+/)+_\S*: ", out, re.M), "--help lists an internal group (conf/model/_base)"
+
+
 @pytest.mark.slow
 def test_the_installed_mtp_command_runs_a_subcommand():
     mtp = shutil.which("mtp")

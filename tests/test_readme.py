@@ -165,3 +165,12 @@ def test_readme_is_short_and_free_of_history():
             continue
         found = re.findall(r"Issue [0-9]|this round|session script|\b[0-9a-f]{7}\b", page.read_text())
         assert not found, f"{page.relative_to(ROOT)} carries history: {found}"
+
+
+def test_ci_runs_the_readme_test_command():
+    """The test command the README gives a newcomer is the one .ci/run runs."""
+    readme = [line.strip() for line in command_lines([ROOT / "README.md"]) if re.match(r"\s*python3? -m pytest", line)]
+    ci = [line.split("#")[0].strip() for line in (ROOT / ".ci/run").read_text().splitlines()]
+    assert readme, "the README gives no test command (python -m pytest)"
+    for command in readme:
+        assert command.replace("python ", "python3 ", 1) in ci, f".ci/run does not run the README's {command!r}"

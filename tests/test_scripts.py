@@ -69,8 +69,8 @@ def test_bad_config_is_one_sentence(overrides, message, tmp_path):
 
 @pytest.mark.slow
 def test_a_run_files_its_messages_in_its_log_and_prints_no_library_notices(corpus_dir, tmp_path):
-    """The run's messages (preparing the data, the final report) show on the console and go to the run folder's
-    pretrain.log; Lightning's litlogger tip and torch's LeafSpec deprecation are not shown."""
+    """The run's messages (preparing the data, the final report) show on the console, once, and go to the run
+    folder's pretrain.log; Lightning's litlogger tip and torch's LeafSpec deprecation are not shown."""
     overrides = [*tiny_data(corpus_dir, tmp_path / "cache"), "debug=fdr", "trainer.detect_anomaly=false"]
     result = pretrain(*overrides, tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -80,6 +80,10 @@ def test_a_run_files_its_messages_in_its_log_and_prints_no_library_notices(corpu
         assert said in logged and said in result.stdout, said
     assert "[mtp.data.packing][INFO] - packed train: " in logged  # the file keeps time, logger and level
     assert "litlogger" not in result.stdout + result.stderr and "LeafSpec" not in result.stdout + result.stderr
+    # each of Lightning's lines once (not also through its own handler), no download bar over local files
+    printed = result.stdout + result.stderr
+    assert printed.count("Seed set to") == 1 and printed.count("Trainable params") == 1, printed[-3000:]
+    assert "Downloading data" not in printed
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from dataclasses import asdict
 from pathlib import Path
 
@@ -138,6 +139,12 @@ def require_plotting() -> None:
             "the benchmarks plot with matplotlib, which is not installed; install their extra: "
             "pip install -e '.[benchmarks]'."
         ) from None
+
+
+def fitted_title(title: str, width_inches: float, fontsize: float) -> str:
+    """``title`` wrapped into lines that fit a figure ``width_inches`` wide at ``fontsize`` points (a character is at
+    most about 0.6 of the font size wide), for ``suptitle``: one line would be clipped at the figure's edges."""
+    return textwrap.fill(title, width=int(width_inches * 72 / (0.6 * fontsize)))
 
 
 def step_in_fresh_process(spec: StepSpec) -> dict:

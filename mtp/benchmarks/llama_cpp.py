@@ -77,7 +77,7 @@ class LlamaCpp:
 
     @classmethod
     def at(cls, cache: Path) -> LlamaCpp:
-        """The tools in ``cache``, downloaded and built there the first time (20-40 minutes on 2 cores); a failed step
+        """The tools in ``cache``, downloaded and built there the first time (a long build); a failed step
         is one sentence naming its log."""
         cache = Path(cache).expanduser()
         source = cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from mtp.errors import UserError, first_line
+from mtp.errors import UserError
 
 CHECKPOINT_KEY = "mtp"
 CHECKPOINT_FORMAT = 1
@@ -51,9 +51,11 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bo
     try:
         checkpoint = torch.load(file, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # torch.load raises many types for damaged files (EOFError, KeyError, BadZipFile, ...)
+        # its message names the unpickler's detail ("Unsupported operand 101" for a text file), not the problem; it
+        # stays attached as the cause
         raise UserError(
-            f"checkpoint {path} is truncated or not a PyTorch checkpoint ({first_line(err)}); "
-            "use a complete .ckpt written by scripts/pretrain.py."
+            f"checkpoint {path} is truncated or not a PyTorch checkpoint, so torch.load cannot read it; "
+            "pass a complete .ckpt written by scripts/pretrain.py."
         ) from err
     complete = isinstance(checkpoint, dict) and CHECKPOINT_KEY in checkpoint and (sharded or "state_dict" in checkpoint)
     if not complete:

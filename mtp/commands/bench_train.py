@@ -25,7 +25,7 @@ from mtp.benchmarks.train_step import StepSpec
 from mtp.commands.cli import add_device_flag, pick_device, run_script
 from mtp.config import HEAD_LOSSES, HEAD_TYPES
 
-# Defaults per device: the CPU grid finishes in minutes on 2 cores; the GPU one keeps an H100 busy.
+# Defaults per device: a CPU grid small enough for a laptop; a GPU one large enough to keep a large GPU busy.
 DEFAULTS = {
     "cpu": dict(d_model=256, n_layers=9, n_heads=4, n_kv_heads=2, seq_len=128, batch_size=4, steps=3, warmup=1),
     "cuda": dict(d_model=2048, n_layers=16, n_heads=16, n_kv_heads=8, seq_len=2048, batch_size=4, steps=5, warmup=2),

@@ -25,6 +25,7 @@ from mtp.benchmarks.cli import (
     add_prompt_set_flags,
     benchmark_prompts,
     describe_prompts,
+    fitted_title,
     prompt_problems,
     require_plotting,
     step_in_fresh_process,
@@ -75,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def logged_validation(checkpoint: Path) -> dict[str, float]:
     """The last value of every val/ scalar in the TensorBoard log of the run that wrote ``checkpoint``."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # start-up time: 1 s+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # start-up time
 
     run_dir = checkpoint.resolve().parent.parent
     values: dict[str, tuple[int, float]] = {}
@@ -204,7 +205,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     right.set_xticks(list(x), names, fontsize=8)
     right.set_ylabel("tokens per forward")
     right.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(fitted_title(title, fig.get_figwidth(), 9), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

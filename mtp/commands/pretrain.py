@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import io
 import logging
 import os
 import re
@@ -17,7 +18,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import NoReturn
 
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     quiet_library_notices()
     register_resolver()  # ${reference_model:}: the job reads init_from before train() imports the training stack
     task = hydra.main(version_base="1.3", config_path=str(root / "conf"), config_name="train")(train_in_run_dir)
-    with arguments(argv), config_errors_raised():
+    with arguments(argv), config_errors_raised(), internal_groups_hidden():
         task()
 
 
@@ -62,8 +63,43 @@ def quiet_library_notices() -> None:
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(not_litlogger_tip)
 
 
+def lightning_through_hydra() -> None:
+    """Lightning's messages once, through the job's own handlers (the console, pretrain.log): Lightning gives its
+    logger a console handler of its own when imported before logging is set up, and Hydra's logging set-up lets the
+    messages reach the root's console handler too, so each line ("Seed set to ...", the model summary) printed
+    twice."""
+    import lightning  # noqa: F401  (its import adds the handler: imported first, the handler goes for good)
+
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
 def not_litlogger_tip(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith(LITLOGGER_TIP)
+
+
+INTERNAL_GROUP = re.compile(r"^(?:[\w-]+/)+_[\w-]*: ")
+"""A line of Hydra's --help that lists an internal config group (a folder whose name starts with ``_``, such as
+conf/model/_base: the presets' shared base files, not a choice)."""
+
+
+@contextmanager
+def internal_groups_hidden() -> Iterator[None]:
+    """Hydra's ``--help`` (which lists every folder of conf/ as a config group) without the internal groups'
+    lines; anything else runs as it is."""
+    if not {"--help", "-h"} & set(sys.argv[1:]):
+        yield
+        return
+    printed = io.StringIO()
+    try:
+        with redirect_stdout(printed):
+            yield
+    finally:
+        lines = printed.getvalue().splitlines(keepends=True)
+        sys.stdout.write("".join(line for line in lines if not INTERNAL_GROUP.match(line)))
 
 
 @contextmanager
@@ -130,6 +166,7 @@ def train_in_run_dir(cfg: DictConfig) -> None:
     """
     if _raising_for_mtp:  # composed: the job's own errors get Hydra's usual report again
         os.environ.pop(FULL_ERROR, None)
+    lightning_through_hydra()
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     with errors_reported(cleanup=lambda: remove_empty_run_dir(output_dir)):
         bench = None

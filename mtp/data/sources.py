@@ -16,6 +16,7 @@ import hashlib
 import sys
 import sysconfig
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,8 +80,7 @@ def stdlib_without_tests() -> str | None:
     """A warning when this Python's standard library lacks its test suite (Debian and Ubuntu ship it apart), else None.
 
     The suite is about two thirds of the default corpus's tokens: without it the default run, in 450 steps, learns
-    little beyond token frequencies (seen on a GPU machine whose Python 3.12 came from its Linux distribution:
-    validation loss 6.5 where a full install gives 5.6)."""
+    little beyond token frequencies."""
     root = stdlib_root()
     if len(list((root / "test").glob("test_*.py"))) >= TEST_SUITE_MIN:
         return None
@@ -157,19 +157,37 @@ def _load_files(files: list[Path], text_field: str) -> datasets.Dataset:
 
     parts = []
     text_files = [str(f) for f in files if f.suffix in TEXT_SUFFIXES]
-    if text_files:
-        parts.append(
-            datasets.load_dataset(
-                "text", data_files=text_files, sample_by="document", encoding_errors="replace", split="train"
+    with local_load_quiet():
+        if text_files:
+            parts.append(
+                datasets.load_dataset(
+                    "text", data_files=text_files, sample_by="document", encoding_errors="replace", split="train"
+                )
             )
-        )
-    for builder in sorted(set(BUILDERS.values())):
-        data_files = [str(f) for f in files if BUILDERS.get(f.suffix) == builder and f.stat().st_size > 0]
-        if data_files:
-            loaded = datasets.load_dataset(builder, data_files=data_files, split="train")
-            parts.append(_text_column(loaded, text_field, f"{builder} files {data_files[0]}..."))
+        for builder in sorted(set(BUILDERS.values())):
+            data_files = [str(f) for f in files if BUILDERS.get(f.suffix) == builder and f.stat().st_size > 0]
+            if data_files:
+                loaded = datasets.load_dataset(builder, data_files=data_files, split="train")
+                parts.append(_text_column(loaded, text_field, f"{builder} files {data_files[0]}..."))
     dataset = datasets.concatenate_datasets(parts)
     return dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
+
+
+@contextmanager
+def local_load_quiet() -> Iterator[None]:
+    """``datasets``' own progress bars off while it loads local files: over them it shows "Downloading data" (its copy
+    into its cache) and "Generating train split", though nothing is downloaded; mtp's own bars (tokenizing, packing)
+    are left as they are."""
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars  # slow import
+
+    if are_progress_bars_disabled():
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
 
 
 def _load_hub(config: SourceConfig) -> datasets.Dataset | datasets.IterableDataset:

@@ -55,10 +55,9 @@ LEAVES_UNEMBEDDED_AT_ONCE = 4
 the nodes with children, then once more after the accepted node (:meth:`InferenceModel.verify_tree`). For an
 unembedding of more than LARGE_UNEMBEDDING weights, at most one leaf."""
 LARGE_UNEMBEDDING = 8_000_000
-"""Weights (vocabulary x width) above which a row of head 1's unembedding costs about what a call does on CPU: SmolLM2's
-49152 x 576 takes 3.6 ms for 1 row and 7.3 for 4, so the rows of leaves that are not accepted cost more than a second
-call after the one that is (a 4-sibling tree step 47.1 against 51.3 ms, measured in one process; the toy's 8192 x 192,
-about 0.26 ms a call and 0.03 a row, keeps up to 4 leaves in one call)."""
+"""Weights (vocabulary x width) above which a row of head 1's unembedding costs about what a call does on CPU (SmolLM2's
+49152 x 576 is above it, the default model's 8192 x 192 below): there the rows of leaves that are not accepted cost more
+than a second call after the one that is, so a tree step unembeds one leaf at a time."""
 SPAN_MULTIPLE = {"cuda": 128}
 """By device type: an eager step's attention spans the held positions and the step's rounded up to a multiple of this
 (the rest masked), so that its shapes repeat from step to step: PyTorch prefers cuDNN's attention on Hopper and

@@ -11,49 +11,18 @@ A call over more rows than the kernel gains at (:data:`MAX_ROWS`: a prompt's ste
 float matrix instead.
 
 Why: a decoding step reads whole matrices for a few rows, so on a CPU its cost is the bytes it reads, and an int8
-matrix is a quarter of a float32 one. Measured with ``python -m mtp.benchmarks.int8_kernels`` on this project's 2-core
-CPU (Xeon with AVX512-VNNI and AMX, torch 2.13, one thread, the matrix streamed from beyond L2, interleaved, lower
-quartile of 30 calls, best of 5 rounds), microseconds per call:
-
-======================  ====  =============================  =============  ==============  ============  ===========
-matrix (in -> out)      rows  float32 (the decoder's layout  fbgemm         weight-only     weight-only   oneDNN
-                              or ``F.linear``, the faster)   dynamic int8   int8, bf16 in   float in      dynamic int8
-======================  ====  =============================  =============  ==============  ============  ===========
-192 -> 320 (q/k/v)      1     21                             22             16              39            61
-192 -> 1024 (gate/up)   3     73                             43             43              325           57
-512 -> 192 (down)       8     46                             30             38              409           45
-192 -> 8192 (unembed)   3     449                            196            203             2,769         160
-576 -> 3072 (gate/up)   1     355                            121            138             1,177         145
-1536 -> 576 (down)      1     229                            90             72              606           116
-1536 -> 576 (down)      32    495                            202            733             14,643        160
-576 -> 49152 (unembed)  1     7,047                          1,382          1,999           19,282        1,509
-576 -> 49152 (unembed)  3     14,573                         2,288          5,312           65,978        1,394
-======================  ====  =============================  =============  ==============  ============  ===========
-
-At the 1-3 rows of a batch-1 step the weight-only kernel (bfloat16 input) is as fast as fbgemm's on the blocks'
-matrices, and slower on the largest (the 49152-row unembedding: 2.0 against 1.4 ms at one row, 5.3 against 2.3 at
-three); from 16 rows on it is slower than float32 (1536 -> 576 at 32 rows: 733 against 495). With a float32 input
-the same operator has no fast CPU path; oneDNN's dynamic int8 is slower than fbgemm's at one row and faster from 3-8
-rows on the large matrices; ``torch._int_mm`` on rows quantized by hand trails fbgemm everywhere.
+matrix is a quarter of a float32 one. The kernels were chosen by timing PyTorch's CPU int8 products at a step's shapes
+against the float32 ones the decoder runs (``python -m mtp.benchmarks.int8_kernels``), then by accuracy where they ran
+alike (the figures: docs/decoders-in-depth.md, "The int8 kernels, measured"). At the few rows of a batch-1 step the
+weight-only kernel (bfloat16 input) is as fast as fbgemm's on the blocks' matrices and slower on the largest
+unembeddings; from a few dozen rows on it is slower than float32. With a float32 input the same operator has no fast
+CPU path.
 
 Accuracy decides between the two at equal speed. LLM activations have outlier channels, which rounding a block's
-input to 8 bits spoils and bfloat16 does not. On SmolLM2-135M's layer-skip draft (blocks 10, 12, .., 24 of 30 skipped;
-877 positions of 8 HumanEval prompts, one position per call as decoding steps run), against the float draft and head
-1 (first-draft acceptance, greedy / sampled at temperature 0.8, top-p 0.95):
-
-==========================================  ======================  ==================  ==================
-drafts                                      logits off float's      argmax = float's    acceptance
-==========================================  ======================  ==================  ==================
-float                                       0                       1                   0.208 / 0.173
-fbgemm everywhere                           15%                     0.67                0.195 / 0.164
-weight-only everywhere                      7.3%                    0.84                0.206 / 0.169
-weight-only blocks, fbgemm unembedding      7.4%                    0.84                0.204 / 0.169
-==========================================  ======================  ==================  ==================
-
-The unembedding's input is the final normed state, which rounds to 8 bits with little harm, and its matrix is the
-largest, where fbgemm leads most: hence the split. One fbgemm call over a whole prompt, whose first token's outlier
-activations share the call's one input scale, is far worse (43% off, greedy acceptance 0.157 against 0.228 on 382
-positions): one more reason for :data:`MAX_ROWS`.
+input to 8 bits spoils and bfloat16 does not. The unembedding's input is the final normed state, which rounds to 8
+bits with little harm, and its matrix is the largest, where fbgemm leads most: hence the split. One fbgemm call over a
+whole prompt, whose first token's outlier activations share the call's one input scale, is far less accurate: one more
+reason for :data:`MAX_ROWS`.
 
 fbgemm's input uses all 8 bits where the CPU has VNNI (its int8 products sum in int32 without saturating); without
 it, 7 bits, as PyTorch's own default configuration for x86 does. Every product here is for drafting only: head 1's
@@ -79,7 +48,7 @@ dynamically quantized linear (unembeddings)."""
 
 MAX_ROWS: dict[str, int] = {"weight_only": 16, "fbgemm": 32}
 """A call over more rows than this (per matrix) multiplies the float matrix instead: there the kernel is no faster
-than float32 (measured, see the module's docstring), and a prompt's rows would share fbgemm's one input scale."""
+than float32 (see the module's docstring), and a prompt's rows would share fbgemm's one input scale."""
 
 ENGINES = ("fbgemm", "x86", "qnnpack")
 """Quantized engines that run per-channel dynamic linears on CPU, in order of preference (x86 routes linears to

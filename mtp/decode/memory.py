@@ -8,9 +8,7 @@ a step's peak from the shapes :func:`mtp.decode.packed.block_step` and :class:`m
 
 The estimate is an upper bound where attention is concerned: it counts the scores (B, n_heads, S, span) as the math
 attention kernel materializes them (PyTorch's fallback where no fused kernel takes the inputs), while a fused kernel
-holds only the mask: measured on CPU (torch 2.13, flash attention) with the byte8 checkpoint's shapes (6 heads), tree
-steps of 1,024 to 8,192 nodes peaked at 7 to 8 bytes per (row, position, attended position), about a quarter of this
-estimate's 6 x 4 + 5.
+holds only the mask, so a step it runs can peak at a fraction of this estimate.
 """
 
 from __future__ import annotations

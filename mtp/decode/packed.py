@@ -52,9 +52,9 @@ class Unembedding:
     rows x @ W^T without timing) and keeps the faster for that shape (:func:`faster_layout`, shared by every
     unembedding of the same shape in the process); W @ x^T's logits are copied back to rows (reading them transposed
     costs more than the copy). For up to :data:`PACKED_ROWS` rows of float32 where PyTorch has MKL, a third product
-    is timed beside them: the weight packed by MKL for exactly that row count (:meth:`packed_rows`; SmolLM2's 49152 x
-    576 took 6.5 ms for 4 rows as x @ W^T, 4.2 packed, 2.2 for one row), kept for at most :data:`PACKED_COPIES` row
-    counts as the blocks' are. Every product is the same, equal up to rounding. Other devices use ``F.linear``.
+    is timed beside them: the weight packed by MKL for exactly that row count (:meth:`packed_rows`), kept for at most
+    :data:`PACKED_COPIES` row counts as the blocks' are. Every product is the same, equal up to rounding. Other devices
+    use ``F.linear``.
     """
 
     def __init__(self, weight: Tensor) -> None:
@@ -113,11 +113,10 @@ _LAYOUTS: dict[tuple, int] = {}
 """The faster product (index) per (weight shape, rows timed, dtype), measured once per process."""
 
 EXACT_ROWS, UNTIMED_ROWS = 32, 256
-"""Layouts are timed at each row count up to ``EXACT_ROWS`` (where they differ most: up to 2x), then once per power of
+"""Layouts are timed at each row count up to ``EXACT_ROWS`` (where they differ most), then once per power of
 two below ``UNTIMED_ROWS``; from ``UNTIMED_ROWS`` rows up the product is compute-bound and x @ W, which needs no copy
-back to rows, is taken without timing (W @ x^T and its copy measured 1.2x to 5x slower there, from a 7M to a 135M
-model's shapes), where timing a batch of thousands of rows cost several of its steps at every count it shrank
-through."""
+back to rows, is taken without timing (W @ x^T and its copy are slower there), where timing a batch of thousands of
+rows cost several of its steps at every count it shrank through."""
 
 
 def timed_rows(rows: int) -> int:
@@ -327,8 +326,7 @@ def recently_used(copies: dict[int, Any], rows: int, make: Callable[[], Any]) ->
 class PackedMatrices:
     """A stack of float32 matrices (blocks, in, out) in MKL's packed GEMM format for exactly ``rows`` rows (CPU):
     ``self(x)`` for x (blocks, rows, in) is each block's x @ matrix without the BLAS library repacking the matrix at
-    every call, which at a few rows costs as much as the product itself (on a 2-core EPYC, SmolLM2's 30 blocks'
-    matrices took 31 ms for 5 rows unpacked, 24 ms packed, 18 ms for one row). Other row counts multiply the float
+    every call, which at a few rows costs as much as the product itself. Other row counts multiply the float
     stack, which is kept (not copied). The same product as x @ W, equal up to rounding."""
 
     def __init__(self, stacked: Tensor, rows: int) -> None:

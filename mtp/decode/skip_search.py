@@ -8,18 +8,17 @@ optimization over sublayers (Optuna's TPE sampler, seeded, a bounded number of t
 
 Why a search finds the same set in two runs. A set's time per token is modelled as (target steps x a target step's
 time + draft forwards x a draft forward's time) / tokens (:meth:`Trial.time_per_token`). The counts come from decoding
-the prompts with the set, which is deterministic: greedy acceptance, or sampling from seeded uniforms. Only times are
-noisy, and on a shared CPU a set's measured wall time moves between runs by more than good sets differ by (the block
-search timed every set and picked different sets in two runs). So the times are measured once, before the search
-(:func:`measure_costs`): a target step, and a draft forward's parts (the head, one block's attention, one block's
-MLP: every block of the path has the same shapes), each as the median of many interleaved timings of its share of a
-target step, in CPU time on one thread (which other processes do not inflate), rounded to :data:`COST_RESOLUTION`. A
-set's time per token is then a deterministic function of the set and the costs; the block search is deterministic
-given them and the sublayer search's sampler is seeded, so two runs whose costs round alike decode the same sets in
-the same order and choose the same one. A share near the middle between two multiples can round apart (the log shows
-the shares before rounding); the choice then still holds unless the shift reorders sets whose times are nearly tied.
-The decoding loop's own per-step work (acceptance, the host transfer) is left out of the costs: it is the same for
-every set.
+the prompts with the set, which is deterministic: greedy acceptance, or sampling from seeded uniforms. Only times
+are noisy, and on a shared CPU a set's wall time can move between runs by more than good sets differ by. So the times
+are measured once, before the search (:func:`measure_costs`): a target step, and a draft forward's parts (the head,
+one block's attention, one block's MLP: every block of the path has the same shapes), each as the median of many
+interleaved timings of its share of a target step, in CPU time on one thread (which other processes do not inflate),
+rounded to :data:`COST_RESOLUTION`. A set's time per token is then a deterministic function of the set and the costs;
+the block search is deterministic given them and the sublayer search's sampler is seeded, so two runs whose costs round
+alike decode the same sets in the same order and choose the same one. A share near the middle between two multiples
+can round apart (the log shows the shares before rounding); the choice then still holds unless the shift reorders sets
+whose times are nearly tied. The decoding loop's own per-step work (acceptance, the host transfer) is left out of the
+costs: it is the same for every set.
 """
 
 from __future__ import annotations
@@ -141,9 +140,8 @@ def measure_costs(model: MTPModel, prompt: list[int], gamma: int, rounds: int = 
     with no MLP (the head and every attention) and with no attention (the head and every MLP).
 
     On CPU the time is the CPU time of this thread with torch on one thread, which other processes on the machine take
-    no share of (they do take wall time: in four runs on 2 cores shared under a load of 7, a whole draft forward's
-    share of a step of the default model's shapes was 0.45 to 0.70 in wall time, 0.61 to 0.63 in CPU time); on CUDA,
-    wall time."""
+    no share of (they do take wall time, which makes a share timed on a busy machine vary far more); on CUDA, wall
+    time."""
     target = InferenceModel.of(model, 1)
     blocks = len(model.layers)
     drafts = {

@@ -90,14 +90,14 @@ class DecodeStats:
         return self.wall_time_s - self.capture_s
 
     def line(self) -> str:
-        """One line of key=value pairs for scripts to parse."""
+        """One line of key=value pairs for scripts to parse; ``method=none`` where nothing drafted (autoregressive)."""
         accept = ",".join(f"{a:.3f}" for a in self.acceptance) or "-"
         rule = "typical(lossy)" if self.acceptance_rule == "typical" else self.acceptance_rule
         return (
             f"tokens={self.tokens} forwards={self.forwards} tokens/forward={self.tokens_per_forward:.3f} "
             f"accept={accept} wall_s={self.wall_time_s:.3f} tokens/s={self.tokens_per_s:.1f} "
             f"ms/forward={self.ms_per_forward:.3f} prefill_ms={1000 * self.prefill_s:.1f} "
-            f"tree_nodes={self.tree_nodes} acceptance={rule} method={self.method}"
+            f"tree_nodes={self.tree_nodes} acceptance={rule} method={self.method if self.drafted else 'none'}"
             + "".join(f" {key}={value}" for key, value in self.method_params.items())
             + (f" draft_share={self.draft_share:.3f}" if self.drafted else "")
             + (f" captures={self.captures} capture_ms={1000 * self.capture_s:.1f}" if self.captures else "")

@@ -20,8 +20,7 @@ MEASURE_WIDTH = 4
 MEASURE_NODES = 256
 """Nodes of the measuring tree (or the fitted tree's budget, if larger): 4 candidates under every node to depth
 heads - 1 is 84 nodes with 4 heads (all measured) but 21,844 with 8, a step of tens of gigabytes; 256 nodes keep the
-likeliest paths of every depth (:func:`mtp.decode.tree.ranked_tree`) in a small step (51 MB measured with the byte8
-checkpoint at the fitting's 8 rows)."""
+likeliest paths of every depth (:func:`mtp.decode.tree.ranked_tree`) in a step of tens of megabytes."""
 
 
 FASTEST = "fastest"

@@ -43,7 +43,7 @@ class Attention(nn.Module):
         self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.d_model // config.n_heads
         # a bool fixed here: under FSDP2, compile treats a module's int attributes as symbolic, and SDPA refuses the
-        # SymBool a comparison of them gives (seen with torch 2.11 on an H200)
+        # SymBool a comparison of them gives
         self.grouped = config.n_kv_heads != config.n_heads
         width = input_width or config.d_model
         self.wq = nn.Linear(width, config.n_heads * self.head_dim, bias=False)

@@ -378,7 +378,7 @@ HEADS: dict[str, Callable[[ModelConfig], Heads]] = {
 
 LEGACY_NAMES = {"extra_heads.": "heads.layers.", "extra_inputs.": "heads.inputs.", "medusa_heads.": "heads.residuals."}
 LEGACY_NAMES["outputs."] = "heads.outputs."
-"""Checkpoints written before the head types were modules (up to 58142ae) kept heads 2..n at the model's top level:
+"""Checkpoints written before the head types were modules kept heads 2..n at the model's top level:
 old prefix -> new prefix (:func:`current_names`)."""
 
 

@@ -104,7 +104,7 @@ def build_model(cfg: DictConfig) -> tuple[MTPModel, Start | None, set[str]]:
 
 
 def warn_distilling_a_moving_teacher(model: MTPModel, loss: LossConfig) -> None:
-    """Distillation from head 1 while the trunk trains: measured to collapse head 1 on the default run (README)."""
+    """Warn that distillation from head 1 while the trunk trains moves head 1 itself, which can collapse it."""
     if loss.head_loss != "ce" and any(p.requires_grad for p in model.trunk_blocks.parameters()):
         log.warning(
             "loss.head_loss=%s with a trunk that trains: the heads' distillation term also moves the trunk and the "

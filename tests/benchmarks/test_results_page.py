@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mtp.benchmarks.results_page import HEADER_FIELDS, git_commit, page, provenance
+from mtp.benchmarks.results_page import HEADER_FIELDS, HEADING_LENGTH, git_commit, page, provenance
 from mtp.commands.results_page import main
 from mtp.errors import UserError
 
@@ -37,6 +37,16 @@ def test_page_is_headed_once_by_date_commit_machine_torch_and_command(tmp_path):
     assert "| ar | 10.0 |" in text
     assert "![Decoding model.gguf on CPU](decode.png)" in text
     assert (out.parent / "decode.png").read_bytes() == b"\x89PNG"
+
+
+def test_a_long_title_is_a_short_heading_over_a_paragraph_of_the_rest():
+    setting = "Decoding last.ckpt (n=4, float32) on CPU (2 threads)"
+    rest = "16 HumanEval prompts in the model's chat format, up to 128 new tokens each, best of 1 rounds"
+    assert len(f"{setting}: {rest}") > HEADING_LENGTH
+    text = page({"provenance": RUN}, f"{setting}: {rest}", "| a |", "decode.png")
+    assert text.startswith(f"# {setting}\n")
+    assert "\n16 HumanEval prompts in the model's chat format, up to 128 new tokens each, best of 1 rounds.\n" in text
+    assert f"![{setting}](decode.png)" in text
 
 
 def test_rerun_replaces_the_page(tmp_path):
