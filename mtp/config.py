@@ -334,13 +334,10 @@ class LossConfig:
             )
 
 
-MOVED_TO_LOSS = {"loss": "mode"} | {
-    name: name
-    for name in ("loss_weights", "loss_chunk", "head_loss", "distill_top_k", "distill_temperature", "causal_inputs")
-    + ("causal_draft_rate", "loss_weights_schedule", "loss_weights_final", "loss_weights_switch")
-}
-"""The model settings that moved to :class:`LossConfig` (``loss`` as ``mode``): checkpoints written before it kept
-them in their model config."""
+MOVED_TO_LOSS = {"loss": "mode"} | {f.name: f.name for f in fields(LossConfig) if f.name != "mode"}
+"""The model settings that moved to :class:`LossConfig`, every one of its settings (``mode`` was ``loss``): checkpoints
+written before it kept them in their model config. Read from the dataclass, so that the loss settings are written in
+one place (conf/loss/default.yaml repeats them, and tests/test_config.py holds it to the dataclass)."""
 
 
 def stored_loss_settings(model: dict[str, Any], loss: dict[str, Any] | None = None) -> dict[str, Any]:

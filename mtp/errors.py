@@ -1,9 +1,14 @@
-"""Errors a user can cause: bad config, bad CLI flag, bad file.
+"""Errors a user can cause: bad config, bad CLI flag, bad file, a setting out of its range.
 
-Entry points catch :class:`UserError` and print its message as one sentence, without a traceback.
+Entry points catch :class:`UserError` and print its message as one sentence, without a traceback; a
+:class:`SettingError` is one that a command line renders under its flags.
 """
 
+from __future__ import annotations
+
 import errno
+from collections.abc import Callable
+from dataclasses import dataclass
 
 FULL_DISK = frozenset({errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)})
 """The errnos of a write that ran out of room (EDQUOT, a quota, is missing on Windows)."""
@@ -11,6 +16,49 @@ FULL_DISK = frozenset({errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno
 
 class UserError(Exception):
     """A problem the user can fix; the message names the bad value and the fix."""
+
+
+class SettingError(UserError, ValueError):
+    """A setting out of its range or at odds with another (of GenerationConfig, of DistillSettings, of a method's): one
+    sentence naming the value and the fix; a UserError, as written (``str()``), where no command renders it under its
+    flags.
+
+    ``template`` has a ``{field}`` for each field it names (``values``: field -> its value): ``{top_p}`` shows the
+    field and its value, ``{tree:name}`` the field alone, ``{heads:1}`` the field with the value 1. ``str()`` spells
+    fields as Python does (``top_p=1.5``); a command line renders the same sentence with its flags (``--top-p 1.5``,
+    :func:`mtp.commands.cli.settings_named_by_flags`).
+    """
+
+    def __init__(self, template: str, **values: object) -> None:
+        self.template, self.values = template, values
+        super().__init__(self.render(str, "="))
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(self.values)
+
+    def render(self, name: Callable[[str], str], joiner: str) -> str:
+        """The sentence with each field spelled ``name(field)``, a shown value after ``joiner``."""
+        return self.template.format_map({f: _Named(name(f), v, joiner) for f, v in self.values.items()})
+
+
+@dataclass
+class _Named:
+    name: str
+    value: object
+    joiner: str
+
+    def __format__(self, spec: str) -> str:
+        if spec == "name":
+            return self.name
+        value = spec or self.value
+        shown = repr(value).removesuffix(".0") if isinstance(value, float) else str(value)  # -1, as typed, not -1.0
+        return f"{self.name}{self.joiner}{shown}"
+
+
+def literal(text: object) -> str:
+    """``text`` as it reads inside a :class:`SettingError`'s template (its braces doubled: a path may hold some)."""
+    return str(text).replace("{", "{{").replace("}", "}}")
 
 
 def first_line(err: BaseException) -> str:

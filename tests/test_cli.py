@@ -19,8 +19,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from mtp.commands import bench_decode, bench_train, cli, compare_heads, decode, fit_tree, pretrain
 from mtp.decode import GenerationConfig
-from mtp.decode.settings import SettingError
-from mtp.errors import UserError
+from mtp.errors import SettingError, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = {

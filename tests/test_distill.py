@@ -19,8 +19,8 @@ from mtp.commands.cli import run_script
 from mtp.config import ModelConfig
 from mtp.data.sources import SourceConfig, in_validation, iter_texts, load_documents
 from mtp.data.tokenizer import byte_tokenizer
-from mtp.decode import GenerationConfig, SettingError
-from mtp.errors import UserError
+from mtp.decode import GenerationConfig
+from mtp.errors import SettingError, UserError
 from mtp.interop.chat import ModelChat
 from mtp.model import MTPModel
 from mtp.pretrained.distill import (

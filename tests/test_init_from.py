@@ -179,8 +179,7 @@ def test_the_start_models_chat_template_travels_with_the_heads_trained_on_it(mak
     a model without a template carries none."""
     from mtp.checkpoint.load import chat_template_of, model_chat
     from mtp.commands import bench_decode
-    from mtp.interop.chat import ModelChat
-    from mtp.pretrained.distill import ChatTemplate
+    from mtp.interop.chat import ChatTemplate, ModelChat
 
     chat = ModelChat(CHATML, "", "<|im_end|>")
     checkpoint = torch.load(tiny_checkpoints["mtp4"], weights_only=True)

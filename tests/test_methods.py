@@ -18,8 +18,7 @@ from mtp.commands import bench_decode, decode
 from mtp.commands.methods import REGISTRY, DraftingMethod, Target, register, unregister
 from mtp.commands.methods.heads import HeadsVariant, register_variant, unregister_variant
 from mtp.decode.proposers import Proposal, Proposer
-from mtp.decode.settings import SettingError
-from mtp.errors import UserError
+from mtp.errors import SettingError, UserError
 
 
 class RepeatLast(Proposer):

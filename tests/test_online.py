@@ -11,10 +11,9 @@ import torch
 
 from mtp.config import ModelConfig
 from mtp.decode import GenerationConfig, generate
-from mtp.decode.settings import SettingError
-from mtp.errors import UserError
+from mtp.errors import SettingError, UserError
 from mtp.model import MTPModel
-from mtp.pretrained.online import OnlineHeads, OnlineSettings, draft_head_parameters
+from mtp.training.online import OnlineHeads, OnlineSettings, draft_head_parameters
 
 TYPES = {"transformer": {}, "linear": {}, "causal": {}, "medusa": {}}
 

@@ -1,6 +1,7 @@
 """The package's parts stay apart: no import circle anywhere in mtp/ (imports inside functions and for type hints
-included), no library module reaching up into the commands or the benchmarks, no benchmark reaching up into the
-commands, and nothing in the decoder reaching for argument parsing."""
+included), every module importing only its own layer or lower ones (:data:`LAYERS`), no library module reaching up
+into the commands or the benchmarks, no benchmark reaching up into the commands, and nothing in the decoder reaching
+for argument parsing."""
 
 import ast
 from pathlib import Path
@@ -87,6 +88,49 @@ def test_the_graph_sees_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from mtp.model import MTPModel\n\n    return MTPModel\n")
     assert "mtp.model" in imports_of(module)
+
+
+LAYERS = (
+    "mtp.errors",
+    "mtp.files",
+    "mtp.config",
+    "mtp.model",
+    "mtp.interop",
+    "mtp.checkpoint",
+    "mtp.data",
+    "mtp.decode",
+    "mtp.pretrained",
+    "mtp.training",
+    "mtp.benchmarks",
+    "mtp.commands",
+)
+"""mtp's layers, lowest first: a module imports modules of its own layer or of lower ones, never of a higher one
+(training builds on pretrained's init_from; pretrained's distillation and export decode; everything reads errors)."""
+
+
+def layer_of(name: str) -> int:
+    """The place in :data:`LAYERS` of module ``name`` (the layer it is, or whose package holds it)."""
+    found = [i for i, layer in enumerate(LAYERS) if name == layer or name.startswith(layer + ".")]
+    assert found, f"{name} sits in no layer; add its package to LAYERS"
+    return found[0]
+
+
+def reaching_up(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of ``graph`` (module -> modules it imports) from a layer into a higher one, as ``a -> b``."""
+    return [f"{a} -> {b}" for a in sorted(graph) for b in sorted(graph[a]) if layer_of(b) > layer_of(a)]
+
+
+def test_every_module_imports_only_its_own_layer_or_lower_ones():
+    """The package's own ``__init__`` (``import mtp``: where the package lies) sits below every layer."""
+    graph = {name: imports - {"mtp"} for name, imports in package_graph().items() if name != "mtp"}
+    assert not reaching_up(graph), "imports into a higher layer: " + ", ".join(reaching_up(graph))
+
+
+def test_the_layer_check_finds_an_import_reaching_up():
+    assert reaching_up({"mtp.pretrained.online": {"mtp.training.loss", "mtp.model"}}) == [
+        "mtp.pretrained.online -> mtp.training.loss"
+    ]
+    assert reaching_up({"mtp.training.train": {"mtp.pretrained.init_from", "mtp.errors"}}) == []
 
 
 @pytest.mark.parametrize("name", [n for n in MODULES if not n.startswith(TOP)])

@@ -19,7 +19,7 @@ from mtp.data.prompts import HumanEvalProblem, held_out_prompts, humaneval_probl
 from mtp.data.tokenizer import prompt_ids
 from mtp.decode.tree_fit import FASTEST
 from mtp.errors import UserError
-from mtp.pretrained.distill import ChatTemplate
+from mtp.interop.chat import ChatTemplate
 
 PROMPT_SETS = ("heldout", "humaneval")
 

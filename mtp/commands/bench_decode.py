@@ -84,7 +84,7 @@ from mtp.commands.methods.heads import HEADS_VARIANTS, add_variant_flags, bench_
 from mtp.decode import GenerationConfig
 from mtp.decode.proposers import DEFAULT_GAMMA
 from mtp.decode.settings import Drafted
-from mtp.pretrained.distill import ChatTemplate
+from mtp.interop.chat import ChatTemplate
 
 
 def methods() -> tuple[str, ...]:

@@ -7,7 +7,7 @@
 - settings as flags: :func:`add_settings` makes a flag of each field of a settings dataclass (its type, default and
   attribute docstring: one field with its docstring in :class:`~mtp.decode.settings.GenerationConfig` is a flag of
   every decoding command), :func:`settings_from` builds it back, and the class alone checks it, its errors
-  (:class:`~mtp.decode.settings.SettingError`) named by the flags, ``--field-name``, that the user typed;
+  (:class:`~mtp.errors.SettingError`) named by the flags, ``--field-name``, that the user typed;
 - one spelling of a number below its floor: :func:`require_at_least`.
 """
 
@@ -33,9 +33,8 @@ from omegaconf.errors import InterpolationResolutionError
 
 import mtp
 from mtp.checkpoint.load import DTYPES
-from mtp.decode.settings import SettingError
 from mtp.decode.tree_fit import FASTEST
-from mtp.errors import FULL_DISK, UserError
+from mtp.errors import FULL_DISK, SettingError, UserError
 
 T = TypeVar("T")
 

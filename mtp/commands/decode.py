@@ -60,7 +60,7 @@ from mtp.decode.proposers import Proposer
 from mtp.decode.tree import DraftTree, read_tree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 from mtp.errors import UserError
-from mtp.pretrained.online import OnlineHeads, OnlineSettings
+from mtp.training.online import OnlineHeads, OnlineSettings
 
 AUTOREGRESSIVE = {
     "heads": 1,

@@ -77,10 +77,9 @@ from mtp.data.tasks import Extraction, benchmark_match, extract_tasks, package_r
 from mtp.data.tokenizer import eot_id
 from mtp.decode import GenerationConfig
 from mtp.errors import UserError
-from mtp.interop.chat import ModelChat
+from mtp.interop.chat import ChatTemplate, ModelChat
 from mtp.pretrained.distill import (
     BATCHES_PER_SHARD,
-    ChatTemplate,
     DistillFolder,
     DistillSettings,
     Progress,

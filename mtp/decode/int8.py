@@ -40,7 +40,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from mtp.decode.settings import SettingError
+from mtp.errors import SettingError
 
 Kernel = Literal["weight_only", "fbgemm"]
 """``weight_only``: ``torch._weight_int8pack_mm``, the input in bfloat16 (the blocks' matrices); ``fbgemm``: the

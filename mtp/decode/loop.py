@@ -33,8 +33,9 @@ from mtp.decode.inference import InferenceModel
 from mtp.decode.memory import check_step_fits
 from mtp.decode.proposers import HeadsProposer, HybridProposer, Proposal, Proposer
 from mtp.decode.sampling import RowUniforms
-from mtp.decode.settings import Drafted, GenerationConfig, SettingError
+from mtp.decode.settings import Drafted, GenerationConfig
 from mtp.decode.stats import DecodeStats, SpanTimer
+from mtp.errors import SettingError
 from mtp.model import MTPModel
 
 

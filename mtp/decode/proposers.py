@@ -48,7 +48,8 @@ from mtp.decode.inference import (
     sublayers_of,
 )
 from mtp.decode.sampling import RowUniforms, processed_probs, sample_distinct, sample_from, sample_many, top_tokens
-from mtp.decode.settings import Drafted, GenerationConfig, SettingError
+from mtp.decode.settings import Drafted, GenerationConfig
+from mtp.errors import SettingError
 from mtp.model import MTPModel
 
 DEFAULT_GAMMA = 4

@@ -1,12 +1,12 @@
 """What a decoding run is asked to do (:class:`GenerationConfig`), each setting checked where it is defined.
 
-A setting out of its range, or at odds with another, is a :class:`SettingError`: one sentence naming the setting, its
-value and a fix, which the command lines render under their flags (:func:`mtp.commands.cli.settings_named_by_flags`).
+A setting out of its range, or at odds with another, is a :class:`mtp.errors.SettingError`: one sentence naming the
+setting, its value and a fix, which the command lines render under their flags
+(:func:`mtp.commands.cli.settings_named_by_flags`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Literal, get_args
 
@@ -15,7 +15,7 @@ import torch
 from mtp.config import ModelConfig
 from mtp.decode.graphs import captures_on
 from mtp.decode.tree import DraftTree
-from mtp.errors import UserError
+from mtp.errors import SettingError
 
 Acceptance = Literal["exact", "typical", "spectr"]
 ACCEPTANCE_RULES: tuple[str, ...] = get_args(Acceptance)
@@ -25,44 +25,6 @@ DraftChoice = Literal["auto", "sampled", "tempered", "top"]
 DRAFT_CHOICES: tuple[str, ...] = get_args(DraftChoice)
 SiblingDraws = Literal["distinct", "independent"]
 SIBLING_DRAWS: tuple[str, ...] = get_args(SiblingDraws)
-
-
-class SettingError(UserError, ValueError):
-    """A setting out of its range or at odds with another (of GenerationConfig, of mtp.pretrained.distill's): one
-    sentence naming the value and the fix; a UserError, as written (``str()``), where no command renders it under its
-    flags.
-
-    ``template`` has a ``{field}`` for each field it names (``values``: field -> its value): ``{top_p}`` shows the
-    field and its value, ``{tree:name}`` the field alone, ``{heads:1}`` the field with the value 1. ``str()`` spells
-    fields as Python does (``top_p=1.5``); a command line renders the same sentence with its flags (``--top-p 1.5``,
-    :func:`mtp.commands.cli.settings_named_by_flags`).
-    """
-
-    def __init__(self, template: str, **values: object) -> None:
-        self.template, self.values = template, values
-        super().__init__(self.render(str, "="))
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        return tuple(self.values)
-
-    def render(self, name: Callable[[str], str], joiner: str) -> str:
-        """The sentence with each field spelled ``name(field)``, a shown value after ``joiner``."""
-        return self.template.format_map({f: _Named(name(f), v, joiner) for f, v in self.values.items()})
-
-
-@dataclass
-class _Named:
-    name: str
-    value: object
-    joiner: str
-
-    def __format__(self, spec: str) -> str:
-        if spec == "name":
-            return self.name
-        value = spec or self.value
-        shown = repr(value).removesuffix(".0") if isinstance(value, float) else str(value)  # -1, as typed, not -1.0
-        return f"{self.name}{self.joiner}{shown}"
 
 
 @dataclass

@@ -2,17 +2,20 @@
 tokens that open and end a turn. A GGUF file keeps them in its metadata (``tokenizer.chat_template``,
 ``tokenizer.ggml.bos/eos_token_id``), a Hugging Face directory in ``tokenizer_config.json`` (or
 ``chat_template.jinja``); an mtp checkpoint carries those of the model its training started from
-(:func:`mtp.checkpoint.load.model_chat` reads every format)."""
+(:func:`mtp.checkpoint.load.model_chat` reads every format). :class:`ChatTemplate` renders a user message in that
+template, as the benchmarks put HumanEval to a chat model and self-distillation its prompts."""
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
 
+from mtp.errors import SettingError, literal
 from mtp.interop.gguf import metadata, open_gguf
 
 
@@ -67,3 +70,54 @@ def hf_chat(path: Path) -> ModelChat:
 def hf_tokenizer_config(path: Path) -> dict[str, Any]:
     config_file = path / "tokenizer_config.json"
     return json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+
+
+class ChatTemplate:
+    """A model's chat template, rendered as transformers' ``apply_chat_template`` renders it (a sandboxed Jinja
+    environment with trim_blocks and lstrip_blocks), for one user message and the assistant's turn to come."""
+
+    def __init__(self, chat: ModelChat, model: str | os.PathLike) -> None:
+        if not chat.template:
+            raise SettingError(
+                f"{{chat_template:name}}: {literal(model)} declares no chat template (an mtp checkpoint carries that "
+                "of the model its training started from, a GGUF file keeps it in tokenizer.chat_template, a Hugging "
+                "Face directory in tokenizer_config.json); drop {chat_template:name}.",
+                chat_template=True,
+            )
+        try:
+            from jinja2 import TemplateError  # optional (comes with transformers): only for chat templates
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError as err:  # optional: only chat templates need it
+            raise SettingError(
+                "{chat_template:name} renders the model's template with jinja2; pip install jinja2.", chat_template=True
+            ) from err
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(message)
+
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        environment.globals["raise_exception"] = raise_exception
+        self._error = TemplateError
+        self._bos, self._eos = chat.bos_token, chat.eos_token or ""
+        try:
+            self._template = environment.from_string(chat.template)
+        except TemplateError as err:
+            raise SettingError(
+                f"{{chat_template:name}}: {literal(model)}'s chat template does not parse ({literal(err)}); drop "
+                "{chat_template:name}.",
+                chat_template=True,
+            ) from None
+
+    def render(self, text: str) -> str:
+        """``text`` as a user message, followed by the opening of the assistant's reply."""
+        messages = [{"role": "user", "content": text}]
+        try:
+            return self._template.render(
+                messages=messages, add_generation_prompt=True, bos_token=self._bos, eos_token=self._eos
+            )
+        except self._error as err:
+            raise SettingError(
+                f"{{chat_template:name}}: the model's chat template failed ({literal(err)}); drop "
+                "{chat_template:name}.",
+                chat_template=True,
+            ) from None

@@ -28,7 +28,7 @@ generates, because that is what they must predict when it decodes. This module m
   prompts it regenerates) and decodes from there with the same batches, so an interrupted run and its continuation
   write exactly what one uninterrupted run writes. Different settings in the same folder are refused in one sentence.
 
-A mistake in a setting is a :class:`~mtp.decode.settings.SettingError` naming the setting (``batch_size``,
+A mistake in a setting is a :class:`~mtp.errors.SettingError` naming the setting (``batch_size``,
 ``force``, ``prompts``); scripts/distill.py spells it as its flag (:func:`mtp.commands.cli.settings_named_by_flags`).
 """
 
@@ -52,10 +52,10 @@ from mtp.data.prompts import instruction_prompt
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
 from mtp.data.tasks import Task
 from mtp.data.tokenizer import prompt_ids
-from mtp.decode import GenerationConfig, SettingError, generate
-from mtp.errors import UserError
+from mtp.decode import GenerationConfig, generate
+from mtp.errors import SettingError, UserError, literal
 from mtp.files import write_whole
-from mtp.interop.chat import ModelChat
+from mtp.interop.chat import ChatTemplate
 from mtp.model import MTPModel
 
 SHARD_PREFIX = "distill-"
@@ -69,11 +69,6 @@ CHARS_PER_TOKEN = 8
 """Characters tokenized ahead per wanted token (code averages 3-4; a shortfall doubles the span and tries again)."""
 BATCHES_PER_SHARD = 4
 """The default shard, in batches: a window of prompts sorted by length fills this many batches."""
-
-
-def literal(text: object) -> str:
-    """``text`` as it reads inside a :class:`SettingError`'s template (its braces doubled: a path may hold some)."""
-    return str(text).replace("{", "{{").replace("}", "}}")
 
 
 @dataclass(frozen=True)
@@ -213,60 +208,6 @@ def task_prompts(tasks: Iterable[Task], seed: int) -> Iterator[tuple[str, str]]:
     the prompt's text): a budget then takes tasks from the whole tree, not from its first modules in file order."""
     for task in sorted(tasks, key=lambda task: hashlib.sha256(f"{seed}:{task.prompt}".encode()).digest()):
         yield task.prompt, task.origin
-
-
-# ------------------------------------------------------------------------------------------------------ chat template
-
-
-class ChatTemplate:
-    """A model's chat template, rendered as transformers' ``apply_chat_template`` renders it (a sandboxed Jinja
-    environment with trim_blocks and lstrip_blocks), for one user message and the assistant's turn to come."""
-
-    def __init__(self, chat: ModelChat, model: str | os.PathLike) -> None:
-        if not chat.template:
-            raise SettingError(
-                f"{{chat_template:name}}: {literal(model)} declares no chat template (an mtp checkpoint carries that "
-                "of the model its training started from, a GGUF file keeps it in tokenizer.chat_template, a Hugging "
-                "Face directory in tokenizer_config.json); drop {chat_template:name}.",
-                chat_template=True,
-            )
-        try:
-            from jinja2 import TemplateError  # optional (comes with transformers): only for chat templates
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-        except ImportError as err:  # optional: only chat templates need it
-            raise SettingError(
-                "{chat_template:name} renders the model's template with jinja2; pip install jinja2.", chat_template=True
-            ) from err
-
-        def raise_exception(message: str) -> None:
-            raise TemplateError(message)
-
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        environment.globals["raise_exception"] = raise_exception
-        self._error = TemplateError
-        self._bos, self._eos = chat.bos_token, chat.eos_token or ""
-        try:
-            self._template = environment.from_string(chat.template)
-        except TemplateError as err:
-            raise SettingError(
-                f"{{chat_template:name}}: {literal(model)}'s chat template does not parse ({literal(err)}); drop "
-                "{chat_template:name}.",
-                chat_template=True,
-            ) from None
-
-    def render(self, text: str) -> str:
-        """``text`` as a user message, followed by the opening of the assistant's reply."""
-        messages = [{"role": "user", "content": text}]
-        try:
-            return self._template.render(
-                messages=messages, add_generation_prompt=True, bos_token=self._bos, eos_token=self._eos
-            )
-        except self._error as err:
-            raise SettingError(
-                f"{{chat_template:name}}: the model's chat template failed ({literal(err)}); drop "
-                "{chat_template:name}.",
-                chat_template=True,
-            ) from None
 
 
 def encode_prompts(

@@ -15,6 +15,7 @@ from typing import Any
 import hydra
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -117,15 +118,16 @@ def warn_distilling_a_moving_teacher(model: MTPModel, loss: LossConfig) -> None:
 
 def explicit_settings(cfg: DictConfig, group: str) -> set[str]:
     """The settings of ``group`` (``model``, ``loss``) the command line set (``model.d_model=512``, ``+model.x=...``),
-    from Hydra's record of the overrides: in the config when composed with ``return_hydra_config``, else in the
-    running Hydra app; a preset's own values (``model=mtp4``, ``size=small``) are not among them."""
+    from Hydra's record of the overrides, read by Hydra's own parser: in the config when composed with
+    ``return_hydra_config``, else in the running Hydra app; a preset's own values (``model=mtp4``, ``size=small``) are
+    not among them."""
     if "hydra" in cfg:
         overrides = cfg.hydra.overrides.task
     elif HydraConfig.initialized():
         overrides = HydraConfig.get().overrides.task
     else:
         overrides = []
-    keys = (override.split("=", 1)[0].lstrip("+~") for override in overrides)
+    keys = (override.key_or_group for override in OverridesParser.create().parse_overrides(list(overrides)))
     return {key.removeprefix(f"{group}.") for key in keys if key.startswith(f"{group}.")}
 
 

@@ -290,8 +290,7 @@ CHATML = (
 
 
 def test_the_chat_prompt_is_evalplus_instruction_in_the_template_then_the_reply_opening():
-    from mtp.interop.chat import ModelChat
-    from mtp.pretrained.distill import ChatTemplate
+    from mtp.interop.chat import ChatTemplate, ModelChat
 
     text = chat_prompt(ADD, ChatTemplate(ModelChat(CHATML), "model.gguf").render)
     assert text == (

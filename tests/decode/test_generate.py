@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mtp.decode import GenerationConfig, generate
-from mtp.decode.settings import SettingError
+from mtp.errors import SettingError
 from tests.decode.helpers import HEAD_TYPES, fixed_logits_model, head1_logits, tiny_model
 
 RAGGED = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [3, 3]]

@@ -10,8 +10,8 @@ import torch
 from mtp.decode import GenerationConfig, generate, inference
 from mtp.decode import graphs as graphs_module
 from mtp.decode.inference import InferenceModel
-from mtp.decode.settings import SettingError
 from mtp.decode.tree import DraftTree, full_tree
+from mtp.errors import SettingError
 from tests.decode.helpers import tiny_model
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [20], [3, 4]]

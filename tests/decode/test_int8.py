@@ -7,10 +7,11 @@ import functools
 import pytest
 import torch
 
-from mtp.decode import GenerationConfig, SettingError, generate
+from mtp.decode import GenerationConfig, generate
 from mtp.decode.inference import ATTENTION, FEED_FORWARD, InferenceModel
 from mtp.decode.int8 import MAX_ROWS, Int8Matrices, Int8Unembedding
 from mtp.decode.proposers import LookupDrafter, draft_model_drafter, layer_skip_drafter
+from mtp.errors import SettingError
 from tests.decode.helpers import HEAD_TYPES, tiny_model, train_on_cycles
 from tests.decode.test_generate import RAGGED
 from tests.decode.test_lossless import check_real_model

@@ -9,11 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from mtp.decode import GenerationConfig, SettingError, generate
+from mtp.decode import GenerationConfig, generate
 from mtp.decode import acceptance as acceptance_module
 from mtp.decode.acceptance import NodeLaws, SpecTr, TreeVerification, rule_for, spectr_residual, spectr_rho
 from mtp.decode.proposers import LookupDrafter, draft_model_drafter, layer_skip_drafter, staged_drafter
 from mtp.decode.tree import DraftTree
+from mtp.errors import SettingError
 from tests.decode.helpers import HEAD_TYPES, fixed_logits_model, tiny_model, train_on_cycles
 from tests.decode.test_drafters import VOCAB, check_drafter, draft_tables, drafter_for
 from tests.decode.test_lossless import check, check_real_model, counting_tables

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mtp.decode.settings import SettingError
+from mtp.errors import SettingError
 from mtp.model import MTPModel
 from mtp.training.loss import Teacher, distill_loss
 
