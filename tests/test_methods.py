@@ -17,7 +17,7 @@ from torch import Tensor
 from mtp.commands import bench_decode, decode
 from mtp.commands.methods import REGISTRY, DraftingMethod, Target, register, unregister
 from mtp.commands.methods.heads import HeadsVariant, register_variant, unregister_variant
-from mtp.decode.proposers import Proposal, Proposer
+from mtp.decode.proposal import Proposal, Proposer
 from mtp.errors import SettingError, UserError
 
 

@@ -1523,8 +1523,8 @@ MUTATIONS = [
     Mutation(
         "the system-call filter lets a process fork (clone passes)",
         "mtp.benchmarks.jail",
-        "            clone=56,\n",
-        "            clone=9056,\n",
+        "            clone=56, fork=57,",
+        "            clone=9056, fork=57,",
         (HOSTILE, KERNEL_REFUSES),
     ),
     Mutation(
@@ -1551,8 +1551,8 @@ MUTATIONS = [
     Mutation(
         "a file's times left to change (utimensat passes)",
         "mtp.benchmarks.jail",
-        "            utimensat=280,\n",
-        "            utimensat=9280,\n",
+        " utimensat=280,",
+        " utimensat=9280,",
         (HOSTILE,),
     ),
     Mutation(

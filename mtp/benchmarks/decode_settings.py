@@ -14,7 +14,7 @@ from mtp.benchmarks.report import CHAIN
 from mtp.config import ModelConfig
 from mtp.decode import GenerationConfig
 from mtp.decode.graphs import captures_on
-from mtp.decode.proposers import Proposer
+from mtp.decode.proposal import Proposer
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
 from mtp.errors import UserError
 

@@ -82,7 +82,7 @@ from mtp.commands.cli import (
 from mtp.commands.methods import REGISTRY, Target
 from mtp.commands.methods.heads import HEADS_VARIANTS, add_variant_flags, bench_trees
 from mtp.decode import GenerationConfig
-from mtp.decode.proposers import DEFAULT_GAMMA
+from mtp.decode.proposal import DEFAULT_GAMMA
 from mtp.decode.settings import Drafted
 from mtp.interop.chat import ChatTemplate
 

@@ -56,7 +56,7 @@ from mtp.commands.methods import REGISTRY, Target
 from mtp.commands.methods.base import DrafterSettings, chosen_methods, method_flags
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode import GenerationConfig, generate
-from mtp.decode.proposers import Proposer
+from mtp.decode.proposal import Proposer
 from mtp.decode.tree import DraftTree, read_tree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 from mtp.errors import UserError

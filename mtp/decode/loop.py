@@ -31,7 +31,8 @@ from mtp.decode.acceptance import NodeLaws, Rule, TreeVerification, rule_for
 from mtp.decode.cache import KVCache
 from mtp.decode.inference import InferenceModel
 from mtp.decode.memory import check_step_fits
-from mtp.decode.proposers import HeadsProposer, HybridProposer, Proposal, Proposer
+from mtp.decode.proposal import Proposal, Proposer
+from mtp.decode.proposers import HeadsProposer, HybridProposer
 from mtp.decode.sampling import RowUniforms
 from mtp.decode.settings import Drafted, GenerationConfig
 from mtp.decode.stats import DecodeStats, SpanTimer

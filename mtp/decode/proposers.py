@@ -28,16 +28,14 @@ drawn from.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from mtp.decode.acceptance import Greedy, Lossless, RandomLayout
-from mtp.decode.cache import KVCache
 from mtp.decode.inference import (
     ATTENTION,
     FEED_FORWARD,
@@ -47,103 +45,12 @@ from mtp.decode.inference import (
     skip_label,
     sublayers_of,
 )
+from mtp.decode.lookup import LookupDrafter, lookup_continuation
+from mtp.decode.proposal import DEFAULT_GAMMA, Proposal, Proposer
 from mtp.decode.sampling import RowUniforms, processed_probs, sample_distinct, sample_from, sample_many, top_tokens
 from mtp.decode.settings import Drafted, GenerationConfig
 from mtp.errors import SettingError
 from mtp.model import MTPModel
-
-DEFAULT_GAMMA = 4
-"""A drafter's drafts per step unless it is given its own (decode's --gamma default)."""
-
-
-@dataclass
-class Proposal:
-    """A step's drafts. Row b's first ``counts[b]`` (``live[b]``) drafts, or tree depths, are meant; the rest pad."""
-
-    tokens: Tensor
-    """(B, N): a chain's drafts, or a draft tree's nodes (parents first)."""
-    probs: Tensor | None
-    """(B, D, V): the law each chain draft (each tree depth's nodes) was drawn from; None: top-ranked drafts."""
-    live: Tensor | None = None
-    """(B,) on the device: drafts (chain) or depths (tree) each row has, before a draft too unlikely to verify."""
-    counts: list[int] | None = None
-    """The same on the host, from proposers that know it there (the drafters)."""
-    law_index: Tensor | None = None
-    """(N,) for a tree whose nodes were not drawn one law per depth: the index in ``probs`` of each node's law."""
-    distinct: bool = False
-    """A tree whose every node's children were drawn from their law without replacement (else independently)."""
-
-    def rows(self, index: Tensor, rows: list[int]) -> Proposal:
-        """This proposal for the rows ``index`` (``rows`` on the host) only."""
-        return Proposal(
-            self.tokens[index],
-            None if self.probs is None else self.probs[index],
-            None if self.live is None else self.live[index],
-            None if self.counts is None else [self.counts[r] for r in rows],
-            self.law_index,
-            self.distinct,
-        )
-
-
-class Proposer:
-    """What :func:`~mtp.decode.generate.generate` asks of a proposer. Rows are the live rows of the batch, in order.
-
-    ``start(prompts, max_len, config)``; then per step: ``draft_in_step`` during the target's forward (for drafts that
-    come out of it), ``keep_rows`` when rows finish, ``advance(accepted, emitted)`` (what the target accepted of the
-    last proposal, and the tokens each row emitted: the accepted drafts and the token after them), and ``propose``.
-    """
-
-    method: str
-    """How the drafts are made, for the statistics: ``heads`` (the target's), ``draft`` (a draft model), ``layerskip``
-    (the target with blocks skipped), ``lookup`` (prompt lookup)."""
-    forwards = 0
-    """Forwards the proposer's own model ran (0 without one)."""
-    context: int | None = None
-    """The most positions its model holds (None: no model of its own, no limit)."""
-    gamma = 0
-    """Drafts it makes per step, at most (a drafter's, at least 1; 0 for the heads, whose drafts the settings count).
-    :meth:`with_gamma` gives the same drafter with another count."""
-    drafts_with_a_model = True
-    """Its drafts come out of a model's forward (heads, a draft model, layer skip), so their precision
-    (``draft_dtype``) can change them; False: a lookup in the tokens."""
-    draws_drafts = True
-    """When sampling, it draws its drafts from laws it computes, so ``draft_choice`` can draw them otherwise; False:
-    its drafts are chosen another way (looked up, or decoded by an inner speculative step)."""
-    beside_heads = False
-    """Its chains can be verified beside the target's heads' chain in one step (:class:`HybridProposer`): it has
-    ``draft_chains(gamma, draws)``."""
-
-    def params(self) -> dict[str, str]:
-        """The method's parameters, for the statistics line."""
-        return {}
-
-    def with_gamma(self, gamma: int) -> Proposer:
-        """This drafter (before it starts: nothing of a run is in it yet) drafting ``gamma`` tokens per step."""
-        drafter = copy.copy(self)
-        drafter.gamma = gamma
-        return drafter
-
-    def start(self, prompts: list[list[int]], max_len: int, config: Drafted | None = None) -> None:
-        """``config`` (None: greedy) sets how drafts are made: sampled from their proposals or top-ranked."""
-        self.config = config
-        self.sampled = config is not None and config.samples_drafts
-
-    def draft_in_step(
-        self, hidden: Tensor, cache: KVCache, last: Tensor, inputs: Tensor, next_token: Tensor, draws: Tensor | None
-    ) -> Tensor | None:
-        """Drafts made from the target's step (before its cache is committed): :meth:`InferenceModel.draft`'s
-        arguments; returns how many each row has (B,) on the device. None: this proposer drafts in :meth:`propose`."""
-        return None
-
-    def advance(self, accepted: list[int], emitted: list[list[int]]) -> None:
-        pass
-
-    def keep_rows(self, rows: list[int], index: Tensor) -> None:
-        raise NotImplementedError
-
-    def propose(self, gamma: int, draws: Tensor | None) -> Proposal:
-        """At most ``gamma`` drafts per row; when sampling, draft j is drawn with ``draws[:, j]``."""
-        raise NotImplementedError
 
 
 class HeadsProposer(Proposer):
@@ -464,18 +371,6 @@ class StagedDrafter(ModelDrafter):
         return tokens, probs
 
 
-def lookup_continuation(tokens: list[int], ngram: int, gamma: int) -> list[int]:
-    """Up to ``gamma`` tokens that followed the latest earlier occurrence of the last n tokens (n from ``ngram`` down
-    to 1), copied with overlap past the end (:class:`LookupDrafter`'s drafts, without its index)."""
-    for n in range(min(ngram, len(tokens) - 1), 0, -1):
-        tail = tokens[-n:]
-        for start in range(len(tokens) - n - 1, -1, -1):
-            if tokens[start : start + n] == tail:
-                period = len(tokens) - (start + n)
-                return [tokens[start + n + i % period] for i in range(gamma)]
-    return []
-
-
 class HybridProposer(Proposer):
     """A drafter's chains and the target's own heads' chain, verified as one tree (``config.step_tree``: the drafter's
     ``drafts_per_step`` chains of gamma, then the heads' chain of heads - 1 as one more branch from the root). The heads
@@ -557,74 +452,3 @@ def layer_skip_drafter(
         )
     form = InferenceModel.of(model, 1, compile).skipping(sublayers)
     return ModelDrafter(form, "layerskip", {"skip": skip_label(sublayers), **(params or {})}, gamma)
-
-
-class LookupDrafter(Proposer):
-    """Prompt lookup: the continuation of the latest earlier occurrence of the last ``ngram`` (down to 1) tokens."""
-
-    method = "lookup"
-    drafts_with_a_model = draws_drafts = False
-    beside_heads = True
-
-    def __init__(self, ngram: int, vocab_size: int, device: torch.device | str, gamma: int = DEFAULT_GAMMA) -> None:
-        if ngram < 1:
-            raise ValueError(f"ngram={ngram} must be at least 1")
-        self.ngram, self.vocab_size, self.device, self.gamma = ngram, vocab_size, torch.device(device), gamma
-
-    def params(self) -> dict[str, str]:
-        return {"ngram": str(self.ngram)}
-
-    def start(self, prompts: list[list[int]], max_len: int, config: Drafted | None = None) -> None:
-        if config is not None and config.drafts_per_step > 1:
-            raise SettingError(
-                "prompt lookup drafts one continuation per row, which no tree of several is made of; use "
-                "{drafts_per_step:1} with it.",
-                drafts_per_step=config.drafts_per_step,
-            )
-        if config is not None and config.draft_dtype != "auto" and not config.hybrid:  # a hybrid's heads take it
-            raise SettingError(
-                "{draft_dtype} quantizes a model's drafts, and prompt lookup drafts without a model; leave "
-                "{draft_dtype:auto} with it.",
-                draft_dtype=config.draft_dtype,
-            )
-        super().start(prompts, max_len, config)
-        self.tokens = [list(p) for p in prompts]
-        self.follows = [{} for _ in prompts]  # n-gram -> where the tokens after its latest occurrence start
-        self.indexed = [0] * len(prompts)  # n-grams ending before this index are in `follows`
-
-    def advance(self, accepted: list[int], emitted: list[list[int]]) -> None:
-        for tokens, new in zip(self.tokens, emitted, strict=True):
-            tokens.extend(new)
-
-    def keep_rows(self, rows: list[int], index: Tensor) -> None:
-        self.tokens = [self.tokens[r] for r in rows]
-        self.follows = [self.follows[r] for r in rows]
-        self.indexed = [self.indexed[r] for r in rows]
-
-    def continuation(self, row: int, gamma: int) -> list[int]:
-        """``gamma`` tokens that followed the latest earlier occurrence of the row's last n-gram (none without one),
-        copied with overlap: past the end of the sequence, the match's period repeats."""
-        tokens, follows = self.tokens[row], self.follows[row]
-        for end in range(self.indexed[row], len(tokens) - 1):  # index every n-gram that has a token after it
-            for n in range(1, min(self.ngram, end + 1) + 1):
-                follows[tuple(tokens[end - n + 1 : end + 1])] = end + 1
-        self.indexed[row] = max(self.indexed[row], len(tokens) - 1)
-        for n in range(min(self.ngram, len(tokens)), 0, -1):
-            start = follows.get(tuple(tokens[-n:]))
-            if start is not None:
-                period = len(tokens) - start
-                return [tokens[start + i % period] for i in range(gamma)]
-        return []
-
-    def draft_chains(self, gamma: int, draws: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """Its chain beside the heads' (:class:`HybridProposer`): (B, gamma) drafts, a row without a match padded
-        (the step verifies the padding and rejects what is wrong of it, as any draft), and their one-hot laws when
-        sampling."""
-        proposal = self.propose(gamma, draws)
-        return proposal.tokens, proposal.probs
-
-    def propose(self, gamma: int, draws: Tensor | None) -> Proposal:
-        found = [self.continuation(row, gamma) for row in range(len(self.tokens))]
-        drafts = torch.tensor([f + [0] * (gamma - len(f)) for f in found], device=self.device).view(len(found), gamma)
-        probs = F.one_hot(drafts, self.vocab_size).float() if self.sampled else None
-        return Proposal(drafts, probs, counts=[len(f) for f in found])

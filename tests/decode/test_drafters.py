@@ -10,7 +10,8 @@ import torch
 from mtp.decode import GenerationConfig, generate
 from mtp.decode import acceptance as acceptance_module
 from mtp.decode import proposers as drafters_module
-from mtp.decode.proposers import LookupDrafter, draft_model_drafter, layer_skip_drafter
+from mtp.decode.lookup import LookupDrafter
+from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter
 from tests.decode.helpers import NEVER, fixed_logits_model, head1_logits, tiny_model, train_on_cycles
 from tests.decode.test_lossless import check_real_model, reference_probs, total_variation, tv_threshold
 from tests.decode.test_tree import partly_trained

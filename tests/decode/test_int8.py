@@ -10,7 +10,8 @@ import torch
 from mtp.decode import GenerationConfig, generate
 from mtp.decode.inference import ATTENTION, FEED_FORWARD, InferenceModel
 from mtp.decode.int8 import MAX_ROWS, Int8Matrices, Int8Unembedding
-from mtp.decode.proposers import LookupDrafter, draft_model_drafter, layer_skip_drafter
+from mtp.decode.lookup import LookupDrafter
+from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter
 from mtp.errors import SettingError
 from tests.decode.helpers import HEAD_TYPES, tiny_model, train_on_cycles
 from tests.decode.test_generate import RAGGED

@@ -12,7 +12,8 @@ import torch
 from mtp.decode import GenerationConfig, generate
 from mtp.decode import acceptance as acceptance_module
 from mtp.decode.acceptance import NodeLaws, SpecTr, TreeVerification, rule_for, spectr_residual, spectr_rho
-from mtp.decode.proposers import LookupDrafter, draft_model_drafter, layer_skip_drafter, staged_drafter
+from mtp.decode.lookup import LookupDrafter
+from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter, staged_drafter
 from mtp.decode.tree import DraftTree
 from mtp.errors import SettingError
 from tests.decode.helpers import HEAD_TYPES, fixed_logits_model, tiny_model, train_on_cycles

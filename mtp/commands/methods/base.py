@@ -19,7 +19,7 @@ import torch
 
 from mtp.checkpoint.load import LoadedCheckpoint
 from mtp.commands.cli import add_settings, flag_of, settings_from
-from mtp.decode.proposers import DEFAULT_GAMMA, Proposer
+from mtp.decode.proposal import DEFAULT_GAMMA, Proposer
 from mtp.decode.settings import Drafted
 from mtp.errors import UserError
 

@@ -16,7 +16,8 @@ from mtp.benchmarks.cli import int_list
 from mtp.checkpoint.load import LoadedCheckpoint, load_checkpoint
 from mtp.commands.cli import add_settings
 from mtp.commands.methods.base import BenchRow, DraftingMethod, Target, register
-from mtp.decode.proposers import DEFAULT_GAMMA, Proposer, StagedDrafter, draft_model_drafter, staged_drafter
+from mtp.decode.proposal import DEFAULT_GAMMA, Proposer
+from mtp.decode.proposers import StagedDrafter, draft_model_drafter, staged_drafter
 from mtp.decode.settings import Drafted
 from mtp.errors import UserError
 

@@ -15,7 +15,8 @@ from mtp.commands.cli import add_settings, require_at_least
 from mtp.commands.methods.base import BenchRow, DraftingMethod, Target, register
 from mtp.data.prompts import prompts_beyond_the_benchmarks
 from mtp.decode.inference import ATTENTION, FEED_FORWARD, Sublayer, sublayers_of
-from mtp.decode.proposers import ModelDrafter, Proposer, layer_skip_drafter
+from mtp.decode.proposal import Proposer
+from mtp.decode.proposers import ModelDrafter, layer_skip_drafter
 from mtp.decode.settings import Drafted
 from mtp.decode.skip_search import SearchResult, Trials, measure_costs, search_blocks, search_sublayers
 from mtp.errors import UserError

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from mtp.commands.cli import require_at_least
 from mtp.commands.methods.base import BenchRow, DraftingMethod, Target, register
-from mtp.decode.proposers import LookupDrafter, Proposer
+from mtp.decode.lookup import LookupDrafter
+from mtp.decode.proposal import Proposer
 from mtp.decode.settings import Drafted
 
 BESIDE_HEADS = "lookup+heads"
