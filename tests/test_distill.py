@@ -24,9 +24,7 @@ from mtp.errors import SettingError, UserError
 from mtp.interop.chat import ModelChat
 from mtp.model import MTPModel
 from mtp.pretrained.distill import (
-    SETTINGS_NAME,
     ChatTemplate,
-    DistillFolder,
     DistillSettings,
     Prompt,
     completion_row,
@@ -37,6 +35,7 @@ from mtp.pretrained.distill import (
     whole_batches,
     windows,
 )
+from mtp.pretrained.distill_folder import SETTINGS_NAME, DistillFolder
 from mtp.training.train import train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -80,7 +80,6 @@ from mtp.errors import UserError
 from mtp.interop.chat import ChatTemplate, ModelChat
 from mtp.pretrained.distill import (
     BATCHES_PER_SHARD,
-    DistillFolder,
     DistillSettings,
     Progress,
     Prompt,
@@ -89,10 +88,10 @@ from mtp.pretrained.distill import (
     file_prompts,
     fits,
     given_replies,
-    model_fingerprint,
     source_prompts,
     task_prompts,
 )
+from mtp.pretrained.distill_folder import DistillFolder, model_fingerprint
 
 TASKS = "tasks"
 """--source tasks: HumanEval-style tasks from Python source (mtp.data.tasks) instead of a document source."""
