@@ -4,6 +4,8 @@
 - ``files``: local globs of ``.txt``/``.md``/``.py`` (one document per file), ``.jsonl``/``.json``
   and ``.parquet`` (one document per row, text in ``text_field``).
 - ``hub``: a dataset name (or local dataset folder) and its text field, optionally streamed.
+- ``polynomial``: arithmetic problems in F7[X]/(X^5) generated from a seed, one per document
+  (:mod:`mtp.data.polynomial`: the text format, the evaluation sets kept out of training).
 
 The split is by document content: a document goes to validation when a hash of its text falls under
 ``val_fraction``. It is deterministic, independent of file order, and keeps duplicates on one side.
@@ -21,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mtp.data import polynomial
 from mtp.errors import UserError
 
 if TYPE_CHECKING:  # imported where documents are loaded: it costs about a second of every command's start
     import datasets
 
-SOURCE_KINDS = ("stdlib", "files", "hub")
+SOURCE_KINDS = ("stdlib", "files", "hub", "polynomial")
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst"}
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -46,6 +49,18 @@ class SourceConfig:
     streaming: bool = False
     max_documents: int = 0
     """Read at most this many documents (0: all); needed to bound a streamed dataset."""
+    seed: int = 0
+    """polynomial: the seed of the training problems."""
+    problems: int = 100_000
+    """polynomial: training problems generated (before the validation split)."""
+    min_ops: int = 1
+    """polynomial: the fewest operations of a training problem."""
+    max_ops: int = 5
+    """polynomial: the most operations of a training problem."""
+    eval_seed: int = 0
+    """polynomial: the seed of the evaluation sets, which training problems never repeat."""
+    eval_problems: int = 2000
+    """polynomial: problems per operation count (1..10) in each evaluation set."""
 
     def __post_init__(self) -> None:
         if self.kind not in SOURCE_KINDS:
@@ -56,6 +71,13 @@ class SourceConfig:
             raise UserError("data.source.kind=hub needs data.source.name=<dataset name or folder>.")
         if self.max_documents < 0:
             raise UserError(f"data.source.max_documents={self.max_documents} must be 0 (all) or positive.")
+        if self.kind == "polynomial":
+            polynomial.check_ops_range(self.min_ops, self.max_ops)
+            if self.problems < 1 or self.eval_problems < 1:
+                raise UserError(
+                    f"data.source.problems={self.problems} and data.source.eval_problems={self.eval_problems} must "
+                    "both be at least 1."
+                )
 
 
 def stdlib_root() -> Path:
@@ -138,6 +160,11 @@ def source_identity(config: SourceConfig) -> dict[str, Any]:
         identity["python"] = sys.version
     if config.kind == "hub":
         identity.update(name=config.name, subset=config.subset, split=config.split)
+    if config.kind == "polynomial":
+        identity.update(
+            seed=config.seed, problems=config.problems, min_ops=config.min_ops, max_ops=config.max_ops,
+            eval_seed=config.eval_seed, eval_problems=config.eval_problems, generator=polynomial.GENERATOR_VERSION,
+        )  # fmt: skip
     return identity
 
 
@@ -145,6 +172,8 @@ def load_documents(config: SourceConfig) -> datasets.Dataset | datasets.Iterable
     """All documents of the source as one dataset with a single column ``text``."""
     if config.kind == "hub":
         dataset = _load_hub(config)
+    elif config.kind == "polynomial":
+        dataset = _polynomial_documents(config)
     else:
         dataset = _load_files(source_files(config), config.text_field)
     if config.max_documents:
@@ -171,6 +200,15 @@ def _load_files(files: list[Path], text_field: str) -> datasets.Dataset:
                 parts.append(_text_column(loaded, text_field, f"{builder} files {data_files[0]}..."))
     dataset = datasets.concatenate_datasets(parts)
     return dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
+
+
+def _polynomial_documents(config: SourceConfig) -> datasets.Dataset:
+    import datasets  # about a second to import: only where documents are loaded
+
+    problems = polynomial.training_problems(
+        config.seed, config.problems, config.min_ops, config.max_ops, config.eval_seed, config.eval_problems
+    )
+    return datasets.Dataset.from_dict({"text": [problem.text for problem in problems]})
 
 
 @contextmanager
