@@ -69,9 +69,10 @@ def poly_text(a: Poly) -> str:
 
 
 def check_ops(ops: int, setting: str) -> None:
-    """A UserError naming ``setting`` unless 1 <= ops <= MAX_OPS."""
+    """A UserError naming ``setting`` (a config key, or a ``--flag``) unless 1 <= ops <= MAX_OPS."""
     if not 1 <= ops <= MAX_OPS:
-        raise UserError(f"{setting}={ops} is outside the operation counts the generator supports; use 1 to {MAX_OPS}.")
+        given = f"{setting} {ops}" if setting.startswith("--") else f"{setting}={ops}"
+        raise UserError(f"{given} is outside the operation counts the generator supports; use 1 to {MAX_OPS}.")
 
 
 def check_ops_range(min_ops: int, max_ops: int) -> None:

@@ -1,0 +1,146 @@
+"""Scoring a checkpoint on the synthetic task it was trained on (Gloeckle et al. 2024, section 4).
+
+The task is the checkpoint's recorded data source kind; :data:`TASKS` maps each task to its evaluation, a function
+``(loaded checkpoint, EvalSettings) -> results`` whose results hold ``rows`` (one per group, e.g. per operation
+count: ``correct`` of ``problems``, their accuracy and Wilson 95% interval) and ``decoding`` (the decoder's totals).
+Another task plugs in as one more entry of :data:`TASKS`.
+
+- ``polynomial`` (:mod:`mtp.data.polynomial`): each evaluation problem's prompt (``<problem>=``) decoded greedily;
+  right when the reply up to its first newline is the answer (a reply without a newline is wrong). The evaluation
+  sets are the checkpoint's own (its recorded evaluation seed), the ones its training never repeated.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mtp.checkpoint.load import LoadedCheckpoint
+from mtp.data import polynomial
+from mtp.data.tokenizer import eot_id, prompt_ids
+from mtp.decode import GenerationConfig, generate
+from mtp.errors import UserError
+
+Z95 = 1.959963984540054
+"""The standard normal quantile of 0.975: a two-sided 95% interval."""
+
+
+def wilson_interval(correct: int, total: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson's score interval for a proportion ``correct / total`` (``(0, 1)`` for no trials)."""
+    assert 0 <= correct <= total
+    if total == 0:
+        return 0.0, 1.0
+    p = correct / total
+    denominator = 1 + z * z / total
+    center = (p + z * z / (2 * total)) / denominator
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denominator
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def accuracy_row(correct: int, total: int, **group: Any) -> dict[str, Any]:
+    low, high = wilson_interval(correct, total)
+    return {**group, "problems": total, "correct": correct, "accuracy": correct / total if total else 0.0,
+            "ci95": [low, high]}  # fmt: skip
+
+
+def parse_ops(text: str) -> list[int]:
+    """``--ops``: a count (``3``), a range (``1-10``) or a list of them (``1-5,8``), each count 1..10."""
+    counts: set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            counts.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise UserError(f"--ops {text!r} is not a count, a range such as 1-10 or a list such as 1-5,8.") from None
+    if not counts:
+        raise UserError(f"--ops {text!r} names no operation count; give a range such as 1-10.")
+    for ops in sorted(counts):
+        polynomial.check_ops(ops, "--ops")
+    return sorted(counts)
+
+
+@dataclass
+class EvalSettings:
+    ops: list[int] = field(default_factory=lambda: list(range(1, polynomial.MAX_OPS + 1)))
+    """polynomial: the operation counts scored."""
+    problems: int | None = None
+    """Problems per group, the first of each evaluation set (None: the whole set)."""
+    heads: int = 1
+    """Heads decoding: 1 autoregressive, k > 1 self-speculative greedy (the same output)."""
+    batch_size: int = 64
+    """Problems decoded together."""
+
+
+def is_right(reply: str, answer: str) -> bool:
+    """Exact match: the reply's text up to its first newline is the answer, and the newline is there."""
+    line, newline, _ = reply.partition("\n")
+    return bool(newline) and line == answer
+
+
+def evaluate_polynomial(loaded: LoadedCheckpoint, settings: EvalSettings) -> dict[str, Any]:
+    source = loaded.data["source"]
+    available = source.get("eval_problems", 2000)
+    if settings.problems is not None and settings.problems > available:
+        raise UserError(
+            f"--problems {settings.problems} is more than the {available} problems per count that training kept out "
+            f"of its data; use at most {available}."
+        )
+    count = available if settings.problems is None else settings.problems
+    tokenizer, eot = loaded.tokenizer, eot_id(loaded.tokenizer)
+    config = GenerationConfig(max_new_tokens=polynomial.DEGREE + 1, heads=settings.heads, eos_id=eot)
+    training_ops = range(source.get("min_ops", 1), source.get("max_ops", 5) + 1)
+    rows, forwards, tokens, seconds = [], 0, 0, 0.0
+    for ops in settings.ops:
+        problems = polynomial.evaluation_problems(ops, available, source.get("eval_seed", 0))[:count]
+        correct = 0
+        for start in range(0, len(problems), settings.batch_size):
+            batch = problems[start : start + settings.batch_size]
+            began = time.perf_counter()
+            outputs, stats = generate(loaded.model, [prompt_ids(tokenizer, p.prompt) for p in batch], config)
+            seconds += time.perf_counter() - began
+            forwards, tokens = forwards + stats.row_forwards, tokens + stats.tokens
+            correct += sum(is_right(tokenizer.decode(ids), p.answer) for ids, p in zip(outputs, batch, strict=True))
+        rows.append(accuracy_row(correct, len(problems), ops=ops, in_domain=ops in training_ops))
+    decoding = {"heads": settings.heads, "tokens": tokens, "row_forwards": forwards, "seconds": seconds,
+                "tokens_per_forward": tokens / forwards if forwards else 0.0}  # fmt: skip
+    return {"metric": "exact match", "group": "ops", "rows": rows, "decoding": decoding}
+
+
+TASKS: dict[str, Callable[[LoadedCheckpoint, EvalSettings], dict[str, Any]]] = {"polynomial": evaluate_polynomial}
+"""Task name (the data source kind a checkpoint trained on) -> its evaluation."""
+
+
+def task_of(loaded: LoadedCheckpoint, path: str) -> str:
+    """The task ``loaded`` was trained on, or a UserError when it was trained on something else."""
+    kind = loaded.data.get("source", {}).get("kind")
+    if kind not in TASKS:
+        trained = f"data.source.kind={kind}" if kind else "data this checkpoint does not record"
+        raise UserError(
+            f"{path} was trained on {trained}, not on a task this command scores ({', '.join(TASKS)}); pass a "
+            "checkpoint trained with experiment=paper_polynomial."
+        )
+    return kind
+
+
+def results_table(results: dict[str, Any]) -> str:
+    """results.md: one row per group, accuracy with its interval."""
+    group = results["group"]
+    lines = [
+        f"| {group} | domain | problems | correct | {results['metric']} | 95% interval |",
+        "|---:|---|---:|---:|---:|---|",
+    ]
+    for row in results["rows"]:
+        low, high = row["ci95"]
+        domain = "in" if row.get("in_domain") else "out"
+        lines.append(
+            f"| {row[group]} | {domain} | {row['problems']} | {row['correct']} | {row['accuracy']:.1%} | "
+            f"{low:.1%}-{high:.1%} |"
+        )
+    decoding = results["decoding"]
+    lines.append(
+        f"\nGreedy decoding with {decoding['heads']} head(s): {decoding['tokens_per_forward']:.2f} tokens per forward."
+    )
+    return "\n".join(lines) + "\n"
