@@ -1,0 +1,120 @@
+"""mtp eval-task: the exact-match metric on hand-made replies, the Wilson interval, the task lookup and its refusals,
+and a tiny model trained with experiment=paper_polynomial scored end to end."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mtp.benchmarks import task_eval
+from mtp.benchmarks.task_eval import EvalSettings, is_right, parse_ops, task_of, wilson_interval
+from mtp.checkpoint.load import LoadedCheckpoint
+from mtp.data import polynomial
+from mtp.data.sources import SourceConfig
+from mtp.data.tokenizer import byte_tokenizer
+from mtp.errors import UserError
+from tests.conftest import compose_in
+
+
+def test_wilson_interval_by_hand():
+    low, high = wilson_interval(5, 10)  # p = 0.5: centre 0.5, half-width 1.96 * sqrt(0.025 + 0.0096) / 1.3842
+    assert low == pytest.approx(0.2366, abs=1e-4) and high == pytest.approx(0.7634, abs=1e-4)
+    low, high = wilson_interval(0, 10)
+    assert low == 0 and high == pytest.approx(0.2775, abs=1e-4)
+    low, high = wilson_interval(10, 10)
+    assert low == pytest.approx(0.7225, abs=1e-4) and high == pytest.approx(1)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    assert wilson_interval(1900, 2000)[1] - wilson_interval(1900, 2000)[0] < 0.02
+
+
+@pytest.mark.parametrize(
+    "reply, right",
+    [
+        ("02000\n", True),
+        ("02000\n(1", True),  # what follows the newline is not the answer's
+        ("02000", False),  # no newline: the answer did not end
+        ("02001\n", False),
+        ("2000\n", False),
+        ("020000\n", False),
+        ("\n", False),
+        ("", False),
+    ],
+)
+def test_exact_match_on_hand_made_replies(reply, right):
+    assert is_right(reply, "02000") is right
+
+
+def test_operation_counts():
+    assert parse_ops("1-10") == list(range(1, 11))
+    assert parse_ops("1-3,8, 2") == [1, 2, 3, 8]
+    for text, message in [
+        ("0-3", "--ops 0 is outside the operation counts the generator supports; use 1 to 10."),
+        ("11", "--ops 11 is outside"),
+        ("a", "is not a count, a range"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            parse_ops(text)
+
+
+def checkpoint_on(source: dict) -> LoadedCheckpoint:
+    return LoadedCheckpoint(None, byte_tokenizer(), SimpleNamespace(n_future=1), 0, {"source": source})
+
+
+def test_a_checkpoint_trained_on_another_task_is_refused():
+    with pytest.raises(UserError, match=r"^last.ckpt was trained on data.source.kind=stdlib, not on a task"):
+        task_of(checkpoint_on({"kind": "stdlib"}), "last.ckpt")
+    with pytest.raises(UserError, match="was trained on data this checkpoint does not record"):
+        task_of(LoadedCheckpoint(None, byte_tokenizer(), None, 0, {}), "old.ckpt")
+    assert task_of(checkpoint_on({"kind": "polynomial"}), "x") == "polynomial"
+
+
+def test_scores_count_right_wrong_and_malformed_replies(monkeypatch):
+    """A stand-in decoder answers the k-th problem of each batch right (k % 3 == 0), wrong (1) or without a newline
+    (2): the scores are the counts of the first kind, per operation count."""
+    tokenizer = byte_tokenizer()
+    source = {"kind": "polynomial", "eval_seed": 3, "eval_problems": 30, "min_ops": 1, "max_ops": 5}
+    answers = {p.prompt: p.answer for ops in (2, 7) for p in polynomial.evaluation_problems(ops, 30, 3)}
+
+    def fake_generate(model, prompts, config):
+        outputs = []
+        for k, ids in enumerate(prompts):
+            answer = answers[tokenizer.decode(ids[1:])]  # after the end-of-text that starts a prompt
+            reply = [f"{answer}\n", f"{answer[::-1]}x\n", answer][k % 3]
+            outputs.append(tokenizer.encode(reply).ids)
+        return outputs, SimpleNamespace(row_forwards=len(prompts), tokens=6 * len(prompts))
+
+    monkeypatch.setattr(task_eval, "generate", fake_generate)
+    results = task_eval.evaluate_polynomial(checkpoint_on(source), EvalSettings(ops=[2, 7], problems=12, batch_size=5))
+    rows = {row["ops"]: row for row in results["rows"]}
+    # batches of 5, 5 and 2: right at k = 0, 3 of each, so 2 + 2 + 1
+    assert rows[2]["correct"] == rows[7]["correct"] == 5 and rows[2]["problems"] == 12
+    assert rows[2]["in_domain"] and not rows[7]["in_domain"]
+    assert rows[2]["ci95"] == pytest.approx(list(wilson_interval(5, 12)))
+    with pytest.raises(UserError, match="--problems 31 is more than the 30 problems per count"):
+        task_eval.evaluate_polynomial(checkpoint_on(source), EvalSettings(problems=31))
+
+
+def test_a_tiny_model_trained_on_polynomials_is_scored_end_to_end(tmp_path, shared_cache):
+    """experiment=paper_polynomial at size=tiny for a few steps, then the command on a handful of problems with the
+    heads drafting: a results.json with a row per asked count (what a few steps learn is not asserted)."""
+    from mtp.commands import eval_task
+    from mtp.training.train import train
+
+    overrides = [
+        "experiment=paper_polynomial", "model=mtp2", "size=tiny", "data.source.problems=600",
+        f"data.cache_dir={shared_cache}", "data.seq_len=64", "data.batch_size=4", "data.val_fraction=0.1",
+        "trainer.accelerator=cpu", "trainer.max_steps=3", "trainer.val_check_interval=3",
+        "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "optim.warmup_steps=1",
+    ]  # fmt: skip
+    cfg = compose_in(overrides, tmp_path)
+    assert cfg.data.tokenizer.kind == "byte" and cfg.model.vocab_size == 320
+    train(cfg)
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    out = tmp_path / "eval"
+    eval_task.main([str(checkpoint), "--ops", "1,6", "--problems", "3", "--heads", "2", "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    assert results["task"] == "polynomial" and results["n_future"] == 2 and results["step"] == 3
+    assert [(r["ops"], r["problems"], r["in_domain"]) for r in results["rows"]] == [(1, 3, True), (6, 3, False)]
+    assert results["decoding"]["heads"] == 2 and "| 6 | out | 3 |" in (out / "results.md").read_text()
+    assert SourceConfig(**torch.load(checkpoint, weights_only=True)["mtp"]["data"]["source"]).kind == "polynomial"
