@@ -40,7 +40,7 @@ def test_an_unknown_subcommand_is_one_sentence_with_the_nearest(capsys):
     assert status == 2
     assert err == (
         "mtp: no subcommand 'bench-decod' (did you mean bench-decode?); choose one of pretrain, decode, distill, "
-        "bench-decode, bench-train, compare-heads, fit-tree, export, gpu-check, results-page, heads-curve\n"
+        "bench-decode, bench-train, compare-heads, fit-tree, export, gpu-check, results-page, heads-curve, eval-task\n"
     )
 
 

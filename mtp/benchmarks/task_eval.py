@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import mtp.data.polynomial as polynomial
 from mtp.checkpoint.load import LoadedCheckpoint
-from mtp.data import polynomial
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError

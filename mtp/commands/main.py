@@ -29,8 +29,8 @@ SUBCOMMANDS = {
     "export": ("export", "export a checkpoint as a Hugging Face Llama directory"),
     "gpu-check": ("gpu_check", "the GPU check kit: the GPU tests and figures in one command"),
     "results-page": ("results_page", "a benchmark's output folder as a page under docs/results/"),
-    "eval-task": ("eval_task", "score a checkpoint on its synthetic task (polynomial arithmetic): results.json"),
     "heads-curve": ("heads_curve", "what more distilled data and training time buy: benchmarks of heads as a curve"),
+    "eval-task": ("eval_task", "score a checkpoint on its synthetic task (polynomial arithmetic): results.json"),
 }
 """Subcommand -> (its module in mtp.commands, one line for the listing)."""
 

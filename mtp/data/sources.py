@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mtp.data import polynomial
+from mtp.data.polynomial import GENERATOR_VERSION, check_ops_range, training_problems
 from mtp.errors import UserError
 
 if TYPE_CHECKING:  # imported where documents are loaded: it costs about a second of every command's start
@@ -72,7 +72,7 @@ class SourceConfig:
         if self.max_documents < 0:
             raise UserError(f"data.source.max_documents={self.max_documents} must be 0 (all) or positive.")
         if self.kind == "polynomial":
-            polynomial.check_ops_range(self.min_ops, self.max_ops)
+            check_ops_range(self.min_ops, self.max_ops)
             if self.problems < 1 or self.eval_problems < 1:
                 raise UserError(
                     f"data.source.problems={self.problems} and data.source.eval_problems={self.eval_problems} must "
@@ -163,7 +163,7 @@ def source_identity(config: SourceConfig) -> dict[str, Any]:
     if config.kind == "polynomial":
         identity.update(
             seed=config.seed, problems=config.problems, min_ops=config.min_ops, max_ops=config.max_ops,
-            eval_seed=config.eval_seed, eval_problems=config.eval_problems, generator=polynomial.GENERATOR_VERSION,
+            eval_seed=config.eval_seed, eval_problems=config.eval_problems, generator=GENERATOR_VERSION,
         )  # fmt: skip
     return identity
 
@@ -205,7 +205,7 @@ def _load_files(files: list[Path], text_field: str) -> datasets.Dataset:
 def _polynomial_documents(config: SourceConfig) -> datasets.Dataset:
     import datasets  # about a second to import: only where documents are loaded
 
-    problems = polynomial.training_problems(
+    problems = training_problems(
         config.seed, config.problems, config.min_ops, config.max_ops, config.eval_seed, config.eval_problems
     )
     return datasets.Dataset.from_dict({"text": [problem.text for problem in problems]})
