@@ -118,3 +118,5 @@ def test_a_tiny_model_trained_on_polynomials_is_scored_end_to_end(tmp_path, shar
     assert [(r["ops"], r["problems"], r["in_domain"]) for r in results["rows"]] == [(1, 3, True), (6, 3, False)]
     assert results["decoding"]["heads"] == 2 and "| 6 | out | 3 |" in (out / "results.md").read_text()
     assert SourceConfig(**torch.load(checkpoint, weights_only=True)["mtp"]["data"]["source"]).kind == "polynomial"
+    with pytest.raises(UserError, match=r"^--heads 3 exceeds this checkpoint's 2 head\(s\)"):
+        eval_task.main([str(checkpoint), "--ops", "1", "--problems", "1", "--heads", "3", "--out", str(out)])

@@ -19,7 +19,7 @@ from typing import NoReturn
 from mtp.benchmarks.results_page import provenance
 from mtp.benchmarks.task_eval import TASKS, EvalSettings, parse_ops, results_table, task_of
 from mtp.checkpoint.load import load_checkpoint
-from mtp.commands.cli import add_device_flag, pick_device, require_at_least, run_script
+from mtp.commands.cli import add_device_flag, pick_device, require_at_least, run_script, settings_named_by_flags
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = EvalSettings(parse_ops(args.ops), args.problems, args.heads, args.batch_size)
     loaded = load_checkpoint(args.checkpoint, pick_device(args.device), "float32")
     task = task_of(loaded, args.checkpoint)
-    results = TASKS[task](loaded, settings)
+    with settings_named_by_flags():  # the decoder's checks (e.g. more heads than trained) name --heads
+        results = TASKS[task](loaded, settings)
     results = {"provenance": provenance(argv), "task": task, "checkpoint": str(args.checkpoint),
                "step": loaded.global_step, "n_future": loaded.config.n_future, **results}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
