@@ -4,6 +4,7 @@
 - ``files``: local globs of ``.txt``/``.md``/``.py`` (one document per file), ``.jsonl``/``.json``
   and ``.parquet`` (one document per row, text in ``text_field``).
 - ``hub``: a dataset name (or local dataset folder) and its text field, optionally streamed.
+- ``induction``: ``documents`` stories generated from ``seed`` for the induction task (:mod:`mtp.data.induction`).
 
 The split is by document content: a document goes to validation when a hash of its text falls under
 ``val_fraction``. It is deterministic, independent of file order, and keeps duplicates on one side.
@@ -21,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mtp.data import induction
 from mtp.errors import UserError
 
 if TYPE_CHECKING:  # imported where documents are loaded: it costs about a second of every command's start
     import datasets
 
-SOURCE_KINDS = ("stdlib", "files", "hub")
+SOURCE_KINDS = ("stdlib", "files", "hub", "induction")
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst"}
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -46,6 +48,10 @@ class SourceConfig:
     streaming: bool = False
     max_documents: int = 0
     """Read at most this many documents (0: all); needed to bound a streamed dataset."""
+    documents: int = 50_000
+    """induction: how many stories to generate."""
+    seed: int = 0
+    """induction: the seed of the generated stories (the run's own ``seed`` sets the model's start and data order)."""
 
     def __post_init__(self) -> None:
         if self.kind not in SOURCE_KINDS:
@@ -54,6 +60,8 @@ class SourceConfig:
             raise UserError("data.source.kind=files needs data.source.paths=[glob, ...] naming local files.")
         if self.kind == "hub" and not self.name:
             raise UserError("data.source.kind=hub needs data.source.name=<dataset name or folder>.")
+        if self.kind == "induction" and self.documents < 1:
+            raise UserError(f"data.source.documents={self.documents} must be at least 1 (the stories to generate).")
         if self.max_documents < 0:
             raise UserError(f"data.source.max_documents={self.max_documents} must be 0 (all) or positive.")
 
@@ -138,6 +146,8 @@ def source_identity(config: SourceConfig) -> dict[str, Any]:
         identity["python"] = sys.version
     if config.kind == "hub":
         identity.update(name=config.name, subset=config.subset, split=config.split)
+    if config.kind == "induction":
+        identity.update(documents=config.documents, seed=config.seed, generator=induction.generator_digest())
     return identity
 
 
@@ -145,6 +155,8 @@ def load_documents(config: SourceConfig) -> datasets.Dataset | datasets.Iterable
     """All documents of the source as one dataset with a single column ``text``."""
     if config.kind == "hub":
         dataset = _load_hub(config)
+    elif config.kind == "induction":
+        dataset = _generated(induction.training_stories(config.documents, config.seed))
     else:
         dataset = _load_files(source_files(config), config.text_field)
     if config.max_documents:
@@ -171,6 +183,12 @@ def _load_files(files: list[Path], text_field: str) -> datasets.Dataset:
                 parts.append(_text_column(loaded, text_field, f"{builder} files {data_files[0]}..."))
     dataset = datasets.concatenate_datasets(parts)
     return dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
+
+
+def _generated(stories: list[induction.Story]) -> datasets.Dataset:
+    import datasets  # about a second to import: only where documents are loaded
+
+    return datasets.Dataset.from_dict({"text": [item.text for item in stories]})
 
 
 @contextmanager
