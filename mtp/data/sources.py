@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mtp.data import induction
+from mtp.data.induction import Story, generator_digest, training_stories
 from mtp.errors import UserError
 
 if TYPE_CHECKING:  # imported where documents are loaded: it costs about a second of every command's start
@@ -147,7 +147,7 @@ def source_identity(config: SourceConfig) -> dict[str, Any]:
     if config.kind == "hub":
         identity.update(name=config.name, subset=config.subset, split=config.split)
     if config.kind == "induction":
-        identity.update(documents=config.documents, seed=config.seed, generator=induction.generator_digest())
+        identity.update(documents=config.documents, seed=config.seed, generator=generator_digest())
     return identity
 
 
@@ -156,7 +156,7 @@ def load_documents(config: SourceConfig) -> datasets.Dataset | datasets.Iterable
     if config.kind == "hub":
         dataset = _load_hub(config)
     elif config.kind == "induction":
-        dataset = _generated(induction.training_stories(config.documents, config.seed))
+        dataset = _generated(training_stories(config.documents, config.seed))
     else:
         dataset = _load_files(source_files(config), config.text_field)
     if config.max_documents:
@@ -185,7 +185,7 @@ def _load_files(files: list[Path], text_field: str) -> datasets.Dataset:
     return dataset.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
 
 
-def _generated(stories: list[induction.Story]) -> datasets.Dataset:
+def _generated(stories: list[Story]) -> datasets.Dataset:
     import datasets  # about a second to import: only where documents are loaded
 
     return datasets.Dataset.from_dict({"text": [item.text for item in stories]})
