@@ -8,7 +8,7 @@ paper rewrote TinyStories-like stories; templates give the same shape (a name in
 words) with every name position known from generation. All words are lower case; only names have capitals::
 
     once upon a time, there was a little girl named Kalor. Kalor had a friend named Bimek. one day, Kalor and Bimek
-    went to the park to play. Bimek gave the red ball to Kalor. in the end, Kalor and Bimek were happy.
+    went to the park to play. Bimek gave the ball to Kalor. in the end, Kalor and Bimek were happy.
 
 **The names and the tokenizer.** A name is a first piece (an upper-case consonant and a vowel: ``Ka``) and a second
 piece (a consonant, a vowel and an ending: ``lor``), written as one word (``Kalor``). The text is read by its own
@@ -53,7 +53,7 @@ ENDINGS = "nrlsk"
 FIRST_PIECES = tuple(c.upper() + v for c in CONSONANTS for v in VOWELS)
 """80 first pieces: ``Ba`` .. ``Zu``."""
 SECOND_PIECES = tuple(c + v + e for c in CONSONANTS[:12] for v in VOWELS for e in ENDINGS)
-"""300 second pieces: ``ban`` .. ``puk``."""
+"""300 second pieces: ``ban`` .. ``ruk``."""
 NAME_SPLIT_SEED = 60
 EVAL_NAME_FRACTION = 0.1
 EVAL_SEED = 1_000_003
