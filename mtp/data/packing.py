@@ -34,6 +34,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
+from mtp.data.induction import generator_digest, induction_tokenizer
 from mtp.data.sources import (
     SourceConfig,
     iter_texts,
@@ -74,6 +75,8 @@ class TokenizerConfig:
     def identity(self) -> dict[str, Any]:
         if self.kind == "byte":
             return {"kind": "byte"}
+        if self.kind == "induction":
+            return {"kind": "induction", "generator": generator_digest()}
         if self.kind == "bpe":
             return {"kind": "bpe", "vocab_size": self.vocab_size, "train_bytes": self.train_bytes}
         if not self.path or not Path(self.path).is_file():
@@ -220,12 +223,15 @@ def _build(out: Path, source: SourceConfig, tok_config: TokenizerConfig, val_fra
             tok_config.vocab_size, "the" if documents is None else documents, limit,
         )  # fmt: skip
     start = time.perf_counter()
-    tokenizer = build_tokenizer(
-        tok_config.kind,
-        _training_texts(splits["train"], tok_config.train_bytes),
-        tok_config.vocab_size,
-        tok_config.path,
-    )
+    if tok_config.kind == "induction":
+        tokenizer = induction_tokenizer()
+    else:
+        tokenizer = build_tokenizer(
+            tok_config.kind,
+            _training_texts(splits["train"], tok_config.train_bytes),
+            tok_config.vocab_size,
+            tok_config.path,
+        )
     if tok_config.kind == "bpe":
         log.info("trained the tokenizer in %.1f s", time.perf_counter() - start)
     dtype = token_dtype(tokenizer.get_vocab_size())

@@ -6,6 +6,7 @@
 - ``hub``: a dataset name (or local dataset folder) and its text field, optionally streamed.
 - ``polynomial``: arithmetic problems in F7[X]/(X^5) generated from a seed, one per document
   (:mod:`mtp.data.polynomial`: the text format, the evaluation sets kept out of training).
+- ``induction``: ``documents`` stories generated from ``seed`` for the induction task (:mod:`mtp.data.induction`).
 
 The split is by document content: a document goes to validation when a hash of its text falls under
 ``val_fraction``. It is deterministic, independent of file order, and keeps duplicates on one side.
@@ -23,13 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mtp.data.induction import Story, generator_digest, training_stories
 from mtp.data.polynomial import GENERATOR_VERSION, check_ops_range, training_problems
 from mtp.errors import UserError
 
 if TYPE_CHECKING:  # imported where documents are loaded: it costs about a second of every command's start
     import datasets
 
-SOURCE_KINDS = ("stdlib", "files", "hub", "polynomial")
+SOURCE_KINDS = ("stdlib", "files", "hub", "polynomial", "induction")
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst"}
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -50,7 +52,8 @@ class SourceConfig:
     max_documents: int = 0
     """Read at most this many documents (0: all); needed to bound a streamed dataset."""
     seed: int = 0
-    """polynomial: the seed of the training problems."""
+    """polynomial, induction: the seed of the generated training problems or stories (the run's own ``seed`` sets the
+    model's start and the data order)."""
     problems: int = 100_000
     """polynomial: training problems generated (before the validation split)."""
     min_ops: int = 1
@@ -61,6 +64,8 @@ class SourceConfig:
     """polynomial: the seed of the evaluation sets, which training problems never repeat."""
     eval_problems: int = 2000
     """polynomial: problems per operation count (1..10) in each evaluation set."""
+    documents: int = 50_000
+    """induction: how many stories to generate."""
 
     def __post_init__(self) -> None:
         if self.kind not in SOURCE_KINDS:
@@ -69,6 +74,8 @@ class SourceConfig:
             raise UserError("data.source.kind=files needs data.source.paths=[glob, ...] naming local files.")
         if self.kind == "hub" and not self.name:
             raise UserError("data.source.kind=hub needs data.source.name=<dataset name or folder>.")
+        if self.kind == "induction" and self.documents < 1:
+            raise UserError(f"data.source.documents={self.documents} must be at least 1 (the stories to generate).")
         if self.max_documents < 0:
             raise UserError(f"data.source.max_documents={self.max_documents} must be 0 (all) or positive.")
         if self.kind == "polynomial":
@@ -165,6 +172,8 @@ def source_identity(config: SourceConfig) -> dict[str, Any]:
             seed=config.seed, problems=config.problems, min_ops=config.min_ops, max_ops=config.max_ops,
             eval_seed=config.eval_seed, eval_problems=config.eval_problems, generator=GENERATOR_VERSION,
         )  # fmt: skip
+    if config.kind == "induction":
+        identity.update(documents=config.documents, seed=config.seed, generator=generator_digest())
     return identity
 
 
@@ -174,6 +183,8 @@ def load_documents(config: SourceConfig) -> datasets.Dataset | datasets.Iterable
         dataset = _load_hub(config)
     elif config.kind == "polynomial":
         dataset = _polynomial_documents(config)
+    elif config.kind == "induction":
+        dataset = _generated(training_stories(config.documents, config.seed))
     else:
         dataset = _load_files(source_files(config), config.text_field)
     if config.max_documents:
@@ -209,6 +220,12 @@ def _polynomial_documents(config: SourceConfig) -> datasets.Dataset:
         config.seed, config.problems, config.min_ops, config.max_ops, config.eval_seed, config.eval_problems
     )
     return datasets.Dataset.from_dict({"text": [problem.text for problem in problems]})
+
+
+def _generated(stories: list[Story]) -> datasets.Dataset:
+    import datasets  # about a second to import: only where documents are loaded
+
+    return datasets.Dataset.from_dict({"text": [item.text for item in stories]})
 
 
 @contextmanager

@@ -4,6 +4,7 @@
 - ``bpe``: byte-level BPE trained on the training split, vocabulary size from the config.
 - ``pretrained``: any ``tokenizer.json`` file, or the tokenizer of an mtp checkpoint (a ``.ckpt`` file or sharded
   folder): a draft model trained this way shares its target's tokens.
+- ``induction``: the fixed vocabulary of the induction task's stories (:mod:`mtp.data.induction`), each name two tokens.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ EOT = "<|endoftext|>"
 END_TOKENS = (EOT, "</s>", "<|end_of_text|>", "<eos>")
 """End-of-text tokens, in the order looked for: mtp's (and GPT-2's), then Llama 2's, Llama 3's and Gemma's, so that
 an imported model's tokenizer ends documents with its own token."""
-TOKENIZER_KINDS = ("byte", "bpe", "pretrained")
+TOKENIZER_KINDS = ("byte", "bpe", "pretrained", "induction")
+UNK = "[UNK]"
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -62,6 +64,19 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
+def fixed_vocabulary_tokenizer(words: Iterable[str], suffixes: Iterable[str]) -> Tokenizer:
+    """A tokenizer of a fixed vocabulary (WordPiece): whitespace and punctuation cut the text into words, each a token
+    if it is among ``words``, else cut longest-first into a word and ``suffixes`` (tokens ``##suffix``); what cannot be
+    cut so is the unknown token. Ids: the unknown token, ``words``, the suffixes, end-of-text."""
+    tokens = [UNK, *words, *(f"##{suffix}" for suffix in suffixes)]
+    assert len(set(tokens)) == len(tokens), "a fixed vocabulary lists each token once"
+    tokenizer = Tokenizer(models.WordPiece({token: i for i, token in enumerate(tokens)}, unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.add_special_tokens([EOT])
+    return tokenizer
+
+
 def pretrained_json(path: str | Path) -> str:
     """The JSON of a tokenizer.json file. A model's path (a checkpoint, a Hugging Face or Meta directory, a GGUF file)
     is turned into its tokenizer's file where the run is assembled (:func:`mtp.training.train.build`), not here."""
@@ -88,6 +103,9 @@ def load_pretrained(path: str | Path) -> Tokenizer:
 def build_tokenizer(
     kind: str, texts: Iterator[str] | None = None, vocab_size: int = 0, path: str | None = None
 ) -> Tokenizer:
+    """The tokenizer of ``kind`` (``induction``'s is built by :func:`mtp.data.induction.induction_tokenizer`, which
+    uses this module)."""
+    assert kind != "induction", "mtp.data.packing builds the induction tokenizer from mtp.data.induction"
     if kind == "byte":
         return byte_tokenizer()
     if kind == "bpe":
