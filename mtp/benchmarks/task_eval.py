@@ -8,6 +8,8 @@ Another task plugs in as one more entry of :data:`TASKS`.
 - ``polynomial`` (:mod:`mtp.data.polynomial`): each evaluation problem's prompt (``<problem>=``) decoded greedily;
   right when the reply up to its first newline is the answer (a reply without a newline is wrong). The evaluation
   sets are the checkpoint's own (its recorded evaluation seed), the ones its training never repeated.
+- ``induction`` (:mod:`mtp.data.induction`): the fixed evaluation stories read teacher-forced; head 1's greedy
+  accuracy on the second token of every repeated name (the paper's metric), beside the first token's.
 """
 
 from __future__ import annotations
@@ -18,11 +20,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+from tokenizers import Tokenizer
+
 import mtp.data.polynomial as polynomial
 from mtp.checkpoint.load import LoadedCheckpoint
+from mtp.data.induction import Story, evaluation_stories, story_ids
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode import GenerationConfig, generate
 from mtp.errors import UserError
+from mtp.model import MTPModel
 
 Z95 = 1.959963984540054
 """The standard normal quantile of 0.975: a two-sided 95% interval."""
@@ -109,7 +116,69 @@ def evaluate_polynomial(loaded: LoadedCheckpoint, settings: EvalSettings) -> dic
     return {"metric": "exact match", "group": "ops", "rows": rows, "decoding": decoding}
 
 
-TASKS: dict[str, Callable[[LoadedCheckpoint, EvalSettings], dict[str, Any]]] = {"polynomial": evaluate_polynomial}
+def name_repeat_accuracy(
+    model: MTPModel, tokenizer: Tokenizer, stories: list[Story], batch_size: int = 32
+) -> dict[str, Any]:
+    """Head 1's teacher-forced greedy accuracy on the second piece of every repeated name in ``stories``.
+
+    Returns a plain dict: ``accuracy``, ``correct``, ``total`` (repeated names), ``ci95`` (Wilson, [low, high]),
+    ``first_piece_accuracy`` (the same at the repeated names' first pieces, which need the name recalled, not copied)
+    and ``stories``."""
+    if not stories:
+        raise UserError("an induction evaluation needs at least 1 story, not 0.")
+    device = next(model.parameters()).device
+    correct = first_correct = total = 0
+    for start in range(0, len(stories), batch_size):
+        batch = stories[start : start + batch_size]
+        rows = [story_ids(tokenizer, item) for item in batch]
+        length = max(map(len, rows))
+        if length > model.config.max_seq_len:
+            raise UserError(
+                f"an induction story of {length} tokens is longer than the model's {model.config.max_seq_len} "
+                "positions; evaluate a model with a longer model.max_seq_len."
+            )
+        padded = torch.tensor([row + [row[0]] * (length - len(row)) for row in rows], device=device)  # (B, T)
+        with torch.no_grad():
+            predicted = model.next_token_logits(padded).argmax(-1).cpu()  # (B, T)
+        for row, item, guesses in zip(rows, batch, predicted.tolist(), strict=True):
+            for index in item.repeats:
+                # row = [eot] + pieces: piece j is row[j + 1], predicted at position j
+                correct += guesses[index] == row[index + 1]
+                first_correct += guesses[index - 1] == row[index]
+                total += 1
+    if total == 0:
+        raise UserError("the induction stories given hold no repeated name; evaluate on evaluation_stories().")
+    low, high = wilson_interval(correct, total)
+    return {
+        "task": "induction",
+        "accuracy": correct / total,
+        "correct": correct,
+        "total": total,
+        "ci95": [low, high],
+        "first_piece_accuracy": first_correct / total,
+        "stories": len(stories),
+    }
+
+
+def evaluate_induction(loaded: LoadedCheckpoint, settings: EvalSettings) -> dict[str, Any]:
+    """The induction task's evaluation stories (the first ``settings.problems`` of them; all by default): head 1's
+    teacher-forced greedy accuracy on the second token of every repeated name, and on the first beside it."""
+    stories = evaluation_stories()
+    if settings.problems is not None:
+        stories = stories[: settings.problems]
+    scored = name_repeat_accuracy(loaded.model, loaded.tokenizer, stories, settings.batch_size)
+    rows = [
+        accuracy_row(scored["correct"], scored["total"], token="second", in_domain=True),
+        accuracy_row(round(scored["first_piece_accuracy"] * scored["total"]), scored["total"], token="first",
+                     in_domain=True),
+    ]  # fmt: skip
+    return {"metric": "accuracy at a repeated name", "group": "token", "rows": rows, "decoding": None}
+
+
+TASKS: dict[str, Callable[[LoadedCheckpoint, EvalSettings], dict[str, Any]]] = {
+    "polynomial": evaluate_polynomial,
+    "induction": evaluate_induction,
+}
 """Task name (the data source kind a checkpoint trained on) -> its evaluation."""
 
 
@@ -120,7 +189,7 @@ def task_of(loaded: LoadedCheckpoint, path: str) -> str:
         trained = f"data.source.kind={kind}" if kind else "data this checkpoint does not record"
         raise UserError(
             f"{path} was trained on {trained}, not on a task this command scores ({', '.join(TASKS)}); pass a "
-            "checkpoint trained with experiment=paper_polynomial."
+            "checkpoint trained with experiment=paper_polynomial or experiment=paper_induction."
         )
     return kind
 
@@ -140,7 +209,9 @@ def results_table(results: dict[str, Any]) -> str:
             f"{low:.1%}-{high:.1%} |"
         )
     decoding = results["decoding"]
-    lines.append(
-        f"\nGreedy decoding with {decoding['heads']} head(s): {decoding['tokens_per_forward']:.2f} tokens per forward."
-    )
+    if decoding is not None:  # a teacher-forced score decodes nothing
+        lines.append(
+            f"\nGreedy decoding with {decoding['heads']} head(s): {decoding['tokens_per_forward']:.2f} tokens per "
+            "forward."
+        )
     return "\n".join(lines) + "\n"

@@ -24,20 +24,19 @@ are evaluation names, the rest training names. Training stories (:func:`training
 use training names only, the fixed evaluation set (:func:`evaluation_stories`, seed :data:`EVAL_SEED`) evaluation names
 only, so no evaluation story and no evaluation name pair occurs in training.
 
-**The metric** (:func:`name_repeat_accuracy`): each evaluation story is read teacher-forced after end-of-text (as
-documents start in training); at every repeated name, head 1's argmax at the position of the name's first piece is
-compared with its second piece. Accuracy with a Wilson 95% interval; the accuracy on the repeated names' first pieces
-is reported beside it, for contrast.
+**The metric** (:func:`mtp.benchmarks.task_eval.name_repeat_accuracy`, ``mtp eval-task``): each evaluation story
+is read teacher-forced after end-of-text (as documents start in training); at every repeated name, head 1's argmax
+at the position of the name's first piece is compared with its second piece. Accuracy with a Wilson 95% interval;
+the accuracy on the repeated names' first pieces is reported beside it, for contrast.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
 
@@ -45,7 +44,7 @@ from mtp.data.tokenizer import eot_id, fixed_vocabulary_tokenizer
 from mtp.errors import UserError
 
 if TYPE_CHECKING:
-    from mtp.model import MTPModel
+    pass
 
 CONSONANTS = "bdfghjklmnprstvz"
 VOWELS = "aeiou"
@@ -216,15 +215,6 @@ def evaluation_stories(count: int = EVAL_STORIES, seed: int = EVAL_SEED) -> list
     return [story(rng, names) for _ in range(count)]
 
 
-def wilson_interval(successes: int, total: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% for z=1.96)."""
-    assert 0 <= successes <= total and total > 0
-    p = successes / total
-    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def story_ids(tokenizer: Tokenizer, item: Story) -> list[int]:
     """The ids a model reads for ``item``: end-of-text, then the story's tokens (as documents start in training).
     Refuses a tokenizer that does not write the story as its generator did."""
@@ -236,49 +226,3 @@ def story_ids(tokenizer: Tokenizer, item: Story) -> list[int]:
             "as two tokens); evaluate a model trained with data=induction."
         )
     return [eot_id(tokenizer), *ids]
-
-
-def name_repeat_accuracy(
-    model: MTPModel, tokenizer: Tokenizer, stories: list[Story], batch_size: int = 32
-) -> dict[str, Any]:
-    """Head 1's teacher-forced greedy accuracy on the second piece of every repeated name in ``stories``.
-
-    Returns a plain dict: ``accuracy``, ``correct``, ``total`` (repeated names), ``ci95`` (Wilson, [low, high]),
-    ``first_piece_accuracy`` (the same at the repeated names' first pieces, which need the name recalled, not copied)
-    and ``stories``."""
-    import torch  # start-up time: generating the stories for the data cache needs no torch
-
-    if not stories:
-        raise UserError("an induction evaluation needs at least 1 story, not 0.")
-    device = next(model.parameters()).device
-    correct = first_correct = total = 0
-    for start in range(0, len(stories), batch_size):
-        batch = stories[start : start + batch_size]
-        rows = [story_ids(tokenizer, item) for item in batch]
-        length = max(map(len, rows))
-        if length > model.config.max_seq_len:
-            raise UserError(
-                f"an induction story of {length} tokens is longer than the model's {model.config.max_seq_len} "
-                "positions; evaluate a model with a longer model.max_seq_len."
-            )
-        padded = torch.tensor([row + [row[0]] * (length - len(row)) for row in rows], device=device)  # (B, T)
-        with torch.no_grad():
-            predicted = model.next_token_logits(padded).argmax(-1).cpu()  # (B, T)
-        for row, item, guesses in zip(rows, batch, predicted.tolist(), strict=True):
-            for index in item.repeats:
-                # row = [eot] + pieces: piece j is row[j + 1], predicted at position j
-                correct += guesses[index] == row[index + 1]
-                first_correct += guesses[index - 1] == row[index]
-                total += 1
-    if total == 0:
-        raise UserError("the induction stories given hold no repeated name; evaluate on evaluation_stories().")
-    low, high = wilson_interval(correct, total)
-    return {
-        "task": "induction",
-        "accuracy": correct / total,
-        "correct": correct,
-        "total": total,
-        "ci95": [low, high],
-        "first_piece_accuracy": first_correct / total,
-        "stories": len(stories),
-    }

@@ -1,6 +1,7 @@
 """The induction task: its stories (exact: every name two tokens, every name repeated, positions as generated,
 evaluation apart from training), its metric on hand-made models, its bad inputs, and a tiny run scored end to end."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -8,18 +9,17 @@ import torch
 from conftest import compose_in
 from torch import nn
 
+from mtp.benchmarks.task_eval import name_repeat_accuracy, wilson_interval
 from mtp.checkpoint.load import load_checkpoint
 from mtp.data.induction import (
     FIRST_PIECES,
     SECOND_PIECES,
     evaluation_stories,
     induction_tokenizer,
-    name_repeat_accuracy,
     name_split,
     story_ids,
     training_stories,
     vocabulary,
-    wilson_interval,
 )
 from mtp.data.packing import TokenizerConfig, fingerprint
 from mtp.data.sources import SourceConfig, load_documents
@@ -190,3 +190,11 @@ def test_a_tiny_paper_induction_run_trains_and_is_scored(tmp_path: Path):
     result = name_repeat_accuracy(loaded.model, loaded.tokenizer, evaluation_stories(8))
     assert result["total"] == sum(len(item.repeats) for item in evaluation_stories(8))
     assert 0.0 <= result["accuracy"] <= 1.0 and result["ci95"][0] <= result["accuracy"] <= result["ci95"][1]
+    # mtp eval-task finds the task in the checkpoint and scores the same stories
+    from mtp.commands import eval_task
+
+    checkpoint = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    eval_task.main([str(checkpoint), "--problems", "8", "--out", str(tmp_path / "eval"), "--device", "cpu"])
+    scored = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert scored["task"] == "induction" and scored["rows"][0]["token"] == "second"
+    assert (scored["rows"][0]["correct"], scored["rows"][0]["problems"]) == (result["correct"], result["total"])
