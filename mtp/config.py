@@ -241,6 +241,10 @@ class LossConfig:
     """The head weights at the end of a 'steps' or 'linear' schedule (one per head)."""
     loss_weights_switch: float = 0.7
     """'steps' schedule: the fraction of training steps after which ``loss_weights_final`` applies."""
+    answers_after: str | None = None
+    """Score only each document's answer: the tokens after this text (one token of the tokenizer), up to and with the
+    end-of-text that closes the document (``=`` for ``data=polynomial``: ``<problem>=<answer>``); every head's target
+    outside an answer counts for nothing. None: every token (pretraining on text)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -295,6 +299,10 @@ class LossConfig:
             weights = getattr(self, name)
             if weights is not None and (any(w < 0 for w in weights) or sum(weights) <= 0):
                 raise UserError(f"loss.{name} must be non-negative with a positive sum.")
+        if self.answers_after == "":
+            raise UserError(
+                "loss.answers_after is empty; give the text that precedes each answer, or null for every token."
+            )
         if self.distill_top_k < 1:
             raise UserError(f"loss.distill_top_k={self.distill_top_k} must be at least 1 (10 is HASS's).")
         if not self.distill_temperature > 0:

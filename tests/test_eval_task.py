@@ -108,7 +108,7 @@ def test_a_tiny_model_trained_on_polynomials_is_scored_end_to_end(tmp_path, shar
         "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "optim.warmup_steps=1",
     ]  # fmt: skip
     cfg = compose_in(overrides, tmp_path)
-    assert cfg.data.tokenizer.kind == "byte" and cfg.model.vocab_size == 320
+    assert cfg.data.tokenizer.kind == "byte" and cfg.model.vocab_size == 320 and cfg.loss.answers_after == "="
     train(cfg)
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
     out = tmp_path / "eval"
@@ -120,3 +120,18 @@ def test_a_tiny_model_trained_on_polynomials_is_scored_end_to_end(tmp_path, shar
     assert SourceConfig(**torch.load(checkpoint, weights_only=True)["mtp"]["data"]["source"]).kind == "polynomial"
     with pytest.raises(UserError, match=r"^--heads 3 exceeds this checkpoint's 2 head\(s\)"):
         eval_task.main([str(checkpoint), "--ops", "1", "--problems", "1", "--heads", "3", "--out", str(out)])
+
+
+def test_answers_after_must_be_one_token(tmp_path, shared_cache):
+    from mtp.training.train import train
+
+    overrides = [
+        "experiment=paper_polynomial", "size=tiny", "data.source.problems=100", f"data.cache_dir={shared_cache}",
+        "data.seq_len=32", "data.batch_size=2", "trainer.accelerator=cpu", "trainer.max_steps=1",
+        "trainer.enable_progress_bar=false", "loss.answers_after=is",
+    ]  # fmt: skip
+    with pytest.raises(
+        UserError, match=r"^loss.answers_after='is' is 2 tokens of the data's tokenizer, and it must be one"
+    ):
+        train(compose_in(overrides, tmp_path))
+    assert not (tmp_path / "run" / "checkpoints").exists()

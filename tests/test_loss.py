@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from mtp.config import LossConfig, ModelConfig
 from mtp.model import MTPModel
-from mtp.training.loss import head_logits, mtp_loss, split_window, window_states
+from mtp.model.transformer import IGNORE
+from mtp.training.loss import answer_targets, head_logits, mtp_loss, split_window, window_states
 
 
 def make_model(n_future=4, seed=0, **kwargs) -> MTPModel:
@@ -374,3 +375,36 @@ def test_weight_schedules():
     assert linear.weights_at(1.0, 2) == [1.0, 0.0]
     assert LossConfig(loss_weights=[1.0, 0.5]).weights_at(0.9, 2) == [1.0, 0.5]
     assert LossConfig().weights(3) == [1.0, 1.0, 1.0]
+
+
+def test_answer_targets_keep_only_each_answer_and_its_end():
+    # 5 marks an answer's start, 9 ends a document: "1 2 5 3 4 9 6 5 7 9 8"; the tokens after 5 up to and with 9 count
+    window = torch.tensor([[1, 2, 5, 3, 4, 9, 6, 5, 7, 9, 8]])
+    inputs, targets = split_window(window, 2)
+    kept = answer_targets(window, targets, marker=5, end=9)
+    ignored = IGNORE
+    # head 1's targets are window[1:10]: 2 5 3 4 9 6 5 7 9
+    assert kept[0].tolist() == [[ignored, ignored, 3, 4, 9, ignored, ignored, 7, 9]]
+    # head 2's are window[2:11]: 5 3 4 9 6 5 7 9 8 -- the same rule on the token each one names
+    assert kept[1].tolist() == [[ignored, 3, 4, 9, ignored, ignored, 7, 9, ignored]]
+    # a window that opens inside an answer scores nothing until the next marker
+    opened_inside = torch.tensor([[3, 4, 9, 6, 5, 7]])
+    _, targets = split_window(opened_inside, 1)
+    assert answer_targets(opened_inside, targets, 5, 9)[0].tolist() == [[ignored, ignored, ignored, ignored, 7]]
+
+
+def test_answers_only_loss_is_the_cross_entropy_of_the_answers():
+    model = make_model(n_future=2)
+    window = torch.randint(10, 97, (2, 33))
+    window[:, 4], window[:, 12], window[:, 20] = 5, 9, 5  # answers at 5..12 and 21..
+    out = mtp_loss(model, window, LossConfig(mode="sequential"), answers=(5, 9))
+    states, targets = window_states(model, window)
+    for k in (1, 2):
+        logits = model.head_logits(k, states[k - 1])
+        target = targets[k - 1]
+        shift = torch.arange(window.size(1) - 2)[None] + k  # the window position of each target
+        inside = (((shift > 4) & (shift <= 12)) | (shift > 20)).expand(2, -1)
+        expected = F.cross_entropy(logits[inside], target[inside])
+        assert out.per_head[k - 1].item() == pytest.approx(expected.item(), rel=1e-5)
+    naive = mtp_loss(model, window, LossConfig(mode="naive"), answers=(5, 9))
+    assert naive.total.item() == pytest.approx(out.total.item(), rel=1e-5)

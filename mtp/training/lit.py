@@ -11,16 +11,18 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision
 from lightning.pytorch.strategies import ModelParallelStrategy
+from tokenizers import Tokenizer
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from mtp.checkpoint.format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
 from mtp.config import LossConfig
+from mtp.data.tokenizer import eot_id
 from mtp.errors import UserError
 from mtp.interop.chat import ModelChat
 from mtp.model.transformer import IGNORE, MTPModel
-from mtp.training.loss import cross_entropy, head_logits, mtp_loss, split_window, window_states
+from mtp.training.loss import answer_targets, cross_entropy, head_logits, mtp_loss, split_window, window_states
 from mtp.training.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.training.optim import OptimConfig, parameter_groups, warmup_cosine
 from mtp.training.parallel import parallelize
@@ -65,13 +67,15 @@ class MTPLitModule(L.LightningModule):
         if trunk_cache_gb < 0:
             raise UserError(f"trunk_cache_gb={trunk_cache_gb} must be 0 (off) or a positive number of gigabytes.")
         self.trunk_cache = None
+        self.answer_tokens: tuple[int, int] | None = None
+        """The ids of ``loss.answers_after`` and end-of-text, once the data's tokenizer is known (:meth:`setup`)."""
         if trunk_cache_gb > 0:
             TrunkCache.check_frozen(self.model)
             self.trunk_cache = TrunkCache(self.model, int(trunk_cache_gb * 2**30), trunk_cache_dir)
         self._parallelized = False
         n, vocab = self.config.n_future, self.config.vocab_size
         self.val_loss = nn.ModuleList(MeanMetric() for _ in range(n))
-        self.val_acc = nn.ModuleList(MulticlassAccuracy(vocab, average="micro") for _ in range(n))
+        self.val_acc = nn.ModuleList(MulticlassAccuracy(vocab, average="micro", ignore_index=IGNORE) for _ in range(n))
         self.val_tokens_per_forward = ExpectedTokensPerForward()
         self.val_acceptance = AcceptanceByPosition(n - 1)
 
@@ -84,8 +88,25 @@ class MTPLitModule(L.LightningModule):
         vocab_size = getattr(datamodule, "vocab_size", None)
         if vocab_size is not None:
             self.check_vocab_size(vocab_size)
+        self.answer_tokens = self.answer_token_ids(getattr(datamodule, "tokenizer", None))
         if self.config.draft_vocab and not self.draft_tokens_loaded and hasattr(datamodule, "token_counts"):
             self.choose_draft_tokens(torch.from_numpy(datamodule.token_counts("train")))
+
+    def answer_token_ids(self, tokenizer: Tokenizer | None) -> tuple[int, int] | None:
+        """The ids of ``loss.answers_after`` (one token) and of end-of-text in the data's tokenizer (None: every token
+        is scored)."""
+        text = self.loss.answers_after
+        if text is None:
+            return None
+        if tokenizer is None:
+            raise UserError(f"loss.answers_after={text!r} needs the data's tokenizer, and this datamodule has none.")
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        if len(ids) != 1:
+            raise UserError(
+                f"loss.answers_after={text!r} is {len(ids)} tokens of the data's tokenizer, and it must be one; give "
+                "the single character (or token) that precedes each answer, such as '='."
+            )
+        return ids[0], eot_id(tokenizer)
 
     def choose_draft_tokens(self, counts: Tensor) -> None:
         """Heads 2..n score the model.draft_vocab most frequent tokens of the training data, (vocab_size,) counts (ties
@@ -132,7 +153,7 @@ class MTPLitModule(L.LightningModule):
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         weights = self.head_weights()
-        out = mtp_loss(self.model, batch, self.loss, trunk=self.trunk_cache, weights=weights)
+        out = mtp_loss(self.model, batch, self.loss, self.trunk_cache, weights, self.answer_tokens)
         self.log("train/loss", out.total, prog_bar=True)
         for k in out.heads:  # a head with nothing to train is not computed (a frozen head 1: see trained_heads)
             self.log(f"train/loss_head{k}", out.per_head[k - 1])
@@ -154,6 +175,8 @@ class MTPLitModule(L.LightningModule):
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
         states, targets = window_states(self.model, batch)
+        if self.answer_tokens is not None:  # the loss and accuracy of what training scores
+            targets = answer_targets(batch, targets, *self.answer_tokens)
         predictions = []
         for k, logits, target in head_logits(self.model, states, targets):
             # the loss over the tokens head k scores (all, or a reduced draft vocabulary); accuracy over every token

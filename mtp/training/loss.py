@@ -60,6 +60,19 @@ def split_window(window: Tensor, n_future: int) -> tuple[Tensor, Tensor]:
     return inputs, targets
 
 
+def answer_targets(window: Tensor, targets: Tensor, marker: int, end: int) -> Tensor:
+    """``targets`` (n, B, T) of ``window`` (B, T + n) with IGNORE wherever the target is not in an answer: a token is in
+    one when a ``marker`` token came after the last ``end`` token before it (the end token closing an answer is in it).
+    A window that opens inside an answer scores that answer's rest for nothing: where it began is not in the window."""
+    position = torch.arange(window.size(1), device=window.device).expand_as(window)
+    last_marker = torch.where(window == marker, position, -1).cummax(dim=1).values
+    last_end = torch.where(window == end, position, -1).cummax(dim=1).values
+    inside = last_marker > last_end  # (B, T + n): the token after position j is in an answer
+    seq_len = targets.size(2)
+    keep = torch.stack([inside[:, k - 1 : k - 1 + seq_len] for k in range(1, targets.size(0) + 1)])
+    return targets.masked_fill(~keep, IGNORE)
+
+
 def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross-entropy in fp32 over the positions whose target is not IGNORE (0 if none is); logits (..., V),
     targets (...)."""
@@ -332,13 +345,17 @@ def mtp_loss(
     settings: LossConfig | None = None,
     trunk: Callable[[Tensor], Tensor] | None = None,
     weights: list[float] | None = None,
+    answers: tuple[int, int] | None = None,
 ) -> LossOutput:
     """Training loss of a token window (B, seq_len + n_future) under ``settings`` (default: :class:`LossConfig`'s
     defaults; outside autograd always the naive form); the trunk's output from ``trunk(inputs)`` if given (see
     :func:`window_states`); the head weights ``weights`` (default: the settings' ``loss_weights``; training passes
-    its schedule's, :meth:`mtp.config.LossConfig.weights_at`)."""
+    its schedule's, :meth:`mtp.config.LossConfig.weights_at`); with ``answers`` (the token ids of
+    ``settings.answers_after`` and of end-of-text), only answers' tokens are scored (:func:`answer_targets`)."""
     settings = settings or LossConfig()
     states, targets = window_states(model, window, trunk, settings.draft_rate)
+    if answers is not None:
+        targets = answer_targets(window, targets, *answers)
     weights = settings.weights(model.config.n_future) if weights is None else weights
     if settings.mode == "naive" or not torch.is_grad_enabled():
         return naive_loss(model, states, targets, weights, settings)
