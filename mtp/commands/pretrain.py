@@ -178,9 +178,9 @@ LEADING_SETTINGS = ("model", "size", "seed")
 def job_folder(overrides: str) -> str:
     """A sweep job's folder name from its settings (Hydra's ``override_dirname``, sorted by key:
     ``data.seq_len=64,model=mtp2,seed=1``): one folder per set of settings, so that a rerun of the sweep finds each
-    job's folder again. :data:`LEADING_SETTINGS` come first (``model=mtp2,seed=1,data.seq_len=64``); a path in a value
-    cannot nest folders (``/`` becomes ``_``); a long name is cut and ends with a hash of the whole; no settings at all
-    is ``defaults``."""
+    job's folder again. :data:`LEADING_SETTINGS` come first (``model=mtp2,seed=1,data.seq_len=64``); Hydra's escapes
+    are dropped; a path in a value cannot nest folders (``/`` becomes ``_``); a long name is cut and ends with a hash
+    of the whole; no settings at all is ``defaults``."""
     items, depth, start = [], 0, 0
     for at, char in enumerate(overrides + ","):  # split at the commas outside brackets (a list value: ops=[1,6])
         depth += (char in "[{(") - (char in "]})")
@@ -188,7 +188,8 @@ def job_folder(overrides: str) -> str:
             items.append(overrides[start:at])
             start = at + 1
     leading = [item for key in LEADING_SETTINGS for item in items if item.split("=", 1)[0] == key]
-    name = ",".join(leading + [item for item in items if item and item not in leading]).replace(os.sep, "_")
+    name = ",".join(leading + [item for item in items if item and item not in leading])
+    name = name.replace("\\", "").replace(os.sep, "_")  # Hydra escapes a value's ":" (max_time=00\:01\:00)
     if len(name) > JOB_FOLDER_LENGTH:
         name = f"{name[: JOB_FOLDER_LENGTH - 9]}_{hashlib.sha256(overrides.encode()).hexdigest()[:8]}"
     return name or "defaults"
