@@ -522,19 +522,22 @@ def test_gpu_check_steps_are_checked_before_anything_runs(tmp_path):
     from mtp.commands.gpu_check import parse_args
 
     with pytest.raises(
-        UserError, match="--steps p3: name steps among tests,p1,p2,pretrain,decode,compiled,heads,eagle3"
+        UserError, match="--steps p3: name steps among tests,p1,p2,pretrain,decode,compiled,heads,eagle3,paper"
     ):
         parse_args(["--smoke", "--steps", "tests,p3"])
     with pytest.raises(UserError, match="decodes without training a checkpoint; add pretrain to --steps or pass"):
         parse_args(["--smoke", "--steps", "tests,decode"])
     assert parse_args(["--smoke", "--steps", " p2 ,tests"]).steps == ["p2", "tests"]
-    assert parse_args(["--smoke"]).steps == ["tests", "p1", "p2", "pretrain", "decode", "compiled", "heads", "eagle3"]
+    every = ["tests", "p1", "p2", "pretrain", "decode", "compiled", "heads", "eagle3", "paper"]
+    assert parse_args(["--smoke"]).steps == every
     with pytest.raises(UserError, match="--smoke --steps heads starts from the kit's trained checkpoint; add pretrain"):
         parse_args(["--smoke", "--steps", "heads"])
     with pytest.raises(UserError, match="--heads-model .*missing.gguf does not exist; pass a GGUF file"):
         parse_args(["--smoke", "--steps", "heads", "--heads-model", str(tmp_path / "missing.gguf")])
     with pytest.raises(UserError, match="--train-minutes 0: give a positive number of minutes, or drop it"):
         parse_args(["--smoke", "--steps", "p1", "--train-minutes", "0"])
+    with pytest.raises(UserError, match="--paper-minutes -1: give a positive number of minutes, or drop it"):
+        parse_args(["--smoke", "--steps", "paper", "--paper-minutes", "-1"])
 
 
 def test_gpu_check_fits_the_heads_recipes_to_a_lease():
@@ -543,6 +546,26 @@ def test_gpu_check_fits_the_heads_recipes_to_a_lease():
     assert recipe_limits(parse_args(["--smoke", "--steps", "p1"])) == []
     limits = recipe_limits(parse_args(["--smoke", "--steps", "p1", "--train-minutes", "75.5", "--weaker-sandbox"]))
     assert limits == ["bench_decode.weaker_sandbox=true", "+trainer.max_time=00:01:15:30"]
+
+
+def test_gpu_check_runs_the_papers_10m_polynomial_sweep_within_its_minutes(tmp_path, monkeypatch):
+    """The paper step: the 10M sweep, n=1,2,4 x seeds 0,1,2 on the GPU, into the kit's folder (a rerun continues it),
+    each run's training a ninth of --paper-minutes; smoke: two tiny runs on the CPU."""
+    import torch
+
+    from mtp.commands import gpu_check
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # what the step asks of a GPU machine
+    sweep = gpu_check.paper_sweep(gpu_check.parse_args(["--steps", "paper", "--paper-minutes", "45"]), tmp_path / "p")
+    assert sweep == [
+        "experiment=paper_polynomial", "trainer=gpu", "trainer.enable_progress_bar=false", "size=paper_10m",
+        "model=mtp1,mtp2,mtp4", "seed=0,1,2", f"hydra.sweep.dir={tmp_path / 'p'}", "+trainer.max_time=00:00:05:00",
+    ]  # fmt: skip
+    unlimited = gpu_check.paper_sweep(gpu_check.parse_args(["--steps", "paper"]), tmp_path)
+    assert not [override for override in unlimited if "max_time" in override]
+    smoke = gpu_check.paper_sweep(gpu_check.parse_args(["--smoke", "--steps", "paper"]), tmp_path)
+    assert {"size=tiny", "model=mtp1,mtp2", "seed=0", "trainer.accelerator=cpu"} <= set(smoke)
+    assert gpu_check.paper_figures(tmp_path / "absent", tmp_path / "paper.md") == "no run finished (see paper.txt)"
 
 
 def test_gpu_check_reports_each_drafts_acceptance(tmp_path):
@@ -633,6 +656,9 @@ def test_gpu_check_kit_runs_every_step_in_smoke_mode(tiny_checkpoints, tmp_path)
     assert "EAGLE-3 recipe (experiment=pretrained_heads_eagle3_gpu), HumanEval, greedy, batch 1: not run (a smoke" in (
         summary
     )
+    # the paper's sweep at toy size, and its page beside the summary
+    assert "scored per operation count: paper.md (2 of 2 runs scored, at step 2)" in summary
+    assert (out / "paper.md").is_file() and (out / "paper.png").is_file()
 
 
 @pytest.mark.slow

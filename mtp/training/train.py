@@ -17,6 +17,7 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
@@ -231,8 +232,10 @@ class Interrupted(SystemExit):
         self.checkpoint = saver.last_model_path if saver is not None and saver.last_model_path else None
         super().__init__(128 + int(getattr(signal, name)))
         if trainer.is_global_zero:
+            sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
             where = (
-                f"wrote {self.checkpoint}; continue with ckpt_path={self.checkpoint}"
+                f"wrote {self.checkpoint}; "
+                + ("run the same sweep again to continue it" if sweep else f"continue with ckpt_path={self.checkpoint}")
                 if self.checkpoint
                 else "no checkpoint was written (checkpointing is off)"
             )

@@ -1,0 +1,315 @@
+"""A sweep of a task experiment as one page: every finished run of one or more sweep folders, averaged over seeds.
+
+A sweep folder (``python scripts/pretrain.py -m experiment=paper_polynomial ...``: logs/pretrain/sweeps/<experiment>)
+holds one folder per job; a job is finished when it scored itself (its ``eval_task/results.json``, written by
+``mtp eval-task`` at the end of training). Each job's settings come from Hydra's record of it (``.hydra/``): its seed,
+its size preset and its other overrides; its number of heads n from its results. Runs that differ only in their seed
+are one group, averaged; unfinished runs are listed, never averaged.
+
+The figure is the paper's (Gloeckle et al. 2024, figures 3 and 4): polynomial arithmetic, accuracy against the number
+of operations, one line per n with the seeds' lowest-to-highest as a band; induction, accuracy against model size
+(parameters), one line per n with the seeds' range as error bars.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from mtp.benchmarks.cli import fitted_title, require_plotting
+from mtp.errors import UserError
+
+EVAL_RESULTS = Path("eval_task") / "results.json"
+"""Where a job of a task experiment writes its score (mtp/commands/pretrain.py): its presence marks it finished."""
+VARIED = ("model", "model.n_future", "seed", "size", "experiment")
+"""The overrides a sweep compares along (n, seed, size) or names its folder by: not part of a run's other settings."""
+TASK_TITLES = {"polynomial": "Polynomial arithmetic", "induction": "Induction"}
+
+
+@dataclass
+class SweepRun:
+    """One job of a sweep folder."""
+
+    folder: Path
+    size: str
+    """The size preset (``size=``), from Hydra's record of the job's choices."""
+    seed: int | None
+    setting: tuple[str, ...]
+    """The job's other overrides, sorted, less the seed, n and size and those that only say where files go (Hydra's
+    ``override_dirname.exclude_keys``)."""
+    n: int | None = None
+    """model.n_future: the results' (the checkpoint's), else the config's."""
+    results: dict[str, Any] | None = None
+    """eval_task/results.json; None while the job is unfinished."""
+    checkpoint: bool = False
+    """Whether an unfinished job has a last.ckpt to resume from."""
+
+
+@dataclass
+class SweepGroup:
+    """The runs of one setting, size, n and group (an operation count, a token) that differ only in their seed."""
+
+    setting: tuple[str, ...]
+    size: str
+    n: int
+    group: Any
+    in_domain: bool
+    seeds: list[int | None] = field(default_factory=list)
+    accuracies: list[float] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.accuracies)
+
+    @property
+    def low(self) -> float:
+        return min(self.accuracies)
+
+    @property
+    def high(self) -> float:
+        return max(self.accuracies)
+
+
+def job_folders(folder: Path) -> list[Path]:
+    """The job folders under a sweep folder (each has Hydra's ``.hydra``); a job folder itself is its only job."""
+    if (folder / ".hydra").is_dir():
+        return [folder]
+    return sorted(path.parent for path in folder.rglob(".hydra") if path.is_dir())
+
+
+def read_run(folder: Path) -> SweepRun:
+    """A job folder's settings and, when finished, its results."""
+    hydra_dir = folder / ".hydra"
+    config = OmegaConf.load(hydra_dir / "config.yaml") if (hydra_dir / "config.yaml").is_file() else OmegaConf.create()
+    hydra = OmegaConf.load(hydra_dir / "hydra.yaml").hydra if (hydra_dir / "hydra.yaml").is_file() else None
+    overrides = list(OmegaConf.load(hydra_dir / "overrides.yaml")) if (hydra_dir / "overrides.yaml").is_file() else []
+    choices = hydra.runtime.choices if hydra is not None else {}
+    excluded = set(OmegaConf.select(hydra, "job.config.override_dirname.exclude_keys", default=None) or [])
+    apart = set(VARIED) | excluded
+    others = sorted(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in apart)
+    seed = OmegaConf.select(config, "seed", default=None)
+    n = OmegaConf.select(config, "model.n_future", default=None)
+    run = SweepRun(folder, str(choices.get("size", "?")), seed, tuple(others), n)
+    results_file = folder / EVAL_RESULTS
+    if results_file.is_file():
+        run.results = json.loads(results_file.read_text())
+        run.n = run.results.get("n_future", run.n)
+    run.checkpoint = (folder / "checkpoints" / "last.ckpt").exists()
+    return run
+
+
+def read_sweep(folders: Sequence[Path]) -> tuple[list[SweepRun], list[SweepRun]]:
+    """The finished and the unfinished runs of ``folders``; a UserError when there is no finished run, or when the
+    finished runs are of more than one task."""
+    for folder in folders:
+        if not folder.is_dir():
+            raise UserError(
+                f"{folder} is not a folder; pass a sweep's folder, e.g. logs/pretrain/sweeps/paper_polynomial."
+            )
+    runs = [read_run(job) for folder in folders for job in job_folders(folder)]
+    finished = [run for run in runs if run.results is not None]
+    if not finished:
+        named = ", ".join(map(str, folders))
+        raise UserError(
+            f"{named} holds no finished run (no job folder with {EVAL_RESULTS}); run the sweep, or run its command "
+            "again to finish what it left, before making its page."
+        )
+    tasks = sorted({run.results["task"] for run in finished})
+    if len(tasks) > 1:
+        raise UserError(f"the runs given are of several tasks ({', '.join(tasks)}); make one page per task.")
+    return finished, [run for run in runs if run.results is None]
+
+
+def natural_key(text: str) -> list[Any]:
+    """``paper_3m`` before ``paper_10m``: the numbers in a name compared as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def size_order(runs: Iterable[SweepRun]) -> list[str]:
+    """The size presets from the smallest model to the largest (their runs' parameter counts; else their names)."""
+    parameters: dict[str, list[int]] = {}
+    for run in runs:
+        parameters.setdefault(run.size, []).append(run.results.get("parameters", 0) if run.results else 0)
+    return sorted(parameters, key=lambda size: (statistics.median(parameters[size]), natural_key(size)))
+
+
+def aggregate(runs: Sequence[SweepRun]) -> list[SweepGroup]:
+    """One group per setting, size, n and result row (operation count, token), its runs' accuracies over the seeds;
+    ordered by setting, size (smallest first), row (as the results list them) and n."""
+    groups: dict[tuple, SweepGroup] = {}
+    rows_order: dict[Any, int] = {}
+    group_key = runs[0].results["group"]
+    for run in runs:
+        for row in run.results["rows"]:
+            value = row[group_key]
+            rows_order.setdefault(value, len(rows_order))
+            key = (run.setting, run.size, run.n, value)
+            group = groups.setdefault(key, SweepGroup(run.setting, run.size, run.n, value, bool(row.get("in_domain"))))
+            group.seeds.append(run.seed)
+            group.accuracies.append(row["accuracy"])
+    sizes = size_order(runs)
+    return sorted(groups.values(), key=lambda g: (g.setting, sizes.index(g.size), rows_order[g.group], g.n))
+
+
+def setting_labels(settings: Iterable[tuple[str, ...]]) -> tuple[tuple[str, ...], dict[tuple[str, ...], str]]:
+    """The overrides every setting shares, and each setting's label: the overrides it does not share (``as
+    configured`` for none)."""
+    settings = list(settings)
+    common = set.intersection(*map(set, settings)) if settings else set()
+    labels = {setting: ", ".join(o for o in setting if o not in common) or "as configured" for setting in settings}
+    return tuple(sorted(common)), labels
+
+
+def percent(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def cell(group: SweepGroup | None) -> str:
+    """A table cell: the seeds' mean, their lowest and highest, and how many seeds ran."""
+    if group is None:
+        return ""
+    count = len(group.accuracies)
+    if count == 1:
+        return f"{percent(group.mean)} (1 seed)"
+    return f"{percent(group.mean)} ({percent(group.low)}-{percent(group.high)}, {count} seeds)"
+
+
+def sweep_tables(finished: Sequence[SweepRun], unfinished: Sequence[SweepRun]) -> str:
+    """The page's body: per setting, a table of accuracy by size and row (operation count, token) with one column per
+    n; then every run (its folder, settings and step) and the unfinished ones, which no average includes."""
+    groups = aggregate(finished)
+    results = finished[0].results
+    group_key, metric = results["group"], results["metric"]
+    ns = sorted({g.n for g in groups})
+    parts = [
+        f"Each cell: the {metric} averaged over the seeds that finished, with the lowest and the highest seed's in "
+        "brackets and how many seeds there were; domain: in for what training saw, out for beyond it."
+    ]
+    problems = sorted({row["problems"] for run in finished for row in run.results["rows"]})
+    parts[0] += f" Problems per row and run: {', '.join(map(str, problems))}."
+    common, labels = setting_labels({g.setting for g in groups})
+    if common:
+        parts.append(f"Every run's other settings: `{' '.join(common)}`.")
+    for setting in sorted(labels):
+        chosen = [g for g in groups if g.setting == setting]
+        if len(labels) > 1:
+            parts.append(f"### {labels[setting]}")
+        lines = [
+            f"| size | {group_key} | domain | " + " | ".join(f"n={n}" for n in ns) + " |",
+            "|---|---:|---|" + "---:|" * len(ns),
+        ]
+        rows: dict[tuple, dict[int, SweepGroup]] = {}
+        for g in chosen:
+            rows.setdefault((g.size, g.group, g.in_domain), {})[g.n] = g
+        for (size, value, in_domain), by_n in rows.items():
+            cells = " | ".join(cell(by_n.get(n)) for n in ns)
+            lines.append(f"| {size} | {value} | {'in' if in_domain else 'out'} | {cells} |")
+        parts.append("\n".join(lines))
+    lines = ["| run | size | n | seed | step | status |", "|---|---|---:|---:|---:|---|"]
+    for run in sorted([*finished, *unfinished], key=lambda r: str(r.folder)):
+        step = run.results.get("step", "") if run.results else ""
+        status = (
+            "finished" if run.results else "unfinished, " + ("has a last.ckpt" if run.checkpoint else "not started")
+        )
+        n = "" if run.n is None else run.n
+        lines.append(f"| {run.folder.name} | {run.size} | {n} | {run.seed} | {step} | {status} |")
+    parts.append("### Runs\n\n" + "\n".join(lines))
+    if unfinished:
+        parts.append(
+            f"{len(unfinished)} run(s) unfinished, in no average above: run the sweep's command again to resume them."
+        )
+    return "\n\n".join(parts) + "\n"
+
+
+def sweep_title(finished: Sequence[SweepRun]) -> str:
+    task = finished[0].results["task"]
+    sizes = ", ".join(size_order(finished))
+    ns = ", ".join(str(n) for n in sorted({run.n for run in finished}))
+    seeds = ", ".join(str(s) for s in sorted({run.seed for run in finished}, key=str))
+    return f"{TASK_TITLES.get(task, task)}, a sweep: {sizes}; n = {ns}; seeds {seeds}"
+
+
+def sweep_provenance(finished: Sequence[SweepRun], page_command: str) -> dict[str, str]:
+    """The page's header from its runs' own: the span of their dates, each distinct commit, machine and torch, and the
+    sweep's command(s) followed by the page's."""
+
+    def distinct(key: str) -> list[str]:
+        return sorted({run.results.get("provenance", {}).get(key, "unknown") for run in finished})
+
+    dates = distinct("date")
+    return {
+        "date": dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}",
+        "commit": ", ".join(distinct("commit")),
+        "machine": "; ".join(distinct("machine")),
+        "torch": ", ".join(distinct("torch")),
+        "command": "\n".join([*distinct("command"), page_command]),
+    }
+
+
+def plot_sweep(finished: Sequence[SweepRun], path: Path, title: str) -> None:
+    """The paper's figure: accuracy against the results' numeric rows (operation counts) when they are numbers, one
+    line per n and setting with the seeds' range as a band and the rows beyond training shaded; otherwise accuracy
+    against size (parameters), at the results' first row (induction: the second token), with the range as error
+    bars."""
+    require_plotting()
+    import matplotlib  # optional (the benchmarks extra): imported only when a plot is asked for
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = aggregate(finished)
+    results = finished[0].results
+    numeric = all(isinstance(row[results["group"]], int) for row in results["rows"]) and len(results["rows"]) > 1
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    ns = sorted({g.n for g in groups})
+    lines = sorted({(g.setting, g.size) for g in groups}, key=lambda key: (key[0], size_order(finished).index(key[1])))
+    labels = setting_labels({g.setting for g in groups})[1]
+    styles = ["-", "--", ":", "-."]
+    if numeric:
+        for index, (setting, size) in enumerate(lines):
+            for n in ns:
+                series = [g for g in groups if (g.setting, g.size, g.n) == (setting, size, n)]
+                xs = [g.group for g in series]
+                color = colors[ns.index(n) % len(colors)]
+                label = f"n={n}" + (f", {size}" if len({size for _, size in lines}) > 1 else "")
+                label += f", {labels[setting]}" if len(labels) > 1 else ""
+                ax.plot(xs, [g.mean for g in series], marker="o", color=color, linestyle=styles[index % 4], label=label)
+                ax.fill_between(xs, [g.low for g in series], [g.high for g in series], color=color, alpha=0.15)
+        outside = [g.group for g in groups if not g.in_domain]
+        if outside:
+            ax.axvspan(min(outside) - 0.5, max(outside) + 0.5, color="grey", alpha=0.1, label="out of domain")
+        ax.set_xlabel(f"number of operations ({results['group']})")
+        ax.set_xticks(sorted({g.group for g in groups}))
+    else:
+        headline = results["rows"][0][results["group"]]
+        sizes = size_order(finished)
+        settings = sorted({g.setting for g in groups})
+        for n in ns:
+            for index, setting in enumerate(settings):
+                series = [g for g in groups if g.n == n and g.setting == setting and g.group == headline]
+                xs = [sizes.index(g.size) for g in series]
+                means = [g.mean for g in series]
+                spread = [[g.mean - g.low for g in series], [g.high - g.mean for g in series]]
+                label = f"n={n}" + (f", {labels[setting]}" if len(labels) > 1 else "")
+                ax.errorbar(xs, means, yerr=spread, marker="o", capsize=4, color=colors[ns.index(n) % len(colors)],
+                            linestyle=styles[index % 4], label=label)  # fmt: skip
+        ax.set_xticks(range(len(sizes)), sizes)
+        ax.set_xlabel("model size")
+        ax.set_title(f"{results['group']}: {headline}", fontsize=9)
+    ax.set_ylabel(results["metric"])
+    ax.set_ylim(-0.02, 1.02)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(fitted_title(title, fig.get_figwidth(), 10), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

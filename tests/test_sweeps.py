@@ -1,0 +1,230 @@
+"""Sweeps of the paper's experiments: each run scores itself, a rerun of a sweep continues it (skips the finished jobs,
+resumes the others), and a sweep folder becomes a page with the seeds' spread."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from mtp.benchmarks.task_sweep import aggregate, read_sweep, size_order, sweep_provenance, sweep_tables, sweep_title
+from mtp.commands import eval_task
+from mtp.commands.pretrain import SWEEP_JOB, continue_sweep_job, flags, job_folder
+from mtp.errors import UserError
+from tests.conftest import ROOT, compose_train
+
+
+def test_a_job_folder_is_named_by_its_settings_model_size_and_seed_first():
+    assert job_folder("data.seq_len=64,model=mtp2,seed=1") == "model=mtp2,seed=1,data.seq_len=64"
+    assert job_folder("eval_task.ops=[1,6],seed=0,size=paper_3m") == "size=paper_3m,seed=0,eval_task.ops=[1,6]"
+    assert job_folder("data.source.paths=[/a/b/*.txt],model=mtp1") == "model=mtp1,data.source.paths=[_a_b_*.txt]"
+    assert job_folder("") == "defaults"
+    long, other = job_folder("model=mtp1,data.cache_dir=" + "x" * 300), job_folder("model=mtp1,data.cache_dir=" + "y")
+    assert len(long) == 120 and long.startswith("model=mtp1,data.cache_dir=xxx") and long != other
+    assert job_folder("model=mtp1,data.cache_dir=" + "x" * 300) == long  # the same settings, the same folder
+
+
+@pytest.mark.parametrize(("experiment", "expected"), [("paper_polynomial", ["--ops", "1-10", "--problems", "2000"]),
+                                                      ("paper_induction", ["--batch-size", "32"])])  # fmt: skip
+def test_task_experiments_score_their_final_checkpoint_and_sweep_into_a_stable_folder(experiment, expected):
+    cfg = compose_train([f"experiment={experiment}"])
+    assert flags(cfg.eval_task, eval_task.build_parser()) == expected
+    sweep = OmegaConf.to_container(cfg.hydra.sweep)  # unresolved: the folder names resolve in a running sweep
+    assert sweep == {
+        "dir": "${paths.log_dir}/${task_name}/sweeps/${hydra.runtime.choices.experiment}",
+        "subdir": "${job_folder:${hydra.job.override_dirname}}",
+    }
+    assert cfg.hydra.runtime.choices.experiment == experiment
+    assert "experiment" in cfg.hydra.job.config.override_dirname.exclude_keys
+    assert compose_train(["experiment=paper_polynomial", "data.source.eval_problems=300"]).eval_task.problems == 300
+    assert compose_train([]).eval_task is None  # other runs score nothing after training
+
+
+def test_a_bad_evaluation_setting_is_caught_before_training():
+    with pytest.raises(UserError, match="--ops 11 is outside the operation counts the generator supports"):
+        eval_task.checked_args(["last.ckpt", "--ops", "11"])
+
+
+def fake_checkpoint(path: Path, step: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"mtp": {"format": 1}, "state_dict": {}, "global_step": step}, path)
+
+
+def test_a_rerun_sweep_job_skips_resumes_or_starts_as_its_folder_says(tmp_path, caplog):
+    cfg = OmegaConf.create({"ckpt_path": None, "trainer": {"max_steps": 6}})
+    job = tmp_path / "model=mtp1,seed=0"
+    caplog.set_level(logging.INFO, "mtp.commands.pretrain")
+    # a fresh folder: trains, after recording its settings
+    assert continue_sweep_job(cfg, job, "model=mtp1,seed=0", True) == (cfg, True)
+    assert OmegaConf.load(job / SWEEP_JOB).settings == "model=mtp1,seed=0"
+    # stopped at step 2 of 6: resumes from its last.ckpt
+    fake_checkpoint(job / "checkpoints" / "last.ckpt", 2)
+    resumed, trains = continue_sweep_job(cfg, job, "model=mtp1,seed=0", True)
+    assert trains and resumed.ckpt_path == str(job / "checkpoints" / "last.ckpt") and cfg.ckpt_path is None
+    assert "sweep job model=mtp1,seed=0: resuming from its checkpoints/last.ckpt (step 2)" in caplog.text
+    # trained to the end, stopped while scoring: scores, without training again
+    fake_checkpoint(job / "checkpoints" / "last.ckpt", 6)
+    assert continue_sweep_job(cfg, job, "model=mtp1,seed=0", True) == (cfg, False)
+    assert "trained to step 6 earlier (checkpoints/last.ckpt); going on from there" in caplog.text
+    # scored: skipped
+    (job / "eval_task").mkdir()
+    (job / "eval_task" / "results.json").write_text("{}")
+    assert continue_sweep_job(cfg, job, "model=mtp1,seed=0", True) == (None, False)
+    assert "finished earlier (its eval_task/results.json is there); skipping it" in caplog.text
+    # a folder of other settings, or of a run no sweep recorded: refused
+    with pytest.raises(UserError, match=r"holds a sweep job of other settings \(model=mtp1,seed=0, not model=mtp2\)"):
+        continue_sweep_job(cfg, job, "model=mtp2", True)
+    (job / SWEEP_JOB).unlink()
+    with pytest.raises(UserError, match="holds checkpoints that no sweep job recorded; give this sweep a folder"):
+        continue_sweep_job(cfg, job, "model=mtp1,seed=0", True)
+
+
+def fake_job(sweep: Path, name: str, n: int, seed: int, accuracies: dict, size: str = "paper_1m", extra=(), **more):
+    """A job folder as a sweep leaves it: Hydra's record (.hydra) and, when ``accuracies`` is given, its score."""
+    job = sweep / name
+    (job / ".hydra").mkdir(parents=True)
+    OmegaConf.save({"seed": seed, "model": {"n_future": n}}, job / ".hydra" / "config.yaml")
+    exclude = ["experiment", "paths.log_dir"]
+    hydra = {"runtime": {"choices": {"size": size}}, "job": {"config": {"override_dirname": {"exclude_keys": exclude}}}}
+    OmegaConf.save({"hydra": hydra}, job / ".hydra" / "hydra.yaml")
+    overrides = ["experiment=paper_polynomial", f"model=mtp{n}", f"seed={seed}", "paths.log_dir=/x", *extra]
+    OmegaConf.save(overrides, job / ".hydra" / "overrides.yaml")
+    if accuracies is None:
+        return job
+    task, group = ("polynomial", "ops") if "second" not in accuracies else ("induction", "token")
+    rows = [{group: key, "in_domain": key in (1, 2, "second", "first"), "problems": 10, "correct": round(a * 10),
+             "accuracy": a} for key, a in accuracies.items()]  # fmt: skip
+    provenance = {"date": f"2026-01-0{seed + 1} 10:00 UTC", "commit": "abc", "machine": "m", "torch": "t",
+                  "command": "python scripts/pretrain.py -m experiment=paper_polynomial"}  # fmt: skip
+    results = {"provenance": provenance, "task": task, "step": 100, "n_future": n, "metric": "exact match",
+               "group": group, "rows": rows, **more}  # fmt: skip
+    (job / "eval_task").mkdir()
+    (job / "eval_task" / "results.json").write_text(json.dumps(results))
+    return job
+
+
+def test_a_sweep_folder_is_aggregated_over_seeds_and_unfinished_runs_are_left_out(tmp_path):
+    sweep = tmp_path / "paper_polynomial"
+    fake_job(sweep, "model=mtp1,seed=0", 1, 0, {1: 0.5, 3: 0.1})
+    fake_job(sweep, "model=mtp1,seed=1", 1, 1, {1: 0.7, 3: 0.3})
+    fake_job(sweep, "model=mtp1,seed=2", 1, 2, {1: 0.9, 3: 0.2})
+    fake_job(sweep, "model=mtp2,seed=0", 2, 0, {1: 1.0, 3: 0.4})
+    unfinished = fake_job(sweep, "model=mtp2,seed=1", 2, 1, None)
+    fake_checkpoint(unfinished / "checkpoints" / "last.ckpt", 3)
+    finished, left = read_sweep([sweep])
+    assert [run.folder.name for run in left] == ["model=mtp2,seed=1"] and left[0].checkpoint
+    groups = aggregate(finished)
+    assert [(g.size, g.group, g.n, g.in_domain, sorted(g.seeds)) for g in groups] == [
+        ("paper_1m", 1, 1, True, [0, 1, 2]), ("paper_1m", 1, 2, True, [0]),
+        ("paper_1m", 3, 1, False, [0, 1, 2]), ("paper_1m", 3, 2, False, [0]),
+    ]  # fmt: skip
+    assert (groups[0].mean, groups[0].low, groups[0].high) == (pytest.approx(0.7), 0.5, 0.9)
+    assert (groups[2].mean, groups[2].low, groups[2].high) == (pytest.approx(0.2), 0.1, 0.3)
+    assert groups[1].accuracies == [1.0]  # the unfinished seed 1 of n=2 is in no average
+    tables = sweep_tables(finished, left)
+    assert "| size | ops | domain | n=1 | n=2 |" in tables
+    assert "| paper_1m | 1 | in | 70.0% (50.0%-90.0%, 3 seeds) | 100.0% (1 seed) |" in tables
+    assert "| paper_1m | 3 | out | 20.0% (10.0%-30.0%, 3 seeds) | 40.0% (1 seed) |" in tables
+    assert "| model=mtp2,seed=1 | paper_1m | 2 | 1 |  | unfinished, has a last.ckpt |" in tables
+    assert "1 run(s) unfinished, in no average above: run the sweep's command again to resume them." in tables
+    assert "Every run's other settings" not in tables  # paths.log_dir says where, not what: not a setting
+    header = sweep_provenance(finished, "python scripts/results_page.py SWEEP")
+    assert header["date"] == "2026-01-01 10:00 UTC to 2026-01-03 10:00 UTC" and header["commit"] == "abc"
+    assert header["command"] == "python scripts/pretrain.py -m experiment=paper_polynomial\n" + (
+        "python scripts/results_page.py SWEEP"
+    )
+
+
+def test_runs_of_other_settings_are_not_averaged_together(tmp_path):
+    sweep = tmp_path / "paper_polynomial"
+    fake_job(sweep, "a", 1, 0, {1: 0.2}, extra=["trainer.max_steps=10", "data.seq_len=64"])
+    fake_job(sweep, "b", 1, 1, {1: 0.4}, extra=["trainer.max_steps=10", "data.seq_len=64"])
+    fake_job(sweep, "c", 1, 0, {1: 0.9}, extra=["trainer.max_steps=20", "data.seq_len=64"])
+    finished, _ = read_sweep([sweep])
+    assert [(g.setting, g.accuracies) for g in aggregate(finished)] == [
+        (("data.seq_len=64", "trainer.max_steps=10"), [0.2, 0.4]), (("data.seq_len=64", "trainer.max_steps=20"), [0.9]),
+    ]  # fmt: skip
+    tables = sweep_tables(finished, [])
+    assert "Every run's other settings: `data.seq_len=64`." in tables
+    assert "### trainer.max_steps=10\n" in tables and "### trainer.max_steps=20\n" in tables
+    assert "| paper_1m | 1 | in | 30.0% (20.0%-40.0%, 2 seeds) |" in tables
+
+
+def test_induction_sweeps_of_several_sizes_make_one_page_by_size(tmp_path):
+    """One folder per size (or one for all): accuracy against size, sizes ordered by parameters, not by name."""
+    small, large = tmp_path / "one", tmp_path / "other"
+    fake_job(small, "model=mtp1,seed=0", 1, 0, {"second": 0.1, "first": 0.0}, size="paper_3m", parameters=3_000_000)
+    fake_job(small, "model=mtp2,seed=0", 2, 0, {"second": 0.3, "first": 0.0}, size="paper_3m", parameters=3_000_000)
+    fake_job(large, "model=mtp1,seed=0", 1, 0, {"second": 0.5, "first": 0.0}, size="paper_10m", parameters=10**7)
+    fake_job(large, "model=mtp1,seed=1", 1, 1, {"second": 0.7, "first": 0.1}, size="paper_10m", parameters=10**7)
+    finished, _ = read_sweep([large, small])
+    assert size_order(finished) == ["paper_3m", "paper_10m"]
+    tables = sweep_tables(finished, [])
+    assert "| size | token | domain | n=1 | n=2 |" in tables
+    second = [line for line in tables.splitlines() if "| second |" in line]
+    assert second == [
+        "| paper_3m | second | in | 10.0% (1 seed) | 30.0% (1 seed) |",
+        "| paper_10m | second | in | 60.0% (50.0%-70.0%, 2 seeds) |  |",
+    ]
+    assert sweep_title(finished) == "Induction, a sweep: paper_3m, paper_10m; n = 1, 2; seeds 0, 1"
+
+
+def test_the_page_command_writes_the_page_and_its_plot_or_says_the_folder_has_no_finished_run(tmp_path):
+    from mtp.commands import results_page
+
+    sweep = tmp_path / "paper_polynomial"
+    fake_job(sweep, "model=mtp1,seed=0", 1, 0, None)
+    with pytest.raises(UserError, match=r"paper_polynomial holds no finished run \(no job folder with "):
+        results_page.main([str(sweep), "--out", str(tmp_path / "page.md")])
+    with pytest.raises(UserError, match="is not a folder; pass a sweep's folder"):
+        read_sweep([tmp_path / "absent"])
+    pytest.importorskip("matplotlib")
+    fake_job(sweep, "model=mtp1,seed=1", 1, 1, {1: 0.5, 6: 0.25})
+    out = tmp_path / "docs" / "sweep.md"
+    results_page.main([str(sweep), "--out", str(out)])
+    text = out.read_text()
+    assert text.startswith("# Polynomial arithmetic, a sweep: paper_1m; n = 1; seeds 1\n")
+    assert "| commit | abc |" in text and "![Polynomial arithmetic, a sweep" in text and "](sweep.png)" in text
+    assert "| paper_1m | 6 | out | 25.0% (1 seed) |" in text and "unfinished, not started" in text
+    assert (tmp_path / "docs" / "sweep.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_a_tiny_sweep_scores_itself_continues_and_makes_its_page(tmp_path, shared_cache):
+    """The chain as a user runs it: a sweep of two jobs into a folder of the user's choice, each scoring itself; its
+    rerun skips both; its page averages them."""
+    from tests.test_scripts import pretrain
+
+    sweep = tmp_path / "my_sweep"
+    overrides = [
+        "experiment=paper_polynomial", "model=mtp1,mtp2", "seed=0", "size=tiny", "data.source.problems=600",
+        f"data.cache_dir={shared_cache}", "data.seq_len=64", "data.batch_size=4", "data.val_fraction=0.1",
+        "trainer.accelerator=cpu", "trainer.max_steps=2", "trainer.val_check_interval=2",
+        "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "optim.warmup_steps=1",
+        "eval_task.problems=2", "eval_task.ops=[1,6]", f"hydra.sweep.dir={sweep}",
+    ]  # fmt: skip
+    first = pretrain(*overrides, tmp_path=tmp_path, multirun=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    settings = "size=tiny,seed=0,data.batch_size=4,data.seq_len=64,data.source.problems=600,data.val_fraction=0.1,"
+    jobs = sorted(path.name for path in sweep.iterdir() if path.is_dir())
+    assert [job[:-9] for job in jobs] == [f"model=mtp{n},{settings}ev" for n in (1, 2)]  # named by settings, cut
+    for job in jobs:
+        results = json.loads((sweep / job / "eval_task" / "results.json").read_text())
+        assert [(r["ops"], r["problems"]) for r in results["rows"]] == [(1, 2), (6, 2)] and results["step"] == 2
+        assert results["provenance"]["command"].startswith("python scripts/pretrain.py -m paths.log_dir=")
+    again = pretrain(*overrides, tmp_path=tmp_path, multirun=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("finished earlier (its eval_task/results.json is there); skipping it") == 2
+    assert "Trainer.fit" not in again.stdout + again.stderr
+    out = tmp_path / "page.md"
+    made = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "results_page.py"), str(sweep), "--out", str(out)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert "| tiny | 6 | out |" in out.read_text() and out.with_suffix(".png").is_file()
