@@ -61,6 +61,15 @@ def checkpoint_on(source: dict) -> LoadedCheckpoint:
     return LoadedCheckpoint(None, byte_tokenizer(), SimpleNamespace(n_future=1), 0, {"source": source})
 
 
+@pytest.mark.parametrize(
+    "expression, operator",
+    [("-12000", "neg"), ("(12000+60000)", "+"), ("-(12000o60000)", "neg"), ("((12000*10000)o-(33333))", "o"),
+     ("(-(12000+1)*(20000o30000))", "*"), ("12000", "")],
+)  # fmt: skip
+def test_outermost_operation(expression, operator):
+    assert polynomial.Problem(expression, "00000", 1).operator == operator
+
+
 def test_a_checkpoint_trained_on_another_task_is_refused():
     with pytest.raises(UserError, match=r"^last.ckpt was trained on data.source.kind=stdlib, not on a task"):
         task_of(checkpoint_on({"kind": "stdlib"}), "last.ckpt")
@@ -91,6 +100,13 @@ def test_scores_count_right_wrong_and_malformed_replies(monkeypatch):
     assert rows[2]["correct"] == rows[7]["correct"] == 5 and rows[2]["problems"] == 12
     assert rows[2]["in_domain"] and not rows[7]["in_domain"]
     assert rows[2]["ci95"] == pytest.approx(list(wilson_interval(5, 12)))
+    for ops in (2, 7):  # the same counts split by each problem's outermost operation
+        expected = {op: {"correct": 0, "problems": 0} for op in polynomial.OPERATORS}
+        for i, problem in enumerate(polynomial.evaluation_problems(ops, 30, 3)[:12]):
+            expected[problem.operator]["problems"] += 1
+            expected[problem.operator]["correct"] += (i % 5) % 3 == 0
+        assert rows[ops]["operators"] == expected
+    assert "By outermost operation:" in task_eval.results_table(results | {"decoding": None})
     with pytest.raises(UserError, match="--problems 31 is more than the 30 problems per count"):
         task_eval.evaluate_polynomial(checkpoint_on(source), EvalSettings(problems=31))
 

@@ -102,15 +102,21 @@ def evaluate_polynomial(loaded: LoadedCheckpoint, settings: EvalSettings) -> dic
     rows, forwards, tokens, seconds = [], 0, 0, 0.0
     for ops in settings.ops:
         problems = polynomial.evaluation_problems(ops, available, source.get("eval_seed", 0))[:count]
-        correct = 0
+        correct, by_operator = 0, {op: [0, 0] for op in polynomial.OPERATORS}
         for start in range(0, len(problems), settings.batch_size):
             batch = problems[start : start + settings.batch_size]
             began = time.perf_counter()
             outputs, stats = generate(loaded.model, [prompt_ids(tokenizer, p.prompt) for p in batch], config)
             seconds += time.perf_counter() - began
             forwards, tokens = forwards + stats.row_forwards, tokens + stats.tokens
-            correct += sum(is_right(tokenizer.decode(ids), p.answer) for ids, p in zip(outputs, batch, strict=True))
-        rows.append(accuracy_row(correct, len(problems), ops=ops, in_domain=ops in training_ops))
+            for ids, problem in zip(outputs, batch, strict=True):
+                right = is_right(tokenizer.decode(ids), problem.answer)
+                correct += right
+                by_operator[problem.operator][0] += right
+                by_operator[problem.operator][1] += 1
+        row = accuracy_row(correct, len(problems), ops=ops, in_domain=ops in training_ops)
+        row["operators"] = {op: {"correct": c, "problems": n} for op, (c, n) in by_operator.items()}
+        rows.append(row)
     decoding = {"heads": settings.heads, "tokens": tokens, "row_forwards": forwards, "seconds": seconds,
                 "tokens_per_forward": tokens / forwards if forwards else 0.0}  # fmt: skip
     return {"metric": "exact match", "group": "ops", "rows": rows, "decoding": decoding}
@@ -194,6 +200,24 @@ def task_of(loaded: LoadedCheckpoint, path: str) -> str:
     return kind
 
 
+def operator_table(rows: list[dict[str, Any]], group: str) -> str:
+    """The exact match of each row by its problems' outermost operation (right / problems)."""
+    operators = list(rows[0]["operators"])
+    names = {"neg": "negation", "+": "addition", "*": "multiplication", "o": "composition"}
+    lines = [
+        f"| {group} | " + " | ".join(names.get(op, op) for op in operators) + " |",
+        "|---:|" + "---:|" * len(operators),
+    ]
+    for row in rows:
+        cells = []
+        for op in operators:
+            counts = row["operators"][op]
+            share = counts["correct"] / counts["problems"] if counts["problems"] else 0.0
+            cells.append(f"{share:.1%} ({counts['correct']}/{counts['problems']})")
+        lines.append(f"| {row[group]} | " + " | ".join(cells) + " |")
+    return "By outermost operation:\n\n" + "\n".join(lines)
+
+
 def results_table(results: dict[str, Any]) -> str:
     """results.md: one row per group, accuracy with its interval."""
     group = results["group"]
@@ -208,6 +232,8 @@ def results_table(results: dict[str, Any]) -> str:
             f"| {row[group]} | {domain} | {row['problems']} | {row['correct']} | {row['accuracy']:.1%} | "
             f"{low:.1%}-{high:.1%} |"
         )
+    if any("operators" in row for row in results["rows"]):
+        lines += ["", operator_table(results["rows"], group)]
     decoding = results["decoding"]
     if decoding is not None:  # a teacher-forced score decodes nothing
         lines.append(

@@ -92,6 +92,18 @@ class Problem:
     ops: int
 
     @property
+    def operator(self) -> str:
+        """The outermost operation: ``neg``, ``+``, ``*`` or ``o`` (empty for a bare operand)."""
+        if self.expression.startswith("-"):
+            return "neg"
+        depth = 0
+        for char in self.expression:
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if depth == 1 and char in "+*o":
+                return char
+        return ""
+
+    @property
     def prompt(self) -> str:
         """What the model reads before answering: the expression and ``=``."""
         return f"{self.expression}="
