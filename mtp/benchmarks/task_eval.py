@@ -128,8 +128,8 @@ def name_repeat_accuracy(
     """Head 1's teacher-forced greedy accuracy on the second piece of every repeated name in ``stories``.
 
     Returns a plain dict: ``accuracy``, ``correct``, ``total`` (repeated names), ``ci95`` (Wilson, [low, high]),
-    ``first_piece_accuracy`` (the same at the repeated names' first pieces, which need the name recalled, not copied)
-    and ``stories``."""
+    ``first_piece_accuracy`` and ``first_piece_correct`` (the same at the repeated names' first pieces, which need the
+    name recalled, not copied) and ``stories``."""
     if not stories:
         raise UserError("an induction evaluation needs at least 1 story, not 0.")
     device = next(model.parameters()).device
@@ -162,6 +162,7 @@ def name_repeat_accuracy(
         "total": total,
         "ci95": [low, high],
         "first_piece_accuracy": first_correct / total,
+        "first_piece_correct": first_correct,
         "stories": len(stories),
     }
 
@@ -175,9 +176,8 @@ def evaluate_induction(loaded: LoadedCheckpoint, settings: EvalSettings) -> dict
     scored = name_repeat_accuracy(loaded.model, loaded.tokenizer, stories, settings.batch_size)
     rows = [
         accuracy_row(scored["correct"], scored["total"], token="second", in_domain=True),
-        accuracy_row(round(scored["first_piece_accuracy"] * scored["total"]), scored["total"], token="first",
-                     in_domain=True),
-    ]  # fmt: skip
+        accuracy_row(scored["first_piece_correct"], scored["total"], token="first", in_domain=True),
+    ]
     return {"metric": "accuracy at a repeated name", "group": "token", "rows": rows, "decoding": None}
 
 

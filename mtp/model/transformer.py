@@ -176,7 +176,7 @@ class MTPModel(nn.Module):
         features = self.trunk_features(idx) if trunk is None else trunk
         d = self.config.d_model
         z = features[..., -d:]
-        head1 = self.layers[-1](z, *self.rotary(z.size(1))) if self.config.head1_block else z
+        head1 = self._head1(z)
         reads = partial(self.drafted_inputs, draft_rate) if draft_rate > 0 else None
         layers = features[..., :-d] if self.config.feature_layers else None
         rope = (self.rope_cos, self.rope_sin)
@@ -185,9 +185,11 @@ class MTPModel(nn.Module):
     def next_token_logits(self, idx: Tensor) -> Tensor:
         """Head 1's logits alone, (B, T, vocab_size): the model's next-token prediction, which reads no following
         tokens (those condition causal and EAGLE-3 heads 2..n only)."""
-        z = self.trunk(idx)
-        head1 = self.layers[-1](z, *self.rotary(z.size(1))) if self.config.head1_block else z
-        return self.head_logits(1, self.norm(head1))
+        return self.head_logits(1, self.norm(self._head1(self.trunk(idx))))
+
+    def _head1(self, z: Tensor) -> Tensor:
+        """Head 1's state before the shared norm, from the trunk's output ``z``: through its own block, if any."""
+        return self.layers[-1](z, *self.rotary(z.size(1))) if self.config.head1_block else z
 
     def drafted_inputs(self, rate: float, k: int, state: Tensor, true: Tensor) -> Tensor:
         """The tokens causal depth k reads in training at a draft ``rate`` (:attr:`mtp.config.LossConfig.draft_rate`):
