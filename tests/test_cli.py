@@ -19,6 +19,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from mtp.commands import bench_decode, bench_train, cli, compare_heads, decode, fit_tree, pretrain
 from mtp.decode import GenerationConfig
+from mtp.decode.settings import Drafted, HeadsSettings
 from mtp.errors import SettingError, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +138,7 @@ def test_generation_config_names_its_fields():
     with pytest.raises(ValueError, match=re.escape("typical_delta=-1 must be at least 0.")):
         GenerationConfig(typical_delta=-1.0)
     with pytest.raises(SettingError) as err:
-        GenerationConfig(max_new_tokens=4, heads=3, draft_p_min=0.3).drafted(2)
+        Drafted.of(GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=3, draft_p_min=0.3), gamma=2)
     assert err.value.fields == ("gamma", "tree", "draft_p_min")
     assert "draft_p_min" in str(err.value)
     assert err.value.render(cli.flag_of, " ").startswith("--gamma 2 drafts come from a drafter")

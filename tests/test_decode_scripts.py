@@ -13,6 +13,7 @@ import pytest
 
 from mtp.checkpoint.format import read_checkpoint
 from mtp.commands.methods import layer_skip
+from mtp.decode.settings import Drafted, HeadsSettings
 from mtp.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -438,7 +439,9 @@ def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeyp
         + ["--search-trials", "3", "--gamma", "2"]
     )
     loaded = bench.load_checkpoint(args.checkpoint, bench.pick_device("cpu"), "float32")
-    variants = bench.method_configs(args, loaded, bench.GenerationConfig(8, heads=4), "greedy")
+    variants = bench.method_configs(
+        args, loaded, Drafted.of(bench.GenerationConfig(8), heads=HeadsSettings(heads=4)), "greedy"
+    )
     params = [drafter.params() for method, _, drafter in variants if method == "layerskip"]
     assert [p.get("search") for p in params] == ["blocks", "sublayers", None] and params[2]["skip"] == "3a"
     assert all(drafter.gamma == 2 and config.heads == 1 for _, config, drafter in variants)

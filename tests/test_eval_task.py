@@ -85,7 +85,7 @@ def test_scores_count_right_wrong_and_malformed_replies(monkeypatch):
     source = {"kind": "polynomial", "eval_seed": 3, "eval_problems": 30, "min_ops": 1, "max_ops": 5}
     answers = {p.prompt: p.answer for ops in (2, 7) for p in polynomial.evaluation_problems(ops, 30, 3)}
 
-    def fake_generate(model, prompts, config):
+    def fake_generate(model, prompts, config, heads=None):
         outputs = []
         for k, ids in enumerate(prompts):
             answer = answers[tokenizer.decode(ids[1:])]  # after the end-of-text that starts a prompt

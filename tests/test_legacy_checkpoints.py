@@ -17,7 +17,7 @@ from mtp.checkpoint.format import CHECKPOINT_KEY, SHARDED_META, model_weights, r
 from mtp.checkpoint.load import load_checkpoint
 from mtp.config import HEAD_TYPES, LossConfig, stored_configs
 from mtp.decode.loop import generate
-from mtp.decode.settings import GenerationConfig
+from mtp.decode.settings import GenerationConfig, HeadsSettings
 from mtp.model import MTPModel
 from mtp.model.heads import HEADS, current_names, legacy_name
 from mtp.pretrained.init_from import Start, start_config
@@ -58,7 +58,9 @@ def test_a_legacy_checkpoint_decodes_what_it_decoded(name):
     assert sums == pytest.approx(expected["logit_sums"], rel=1e-5, abs=1e-3)
     for key, tokens in expected["decoded"].items():
         heads = int(key.split("=")[1])
-        decoded, _ = generate(loaded.model, [expected["prompt"]], GenerationConfig(max_new_tokens=24, heads=heads))
+        decoded, _ = generate(
+            loaded.model, [expected["prompt"]], GenerationConfig(max_new_tokens=24), heads=HeadsSettings(heads=heads)
+        )
         assert decoded[0] == tokens, key
 
 

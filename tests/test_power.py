@@ -326,7 +326,7 @@ MUTATIONS = [
     ),
     Mutation(
         "tempered drafts drawn from the law with top-p (a law that is not the one returned)",
-        "GenerationConfig.proposal_top_p",
+        "Drafted.proposal_top_p",
         'return 1.0 if self.draft_choice == "tempered" or auto_tempered else self.top_p',
         "return self.top_p",
         ("tests/decode/test_lossless.py::test_sampled_drafts_come_from_the_law_the_choice_names",),
@@ -1664,16 +1664,16 @@ MUTATIONS = [
     # -- who drafts: a drafter carries its gamma, the settings none
     Mutation(
         "a drafter that drafts nothing per step decodes without a word",
-        "_Run.__init__",
-        "        if drafter is not None and drafter.gamma < 1:",
-        "        if False:",
+        "generate",
+        "    if drafter is not None and drafter.gamma < 1:",
+        "    if False:",
         (f"{DRAFTERS}::test_bad_drafter_settings_are_refused",),
     ),
     Mutation(
         "generate drafts the default count, not the drafter's gamma",
-        "_Run.__init__",
-        "config = config.drafted(drafter.gamma if drafter is not None else 0)",
-        "config = config.drafted(4 if drafter is not None else 0)",
+        "generate",
+        "plan = Drafted.of(config, heads, drafts, step, drafter.gamma if drafter is not None else 0)",
+        "plan = Drafted.of(config, heads, drafts, step, 4 if drafter is not None else 0)",
         (f"{DRAFTERS}::test_the_target_as_its_own_draft_accepts_every_draft",),
     ),
     Mutation(

@@ -32,7 +32,8 @@ from mtp.benchmarks.report import (
 from mtp.benchmarks.results_page import provenance
 from mtp.checkpoint.load import LoadedCheckpoint
 from mtp.data.prompts import HumanEvalProblem
-from mtp.decode import DecodeStats, generate
+from mtp.decode import DecodeStats
+from mtp.decode.loop import generate
 from mtp.interop.chat import ModelChat
 
 

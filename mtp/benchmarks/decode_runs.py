@@ -5,19 +5,21 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from mtp.decode import DecodeStats, GenerationConfig, generate
+from mtp.decode import DecodeStats
+from mtp.decode.loop import generate
+from mtp.decode.settings import Drafted
 
 
-def run(model, prompts: list[list[int]], config: GenerationConfig, batch_size: int, drafter=None) -> DecodeStats:
+def run(model, prompts: list[list[int]], config: Drafted, batch_size: int, drafter=None) -> DecodeStats:
     """:func:`decode_prompts`'s statistics alone."""
     return decode_prompts(model, prompts, config, batch_size, drafter)[1]
 
 
 def decode_prompts(
-    model, prompts: list[list[int]], config: GenerationConfig, batch_size: int, drafter=None
+    model, prompts: list[list[int]], config: Drafted, batch_size: int, drafter=None
 ) -> tuple[list[list[int]], DecodeStats]:
-    """Decode all prompts in batches of ``batch_size`` (drafting with ``drafter`` if given): every prompt's new tokens,
-    in the prompts' order, and the statistics summed over the batches."""
+    """Decode all prompts with the plan ``config`` in batches of ``batch_size`` (drafting with ``drafter`` if given):
+    every prompt's new tokens, in the prompts' order, and the statistics summed over the batches."""
     outputs, runs = [], []
     for start in range(0, len(prompts), batch_size):
         batch_outputs, stats = generate(model, prompts[start : start + batch_size], config, drafter)

@@ -12,15 +12,14 @@ import torch
 
 from mtp.benchmarks.report import CHAIN
 from mtp.config import ModelConfig
-from mtp.decode import GenerationConfig
 from mtp.decode.graphs import captures_on
 from mtp.decode.proposal import Proposer
-from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
+from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES, Drafted
 from mtp.errors import UserError
 
 STEP_MODES = ("eager", "captured")
 
-MethodRow = tuple[str, GenerationConfig, Proposer | None]
+MethodRow = tuple[str, Drafted, Proposer | None]
 """A method's row as the methods give it: its label, its decoding settings and its drafter (None: the heads draft)."""
 
 
@@ -34,8 +33,8 @@ class BenchSetting:
     method: str
     """The row's label: the heads' chain (:data:`~mtp.benchmarks.report.CHAIN`), a variant of it or a drafting
     method ('tree', 'draft spectr')."""
-    config: GenerationConfig
-    """Its decoding settings: the heads (k), a tree, the acceptance rule, the drafts' dtype, choice and vocabulary,
+    config: Drafted
+    """Its decoding plan: the heads (k), a tree, the acceptance rule, the drafts' dtype, choice and vocabulary,
     eager or captured steps."""
     drafter: Proposer | None = None
     """What drafts in place of the heads (None: the heads)."""
@@ -149,8 +148,8 @@ def bench_settings(
     modes: list[str],
     batch_sizes: list[int],
     heads: list[int],
-    chain: GenerationConfig,
-    method_rows: Callable[[GenerationConfig, str], list[MethodRow]],
+    chain: Drafted,
+    method_rows: Callable[[Drafted, str], list[MethodRow]],
     variations: Variations,
 ) -> list[BenchSetting]:
     """Every setting, per mode and batch size: the chain at each k of ``heads``, then ``method_rows(chain, mode)``

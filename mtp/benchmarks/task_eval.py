@@ -27,7 +27,7 @@ import mtp.data.polynomial as polynomial
 from mtp.checkpoint.load import LoadedCheckpoint
 from mtp.data.induction import Story, evaluation_stories, story_ids
 from mtp.data.tokenizer import eot_id, prompt_ids
-from mtp.decode import GenerationConfig, generate
+from mtp.decode import GenerationConfig, HeadsSettings, generate
 from mtp.errors import UserError
 from mtp.model import MTPModel
 
@@ -97,7 +97,8 @@ def evaluate_polynomial(loaded: LoadedCheckpoint, settings: EvalSettings) -> dic
         )
     count = available if settings.problems is None else settings.problems
     tokenizer, eot = loaded.tokenizer, eot_id(loaded.tokenizer)
-    config = GenerationConfig(max_new_tokens=polynomial.DEGREE + 1, heads=settings.heads, eos_id=eot)
+    config = GenerationConfig(max_new_tokens=polynomial.DEGREE + 1, eos_id=eot)
+    heads = HeadsSettings(heads=settings.heads)
     training_ops = range(source.get("min_ops", 1), source.get("max_ops", 5) + 1)
     rows, forwards, tokens, seconds = [], 0, 0, 0.0
     for ops in settings.ops:
@@ -106,7 +107,9 @@ def evaluate_polynomial(loaded: LoadedCheckpoint, settings: EvalSettings) -> dic
         for start in range(0, len(problems), settings.batch_size):
             batch = problems[start : start + settings.batch_size]
             began = time.perf_counter()
-            outputs, stats = generate(loaded.model, [prompt_ids(tokenizer, p.prompt) for p in batch], config)
+            outputs, stats = generate(
+                loaded.model, [prompt_ids(tokenizer, p.prompt) for p in batch], config, heads=heads
+            )
             seconds += time.perf_counter() - began
             forwards, tokens = forwards + stats.row_forwards, tokens + stats.tokens
             for ids, problem in zip(outputs, batch, strict=True):

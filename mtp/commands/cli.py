@@ -33,6 +33,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 import mtp
 from mtp.checkpoint.load import DTYPES
+from mtp.decode.settings import PARTS, Drafted, owner_of
 from mtp.decode.tree_fit import FASTEST
 from mtp.errors import FULL_DISK, SettingError, UserError
 
@@ -226,6 +227,41 @@ def settings_named_by_flags(flags: Mapping[str, str] | None = None) -> Iterator[
         yield
     except SettingError as err:
         raise UserError(err.render(lambda field: named.get(field, flag_of(field)), " ")) from None
+
+
+def add_decoding_settings(
+    parser: argparse._ActionsContainer,
+    names: Sequence[str] | None = None,
+    notes: dict[str, str] | None = None,
+    **defaults: Any,
+) -> None:
+    """:func:`add_settings` for every part of a decoding run (:data:`mtp.decode.settings.PARTS`: the sampling and
+    acceptance settings, the heads', the drafts', the step's): those of ``names``, or every flag of every part;
+    ``notes`` and ``defaults`` by field, whichever part owns it. :func:`plan_from` builds the run's plan back."""
+    for part in PARTS:
+        own = {f.name for f in fields(part)}
+        chosen = None if names is None else [name for name in names if name in own]
+        if chosen == []:
+            continue
+        add_settings(
+            parser, part, chosen, {k: v for k, v in (notes or {}).items() if k in own},
+            **{k: v for k, v in defaults.items() if k in own},
+        )  # fmt: skip
+    unknown = set(names or ()) | set(defaults) | set(notes or {})
+    unknown -= {f.name for part in PARTS for f in fields(part)}
+    if unknown:
+        raise TypeError(f"no decoding setting is named {', '.join(sorted(unknown))}")
+
+
+def plan_from(args: argparse.Namespace, gamma: int = 0, **values: Any) -> Drafted:
+    """The plan of a decoding run (:class:`~mtp.decode.settings.Drafted`) made of the flags
+    :func:`add_decoding_settings` added and ``values`` (each given to the part that owns it), drafting with a
+    drafter's ``gamma`` a step (0: none); each part checks itself and the plan the parts together, their errors named
+    by the flags."""
+    given = [{k: v for k, v in values.items() if owner_of(k) is part} for part in PARTS]
+    parts = [settings_from(args, part, **own) for part, own in zip(PARTS, given, strict=True)]
+    with settings_named_by_flags():
+        return Drafted.of(*parts, gamma=gamma)
 
 
 def require_at_least(args: argparse.Namespace, least: int, *names: str) -> None:

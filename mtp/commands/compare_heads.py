@@ -46,7 +46,8 @@ from mtp.commands.cli import (
     settings_named_by_flags,
 )
 from mtp.config import LossConfig, ModelConfig
-from mtp.decode import GenerationConfig
+from mtp.decode import GenerationConfig, HeadsSettings
+from mtp.decode.settings import Drafted
 from mtp.errors import UserError
 
 MIB = 2**20
@@ -126,7 +127,7 @@ def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, dev
     prompts, names = benchmark_prompts(loaded, args.problems, args.prompts, args.prompt_tokens)
     greedy = replace(sampled, temperature=0.0, top_p=1.0)
     settings = {
-        (mode, k): replace(generation, heads=k)
+        (mode, k): Drafted.of(generation, HeadsSettings(heads=k))
         for mode, generation in (("greedy", greedy), ("sampling", sampled))
         for k in (1, config.n_future)
     }

@@ -42,11 +42,13 @@ from typing import NoReturn
 
 from mtp.checkpoint.load import load_checkpoint
 from mtp.commands.cli import (
+    add_decoding_settings,
     add_device_flag,
     add_dtype_flag,
     add_settings,
     node_budget,
     pick_device,
+    plan_from,
     require_at_least,
     run_script,
     settings_from,
@@ -55,14 +57,16 @@ from mtp.commands.cli import (
 from mtp.commands.methods import REGISTRY, Target
 from mtp.commands.methods.base import DrafterSettings, chosen_methods, method_flags
 from mtp.data.tokenizer import eot_id, prompt_ids
-from mtp.decode import GenerationConfig, generate
+from mtp.decode.loop import generate
 from mtp.decode.proposal import Proposer
+from mtp.decode.settings import Drafted
 from mtp.decode.tree import DraftTree, read_tree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 from mtp.errors import UserError
 from mtp.training.online import OnlineHeads, OnlineSettings
 
 AUTOREGRESSIVE = {
+    "gamma": 0,
     "heads": 1,
     "tree": None,
     "draft_p_min": 0.0,
@@ -94,10 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=1, help="decode the prompt in this many rows at once")
     add_device_flag(parser)
     add_dtype_flag(parser)
-    decoding = parser.add_argument_group("decoding settings (GenerationConfig's fields)")
-    add_settings(
+    decoding = parser.add_argument_group("decoding settings (GenerationConfig's, the heads', the drafts', the step's)")
+    add_decoding_settings(
         decoding,
-        GenerationConfig,
         notes={
             "heads": "default: all with --self-speculative, else 1",
             "compile": "a short warm-up decode compiles it before the timed one",
@@ -138,7 +141,7 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 
 def check_flags(args: argparse.Namespace) -> None:
-    """decode's own flags, before anything is loaded (GenerationConfig checks the decoding settings)."""
+    """decode's own flags, before anything is loaded (the settings classes check the decoding settings)."""
     require_at_least(args, 1, "batch_size", "prompt_count", *(["tree_nodes"] if args.tree_nodes != FASTEST else []))
     if args.prompt_count is not None and args.prompts is None:
         raise UserError("--prompt-count counts the prompts of a --prompts file; give one, or drop --prompt-count.")
@@ -161,8 +164,8 @@ def check_flags(args: argparse.Namespace) -> None:
 
 def check_drafting_flags(args: argparse.Namespace) -> None:
     """The drafting methods' flags, before anything is loaded: at most one method drafts, each checks its own flags,
-    and a drafter's chains combine with the heads' only where the method drafts beside them (GenerationConfig checks
-    --gamma against the heads' settings; it knows no drafters, so --gamma's floor of 1 with one is checked here)."""
+    and a drafter's chains combine with the heads' only where the method drafts beside them (the decoding plan
+    checks --gamma against the heads' settings; --gamma's floor of 1 with a drafter is checked here)."""
     chosen = chosen_methods(args)
     for method in REGISTRY.values():
         method.check(args, method in chosen)
@@ -179,12 +182,12 @@ def check_drafting_flags(args: argparse.Namespace) -> None:
         )
 
 
-def pick_drafter(args: argparse.Namespace, loaded, config: GenerationConfig, device) -> Proposer | None:
+def pick_drafter(args: argparse.Namespace, loaded, config: Drafted, device) -> Proposer | None:
     """The proposer of the drafting method the flags choose (None: the heads draft, or nothing does)."""
     chosen = chosen_methods(args)
     if not chosen:
         return None
-    target = Target(loaded, config.drafted(args.gamma), device, args.dtype, args.compile)
+    target = Target(loaded, config, device, args.dtype, args.compile)
     return chosen[0](args).drafter(target)
 
 
@@ -215,7 +218,7 @@ def read_prompts(path: Path) -> list[dict]:
 
 
 def decode_stream(
-    args: argparse.Namespace, loaded, config: GenerationConfig, drafter, records: list[dict], prompts: list[list[int]]
+    args: argparse.Namespace, loaded, config: Drafted, drafter, records: list[dict], prompts: list[list[int]]
 ) -> None:
     """--prompts: each prompt decoded in turn, a JSON line out for each; with --online the heads updated as it goes
     (after the prompt's line is written), and a comparison of the stream's two halves on stderr."""
@@ -246,12 +249,12 @@ def decode_stream(
           file=sys.stderr)  # fmt: skip
 
 
-def pick_tree(args: argparse.Namespace, loaded, config: GenerationConfig) -> DraftTree | None:
+def pick_tree(args: argparse.Namespace, loaded, config: Drafted) -> DraftTree | None:
     """The tree of --tree: read from its file, or fitted now (auto) on held-out prompts with the decoding settings
     (None: a fastest fit found the heads' chain faster than any tree on this machine)."""
     if args.tree != "auto":
         return read_tree(Path(args.tree), config.heads - 1, loaded.config.vocab_size)
-    replace(config, tree=DraftTree.chain(config.heads - 1))  # GenerationConfig's refusals of a tree, before fitting one
+    replace(config, tree=DraftTree.chain(config.heads - 1))  # the settings' refusals of a tree, before fitting one
     fitting = replace(config, max_new_tokens=FIT_NEW_TOKENS)
     fitted = fitted_tree(loaded, fitting, args.tree_nodes, FIT_PROMPTS, FIT_PROMPT_TOKENS)
     print(f"note: on {FIT_PROMPTS} held-out prompts, {fitted.summary()}", file=sys.stderr)
@@ -264,19 +267,18 @@ def main(argv: list[str] | None = None) -> int:
     heads = args.heads if args.heads is not None else 1  # all heads with --self-speculative, once they are known
     gamma = args.gamma if chosen_methods(args) else 0
     unknown = args.heads is None and args.self_speculative  # 2 stands in for all heads (at least 2 draft) until known
-    with settings_named_by_flags():  # checked before loading
-        settings_from(args, GenerationConfig, heads=2 if unknown else heads).drafted(gamma)
+    plan_from(args, gamma, heads=2 if unknown else heads)  # checked before loading
     device = pick_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
     if args.heads is None and args.self_speculative:
         heads = loaded.config.n_future
     if args.prompts is not None:
-        config = settings_from(args, GenerationConfig, heads=heads, eos_id=eot_id(loaded.tokenizer))
+        config = plan_from(args, gamma, heads=heads, eos_id=eot_id(loaded.tokenizer))
         records = read_prompts(args.prompts)[: args.prompt_count]
         prompts = [prompt_ids(loaded.tokenizer, record["prompt"]) for record in records]
         with settings_named_by_flags():
-            config.drafted(gamma).check_for(loaded.config, prompts)  # every prompt fits, before the first decodes
+            config.check_for(loaded.config, prompts)  # every prompt fits, before the first decodes
             drafter = pick_drafter(args, loaded, config, device)
             if args.tree is not None:
                 config = replace(config, tree=pick_tree(args, loaded, config))
@@ -287,9 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("the prompt is empty; give at least one character.")
     prompt = prompt_ids(tokenizer, text)  # as documents start in training
     prompts = [prompt] * args.batch_size
-    config = settings_from(args, GenerationConfig, heads=heads, eos_id=eot_id(tokenizer))
+    config = plan_from(args, gamma, heads=heads, eos_id=eot_id(tokenizer))
     with settings_named_by_flags():
-        config.drafted(gamma).check_for(loaded.config, prompts)  # before a drafter is searched for or a tree fitted
+        config.check_for(loaded.config, prompts)  # before a drafter is searched for or a tree fitted
         drafter = pick_drafter(args, loaded, config, device)
         if args.tree is not None:
             config = replace(config, tree=pick_tree(args, loaded, config))

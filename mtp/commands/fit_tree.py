@@ -23,17 +23,16 @@ from typing import NoReturn
 
 from mtp.checkpoint.load import load_checkpoint
 from mtp.commands.cli import (
+    add_decoding_settings,
     add_device_flag,
     add_dtype_flag,
-    add_settings,
     node_budget,
     pick_device,
+    plan_from,
     require_at_least,
     run_script,
-    settings_from,
     settings_named_by_flags,
 )
-from mtp.decode import GenerationConfig
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 from mtp.errors import UserError
 
@@ -50,9 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--prompts", type=int, default=16, help="held-out prompts to decode")
     parser.add_argument("--prompt-tokens", type=int, default=64)
-    add_settings(
+    add_decoding_settings(
         parser,
-        GenerationConfig,
         ("max_new_tokens", "temperature", "top_k", "top_p", "heads", "seed"),
         notes={"heads": "default: all; the tree is heads - 1 deep", "temperature": "the tree is for this temperature"},
         heads=None,
@@ -68,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     require_at_least(args, 1, "prompts", "prompt_tokens", *(["nodes"] if args.nodes != FASTEST else []))
     if args.heads is not None and args.heads < 2:
         raise UserError(f"--heads {args.heads} drafts nothing; a tree needs --heads 2 or more (default: all).")
-    flags = settings_from(args, GenerationConfig, heads=args.heads or 2)  # all heads once the checkpoint is loaded
+    flags = plan_from(args, heads=args.heads or 2)  # all heads once the checkpoint is loaded
     device = pick_device(args.device)
     mode = "greedy" if flags.greedy else f"T{args.temperature:g}"
     out = args.out or Path("results") / "trees" / f"{args.checkpoint.stem}-{args.nodes}-{mode}.json"

@@ -8,8 +8,17 @@ The parts, bottom to top: the engine (:mod:`~mtp.decode.inference`, :mod:`~mtp.d
 
 from mtp.decode.cache import KVCache
 from mtp.decode.loop import generate
-from mtp.decode.settings import GenerationConfig
+from mtp.decode.settings import DraftSettings, GenerationConfig, HeadsSettings, StepSettings
 from mtp.decode.stats import DecodeStats
 from mtp.errors import SettingError
 
-__all__ = ["DecodeStats", "GenerationConfig", "KVCache", "SettingError", "generate"]
+__all__ = [
+    "DecodeStats",
+    "DraftSettings",
+    "GenerationConfig",
+    "HeadsSettings",
+    "KVCache",
+    "SettingError",
+    "StepSettings",
+    "generate",
+]

@@ -80,7 +80,7 @@ class Int8Matrices:
     :data:`MAX_ROWS` rows."""
 
     def __init__(self, stacked: Tensor, kernel: Kernel = "weight_only") -> None:
-        assert stacked.device.type == "cpu", "int8 drafting runs on CPU (GenerationConfig.check_device says so)"
+        assert stacked.device.type == "cpu", "int8 drafting runs on CPU (DraftSettings.check_device says so)"
         self.full, self.kernel, self.max_rows = stacked, kernel, MAX_ROWS[kernel]
         self.int8, self.scales = [], []  # per block: (out, in) int8, (out,) float32
         for matrix in stacked:

@@ -34,7 +34,7 @@ from mtp.decode.memory import check_step_fits
 from mtp.decode.proposal import Proposal, Proposer
 from mtp.decode.proposers import HeadsProposer, HybridProposer
 from mtp.decode.sampling import RowUniforms
-from mtp.decode.settings import Drafted, GenerationConfig
+from mtp.decode.settings import Drafted, DraftSettings, GenerationConfig, HeadsSettings, StepSettings
 from mtp.decode.stats import DecodeStats, SpanTimer
 from mtp.errors import SettingError
 from mtp.model import MTPModel
@@ -73,12 +73,27 @@ class Verdict:
 
 @torch.inference_mode()
 def generate(
-    model: MTPModel, prompts: list[list[int]], config: GenerationConfig, drafter: Proposer | None = None
+    model: MTPModel,
+    prompts: list[list[int]],
+    config: GenerationConfig,
+    drafter: Proposer | None = None,
+    *,
+    heads: HeadsSettings | None = None,
+    drafts: DraftSettings | None = None,
+    step: StepSettings | None = None,
 ) -> tuple[list[list[int]], DecodeStats]:
-    """Continue every prompt (a list of token ids each) by up to ``max_new_tokens`` tokens; rows are independent.
-    With ``drafter`` the drafts come from it, its ``gamma`` per step, instead of the heads (beside them: a hybrid step,
-    with ``heads`` above 1)."""
-    run = _Run(model, prompts, config, drafter)
+    """Continue every prompt (a list of token ids each) by up to ``config.max_new_tokens`` tokens; rows are
+    independent. Who drafts: the target's ``heads`` (``HeadsSettings(heads=4)``: heads 2..4 draft; None: one head,
+    autoregressive decoding), or ``drafter``, its ``gamma`` per step (beside the heads: a hybrid step, with ``heads``
+    above 1); ``drafts`` says how drafts from a model are made, ``step`` how a step runs (None: their defaults).
+    ``config`` may be a whole plan (:class:`~mtp.decode.settings.Drafted`), every part's settings in one, instead."""
+    if drafter is not None and drafter.gamma < 1:
+        raise SettingError("{gamma} must be at least 1 with a drafter.", gamma=drafter.gamma)
+    if isinstance(config, Drafted):
+        assert heads is drafts is step is None, "a plan carries the heads', the drafts' and the step's settings"
+        config, heads, drafts, step = config.part(GenerationConfig), *config.parts().values()
+    plan = Drafted.of(config, heads, drafts, step, drafter.gamma if drafter is not None else 0)  # who drafts, checked
+    run = _Run(model, prompts, plan, drafter)
     with run.exclusive():
         step = run.prompts_step(prompts)  # step 0: every prompt token counts as accepted
         while True:
@@ -94,12 +109,7 @@ def generate(
 class _Run:
     """One call of :func:`generate`: its checks, the packed model, the proposer, the cache and the rows."""
 
-    def __init__(
-        self, model: MTPModel, prompts: list[list[int]], config: GenerationConfig, drafter: Proposer | None
-    ) -> None:
-        if drafter is not None and drafter.gamma < 1:
-            raise SettingError("{gamma} must be at least 1 with a drafter.", gamma=drafter.gamma)
-        config = config.drafted(drafter.gamma if drafter is not None else 0)  # who drafts, and how much, checked
+    def __init__(self, model: MTPModel, prompts: list[list[int]], config: Drafted, drafter: Proposer | None) -> None:
         config.check_for(model.config, prompts)
         device, tree, rule = next(model.parameters()).device, config.step_tree, rule_for(config)
         config.check_device(device)

@@ -124,7 +124,7 @@ class HeadsProposer(Proposer):
 
     def processed(self, logits: Tensor) -> Tensor:
         """The law a head's draft is sampled from: its distribution after the target's temperature and top-k, and its
-        top-p unless the drafts are tempered (:meth:`GenerationConfig.proposal_top_p`)."""
+        top-p unless the drafts are tempered (:meth:`Drafted.proposal_top_p`)."""
         config = self.config
         return processed_probs(logits, config.temperature, config.top_k, config.proposal_top_p(logits.device))
 
@@ -266,7 +266,7 @@ class StagedDrafter(ModelDrafter):
         self.inner, self.ngram = inner, ngram
 
     def start(self, prompts: list[list[int]], max_len: int, config: Drafted | None = None) -> None:
-        config = config or GenerationConfig().drafted(self.gamma)
+        config = config or Drafted.of(GenerationConfig(), gamma=self.gamma)
         if config.drafts_per_step > 1:
             raise SettingError(
                 "a staged draft decodes one sequence of its own; use {drafts_per_step:1} with it.",

@@ -1,4 +1,9 @@
-"""What a decoding run is asked to do (:class:`GenerationConfig`), each setting checked where it is defined.
+"""What a decoding run is asked to do, each part with the settings it owns and checks where it is defined:
+:class:`GenerationConfig` (sampling, acceptance and limits: what every method shares), :class:`HeadsSettings` (the
+heads' drafting: how many, a tree, their cut and vocabulary), :class:`DraftSettings` (how any proposer that drafts from
+a model draws its drafts: their dtype, their choice when sampling, several sequences, adaptive chains) and
+:class:`StepSettings` (how a step runs: compiled, captured). :func:`~mtp.decode.generate` takes them apart and meets
+them in :class:`Drafted`, the plan of one run, where the checks that need two of them are.
 
 A setting out of its range, or at odds with another, is a :class:`mtp.errors.SettingError`: one sentence naming the
 setting, its value and a fix, which the command lines render under their flags
@@ -8,7 +13,7 @@ setting, its value and a fix, which the command lines render under their flags
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 
 import torch
 
@@ -25,12 +30,14 @@ DraftChoice = Literal["auto", "sampled", "tempered", "top"]
 DRAFT_CHOICES: tuple[str, ...] = get_args(DraftChoice)
 SiblingDraws = Literal["distinct", "independent"]
 SIBLING_DRAWS: tuple[str, ...] = get_args(SiblingDraws)
+T = TypeVar("T")
 
 
 @dataclass
 class GenerationConfig:
-    """How to decode. Each field is a flag of the decoding commands (:func:`mtp.commands.cli.add_settings`: ``top_p`` is
-    ``--top-p``, its docstring's first sentence the flag's help) unless its metadata says ``flag=False``."""
+    """How to sample and accept, whoever drafts. Each field is a flag of the decoding commands
+    (:func:`mtp.commands.cli.add_settings`: ``top_p`` is ``--top-p``, its docstring's first sentence the flag's help)
+    unless its metadata says ``flag=False``; who drafts has its own settings (:class:`HeadsSettings`, a method's)."""
 
     max_new_tokens: int = 128
     """New tokens per prompt, at most (a row stops early after eos_id)."""
@@ -40,20 +47,10 @@ class GenerationConfig:
     """Keep only the k most likely tokens (0: all)."""
     top_p: float = 1.0
     """Keep the smallest set of most likely tokens whose probability reaches top_p (1: all)."""
-    heads: int = 1
-    """Heads used: 1 decodes autoregressively, k > 1 drafts k - 1 tokens per step with heads 2..k."""
     eos_id: int | None = field(default=None, metadata={"flag": False})
     """Stop a row after this token (it is not included in the output); the commands take it from the tokenizer."""
     seed: int = 0
     """Row b samples from a generator seeded seed + b."""
-    compile: bool = False
-    """torch.compile the step (the first call compiles; outputs equal eager ones)."""
-    cuda_graphs: bool = False
-    """Capture each step shape as a CUDA graph and replay it: one launch a step instead of one per kernel (CUDA; the
-    first step of each shape captures, timed apart; outputs equal eager ones)."""
-    tree: DraftTree | None = field(default=None, metadata={"flag": False})
-    """Verify this tree of candidates per step instead of one chain of drafts (at most heads - 1 deep). The commands
-    read it from a file, or fit it, with their own --tree."""
     acceptance: Acceptance = "exact"
     """exact: greedy-exact / lossless sampling; spectr: lossless, SpecTr's k-sequential selection among a step's
     candidates (--drafts-per-step); typical: Medusa's typical acceptance (lossy; sampling only)."""
@@ -61,34 +58,8 @@ class GenerationConfig:
     """Typical acceptance: a draft passes above min(typical_epsilon, typical_delta * exp(-entropy))."""
     typical_delta: float = 0.3
     """Typical acceptance's entropy factor (see typical_epsilon)."""
-    draft_p_min: float = 0.0
-    """Stop drafting deeper than the first draft whose head's top probability is below this (0: off)."""
-    adaptive_drafts: bool = False
-    """Chains and drafters: a row drafts 2 more after a step that accepted all its drafts, 1 less otherwise."""
-    drafts_per_step: int = 1
-    """Independent draft sequences per step (SpecTr's k): a tree of k chains, verified together; 1: one chain."""
-    draft_dtype: DraftDtype = "auto"
-    """int8: the draft side (draft heads, a draft model, layer skip) multiplies int8 weights, on CPU; auto: the model's
-    dtype. Head 1 verifies at full precision, so greedy output is unchanged and sampling stays lossless; only
-    acceptance may move."""
-
-    draft_first_ids: int = field(default=0, metadata={"renamed_from": "draft_vocab"})
-    """Heads 2..k score only the token ids below this (0: all): FR-Spec's frequency-ranked draft vocabulary, as a BPE
-    vocabulary lists its tokens (merges in the order they were learned, most frequent first). Only the drafts'
-    unembedding shrinks; head 1 verifies over every token, so greedy output is unchanged and sampling stays lossless.
-    (A draft vocabulary trained with the heads is the model's own: ``model.draft_vocab``.)"""
-
-    draft_choice: DraftChoice = "auto"
-    """Sampling with exact acceptance: sampled (drafts drawn from the drafter's distribution processed as the target's,
-    top-p included), tempered (drawn after temperature and top-k only: no nucleus to find), top (the top-ranked drafts,
-    one-hot proposals); auto: tempered for the heads on CPU, else sampled. All lossless."""
-    sibling_draws: SiblingDraws = "distinct"
-    """A sampled tree of the heads' drafts, exact acceptance: distinct: a node's children are drawn without replacement
-    and each is tested against its law without the siblings tried before it (Sequoia's rule); independent: each drawn
-    from the full law (SpecInfer's). Both lossless; SpecTr's rule always draws independently."""
 
     def __post_init__(self) -> None:
-        """Every setting checked here, the one place that does (the command lines report these under their flags)."""
         if self.max_new_tokens < 1:
             raise SettingError("{max_new_tokens} must be at least 1.", max_new_tokens=self.max_new_tokens)
         if self.temperature < 0:
@@ -97,8 +68,6 @@ class GenerationConfig:
             raise SettingError("{top_k} must be 0 (off) or positive.", top_k=self.top_k)
         if not 0 < self.top_p <= 1:
             raise SettingError("{top_p} must lie in (0, 1]; 1 turns nucleus sampling off.", top_p=self.top_p)
-        if self.heads < 1:
-            raise SettingError("{heads} must be at least 1.", heads=self.heads)
         if self.acceptance not in ACCEPTANCE_RULES:
             rules = ", ".join(ACCEPTANCE_RULES)
             raise SettingError(f"{{acceptance}} must be one of {rules}.", acceptance=self.acceptance)
@@ -106,52 +75,6 @@ class GenerationConfig:
             raise SettingError("{typical_epsilon} must lie in [0, 1].", typical_epsilon=self.typical_epsilon)
         if self.typical_delta < 0:
             raise SettingError("{typical_delta} must be at least 0.", typical_delta=self.typical_delta)
-        if not 0 <= self.draft_p_min <= 1:
-            raise SettingError("{draft_p_min} must lie in [0, 1]; 0 turns it off.", draft_p_min=self.draft_p_min)
-        if self.tree is not None and self.tree.depth > self.heads - 1:
-            raise SettingError(
-                f"the draft {{tree:name}} is {self.tree.depth} deep but {{heads}} drafts {self.heads - 1}; "
-                "use a shallower tree or more heads.",
-                tree=self.tree,
-                heads=self.heads,
-            )
-        if self.adaptive_drafts and self.tree is not None:
-            raise SettingError(
-                "{adaptive_drafts:name} sizes chains; cut a {tree:name} with {draft_p_min:name} instead.",
-                adaptive_drafts=True,
-                tree=self.tree,
-                draft_p_min=self.draft_p_min,
-            )
-        if self.draft_dtype not in DRAFT_DTYPES:
-            dtypes = ", ".join(DRAFT_DTYPES)
-            raise SettingError(f"{{draft_dtype}} must be one of {dtypes}.", draft_dtype=self.draft_dtype)
-        if self.drafts_per_step < 1:
-            raise SettingError("{drafts_per_step} must be at least 1.", drafts_per_step=self.drafts_per_step)
-        if self.draft_first_ids < 0:
-            raise SettingError(
-                "{draft_first_ids} must be 0 (every token) or positive.", draft_first_ids=self.draft_first_ids
-            )
-        if self.drafts_per_step > 1 and (self.tree is not None or self.adaptive_drafts):
-            raise SettingError(
-                "{drafts_per_step} verifies a tree of independent chains; it does not combine with a {tree:name} or "
-                "{adaptive_drafts:name}.",
-                drafts_per_step=self.drafts_per_step,
-                tree=self.tree,
-                adaptive_drafts=self.adaptive_drafts,
-            )
-        if self.draft_choice not in DRAFT_CHOICES:
-            choices = ", ".join(DRAFT_CHOICES)
-            raise SettingError(f"{{draft_choice}} must be one of {choices}.", draft_choice=self.draft_choice)
-        if self.sibling_draws not in SIBLING_DRAWS:
-            choices = ", ".join(SIBLING_DRAWS)
-            raise SettingError(f"{{sibling_draws}} must be one of {choices}.", sibling_draws=self.sibling_draws)
-        if self.acceptance == "spectr" and self.draft_choice == "top":
-            raise SettingError(
-                "{acceptance} selects among drafts sampled independently from one law, and {draft_choice} drafts the "
-                "top-ranked tokens; use {draft_choice:auto} with it.",
-                acceptance=self.acceptance,
-                draft_choice=self.draft_choice,
-            )
 
     @property
     def greedy(self) -> bool:
@@ -162,39 +85,79 @@ class GenerationConfig:
         """Typical acceptance in force (it only ever applies to sampling)."""
         return self.acceptance == "typical" and not self.greedy
 
-    @property
-    def samples_drafts(self) -> bool:
-        """Drafts drawn from proposals (sampling, exact acceptance, sampled drafts); otherwise top-ranked (greedy,
-        typical, ``draft_choice="top"``)."""
-        return not self.greedy and not self.typical and self.draft_choice != "top"
 
-    @property
-    def distinct_siblings(self) -> bool:
-        """The heads' sampled tree draws each node's children without replacement (:attr:`sibling_draws`)."""
-        return (
-            self.tree is not None
-            and self.samples_drafts
-            and self.acceptance == "exact"
-            and (self.sibling_draws == "distinct")
-        )
+@dataclass
+class HeadsSettings:
+    """How the target's own heads draft (self-speculative decoding): the settings of the heads' method
+    (:class:`mtp.decode.methods.Heads`). The default, one head, drafts nothing: autoregressive decoding."""
 
-    def proposal_top_p(self, device: torch.device, heads: bool = True) -> float:
-        """The top-p of the law sampled drafts are drawn from on ``device``: the target's (``draft_choice="sampled"``),
-        or none (tempered). auto: tempered for the heads' drafts on CPU, where finding a nucleus (a sort of up to the
-        whole vocabulary) costs a large share of a head's drafting, sampled elsewhere and for a drafter's (``heads``
-        False), whose own forward costs more."""
-        auto_tempered = self.draft_choice == "auto" and heads and device.type == "cpu"
-        return 1.0 if self.draft_choice == "tempered" or auto_tempered else self.top_p
+    heads: int = 1
+    """Heads used: 1 decodes autoregressively, k > 1 drafts k - 1 tokens per step with heads 2..k."""
+    tree: DraftTree | None = field(default=None, metadata={"flag": False})
+    """Verify this tree of candidates per step instead of one chain of drafts (at most heads - 1 deep). The commands
+    read it from a file, or fit it, with their own --tree."""
+    draft_p_min: float = 0.0
+    """Stop drafting deeper than the first draft whose head's top probability is below this (0: off)."""
+    draft_first_ids: int = field(default=0, metadata={"renamed_from": "draft_vocab"})
+    """Heads 2..k score only the token ids below this (0: all): FR-Spec's frequency-ranked draft vocabulary, as a BPE
+    vocabulary lists its tokens (merges in the order they were learned, most frequent first). Only the drafts'
+    unembedding shrinks; head 1 verifies over every token, so greedy output is unchanged and sampling stays lossless.
+    (A draft vocabulary trained with the heads is the model's own: ``model.draft_vocab``.)"""
+    sibling_draws: SiblingDraws = "distinct"
+    """A sampled tree of the heads' drafts, exact acceptance: distinct: a node's children are drawn without replacement
+    and each is tested against its law without the siblings tried before it (Sequoia's rule); independent: each drawn
+    from the full law (SpecInfer's). Both lossless; SpecTr's rule always draws independently."""
+
+    def __post_init__(self) -> None:
+        if self.heads < 1:
+            raise SettingError("{heads} must be at least 1.", heads=self.heads)
+        if not 0 <= self.draft_p_min <= 1:
+            raise SettingError("{draft_p_min} must lie in [0, 1]; 0 turns it off.", draft_p_min=self.draft_p_min)
+        if self.tree is not None and self.tree.depth > self.heads - 1:
+            raise SettingError(
+                f"the draft {{tree:name}} is {self.tree.depth} deep but {{heads}} drafts {self.heads - 1}; "
+                "use a shallower tree or more heads.",
+                tree=self.tree,
+                heads=self.heads,
+            )
+        if self.draft_first_ids < 0:
+            raise SettingError(
+                "{draft_first_ids} must be 0 (every token) or positive.", draft_first_ids=self.draft_first_ids
+            )
+        if self.sibling_draws not in SIBLING_DRAWS:
+            choices = ", ".join(SIBLING_DRAWS)
+            raise SettingError(f"{{sibling_draws}} must be one of {choices}.", sibling_draws=self.sibling_draws)
+
+
+@dataclass
+class DraftSettings:
+    """How a proposer that drafts from a model (the heads, a draft model, layer skip) makes its drafts."""
+
+    adaptive_drafts: bool = False
+    """Chains and drafters: a row drafts 2 more after a step that accepted all its drafts, 1 less otherwise."""
+    drafts_per_step: int = 1
+    """Independent draft sequences per step (SpecTr's k): a tree of k chains, verified together; 1: one chain."""
+    draft_dtype: DraftDtype = "auto"
+    """int8: the draft side (draft heads, a draft model, layer skip) multiplies int8 weights, on CPU; auto: the model's
+    dtype. Head 1 verifies at full precision, so greedy output is unchanged and sampling stays lossless; only
+    acceptance may move."""
+    draft_choice: DraftChoice = "auto"
+    """Sampling with exact acceptance: sampled (drafts drawn from the drafter's distribution processed as the target's,
+    top-p included), tempered (drawn after temperature and top-k only: no nucleus to find), top (the top-ranked drafts,
+    one-hot proposals); auto: tempered for the heads on CPU, else sampled. All lossless."""
+
+    def __post_init__(self) -> None:
+        if self.draft_dtype not in DRAFT_DTYPES:
+            dtypes = ", ".join(DRAFT_DTYPES)
+            raise SettingError(f"{{draft_dtype}} must be one of {dtypes}.", draft_dtype=self.draft_dtype)
+        if self.drafts_per_step < 1:
+            raise SettingError("{drafts_per_step} must be at least 1.", drafts_per_step=self.drafts_per_step)
+        if self.draft_choice not in DRAFT_CHOICES:
+            choices = ", ".join(DRAFT_CHOICES)
+            raise SettingError(f"{{draft_choice}} must be one of {choices}.", draft_choice=self.draft_choice)
 
     def check_device(self, device: torch.device) -> None:
-        """Whether these settings run on ``device``: int8 drafts only on CPU (:mod:`mtp.decode.int8`), captured steps
-        only on CUDA (:mod:`mtp.decode.graphs`)."""
-        if self.cuda_graphs and not captures_on(device):
-            raise SettingError(
-                f"{{cuda_graphs:name}} captures steps as CUDA graphs, and the model is on {device.type}; decode on a "
-                "CUDA device, or leave {cuda_graphs:name} off.",
-                cuda_graphs=self.cuda_graphs,
-            )
+        """int8 drafts run only on CPU (:mod:`mtp.decode.int8`)."""
         if self.draft_dtype == "int8" and device.type != "cpu":
             raise SettingError(
                 f"{{draft_dtype}} drafts with PyTorch's int8 CPU kernels, and the model is on {device.type}; "
@@ -202,26 +165,104 @@ class GenerationConfig:
                 draft_dtype=self.draft_dtype,
             )
 
-    def drafted(self, gamma: int = 0) -> Drafted:
-        """These settings as one :func:`~mtp.decode.generate` call runs them, with a drafter that drafts ``gamma``
-        tokens per step (:attr:`mtp.decode.proposers.Proposer.gamma`; 0: none, the heads draft or nothing does)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
-        return Drafted(**(values | {"gamma": gamma}))
+
+@dataclass
+class StepSettings:
+    """How a decoding step runs; outputs equal the eager step's either way."""
+
+    compile: bool = False
+    """torch.compile the step (the first call compiles; outputs equal eager ones)."""
+    cuda_graphs: bool = False
+    """Capture each step shape as a CUDA graph and replay it: one launch a step instead of one per kernel (CUDA; the
+    first step of each shape captures, timed apart; outputs equal eager ones)."""
+
+    def check_device(self, device: torch.device) -> None:
+        """Captured steps run only on CUDA (:mod:`mtp.decode.graphs`)."""
+        if self.cuda_graphs and not captures_on(device):
+            raise SettingError(
+                f"{{cuda_graphs:name}} captures steps as CUDA graphs, and the model is on {device.type}; decode on a "
+                "CUDA device, or leave {cuda_graphs:name} off.",
+                cuda_graphs=self.cuda_graphs,
+            )
+
+
+PARTS: tuple[type, ...] = (GenerationConfig, HeadsSettings, DraftSettings, StepSettings)
+"""The settings a decoding run is made of, each checking its own fields."""
+
+
+def owner_of(name: str) -> type:
+    """The part of :data:`PARTS` whose field ``name`` is."""
+    return next(part for part in PARTS if name in {f.name for f in fields(part)})
 
 
 @dataclass
-class Drafted(GenerationConfig):
-    """Decoding settings with who drafts: the heads, or a drafter and its ``gamma`` drafts per step (which the drafter
-    carries: ``generate`` makes this of its settings and its drafter, :meth:`GenerationConfig.drafted`). What depends
-    on who drafts is checked and derived here: the tree a step verifies, its drafts, the positions a row needs."""
+class Drafted(StepSettings, DraftSettings, HeadsSettings, GenerationConfig):
+    """The plan of one :func:`~mtp.decode.generate` call: every part's settings (:data:`PARTS`) side by side, as the
+    decoder reads them (the :class:`GenerationConfig`'s first, in its order), and who drafts: the heads, or a drafter
+    and its ``gamma`` drafts per step (which the drafter carries). ``generate`` makes it of the parts it is given
+    (:meth:`of`), or takes one whole: from code that varies one setting of a run whichever part owns it
+    (``replace(plan, draft_dtype="int8")``: a fit, a benchmark, a test). Each part checks its own fields again, and
+    what needs two parts is checked here; the tree a step verifies, its drafts, the positions a row needs are derived
+    here too."""
 
     gamma: int = field(default=0, metadata={"flag": False})
     """Drafts per step from a drafter (draft model, layer skip, prompt lookup); 0: none."""
     step_tree: DraftTree | None = field(default=None, init=False, repr=False, compare=False, metadata={"flag": False})
     """The tree a step verifies, derived from the settings (:meth:`draft_tree`); None: a chain."""
 
+    @classmethod
+    def of(
+        cls,
+        config: GenerationConfig,
+        heads: HeadsSettings | None = None,
+        drafts: DraftSettings | None = None,
+        step: StepSettings | None = None,
+        gamma: int = 0,
+    ) -> Drafted:
+        """The plan of ``config`` with the heads' settings, the drafts' and the step's (None: each part's defaults),
+        and a drafter's ``gamma`` drafts per step (0: none)."""
+        values = {}
+        for part, given in zip(PARTS, (config, heads, drafts, step), strict=True):
+            given = given if given is not None else part()
+            assert type(given) is part, f"{type(given).__name__} given where a {part.__name__} goes"
+            values |= {f.name: getattr(given, f.name) for f in fields(part) if f.init}
+        return cls(**values, gamma=gamma)
+
+    def part(self, cls: type[T]) -> T:
+        """This plan's settings of one part (:data:`PARTS`), as that part's own object."""
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls) if f.init})
+
+    def parts(self) -> dict[str, object]:
+        """The parts other than the :class:`GenerationConfig` (:meth:`part`), as :func:`~mtp.decode.generate`'s
+        keyword arguments."""
+        return {"heads": self.part(HeadsSettings), "drafts": self.part(DraftSettings), "step": self.part(StepSettings)}
+
     def __post_init__(self) -> None:
-        super().__post_init__()
+        for part in PARTS:  # each part's own checks, then those where two meet
+            if hasattr(part, "__post_init__"):
+                part.__post_init__(self)
+        if self.adaptive_drafts and self.tree is not None:
+            raise SettingError(
+                "{adaptive_drafts:name} sizes chains; cut a {tree:name} with {draft_p_min:name} instead.",
+                adaptive_drafts=True,
+                tree=self.tree,
+                draft_p_min=self.draft_p_min,
+            )
+        if self.drafts_per_step > 1 and (self.tree is not None or self.adaptive_drafts):
+            raise SettingError(
+                "{drafts_per_step} verifies a tree of independent chains; it does not combine with a {tree:name} or "
+                "{adaptive_drafts:name}.",
+                drafts_per_step=self.drafts_per_step,
+                tree=self.tree,
+                adaptive_drafts=self.adaptive_drafts,
+            )
+        if self.acceptance == "spectr" and self.draft_choice == "top":
+            raise SettingError(
+                "{acceptance} selects among drafts sampled independently from one law, and {draft_choice} drafts the "
+                "top-ranked tokens; use {draft_choice:auto} with it.",
+                acceptance=self.acceptance,
+                draft_choice=self.draft_choice,
+            )
         if self.gamma < 0:
             raise SettingError("{gamma} must be at least 1 (with a drafter) or 0 (none).", gamma=self.gamma)
         if self.draft_dtype != "auto" and self.heads == 1 and not self.gamma:
@@ -254,6 +295,36 @@ class Drafted(GenerationConfig):
                 heads=self.heads,
             )
         self.step_tree = self.draft_tree()
+
+    @property
+    def samples_drafts(self) -> bool:
+        """Drafts drawn from proposals (sampling, exact acceptance, sampled drafts); otherwise top-ranked (greedy,
+        typical, ``draft_choice="top"``)."""
+        return not self.greedy and not self.typical and self.draft_choice != "top"
+
+    @property
+    def distinct_siblings(self) -> bool:
+        """The heads' sampled tree draws each node's children without replacement (:attr:`sibling_draws`)."""
+        return (
+            self.tree is not None
+            and self.samples_drafts
+            and self.acceptance == "exact"
+            and (self.sibling_draws == "distinct")
+        )
+
+    def proposal_top_p(self, device: torch.device, heads: bool = True) -> float:
+        """The top-p of the law sampled drafts are drawn from on ``device``: the target's (``draft_choice="sampled"``),
+        or none (tempered). auto: tempered for the heads' drafts on CPU, where finding a nucleus (a sort of up to the
+        whole vocabulary) costs a large share of a head's drafting, sampled elsewhere and for a drafter's (``heads``
+        False), whose own forward costs more."""
+        auto_tempered = self.draft_choice == "auto" and heads and device.type == "cpu"
+        return 1.0 if self.draft_choice == "tempered" or auto_tempered else self.top_p
+
+    def check_device(self, device: torch.device) -> None:
+        """Whether these settings run on ``device`` (:meth:`StepSettings.check_device`,
+        :meth:`DraftSettings.check_device`)."""
+        StepSettings.check_device(self, device)
+        DraftSettings.check_device(self, device)
 
     def draft_tree(self) -> DraftTree | None:
         """The tree a step verifies: ``tree``; else, with ``drafts_per_step`` k > 1, k chains of the drafter's gamma

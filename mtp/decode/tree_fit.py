@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from mtp.data.prompts import prompts_beyond_the_benchmarks
-from mtp.decode import GenerationConfig, generate
+from mtp.decode.loop import generate
+from mtp.decode.settings import Drafted
 from mtp.decode.tree import DraftTree, fit_tree, path_counts, ranked_tree
 from mtp.model import MTPModel
 
@@ -90,7 +91,7 @@ class FittedTree:
         return line
 
 
-def fit_to_model(model: MTPModel, prompts: list[list[int]], nodes: int | str, config: GenerationConfig) -> FittedTree:
+def fit_to_model(model: MTPModel, prompts: list[list[int]], nodes: int | str, config: Drafted) -> FittedTree:
     """The tree of at most ``nodes`` nodes (at most ``config.heads - 1`` deep) with the most accepted drafts when
     decoding ``prompts`` with ``config`` (temperature, top-k, top-p, draft_p_min, seed). A measuring step too large
     for the memory available is refused before decoding (:func:`mtp.decode.memory.check_step_fits`, in
@@ -121,7 +122,7 @@ def fit_to_model(model: MTPModel, prompts: list[list[int]], nodes: int | str, co
 
 
 def time_sizes(
-    model: MTPModel, prompts: list[list[int]], config: GenerationConfig, fits: list[tuple[DraftTree | None, float]]
+    model: MTPModel, prompts: list[list[int]], config: Drafted, fits: list[tuple[DraftTree | None, float]]
 ) -> list[SizeTrial]:
     """Each fitted tree's step time (ms) when decoding with ``config`` at batch 1 (:data:`TIMING_ROUNDS`); a last
     entry without a tree is the heads' chain (timed as it is, not pooled with the trees' times)."""
@@ -151,7 +152,7 @@ def nondecreasing(values: list[float]) -> list[float]:
     return [total / count for total, count in blocks for _ in range(int(count))]
 
 
-def fitted_tree(loaded, config: GenerationConfig, nodes: int | str, prompts: int = 16, prompt_tokens: int = 64):
+def fitted_tree(loaded, config: Drafted, nodes: int | str, prompts: int = 16, prompt_tokens: int = 64):
     """A tree of at most ``nodes`` nodes (or of the fastest size: :data:`FASTEST`) fitted to a loaded checkpoint for
     decoding with ``config`` (its temperature, top-k, top-p, heads), on held-out documents the benchmarks do not prompt
     with (:func:`fit_to_model`; uncompiled, so a fastest fit times uncompiled steps)."""

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 from torch import Tensor
 
-from mtp.decode import GenerationConfig, generate
+from mtp.decode import GenerationConfig, HeadsSettings, generate
 from mtp.errors import UserError
 from mtp.training.parallel import is_sharded
 
@@ -230,7 +230,8 @@ class DecodeProbe(L.Callback):
         if openings is None or n == 1 or not self.prompts or not self.tokens or is_sharded(model):
             return
         with torch.autocast(pl_module.device.type, enabled=False):
-            _, stats = generate(model, openings.tolist(), GenerationConfig(max_new_tokens=self.tokens, heads=n))
+            config, heads = GenerationConfig(max_new_tokens=self.tokens), HeadsSettings(heads=n)
+            _, stats = generate(model, openings.tolist(), config, heads=heads)
         pl_module.log("val/decoded_tokens_per_forward", stats.tokens_per_forward, sync_dist=True)
         for j, rate in enumerate(stats.acceptance, start=1):
             pl_module.log(f"val/decoded_acceptance_pos{j}", rate, sync_dist=True)

@@ -19,7 +19,7 @@ from mtp.decode.acceptance import (
     rule_for,
 )
 from mtp.decode.sampling import sample_distinct, sample_many, top_tokens
-from mtp.decode.settings import Drafted, GenerationConfig
+from mtp.decode.settings import Drafted, GenerationConfig, HeadsSettings
 from mtp.decode.tree import DraftTree
 
 V = 4
@@ -43,12 +43,14 @@ def draws_for(rule, tests: list[float], next_token: float) -> torch.Tensor:
 
 
 def sampling(gamma: int = 0, **settings) -> Drafted:
-    return GenerationConfig(**{"temperature": 1.0, "heads": 5, **settings}).drafted(gamma)
+    return Drafted(**{"temperature": 1.0, "heads": 5, **settings}, gamma=gamma)
 
 
 def test_the_config_picks_the_rule():
-    assert isinstance(rule_for(GenerationConfig(heads=5).drafted()), Greedy)
-    assert isinstance(rule_for(GenerationConfig(heads=5, acceptance="typical").drafted()), Greedy)  # ignores typical
+    assert isinstance(rule_for(Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=5))), Greedy)
+    assert isinstance(
+        rule_for(Drafted.of(GenerationConfig(acceptance="typical"), heads=HeadsSettings(heads=5))), Greedy
+    )  # ignores typical
     assert isinstance(rule_for(sampling()), Lossless)
     assert isinstance(rule_for(sampling(acceptance="typical")), Typical)
 
@@ -86,7 +88,7 @@ def greedy_chain(matching: int, live: int = 4) -> tuple[int, int]:
     """Head 1's argmax equals the first ``matching`` drafts, then differs (token after position j: 3 - j % 2)."""
     argmax = [CHAIN[0, j].item() if j < matching else (CHAIN[0, j].item() + 1) % V for j in range(4)] + [2]
     head1 = logits(*[[0.7 if i == t else 0.1 for i in range(V)] for t in argmax])
-    rule = rule_for(GenerationConfig(heads=5).drafted())
+    rule = rule_for(Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=5)))
     accepted, token = rule.chain(head1, CHAIN, torch.tensor([live]), None, None)
     return accepted.item(), token.item()
 
@@ -202,14 +204,20 @@ def test_top_tokens_are_torch_argmax_the_first_of_equal_maxima(dtype):
 def test_greedy_tree_takes_the_accepted_sibling_and_its_child():
     # head 1 after the root: 2 (node 1 drafted 1: rejected; node 2 drafted 2: accepted), after node 2: 3 (node 4 is 3)
     step = tree_step([0, 1, 2, 0, 3], [one_hot(2), one_hot(0), one_hot(3), one_hot(1), one_hot(1)])
-    depth, token, path = Greedy(GenerationConfig(heads=3), None).tree(step, None, None)
+    depth, token, path = Greedy(Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=3)), None).tree(
+        step, None, None
+    )
     assert (depth.item(), token.item(), path[0].tolist()) == (2, 1, [0, 2, 4])
     cut = tree_step([0, 1, 2, 0, 3], [one_hot(2), one_hot(0), one_hot(3), one_hot(1), one_hot(1)], live=1)
-    depth, token, path = Greedy(GenerationConfig(heads=3), None).tree(cut, None, None)
+    depth, token, path = Greedy(Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=3)), None).tree(
+        cut, None, None
+    )
     assert (depth.item(), token.item(), path[0].tolist()) == (1, 3, [0, 2, 2])
     # nothing accepted: head 1's token after the root
     none = tree_step([0, 1, 2, 0, 3], [one_hot(3), *[one_hot(0)] * 4])
-    depth, token, path = Greedy(GenerationConfig(heads=3), None).tree(none, None, None)
+    depth, token, path = Greedy(Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=3)), None).tree(
+        none, None, None
+    )
     assert (depth.item(), token.item(), path[0].tolist()) == (0, 3, [0, 0, 0])
 
 

@@ -7,6 +7,7 @@ from mtp.decode import inference as inference_module
 from mtp.decode import packed as packed_module
 from mtp.decode.cache import KVCache
 from mtp.decode.inference import InferenceModel
+from mtp.decode.settings import Drafted, HeadsSettings, StepSettings
 from tests.decode import helpers
 from tests.decode.helpers import HEAD_TYPES
 
@@ -285,7 +286,13 @@ def test_compiled_steps_raise_the_recompile_limit_only_while_they_run(monkeypatc
     monkeypatch.setattr(torch, "compile", compile_recording)
     # dynamo's own patch, not monkeypatch's: pytest's undo may delete the setting, which hides it from dynamo after
     with torch._dynamo.config.patch(recompile_limit=8):
-        generate(helpers.tiny_model(), [[1, 2, 3]], GenerationConfig(max_new_tokens=4, heads=4, compile=True))
+        generate(
+            helpers.tiny_model(),
+            [[1, 2, 3]],
+            GenerationConfig(max_new_tokens=4),
+            heads=HeadsSettings(heads=4),
+            step=StepSettings(compile=True),
+        )
         assert limits and set(limits) == {32}
         assert torch._dynamo.config.recompile_limit == 8
 
@@ -296,9 +303,15 @@ def test_decoding_compiled_leaves_the_recompile_limit_as_it_was():
 
     before = torch._dynamo.config.recompile_limit
     model = helpers.tiny_model()
-    config = GenerationConfig(max_new_tokens=4, heads=4)
+    config = Drafted.of(GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=4))
     expected, _ = generate(model, [[1, 2, 3], [4]], config)
-    out, _ = generate(model, [[1, 2, 3], [4]], GenerationConfig(max_new_tokens=4, heads=4, compile=True))
+    out, _ = generate(
+        model,
+        [[1, 2, 3], [4]],
+        GenerationConfig(max_new_tokens=4),
+        heads=HeadsSettings(heads=4),
+        step=StepSettings(compile=True),
+    )
     assert out == expected
     assert torch._dynamo.config.recompile_limit == before
 

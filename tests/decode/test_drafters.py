@@ -12,6 +12,7 @@ from mtp.decode import acceptance as acceptance_module
 from mtp.decode import proposers as drafters_module
 from mtp.decode.lookup import LookupDrafter
 from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter
+from mtp.decode.settings import Drafted, DraftSettings, HeadsSettings
 from tests.decode.helpers import NEVER, fixed_logits_model, head1_logits, tiny_model, train_on_cycles
 from tests.decode.test_lossless import check_real_model, reference_probs, total_variation, tv_threshold
 from tests.decode.test_tree import partly_trained
@@ -41,10 +42,10 @@ def test_greedy_drafting_equals_autoregressive(method, counting_target):
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 40, (n,), generator=generator).tolist() for n in (5, 2, 9, 3)]
     prompts[2][4:7] = prompts[2][:3]  # a repeated trigram in one prompt, for lookup to find
-    reference, _ = generate(model, prompts, GenerationConfig(48, heads=1))
+    reference, _ = generate(model, prompts, GenerationConfig(48), heads=HeadsSettings(heads=1))
     drafter = drafter_for(method, model, 40)
     for gamma, decoding in ((4, {}), (3, dict(adaptive_drafts=True))):
-        out, stats = generate(model, prompts, GenerationConfig(48, **decoding), drafter.with_gamma(gamma))
+        out, stats = generate(model, prompts, Drafted(48, **decoding), drafter.with_gamma(gamma))
         assert out == reference, decoding
         assert 0 < sum(stats.accepted) < sum(stats.drafted)  # drafts pass at some steps, not at all
         assert stats.method == method and f"method={method}" in stats.line()
@@ -58,7 +59,9 @@ def test_the_target_as_its_own_draft_accepts_every_draft(temperature, counting_t
     cache (a position kept or dropped wrongly at a step's rollback, a ragged row misread) shows as a rejection."""
     model = counting_target
     prompts = [[3, 9, 1, 4, 4], [7], [2, 2, 2, 30, 31, 5, 6, 8, 11]]
-    config = GenerationConfig(40, temperature, seed=2, adaptive_drafts=temperature > 0)
+    config = Drafted.of(
+        GenerationConfig(40, temperature, seed=2), drafts=DraftSettings(adaptive_drafts=temperature > 0)
+    )
     reference, _ = generate(model, prompts, GenerationConfig(40, temperature, seed=2))
     out, stats = generate(model, prompts, config, draft_model_drafter(model, gamma=3))
     assert stats.accepted == stats.drafted and stats.drafted[0] > 0
@@ -118,7 +121,7 @@ def test_draft_model_proposals_follow_the_accepted_tokens(counting_target):
     prompts = [[3, 9, 1, 4, 4], [7], [2, 2, 2, 30, 31, 5, 6, 8, 11]]
     for gamma, decoding in ((3, {}), (4, dict(adaptive_drafts=True))):
         drafter.gamma = gamma  # this one drafter counts its checks
-        _, stats = generate(counting_target, prompts, GenerationConfig(30, 1.0, **decoding), drafter)
+        _, stats = generate(counting_target, prompts, Drafted(30, 1.0, **decoding), drafter)
         assert 0 < sum(stats.accepted) < sum(stats.drafted) and drafter.checked > 20
 
 
@@ -153,9 +156,9 @@ def test_bad_drafter_settings_are_refused(counting_target):
     with pytest.raises(ValueError, match="some but not all"):
         layer_skip_drafter(counting_target, frozenset({len(counting_target.layers)}))
     with pytest.raises(ValueError, match="no draft_p_min"):
-        GenerationConfig(8, draft_p_min=0.5).drafted(2)
+        Drafted.of(GenerationConfig(8), heads=HeadsSettings(draft_p_min=0.5), gamma=2)
     with pytest.raises(ValueError, match="drafts_per_step=2 needs drafts"):
-        generate(counting_target, [[1]], GenerationConfig(8, drafts_per_step=2))
+        generate(counting_target, [[1]], GenerationConfig(8), drafts=DraftSettings(drafts_per_step=2))
     with pytest.raises(ValueError, match="gamma=0 must be at least 1 with a drafter"):
         generate(counting_target, [[1]], GenerationConfig(8), LookupDrafter(1, 40, "cpu", gamma=0))
     with pytest.raises(ValueError, match="ngram"):
@@ -204,7 +207,7 @@ def check_drafter(
     ``drafter`` from a target of logit ``tables`` (default :func:`target_tables`; head 1's are the target), with more
     GenerationConfig settings ``decoding`` (heads of a hybrid step, several draft sequences)."""
     length = gamma + 2  # the prompt step's token, gamma verified drafts, the token after them
-    config = GenerationConfig(length, temperature, top_p=top_p, seed=seed, **decoding)
+    config = Drafted(length, temperature, top_p=top_p, seed=seed, **decoding)
     tables = target_tables() if tables is None else tables
     step = [reference_probs(tables[0, a], temperature, 0, top_p) for a in range(VOCAB)]
     joint: dict[tuple[int, ...], float] = {}

@@ -1,9 +1,11 @@
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import torch
 
 from mtp.decode import GenerationConfig, generate
+from mtp.decode.settings import PARTS, Drafted, DraftSettings, HeadsSettings
+from mtp.decode.tree import DraftTree
 from mtp.errors import SettingError
 from tests.decode.helpers import HEAD_TYPES, fixed_logits_model, head1_logits, tiny_model
 
@@ -11,7 +13,7 @@ RAGGED = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [3, 3]]
 
 
 def greedy(model, prompts, heads, max_new_tokens=24, **settings):
-    return generate(model, prompts, GenerationConfig(max_new_tokens=max_new_tokens, heads=heads, **settings))
+    return generate(model, prompts, Drafted(max_new_tokens=max_new_tokens, heads=heads, **settings))
 
 
 def greedy_without_cache(model, prompt: list[int], max_new_tokens: int) -> list[int]:
@@ -70,9 +72,11 @@ def test_greedy_decoding_with_a_draft_vocabulary_chosen_at_decoding_equals_the_r
 def test_a_draft_vocabulary_at_decoding_is_refused_beside_a_trained_one_or_beyond_the_vocabulary():
     trained = tiny_model(draft_vocab=20).config
     with pytest.raises(SettingError, match="trained to score its 20 most frequent tokens, and draft_first_ids=8 would"):
-        GenerationConfig(heads=2, draft_first_ids=8).drafted().check_for(trained, [[1]])
+        Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=2, draft_first_ids=8)).check_for(trained, [[1]])
     with pytest.raises(SettingError, match="draft_first_ids=40 must be below the vocabulary's 40 tokens"):
-        GenerationConfig(heads=2, draft_first_ids=40).drafted().check_for(tiny_model().config, [[1]])
+        Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=2, draft_first_ids=40)).check_for(
+            tiny_model().config, [[1]]
+        )
 
 
 @pytest.mark.parametrize(  # linear: fixed-logits tests; causal-shared, medusa and causal alone (~4-5 s each) slow
@@ -110,8 +114,8 @@ def test_greedy_self_speculative_equals_autoregressive_when_drafts_pass_and_fail
 def test_each_row_equals_decoding_it_alone(head_type):
     model = tiny_model(**HEAD_TYPES[head_type])
     for config in (
-        GenerationConfig(max_new_tokens=15, heads=3),
-        GenerationConfig(15, temperature=1.0, heads=3, seed=7),
+        Drafted.of(GenerationConfig(max_new_tokens=15), heads=HeadsSettings(heads=3)),
+        Drafted.of(GenerationConfig(15, temperature=1.0, seed=7), heads=HeadsSettings(heads=3)),
     ):
         batch, _ = generate(model, RAGGED, config)
         for row, prompt in enumerate(RAGGED):
@@ -122,7 +126,7 @@ def test_each_row_equals_decoding_it_alone(head_type):
 def test_eos_and_length_stop_rows_independently(trained_model):
     reference, _ = greedy(trained_model, [[1, 2], [7, 8]], heads=1, max_new_tokens=12)
     eos = reference[0][4]
-    config = GenerationConfig(max_new_tokens=12, heads=4, eos_id=eos)
+    config = Drafted.of(GenerationConfig(max_new_tokens=12, eos_id=eos), heads=HeadsSettings(heads=4))
     out, stats = generate(trained_model, [[1, 2], [7, 8]], config)
     assert out[0] == reference[0][: reference[0].index(eos)]
     expected_second = reference[1][: reference[1].index(eos)] if eos in reference[1] else reference[1]
@@ -132,7 +136,9 @@ def test_eos_and_length_stop_rows_independently(trained_model):
 
 def test_same_seed_same_output_other_seed_other_output():
     model = tiny_model()
-    config = GenerationConfig(max_new_tokens=20, temperature=1.0, top_k=20, heads=4, seed=1)
+    config = Drafted.of(
+        GenerationConfig(max_new_tokens=20, temperature=1.0, top_k=20, seed=1), heads=HeadsSettings(heads=4)
+    )
     first, _ = generate(model, RAGGED, config)
     assert generate(model, RAGGED, config)[0] == first
     assert generate(model, RAGGED, replace(config, seed=2))[0] != first
@@ -251,3 +257,20 @@ def test_no_weight_major_copy_where_it_would_not_fit_in_memory(monkeypatch):
     assert greedy(model, RAGGED, 4, max_new_tokens=8)[0] == reference
     assert not [key for key in timed if key[0] == "blocks"]  # the unembedding still times its own (no copy there)
     assert all(blocks._by_weight is None for blocks in inference.InferenceModel.of(model, 4, False, "auto", 0).path)
+
+
+def test_generation_config_holds_sampling_and_acceptance_only():
+    """Who drafts and how a step runs are settings of their own, each field owned by one part of a run."""
+    assert [f.name for f in fields(GenerationConfig)] == [
+        "max_new_tokens", "temperature", "top_k", "top_p", "eos_id", "seed", "acceptance", "typical_epsilon",
+        "typical_delta",
+    ]  # fmt: skip
+    owned = [f.name for part in PARTS for f in fields(part)]
+    assert len(owned) == len(set(owned)) == len(fields(Drafted)) - 2  # the plan: every part's, gamma, its tree
+    with pytest.raises(SettingError, match=r"^heads=0 must be at least 1\.$"):
+        HeadsSettings(heads=0)
+    with pytest.raises(SettingError, match=r"^drafts_per_step=0 must be at least 1\.$"):
+        DraftSettings(drafts_per_step=0)
+    with pytest.raises(SettingError, match="adaptive_drafts sizes chains; cut a tree with draft_p_min instead"):
+        generate(tiny_model(), [[1]], GenerationConfig(4), heads=HeadsSettings(heads=3, tree=DraftTree.chain(2)),
+                 drafts=DraftSettings(adaptive_drafts=True))  # fmt: skip

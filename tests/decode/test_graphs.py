@@ -10,6 +10,7 @@ import torch
 from mtp.decode import GenerationConfig, generate, inference
 from mtp.decode import graphs as graphs_module
 from mtp.decode.inference import InferenceModel
+from mtp.decode.settings import Drafted, HeadsSettings, StepSettings
 from mtp.decode.tree import DraftTree, full_tree
 from mtp.errors import SettingError
 from tests.decode.helpers import tiny_model
@@ -33,8 +34,11 @@ def decode(model, config, prompts=PROMPTS):
 def configs(heads: int, tree: DraftTree | None = None) -> list[GenerationConfig]:
     # max_new_tokens 40 crosses span buckets of 8 (set below); rows end at different steps (eos 0 in sampling)
     return [
-        GenerationConfig(max_new_tokens=40, heads=heads, tree=tree),
-        GenerationConfig(max_new_tokens=40, heads=heads, tree=tree, temperature=1.0, seed=3, eos_id=0),
+        Drafted.of(GenerationConfig(max_new_tokens=40), heads=HeadsSettings(heads=heads, tree=tree)),
+        Drafted.of(
+            GenerationConfig(max_new_tokens=40, temperature=1.0, seed=3, eos_id=0),
+            heads=HeadsSettings(heads=heads, tree=tree),
+        ),
     ]
 
 
@@ -55,13 +59,21 @@ def test_a_second_call_replays_the_first_calls_graphs(rerun_on_cpu):
     """The cache's storage is the form's, so a call on prompts of nearby lengths captures nothing new, and a batch
     that loses rows keeps them in the same storage's first rows: a second call replays every batch size."""
     model = tiny_model(seed=4, vocab_size=24)  # its own: forms (and their graphs) are kept per model
-    config = GenerationConfig(max_new_tokens=12, heads=4, cuda_graphs=True)
+    config = Drafted.of(
+        GenerationConfig(max_new_tokens=12), heads=HeadsSettings(heads=4), step=StepSettings(cuda_graphs=True)
+    )
     first, stats = generate(model, PROMPTS[:1], config)
     again, replayed = generate(model, [PROMPTS[0][:2]], config)
     assert stats.captures > 0 and replayed.captures == 0
-    assert again == generate(model, [PROMPTS[0][:2]], GenerationConfig(max_new_tokens=12, heads=4))[0]
+    assert (
+        again == generate(model, [PROMPTS[0][:2]], GenerationConfig(max_new_tokens=12), heads=HeadsSettings(heads=4))[0]
+    )
     graphs = InferenceModel.of(model, 4, cuda_graphs=True).graphs
-    ragged = GenerationConfig(max_new_tokens=30, heads=4, temperature=1.0, eos_id=0, seed=5, cuda_graphs=True)
+    ragged = Drafted.of(
+        GenerationConfig(max_new_tokens=30, temperature=1.0, eos_id=0, seed=5),
+        heads=HeadsSettings(heads=4),
+        step=StepSettings(cuda_graphs=True),
+    )
     first, stats = generate(model, PROMPTS, ragged)
     assert stats.row_forwards < stats.forwards * len(PROMPTS)  # rows left the batch
     again, replayed = generate(model, PROMPTS, ragged)
@@ -71,7 +83,13 @@ def test_a_second_call_replays_the_first_calls_graphs(rerun_on_cpu):
 
 def test_captured_steps_need_a_device_that_captures(trained_model):
     with pytest.raises(SettingError, match="cuda_graphs captures steps as CUDA graphs, and the model is on cpu"):
-        generate(trained_model, PROMPTS, GenerationConfig(heads=2, cuda_graphs=True))
+        generate(
+            trained_model,
+            PROMPTS,
+            GenerationConfig(),
+            heads=HeadsSettings(heads=2),
+            step=StepSettings(cuda_graphs=True),
+        )
 
 
 def test_a_replay_reads_the_step_from_the_graphs_buffers(rerun_on_cpu):
@@ -94,7 +112,9 @@ def test_graphs_go_with_the_storage_they_replay_on(rerun_on_cpu, monkeypatch):
     """A form keeps the storages of its last KEPT_STORAGES cache shapes; the graphs of one it drops go with it."""
     monkeypatch.setattr(graphs_module, "KEPT_STORAGES", 1)
     model = tiny_model(seed=5, vocab_size=24)
-    config = GenerationConfig(max_new_tokens=6, heads=2, cuda_graphs=True)
+    config = Drafted.of(
+        GenerationConfig(max_new_tokens=6), heads=HeadsSettings(heads=2), step=StepSettings(cuda_graphs=True)
+    )
     graphs = InferenceModel.of(model, 2, cuda_graphs=True).graphs
     for batch in (1, 2):
         generate(model, PROMPTS[:batch], config)
@@ -105,7 +125,9 @@ def test_graphs_go_with_the_storage_they_replay_on(rerun_on_cpu, monkeypatch):
 def test_a_second_generate_call_at_the_same_time_is_refused(rerun_on_cpu):
     """Captured steps replay on the form's cache storage: a call while another decodes (a thread) would overwrite it."""
     model = tiny_model(seed=6, vocab_size=24)
-    config = GenerationConfig(max_new_tokens=4, heads=2, cuda_graphs=True)
+    config = Drafted.of(
+        GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=2), step=StepSettings(cuda_graphs=True)
+    )
     graphs = InferenceModel.of(model, 2, cuda_graphs=True).graphs
     graphs.claim()  # as a call running in another thread would
     with pytest.raises(RuntimeError, match="already decoding with cuda_graphs in another generate call"):

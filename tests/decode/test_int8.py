@@ -12,6 +12,7 @@ from mtp.decode.inference import ATTENTION, FEED_FORWARD, InferenceModel
 from mtp.decode.int8 import MAX_ROWS, Int8Matrices, Int8Unembedding
 from mtp.decode.lookup import LookupDrafter
 from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter
+from mtp.decode.settings import Drafted, DraftSettings, HeadsSettings
 from mtp.errors import SettingError
 from tests.decode.helpers import HEAD_TYPES, tiny_model, train_on_cycles
 from tests.decode.test_generate import RAGGED
@@ -52,12 +53,12 @@ def test_greedy_with_int8_heads_equals_autoregressive(head_type, prompts, traine
     for model in (tiny_model(**HEAD_TYPES[head_type]), trained):
         reference = autoregressive(model, prompts, 30)
         for heads in (2, 4):
-            out, stats = generate(model, prompts, GenerationConfig(30, heads=heads, **INT8))
+            out, stats = generate(model, prompts, Drafted(30, heads=heads, **INT8))
             assert out == reference, f"heads={heads}"
             assert stats.drafted[0] > 0
     assert stats.acceptance[0] > 0.5  # the trained model: the accepting branch ran
     reduced = tiny_model(draft_vocab=20, **HEAD_TYPES[head_type])
-    out, _ = generate(reduced, prompts, GenerationConfig(30, heads=4, **INT8))
+    out, _ = generate(reduced, prompts, Drafted(30, heads=4, **INT8))
     assert out == autoregressive(reduced, prompts, 30)
 
 
@@ -81,7 +82,7 @@ def test_greedy_with_an_int8_drafter_equals_autoregressive(method, prompts, coun
     drafter = int8_drafter(method, counting_target)
     for gamma, decoding in ((3, {}), (4, dict(adaptive_drafts=True))):
         drafter.gamma = gamma
-        out, stats = generate(counting_target, prompts, GenerationConfig(40, **decoding, **INT8), drafter)
+        out, stats = generate(counting_target, prompts, Drafted(40, **decoding, **INT8, gamma=drafter.gamma), drafter)
         assert out == reference, decoding
         assert 0 < sum(stats.accepted) < sum(stats.drafted)
     # the same drafter in full precision afterwards: its own form, and the target's, were left as they were
@@ -95,9 +96,9 @@ def test_int8_sampling_stays_lossless():
     model = tiny_model(n_future=3, vocab_size=4, seed=3)
     with torch.no_grad():
         model.heads.outputs[0].weight.mul_(60)  # peaked distributions, so that drafts disagree with head 1
-    stats = check_real_model(model, GenerationConfig(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **INT8))
+    stats = check_real_model(model, Drafted(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **INT8))
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
-    drafted = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5, **INT8)
+    drafted = Drafted(max_new_tokens=4, temperature=1.0, seed=5, **INT8, gamma=2)
     stats = check_real_model(model, drafted, drafter=layer_skip_drafter(model, frozenset({0}), gamma=2))
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
 
@@ -153,7 +154,7 @@ def test_int8_heads_draft_with_int8_weights_and_verify_at_full_precision(head_ty
     assert all(w.dtype == torch.int8 for m in parts for w in m.weights())
     kernels = {m.kernel for m in parts}
     assert kernels == ({"fbgemm"} if head_type == "linear" else {"fbgemm", "weight_only"})  # unembeddings; blocks
-    generate(model, RAGGED, GenerationConfig(8, heads=4, **INT8))
+    generate(model, RAGGED, Drafted(8, heads=4, **INT8))
     assert calls == parts  # every int8 matrix drafts, and nothing else is int8
 
 
@@ -161,7 +162,7 @@ def test_int8_heads_draft_with_int8_weights_and_verify_at_full_precision(head_ty
 def test_int8_drafters_draft_with_int8_weights_and_leave_the_target_alone(method, counting_target, calls):
     drafter = int8_drafter(method, counting_target)
     drafter.gamma = 3  # this drafter, whose forms are looked at after
-    generate(counting_target, RAGGED, GenerationConfig(8, **INT8), drafter)
+    generate(counting_target, RAGGED, Drafted(8, **INT8, gamma=drafter.gamma), drafter)
     parts = int8_parts(drafter.drafting.path, drafter.drafting.head1_output)
     assert len(parts) == 4 * len(drafter.drafting.path) + 1  # q/k/v, output, gate/up, down; the unembedding
     assert calls == parts
@@ -231,22 +232,22 @@ def test_int8_products_are_close_to_float_and_many_rows_multiply_the_float_matri
 
 def test_int8_drafting_is_refused_where_it_means_nothing(counting_target):
     with pytest.raises(SettingError, match="draft_dtype=int8 quantizes the drafts, but heads=1 without a drafter"):
-        generate(counting_target, [[1, 2, 1]], GenerationConfig(8, **INT8))
+        generate(counting_target, [[1, 2, 1]], Drafted(8, **INT8))
     with pytest.raises(SettingError, match="draft_dtype=int4 must be one of auto, int8"):
-        GenerationConfig(8, heads=2, draft_dtype="int4")
+        Drafted.of(GenerationConfig(8), heads=HeadsSettings(heads=2), drafts=DraftSettings(draft_dtype="int4"))
     with pytest.raises(SettingError, match="prompt lookup drafts without a model"):
-        generate(counting_target, [[1, 2, 1]], GenerationConfig(8, **INT8), LookupDrafter(1, 40, "cpu", gamma=2))
+        generate(counting_target, [[1, 2, 1]], Drafted(8, **INT8, gamma=2), LookupDrafter(1, 40, "cpu", gamma=2))
     with pytest.raises(SettingError, match="int8 CPU kernels, and the model is on cuda; decode on CPU"):
-        GenerationConfig(8, heads=2, **INT8).check_device(torch.device("cuda"))
-    GenerationConfig(8, heads=2, **INT8).check_device(torch.device("cpu"))
+        Drafted(8, heads=2, **INT8).check_device(torch.device("cuda"))
+    Drafted(8, heads=2, **INT8).check_device(torch.device("cpu"))
 
 
 @pytest.mark.slow
 def test_compiled_decoding_with_int8_drafts_equals_autoregressive(counting_target):
     """Compiled, the float blocks run compiled and the int8 ones eager, in one step (heads) or apart (layer skip)."""
     reference = autoregressive(counting_target, RAGGED, 16)
-    out, _ = generate(counting_target, RAGGED, GenerationConfig(16, heads=4, compile=True, **INT8))
+    out, _ = generate(counting_target, RAGGED, Drafted(16, heads=4, compile=True, **INT8))
     assert out == reference
     drafter = layer_skip_drafter(counting_target, frozenset({1}), compile=True, gamma=3)
-    out, _ = generate(counting_target, RAGGED, GenerationConfig(16, compile=True, **INT8), drafter)
+    out, _ = generate(counting_target, RAGGED, Drafted(16, compile=True, **INT8, gamma=drafter.gamma), drafter)
     assert out == reference

@@ -12,6 +12,7 @@ from mtp.decode import GenerationConfig, generate
 from mtp.decode import skip_search as skip_search_module
 from mtp.decode.inference import InferenceModel, skip_label, sublayers_of
 from mtp.decode.proposers import layer_skip_drafter
+from mtp.decode.settings import Drafted, DraftSettings, HeadsSettings
 from mtp.decode.skip_search import DraftCosts, Trials, search_blocks, search_sublayers
 from mtp.errors import UserError
 from tests.decode.helpers import head1_logits, tiny_model
@@ -78,13 +79,15 @@ def test_greedy_sublayer_skip_equals_autoregressive(case, counting_target):
     model = counting_target
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 40, (n,), generator=generator).tolist() for n in (5, 2, 9, 3)]
-    reference, _ = generate(model, prompts, GenerationConfig(40, heads=1))
+    reference, _ = generate(model, prompts, GenerationConfig(40), heads=HeadsSettings(heads=1))
     drafter = layer_skip_drafter(model, SKIP_SETS[case], gamma=4)
     out, stats = generate(model, prompts, GenerationConfig(40), drafter)
     assert out == reference
     assert 0 < sum(stats.accepted) < sum(stats.drafted)  # drafts pass at some steps, not at all
     assert stats.method == "layerskip" and stats.method_params["skip"] == skip_label(SKIP_SETS[case])
-    alone, _ = generate(model, prompts[2:3], GenerationConfig(40, adaptive_drafts=True), drafter.with_gamma(3))
+    alone, _ = generate(
+        model, prompts[2:3], GenerationConfig(40), drafter.with_gamma(3), drafts=DraftSettings(adaptive_drafts=True)
+    )
     assert alone == reference[2:3]
 
 
@@ -108,7 +111,7 @@ def test_sublayer_skip_sampling_lossless_on_a_real_model():
 @pytest.mark.slow
 def test_compiled_sublayer_skip_equals_autoregressive(counting_target):
     prompts = [[3, 9, 1, 4, 4], [7]]
-    reference, _ = generate(counting_target, prompts, GenerationConfig(12, heads=1))
+    reference, _ = generate(counting_target, prompts, GenerationConfig(12), heads=HeadsSettings(heads=1))
     drafter = layer_skip_drafter(counting_target, SKIP_SETS["mixed"], compile=True, gamma=3)
     out, _ = generate(counting_target, prompts, GenerationConfig(12), drafter)
     assert out == reference
@@ -188,7 +191,7 @@ def test_the_sublayer_search_finds_the_same_set_twice_within_its_budget(
     decode_with, call = skip_search_module.decode_with, Trials.__call__
     monkeypatch.setattr(skip_search_module, "decode_with", lambda *args: decoded.append(args[-1]) or decode_with(*args))
     monkeypatch.setattr(Trials, "__call__", lambda self, skip: suggested.append(skip) or call(self, skip))
-    config = GenerationConfig(8, temperature, seed=7).drafted(3)
+    config = Drafted.of(GenerationConfig(8, temperature, seed=7), gamma=3)
     found, runs = [], []
     for _ in range(2):
         trials, before = Trials(counting_target, search_prompts, config, COSTS), (len(decoded), len(suggested))
@@ -205,7 +208,7 @@ def test_the_sublayer_search_finds_the_same_set_twice_within_its_budget(
 
 
 def test_the_block_search_is_greedy_forward_selection(counting_target, search_prompts):
-    config = GenerationConfig(8).drafted(3)
+    config = Drafted.of(GenerationConfig(8), gamma=3)
     trials = Trials(counting_target, search_prompts, config, COSTS)
     lines = []
     result = search_blocks(trials, seconds=600, log=lines.append)

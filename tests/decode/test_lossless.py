@@ -17,6 +17,7 @@ from mtp.decode import acceptance as acceptance_module
 from mtp.decode import inference as inference_module
 from mtp.decode import sampling as sampling_module
 from mtp.decode.sampling import processed_probs
+from mtp.decode.settings import Drafted, DraftSettings, HeadsSettings
 from mtp.decode.tree import DraftTree
 from tests.decode.helpers import HEAD_TYPES, NEVER, fixed_logits_model, head1_logits, tiny_model
 
@@ -102,7 +103,7 @@ def check(heads: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1
     """(total variation, threshold, samples outside the target's support) of self-speculative sampling; ``decoding``:
     more GenerationConfig settings (a tree, adaptive drafting, an acceptance rule)."""
     # heads + 1 tokens: the prefill's token, the first verified drafts, and the token after them (bonus or resampled)
-    config = GenerationConfig(heads + 1, temperature, top_k, top_p, heads=heads, seed=seed, **decoding)
+    config = Drafted(heads + 1, temperature, top_k, top_p, heads=heads, seed=seed, **decoding)
     tables = counting_tables(heads)
     joint = exact_joint(tables, config, heads + 1)
     samples = sample_continuations(fixed_logits_model(tables), config, N_SAMPLES)
@@ -149,7 +150,7 @@ def test_the_fixed_logits_model_gives_its_tables():
 
 
 def test_autoregressive_sampling_passes_the_same_check():
-    config = GenerationConfig(4, temperature=0.7, top_p=0.9, heads=1, seed=3)
+    config = Drafted.of(GenerationConfig(4, temperature=0.7, top_p=0.9, seed=3), heads=HeadsSettings(heads=1))
     joint = exact_joint(counting_tables(1), config, 4)
     samples = sample_continuations(fixed_logits_model(counting_tables(1)), config, N_SAMPLES)
     assert total_variation(samples, joint) < tv_threshold(joint, N_SAMPLES)
@@ -226,7 +227,7 @@ def test_lossless_with_head_blocks(head_type, filters, draft_vocab):
     model = tiny_model(n_future=3, vocab_size=4, seed=3, **settings)
     with torch.no_grad():
         model.heads.outputs[0].weight.mul_(60)  # peaked distributions, so that heads disagree with head 1
-    config = GenerationConfig(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **filters)
+    config = Drafted(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **filters)
     check_real_model(model, config)
 
 
@@ -350,7 +351,7 @@ def test_tree_and_cut_sampling_lossless_with_head_blocks(head_type, decoding):
         if head_type == "medusa":  # heads of their own, head 2 surer than head 3: drafting is cut at either depth
             model.heads.outputs[1].weight.mul_(8)
             model.heads.outputs[2].weight.mul_(4)
-    config = GenerationConfig(max_new_tokens=4, temperature=1.0, heads=3, seed=5, **decoding)
+    config = Drafted(max_new_tokens=4, temperature=1.0, heads=3, seed=5, **decoding)
     stats = check_real_model(model, config)
     if config.draft_p_min:  # the cut happened, at some steps and not at others
         assert 0 < stats.drafted[1] < stats.drafted[0] < stats.forwards * 12_000
@@ -393,7 +394,11 @@ def test_sampled_drafts_come_from_the_law_the_choice_names(choice, device, nucle
     temperature and top-k only, so that no nucleus is sorted out."""
     from mtp.decode.proposers import HeadsProposer
 
-    config = GenerationConfig(temperature=0.5, top_k=4, top_p=0.6, heads=3, draft_choice=choice)
+    config = Drafted.of(
+        GenerationConfig(temperature=0.5, top_k=4, top_p=0.6),
+        heads=HeadsSettings(heads=3),
+        drafts=DraftSettings(draft_choice=choice),
+    )
     assert config.proposal_top_p(torch.device(device)) == (0.6 if nucleus else 1.0)
     assert config.proposal_top_p(torch.device(device), heads=False) == (1.0 if choice == "tempered" else 0.6)
     proposer = object.__new__(HeadsProposer)

@@ -9,6 +9,7 @@ import torch
 from mtp.config import ModelConfig
 from mtp.decode import GenerationConfig, loop, memory, tree_fit
 from mtp.decode.memory import available_bytes, check_step_fits, step_bytes
+from mtp.decode.settings import Drafted, HeadsSettings
 from mtp.decode.tree import full_tree
 from mtp.errors import UserError
 from tests.decode.helpers import tiny_model
@@ -75,7 +76,9 @@ def test_fitting_refuses_before_decoding_when_the_measuring_step_does_not_fit(mo
     decoded = []
     monkeypatch.setattr(loop.InferenceModel, "of", lambda *args: decoded.append(args))  # what decoding starts with
     with pytest.raises(UserError, match="256-node draft tree at batch 2"):
-        tree_fit.fit_to_model(tiny_model(n_future=8), [[1, 2], [3]], 16, GenerationConfig(8, heads=8))
+        tree_fit.fit_to_model(
+            tiny_model(n_future=8), [[1, 2], [3]], 16, Drafted.of(GenerationConfig(8), heads=HeadsSettings(heads=8))
+        )
     assert not decoded
 
 
@@ -91,7 +94,7 @@ def test_a_prompts_step_is_sized_by_the_logits_it_reads_its_last_position(monkey
     available = 2 * max(last.total, drafting.total) + 1  # half of it holds the prompts' and the drafting steps
     assert 2 * every.total > available
     monkeypatch.setattr(memory, "available_bytes", lambda device: available)
-    outputs, _ = loop.generate(model, prompts, GenerationConfig(8, heads=4))
+    outputs, _ = loop.generate(model, prompts, GenerationConfig(8), heads=HeadsSettings(heads=4))
     assert all(len(row) == 8 for row in outputs)
     with pytest.raises(UserError, match=r"over 60 positions per row at batch 8 .*\(logits of 60 positions\)"):
         check_step_fits(model.config, 8, 80, 60, 0, "cpu")  # every position's logits: refused, and said so

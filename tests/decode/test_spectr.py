@@ -4,7 +4,6 @@ outcome forced), greedy output equal to autoregressive output, and sampling with
 with negative controls that must fail the same check."""
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ from mtp.decode import acceptance as acceptance_module
 from mtp.decode.acceptance import NodeLaws, SpecTr, TreeVerification, rule_for, spectr_residual, spectr_rho
 from mtp.decode.lookup import LookupDrafter
 from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter, staged_drafter
+from mtp.decode.settings import Drafted, DraftSettings, HeadsSettings
 from mtp.decode.tree import DraftTree
 from mtp.errors import SettingError
 from tests.decode.helpers import HEAD_TYPES, fixed_logits_model, tiny_model, train_on_cycles
@@ -75,7 +75,9 @@ def one_hot(token: int) -> list[float]:
 
 
 def spectr_step(tokens, head1_rows, depth_laws, tests, next_uniform=0.5, live=2):
-    rule = rule_for(GenerationConfig(temperature=1.0, heads=3, tree=TREE, acceptance="spectr").drafted())
+    rule = rule_for(
+        Drafted.of(GenerationConfig(temperature=1.0, acceptance="spectr"), heads=HeadsSettings(heads=3, tree=TREE))
+    )
     assert isinstance(rule, SpecTr) and rule.layout.tests == TREE.size
     head1 = torch.tensor(head1_rows).log()[None]
     rows = torch.arange(1)
@@ -129,27 +131,45 @@ def test_branches_tree_and_its_chain_order():
     tree = DraftTree.branches([2, 2, 1])
     assert tree.paths == [(0,), (1,), (2,), (0, 0), (1, 0)]
     assert tree.branch_order() == [0, 2, 4, 1, 3]  # chain 0: 0, 1; chain 1: 2, 3; chain 2: 4
-    assert GenerationConfig(heads=4, drafts_per_step=3).drafted().step_tree == DraftTree.branches([3, 3, 3])
-    assert GenerationConfig(drafts_per_step=2).drafted(2).step_tree == DraftTree.branches([2, 2])
-    assert GenerationConfig(heads=3).drafted(3).step_tree == DraftTree.branches([3, 2])  # hybrid: + the heads' chain
-    assert GenerationConfig(heads=4).drafted().step_tree is None
+    assert Drafted.of(
+        GenerationConfig(), heads=HeadsSettings(heads=4), drafts=DraftSettings(drafts_per_step=3)
+    ).step_tree == DraftTree.branches([3, 3, 3])
+    assert Drafted.of(
+        GenerationConfig(), drafts=DraftSettings(drafts_per_step=2), gamma=2
+    ).step_tree == DraftTree.branches([2, 2])
+    assert Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=3), gamma=3).step_tree == DraftTree.branches(
+        [3, 2]
+    )  # hybrid: + the heads' chain
+    assert Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=4)).step_tree is None
 
 
 def test_bad_settings_of_several_drafts_are_refused():
     with pytest.raises(ValueError, match="drafts_per_step=0 must be at least 1"):
-        GenerationConfig(heads=3, drafts_per_step=0)
+        Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=3), drafts=DraftSettings(drafts_per_step=0))
     with pytest.raises(ValueError, match="does not combine with a tree or adaptive_drafts"):
-        GenerationConfig(heads=3, drafts_per_step=2, tree=DraftTree.chain(2))
+        Drafted.of(
+            GenerationConfig(),
+            heads=HeadsSettings(heads=3, tree=DraftTree.chain(2)),
+            drafts=DraftSettings(drafts_per_step=2),
+        )
     with pytest.raises(ValueError, match="does not combine"):
-        GenerationConfig(heads=3, drafts_per_step=2, adaptive_drafts=True)
+        Drafted.of(
+            GenerationConfig(),
+            heads=HeadsSettings(heads=3),
+            drafts=DraftSettings(drafts_per_step=2, adaptive_drafts=True),
+        )
     with pytest.raises(ValueError, match=r"hybrid step \(gamma=2 drafts beside heads=3\) mixes two"):
-        GenerationConfig(temperature=1.0, heads=3, acceptance="spectr").drafted(2)
+        Drafted.of(GenerationConfig(temperature=1.0, acceptance="spectr"), heads=HeadsSettings(heads=3), gamma=2)
     with pytest.raises(ValueError, match="acceptance=other must be one of exact, typical, spectr"):
-        GenerationConfig(heads=3, acceptance="other")
+        Drafted.of(GenerationConfig(acceptance="other"), heads=HeadsSettings(heads=3))
     with pytest.raises(ValueError, match="draft_choice=top drafts the top-ranked tokens; use draft_choice=auto"):
-        GenerationConfig(temperature=1.0, heads=3, drafts_per_step=2, acceptance="spectr", draft_choice="top")
+        Drafted.of(
+            GenerationConfig(temperature=1.0, acceptance="spectr"),
+            heads=HeadsSettings(heads=3),
+            drafts=DraftSettings(drafts_per_step=2, draft_choice="top"),
+        )
     with pytest.raises(ValueError, match="draft_choice=best must be one of auto, sampled, tempered, top"):
-        GenerationConfig(heads=3, draft_choice="best")
+        Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=3), drafts=DraftSettings(draft_choice="best"))
 
 
 # -- greedy: every way of drafting several sequences decodes autoregressive decoding's tokens
@@ -165,7 +185,9 @@ PROMPTS = [[3, 9, 1, 4, 4], [7, 30], [2, 2, 2, 30, 31, 5, 6, 8, 11], [5]]
 def test_greedy_sequences_of_the_heads_equal_autoregressive(head_type):
     model = partly_trained(head_type)
     reference, _ = generate(model, PROMPTS, GenerationConfig(24))
-    out, stats = generate(model, PROMPTS, GenerationConfig(24, heads=4, drafts_per_step=3))
+    out, stats = generate(
+        model, PROMPTS, GenerationConfig(24), heads=HeadsSettings(heads=4), drafts=DraftSettings(drafts_per_step=3)
+    )
     assert out == reference
     assert stats.tree_nodes == 9 and 0 < stats.accepted[-1] < stats.drafted[-1]
 
@@ -176,11 +198,11 @@ def test_greedy_draft_sequences_and_hybrids_equal_autoregressive(method, decodin
     model = counting_target
     reference, _ = generate(model, PROMPTS, GenerationConfig(32))
     drafter = drafter_for(method, model, 40).with_gamma(3)
-    out, stats = generate(model, PROMPTS, GenerationConfig(32, **decoding), drafter)
+    out, stats = generate(model, PROMPTS, Drafted(32, **decoding, gamma=drafter.gamma), drafter)
     assert out == reference, decoding
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
     assert stats.method == ("hybrid" if decoding.get("heads", 1) > 1 else method)
-    alone, _ = generate(model, PROMPTS[1:2], GenerationConfig(32, **decoding), drafter)
+    alone, _ = generate(model, PROMPTS[1:2], Drafted(32, **decoding, gamma=drafter.gamma), drafter)
     assert alone == reference[1:2]
 
 
@@ -190,7 +212,7 @@ def test_greedy_prompt_lookup_beside_the_heads_equals_autoregressive(decoding, c
     prompts = [list(p) for p in PROMPTS]
     prompts[2][4:7] = prompts[2][:3]  # a repeated trigram, for lookup to find; rows without a match pad its chain
     reference, _ = generate(model, prompts, GenerationConfig(32))
-    out, stats = generate(model, prompts, GenerationConfig(32, **decoding), LookupDrafter(2, 40, "cpu", gamma=3))
+    out, stats = generate(model, prompts, Drafted(32, **decoding, gamma=3), LookupDrafter(2, 40, "cpu", gamma=3))
     assert out == reference
     assert stats.method == "hybrid" and stats.method_params["drafter"] == "lookup"
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
@@ -209,9 +231,10 @@ def test_prompt_lookup_beside_the_heads_accepts_where_either_is_right():
     prompt = [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0]]  # the counting continues, and lookup knows the cycle
     config = GenerationConfig(24)
     reference, _ = generate(model, prompt, config)
-    heads_alone = generate(model, prompt, replace(config, heads=3))
+    heads = HeadsSettings(heads=3)
+    heads_alone = generate(model, prompt, config, heads=heads)
     lookup_alone = generate(model, prompt, config, LookupDrafter(2, vocab, "cpu", gamma=6))
-    hybrid = generate(model, prompt, replace(config, heads=3), LookupDrafter(2, vocab, "cpu", gamma=6))
+    hybrid = generate(model, prompt, config, LookupDrafter(2, vocab, "cpu", gamma=6), heads=heads)
     assert heads_alone[0] == lookup_alone[0] == hybrid[0] == reference
     assert heads_alone[1].tokens_per_forward < hybrid[1].tokens_per_forward
     assert hybrid[1].accepted[:6] == lookup_alone[1].accepted[:6]  # the lookup chain (6 deep) wins every step
@@ -223,7 +246,7 @@ def test_a_hybrid_accepts_the_heads_drafts_where_the_draft_model_is_wrong(counti
     model = counting_target
     draft = draft_model_drafter(tiny_model(n_future=1, vocab_size=40, seed=9), gamma=3)
     _, alone = generate(model, PROMPTS, GenerationConfig(32), draft)
-    _, hybrid = generate(model, PROMPTS, GenerationConfig(32, heads=4), draft)
+    _, hybrid = generate(model, PROMPTS, GenerationConfig(32), draft, heads=HeadsSettings(heads=4))
     assert hybrid.tokens_per_forward > alone.tokens_per_forward + 0.2
 
 
@@ -253,7 +276,7 @@ def test_spectr_accepts_more_tokens_per_forward_with_more_sequences():
     model = fixed_logits_model(counting_tables(3))
 
     def tokens_per_forward(**decoding) -> float:
-        config = GenerationConfig(16, temperature=1.0, heads=3, seed=3, **decoding)
+        config = Drafted(16, temperature=1.0, heads=3, seed=3, **decoding)
         return generate(model, [[1]] * 2000, config)[1].tokens_per_forward
 
     chain = tokens_per_forward()
@@ -347,8 +370,10 @@ def test_spectr_lossless_with_head_blocks(head_type):
     model = tiny_model(n_future=3, vocab_size=4, seed=3, **HEAD_TYPES[head_type])
     with torch.no_grad():
         model.heads.outputs[0].weight.mul_(60)
-    config = GenerationConfig(
-        max_new_tokens=4, temperature=1.0, heads=3, seed=5, drafts_per_step=3, acceptance="spectr"
+    config = Drafted.of(
+        GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5, acceptance="spectr"),
+        heads=HeadsSettings(heads=3),
+        drafts=DraftSettings(drafts_per_step=3),
     )
     check_real_model(model, config)
 
@@ -361,7 +386,7 @@ def test_draft_sequences_and_hybrids_lossless_on_real_models(decoding):
     with torch.no_grad():
         model.heads.outputs[0].weight.mul_(60)
     drafter = layer_skip_drafter(model, frozenset({0}), gamma=2)
-    config = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5, **decoding)
+    config = Drafted(max_new_tokens=4, temperature=1.0, seed=5, **decoding, gamma=drafter.gamma)
     stats = check_real_model(model, config, drafter=drafter)
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
 
@@ -395,7 +420,7 @@ def test_staged_drafts_are_the_draft_models_own_greedy_drafts(inner, counting_ta
         if inner == "heads"
         else stats.draft_forwards <= plain.draft_forwards
     )
-    hybrid, _ = generate(model, PROMPTS, GenerationConfig(32, heads=3), staged)
+    hybrid, _ = generate(model, PROMPTS, GenerationConfig(32), staged, heads=HeadsSettings(heads=3))
     assert hybrid == reference
     alone, _ = generate(model, PROMPTS[1:2], GenerationConfig(32), staged)
     assert alone == reference[1:2]
@@ -454,7 +479,7 @@ def test_int8_draft_sequences_hybrids_and_staged_drafts_equal_autoregressive(dec
     staged = decoding.pop("staged", None)
     draft = small_drafts["heads"]
     drafter = staged_drafter(draft, staged, gamma=3) if staged else draft_model_drafter(draft, gamma=3)
-    out, stats = generate(model, PROMPTS, GenerationConfig(32, draft_dtype="int8", **decoding), drafter)
+    out, stats = generate(model, PROMPTS, Drafted(32, draft_dtype="int8", **decoding, gamma=drafter.gamma), drafter)
     assert out == reference, decoding
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
 
@@ -462,6 +487,6 @@ def test_int8_draft_sequences_hybrids_and_staged_drafts_equal_autoregressive(dec
 @pytest.mark.parametrize("choice", ["top", "tempered"])
 def test_a_staged_draft_refuses_other_drafts_than_its_own_when_sampling(choice):
     drafter = staged_drafter(fixed_logits_model(staged_tables()), "heads", gamma=3)
-    config = GenerationConfig(4, temperature=1.0, draft_choice=choice)
+    config = Drafted.of(GenerationConfig(4, temperature=1.0), drafts=DraftSettings(draft_choice=choice))
     with pytest.raises(SettingError, match="a staged draft samples its drafts .* use draft_choice=auto with it"):
         generate(fixed_logits_model(counting_tables(1)), [[1, 2]], config, drafter)

@@ -3,13 +3,16 @@
 import pytest
 
 from mtp.decode import DecodeStats, GenerationConfig, generate
+from mtp.decode.settings import Drafted, HeadsSettings
 from mtp.decode.tree import DraftTree
 from tests.decode.helpers import tiny_model
 
 
 def test_statistics_of_two_runs_add_up():
     model = tiny_model(4)
-    config = GenerationConfig(max_new_tokens=12, heads=4, tree=DraftTree([(0,), (1,), (0, 0)]))
+    config = Drafted.of(
+        GenerationConfig(max_new_tokens=12), heads=HeadsSettings(heads=4, tree=DraftTree([(0,), (1,), (0, 0)]))
+    )
     _, a = generate(model, [[1, 2, 3]], config)
     _, b = generate(model, [[4, 5], [6]], config)
     total = sum([a, b], DecodeStats.empty(a))
@@ -28,7 +31,7 @@ def test_statistics_of_two_runs_add_up():
 
 def test_statistics_of_different_settings_do_not_add():
     model = tiny_model(4)
-    _, chain = generate(model, [[1, 2]], GenerationConfig(max_new_tokens=4, heads=4))
+    _, chain = generate(model, [[1, 2]], GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=4))
     _, autoregressive = generate(model, [[1, 2]], GenerationConfig(max_new_tokens=4))
     with pytest.raises(ValueError, match="same settings"):
         chain + autoregressive
@@ -44,7 +47,7 @@ def test_statistics_of_different_settings_do_not_add():
     ],
 )
 def test_the_stats_line_names_the_acceptance_rule_that_ran(settings, shown):
-    _, stats = generate(tiny_model(4), [[1, 2, 3]], GenerationConfig(max_new_tokens=4, heads=4, **settings))
+    _, stats = generate(tiny_model(4), [[1, 2, 3]], Drafted(max_new_tokens=4, heads=4, **settings))
     assert f" {shown} " in stats.line()
 
 

@@ -12,11 +12,11 @@ from typing import ClassVar
 
 from mtp.benchmarks.cli import int_list, node_budgets
 from mtp.checkpoint.load import LoadedCheckpoint
-from mtp.decode import GenerationConfig
+from mtp.decode.settings import Drafted
 from mtp.decode.tree import DraftTree, read_tree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 
-VariantRow = tuple[str, GenerationConfig, None]
+VariantRow = tuple[str, Drafted, None]
 """A benchmark row of the heads' variant: its label, its decoding settings, and no drafter (the heads draft)."""
 BenchTree = tuple[str, DraftTree | None, DraftTree]
 """A tree the benchmark decodes: its rows' label, the tree the rows verify (None: the fastest fit is the chain,
@@ -34,9 +34,7 @@ class HeadsVariant:
     """Its rows verify the benchmark's trees (read with --tree, or fitted with --tree auto)."""
 
     @classmethod
-    def rows(
-        cls, chain: GenerationConfig, mode: str, args: argparse.Namespace, trees: list[BenchTree]
-    ) -> list[VariantRow]:
+    def rows(cls, chain: Drafted, mode: str, args: argparse.Namespace, trees: list[BenchTree]) -> list[VariantRow]:
         """Its rows for one mode (greedy or sampling), from the heads' chain settings at the largest k."""
         raise NotImplementedError
 
@@ -76,7 +74,7 @@ def add_variant_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def bench_trees(args: argparse.Namespace, loaded: LoadedCheckpoint, chain: GenerationConfig, mode: str) -> list:
+def bench_trees(args: argparse.Namespace, loaded: LoadedCheckpoint, chain: Drafted, mode: str) -> list:
     """The trees a benchmark decodes: --tree's file, or with --tree auto one fitted per --tree-nodes budget."""
     if args.tree != "auto":
         tree = read_tree(Path(args.tree), chain.heads - 1, loaded.config.vocab_size)
