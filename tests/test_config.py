@@ -99,7 +99,7 @@ def test_causal_inputs_true_from_the_command_line_is_the_word():
 def test_unknown_key_is_named():
     with pytest.raises(UserError, match="unknown model setting.*dmodel"):
         ModelConfig.from_dict({"dmodel": 3})
-    with pytest.raises(UserError, match="unknown loss setting.*headloss; valid settings are answers_after, causal_draft"):
+    with pytest.raises(UserError, match="unknown loss setting.*headloss; valid settings are answers_after, "):
         LossConfig.from_dict({"headloss": "ce"})
 
 
