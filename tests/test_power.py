@@ -961,9 +961,16 @@ MUTATIONS = [
     Mutation(
         "training ignores the head weight schedule",
         "MTPLitModule.training_step",
-        "out = mtp_loss(self.model, batch, self.loss, trunk=self.trunk_cache, weights=weights)",
-        "out = mtp_loss(self.model, batch, self.loss, trunk=self.trunk_cache)",
+        "trunk=self.trunk_cache, weights=weights, answers=",
+        "trunk=self.trunk_cache, answers=",
         ("tests/test_train.py::test_training_follows_the_head_weight_schedule_and_distils",),
+    ),
+    Mutation(
+        "training scores every token under loss.answers_after",
+        "MTPLitModule.training_step",
+        "weights=weights, answers=self.answer_tokens)",
+        "weights=weights)",
+        ("tests/test_train.py::test_training_and_validation_score_only_the_answers",),
     ),
     Mutation(
         "online updates train head 1's unembedding too",

@@ -6,6 +6,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import compose_train
 from hydra.utils import instantiate
 from lightning.pytorch.accelerators import CPUAccelerator
@@ -19,10 +20,12 @@ from mtp.checkpoint.format import read_checkpoint
 from mtp.checkpoint.load import load_checkpoint
 from mtp.checkpoint.save import AtomicCheckpointIO
 from mtp.config import LossConfig, ModelConfig
+from mtp.data.tokenizer import byte_tokenizer
 from mtp.errors import UserError
 from mtp.model import MTPModel
+from mtp.model.transformer import IGNORE
 from mtp.training.lit import MTPLitModule
-from mtp.training.loss import split_window
+from mtp.training.loss import answer_targets, mtp_loss, split_window
 from mtp.training.optim import OptimConfig, parameter_groups, warmup_cosine
 from mtp.training.train import instantiate_group, metric_order, train
 
@@ -212,6 +215,37 @@ def validate(module: MTPLitModule, batches: list[torch.Tensor]) -> dict[str, flo
     )
     (metrics,) = trainer.validate(module, dataloaders=DataLoader(batches, batch_size=None), verbose=False)
     return metrics
+
+
+def test_training_and_validation_score_only_the_answers():
+    """With loss.answers_after, a training step's loss and validation's are the answers' alone (marker 5, end 9)."""
+    module = tiny_module(n_future=2)
+    module.loss.answers_after = "="
+    module.answer_token_ids = lambda tokenizer: (5, 9)  # what setup resolves from the data's tokenizer
+    module.answer_tokens = (5, 9)
+    batch = torch.randint(10, 64, (2, 20))
+    batch[:, 3], batch[:, 9], batch[:, 12] = 5, 9, 5
+    module.log = lambda *args, **kwargs: None  # outside a Trainer
+    answers = mtp_loss(module.model, batch, module.loss, answers=(5, 9)).total
+    assert module.training_step(batch, 0).item() == pytest.approx(answers.item(), rel=1e-6)
+    assert answers.item() != pytest.approx(mtp_loss(module.model, batch, module.loss).total.item(), rel=1e-3)
+    del module.log
+    metrics = validate(module, [batch])
+    inputs, targets = split_window(batch, 2)
+    kept = answer_targets(batch, targets, 5, 9)[0]
+    with torch.no_grad():
+        logits = module.model(inputs)[0]
+    expected = F.cross_entropy(logits[kept != IGNORE], kept[kept != IGNORE])
+    assert metrics["val/loss_head1"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_answers_after_resolves_to_one_token_of_the_datas_tokenizer():
+    module = tiny_module(n_future=1)
+    module.loss.answers_after = "="
+    assert module.answer_token_ids(byte_tokenizer()) == (ord("="), 256)
+    module.loss.answers_after = "=="
+    with pytest.raises(UserError, match=r"^loss.answers_after='==' is 2 tokens of the data's tokenizer"):
+        module.answer_token_ids(byte_tokenizer())
 
 
 def test_validation_perplexity_is_exp_of_the_token_weighted_head1_loss():

@@ -153,7 +153,9 @@ class MTPLitModule(L.LightningModule):
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         weights = self.head_weights()
-        out = mtp_loss(self.model, batch, self.loss, self.trunk_cache, weights, self.answer_tokens)
+        out = mtp_loss(
+            self.model, batch, self.loss, trunk=self.trunk_cache, weights=weights, answers=self.answer_tokens
+        )
         self.log("train/loss", out.total, prog_bar=True)
         for k in out.heads:  # a head with nothing to train is not computed (a frozen head 1: see trained_heads)
             self.log(f"train/loss_head{k}", out.per_head[k - 1])
