@@ -968,8 +968,8 @@ MUTATIONS = [
     Mutation(
         "training scores every token under loss.answers_after",
         "MTPLitModule.training_step",
-        "weights=weights, answers=self.answer_tokens)",
-        "weights=weights)",
+        "weights=weights, answers=self.answer_tokens",
+        "weights=weights",
         ("tests/test_train.py::test_training_and_validation_score_only_the_answers",),
     ),
     Mutation(
