@@ -961,8 +961,8 @@ MUTATIONS = [
     Mutation(
         "training ignores the head weight schedule",
         "MTPLitModule.training_step",
-        "out = mtp_loss(self.model, batch, self.loss, trunk=self.trunk_cache, weights=weights)",
-        "out = mtp_loss(self.model, batch, self.loss, trunk=self.trunk_cache)",
+        "out = mtp_loss(self.model, batch, self.loss, self.trunk_cache, weights, self.answer_tokens)",
+        "out = mtp_loss(self.model, batch, self.loss, self.trunk_cache, None, self.answer_tokens)",
         ("tests/test_train.py::test_training_follows_the_head_weight_schedule_and_distils",),
     ),
     Mutation(
