@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mtp.checkpoint.format import read_checkpoint
-from mtp.commands.methods import layer_skip
+from mtp.decode.methods import layer_skip
 from mtp.decode.settings import Drafted, HeadsSettings
 from mtp.errors import UserError
 
