@@ -102,12 +102,14 @@ def add_bench_flags(parser: argparse.ArgumentParser, method: type[DecodingMethod
 def bench_settings_of(args: argparse.Namespace, method: type[DecodingMethod]) -> object:
     """A method's settings from bench_decode's flags (checked by its settings class): those of :data:`BENCH_FLAGS`
     by their fields' names (layer skip's sets are the sweep's, and its settings hold auto where a set is searched,
-    since the search's flags need one, else the first set), any other's from the flags its settings made."""
+    since the search's flags need one, else the first set, and none where --methods has no layerskip), any other's
+    from the flags its settings made."""
     if method.name not in BENCH_FLAGS:
         return settings_from(args, method.settings)
     values = {f.name: getattr(args, f.name) for f in fields(method.settings) if hasattr(args, f.name)}
     if method.name == "layerskip":
-        values["skip_layers"] = "auto" if "auto" in args.skip_layers else args.skip_layers[0]
+        sets = args.skip_layers if method.name in args.methods else [None]
+        values["skip_layers"] = "auto" if "auto" in sets else sets[0]
     with settings_named_by_flags():
         return method.settings(**values)
 
