@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from mtp.checkpoint.format import read_checkpoint
-from mtp.commands.methods import layer_skip
-from mtp.decode.settings import Drafted, HeadsSettings
+from mtp.decode.methods import layer_skip
+from mtp.decode.settings import Drafted, GenerationConfig, HeadsSettings
 from mtp.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -440,7 +440,7 @@ def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeyp
     )
     loaded = bench.load_checkpoint(args.checkpoint, bench.pick_device("cpu"), "float32")
     variants = bench.method_configs(
-        args, loaded, Drafted.of(bench.GenerationConfig(8), heads=HeadsSettings(heads=4)), "greedy"
+        args, loaded, Drafted.of(GenerationConfig(8), heads=HeadsSettings(heads=4)), "greedy"
     )
     params = [drafter.params() for method, _, drafter in variants if method == "layerskip"]
     assert [p.get("search") for p in params] == ["blocks", "sublayers", None] and params[2]["skip"] == "3a"
@@ -449,6 +449,8 @@ def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeyp
         bench.checked_args(
             [str(tiny_checkpoints["mtp4"]), "--methods", "layerskip", "--skip-layers", "3a", "--skip-sublayers"]
         )
+    with pytest.raises(UserError, match="--skip-sublayers chooses how --skip-layers auto searches"):
+        bench.checked_args([str(tiny_checkpoints["mtp4"]), "--skip-sublayers"])  # no layerskip rows to search for
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
-"""A drafting method is one object: a method defined here, in the test file alone, gets decode's flags (and their
-errors), a decode run whose greedy output equals autoregressive decoding's, and a bench_decode row, without any
-change to the package; so does a variant of the heads' own drafting (a benchmark row)."""
+"""A decoding method is one object in the decode layer's registry (:mod:`mtp.decode.methods`): a method defined here,
+in the test file alone, gets decode's flags (and their errors), a decode run whose greedy output equals autoregressive
+decoding's, and a bench_decode row, without any change to the package; so does a variant of the heads' own drafting
+(a benchmark row)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mtp.checkpoint.load import load_checkpoint
 from mtp.commands import bench_decode, decode
-from mtp.commands.methods import REGISTRY, DraftingMethod, Target, register, unregister
-from mtp.commands.methods.heads import HeadsVariant, register_variant, unregister_variant
+from mtp.decode import GenerationConfig, generate
+from mtp.decode.methods import REGISTRY, BenchRow, DecodingMethod, Target, register, unregister
+from mtp.decode.methods.heads import Heads, HeadsBench
 from mtp.decode.proposal import Proposal, Proposer
+from mtp.decode.settings import Drafted
 from mtp.errors import SettingError, UserError
 
 
@@ -59,7 +63,7 @@ class RepeatSettings:
             raise SettingError("{repeat_last} must be at least 1.", repeat_last=self.repeat_last)
 
 
-class Repeat(DraftingMethod):
+class Repeat(DecodingMethod):
     """Repeat drafts each row's last token again."""
 
     name = "repeat"
@@ -106,6 +110,16 @@ def test_a_method_of_a_test_file_gets_flags_a_decode_run_and_a_benchmark_row(
     assert row["identical_outputs"] == row["prompts"] == 2
     assert "repeat (gamma 4, times 3)" in (bench / "results.md").read_text()
 
+    # the registry alone, without the commands: its proposer keeps greedy decoding's tokens
+    loaded = load_checkpoint(tiny_checkpoints["mtp4"], torch.device("cpu"))
+    prompts = [[1, 2, 3, 1, 2], [5, 6, 7]]
+    plan = Drafted.of(GenerationConfig(max_new_tokens=10), gamma=3)
+    drafter = REGISTRY["repeat"](RepeatSettings(repeat_last=2)).drafter(Target(loaded, plan, torch.device("cpu")))
+    assert drafter.gamma == 3
+    reference, _ = generate(loaded.model, prompts, GenerationConfig(max_new_tokens=10))
+    outputs, stats = generate(loaded.model, prompts, GenerationConfig(max_new_tokens=10), drafter)
+    assert outputs == reference and stats.method == "repeat"
+
 
 def test_a_methods_bad_settings_are_one_sentence_naming_its_flag(repeat_method, tiny_checkpoints, capsys):
     checkpoint = str(tiny_checkpoints["mtp4"])
@@ -142,39 +156,31 @@ def test_a_method_whose_name_or_flags_clash_is_refused(repeat_method):
 
     with pytest.raises(ValueError, match="prompt_lookup are lookup's flags already"):
         clash = {"name": "clash", "settings": Clashing, "selected_by": "prompt_lookup"}
-        register(type("Clash", (DraftingMethod,), clash))
+        register(type("Clash", (DecodingMethod,), clash))
     assert "clash" not in REGISTRY
 
 
 def test_every_built_in_method_is_registered_and_answers_for_its_benchmark_entries():
-    assert list(REGISTRY) == ["draft", "layerskip", "lookup"]
+    assert list(REGISTRY) == ["heads", "draft", "layerskip", "lookup"]
     assert bench_decode.methods() == (
         "chain", "tree", "typical", "adaptive", "spectr", "draft", "hybrid", "staged", "layerskip", "lookup",
         "lookup+heads",
     )  # fmt: skip
     parser = decode.build_parser()
     args = parser.parse_args(["x.ckpt", "--skip-layers", "1"])
-    assert isinstance(args, argparse.Namespace) and [m.name for m in REGISTRY.values() if m.selected(args)] == [
-        "layerskip"
-    ]
+    assert isinstance(args, argparse.Namespace) and [m.name for m in decode.chosen_methods(args)] == ["layerskip"]
 
 
-class FirstDraftOnly(HeadsVariant):
+def first_draft_only(bench: HeadsBench) -> list[BenchRow]:
     """The heads' chain cut to its first draft: a variant of the heads' drafting defined in this file alone."""
-
-    name = "first-draft"
-    markers = {"first-draft": "8"}
-
-    @classmethod
-    def rows(cls, chain, mode, args, trees):
-        return [(cls.name, replace(chain, heads=2), None)]
+    return [BenchRow("first-draft", replace(bench.chain, heads=2), None)]
 
 
 @pytest.fixture
 def first_draft_variant():
-    register_variant(FirstDraftOnly)
-    yield FirstDraftOnly
-    unregister_variant(FirstDraftOnly.name)
+    Heads.add_variant("first-draft", first_draft_only)
+    yield first_draft_only
+    Heads.remove_variant("first-draft")
 
 
 def test_a_variant_of_the_heads_drafting_from_a_test_file_gets_a_benchmark_row(

@@ -1656,9 +1656,9 @@ MUTATIONS = [
     ),
     Mutation(
         "typical acceptance benchmarked greedy too (where it is the chain's rule, not typical)",
-        "Typical.rows",
-        '        if mode != "sampling":',
-        "        if False:",
+        "typical_rows",
+        '    if bench.mode != "sampling":',
+        "    if False:",
         ("tests/test_decode_scripts.py::test_bench_decode_writes_results",),
     ),
     Mutation(
@@ -1685,7 +1685,7 @@ MUTATIONS = [
     ),
     Mutation(
         "a registered method's proposer drafts without the --gamma asked for",
-        "DraftingMethod.drafter",
+        "DecodingMethod.drafter",
         "        return self.proposer(target).with_gamma(target.config.gamma)",
         "        return self.proposer(target)",
         ("tests/test_methods.py::test_a_method_of_a_test_file_gets_flags_a_decode_run_and_a_benchmark_row",),

@@ -23,6 +23,8 @@ from mtp.benchmarks.humaneval import WEAKER_SANDBOX_FLAG, HumanEvalScorer, sandb
 from mtp.benchmarks.llama_cpp import LlamaCppPeer, llama_cpp_peer, llama_cpp_table
 from mtp.benchmarks.report import (
     CHAIN,
+    GAMMA_SERIES,
+    MARKERS,
     captured_summary,
     decode_table,
     exactness_entries,
@@ -126,13 +128,13 @@ def check_peer_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 @dataclass
 class RowLabels:
-    """What the methods (registered above the benchmarks) say of their rows, by the rows' labels."""
+    """What the benchmark says and shows of the methods' rows, by the rows' labels."""
 
     predicted: set[str] = field(default_factory=set)
-    """Labels whose rows carry Leviathan et al.'s predicted speed-up (a draft model's)."""
-    markers: dict[str, str] = field(default_factory=dict)
+    """Labels whose rows carry Leviathan et al.'s predicted speed-up (a draft model's: the methods say which)."""
+    markers: dict[str, str] = field(default_factory=lambda: dict(MARKERS))
     """The plot's matplotlib marker of each label."""
-    series: dict[str, str] = field(default_factory=dict)
+    series: dict[str, str] = field(default_factory=lambda: dict(GAMMA_SERIES))
     """Labels drawn as lines over gamma in the plot, with their legend text."""
 
 

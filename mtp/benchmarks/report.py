@@ -8,9 +8,27 @@ from pathlib import Path
 from typing import Any
 
 from mtp.benchmarks.cli import fitted_title, require_plotting
+from mtp.decode.methods.heads import CHAIN
+from mtp.decode.tree_fit import FASTEST
 
-CHAIN = "chain"
-"""The method of the heads' chain rows: every benchmark's baseline (k = 1, autoregressive) and its line in the plot."""
+MARKERS = {
+    "tree": "*",
+    f"{FASTEST} tree": "p",
+    f"{FASTEST} tree: the chain": "p",
+    "typical": "x",
+    "adaptive": "s",
+    "spectr": "h",
+    "draft": "D",
+    "draft spectr": "H",
+    "hybrid": "d",
+    "staged": ">",
+    "layerskip": "^",
+    "lookup": "v",
+    "lookup+heads": "P",
+}
+"""The decoding plot's matplotlib marker of each built-in method's rows, by label (a label without one gets a spare)."""
+GAMMA_SERIES = {"draft": "draft model"}
+"""Row labels plotted as a line over gamma (one per drafts-per-step setting), each with its legend text."""
 MIB = 2**20
 
 

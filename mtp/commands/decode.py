@@ -24,7 +24,7 @@ prints one JSON line per prompt instead (its other keys, the completion, and the
 draft heads from the positions where their drafts were rejected after every N prompts (mtp.pretrained.online; head 1
 unchanged, so the output is what it would be without), and a last line on stderr compares the stream's halves.
 
-The drafting methods (mtp.commands.methods: --draft, --skip-layers, --prompt-lookup, and any method registered
+The drafting methods (mtp.decode.methods: --draft, --skip-layers, --prompt-lookup, and any method registered
 there) replace the heads' drafts: each step verifies up to --gamma drafts from a draft model, from this model with
 some blocks or sublayers skipped, or from the continuation of an earlier match of the last tokens. With
 --self-speculative a draft model's or layer skip's chain is verified beside the heads' (a hybrid step).
@@ -54,10 +54,10 @@ from mtp.commands.cli import (
     settings_from,
     settings_named_by_flags,
 )
-from mtp.commands.methods import REGISTRY, Target
-from mtp.commands.methods.base import DrafterSettings, chosen_methods, method_flags
+from mtp.commands.methods import add_method_flags, chosen_methods, flag, method_flags
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode.loop import generate
+from mtp.decode.methods import DrafterSettings, Target, drafters
 from mtp.decode.proposal import Proposer
 from mtp.decode.settings import Drafted
 from mtp.decode.tree import DraftTree, read_tree
@@ -120,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"nodes of a tree fitted by --tree auto, or {FASTEST}: the size of 1 to {FASTEST_SIZES[-1]} nodes whose "
         "steps, timed here, give the most expected tokens per second (default)",
     )
-    for method in REGISTRY.values():  # who drafts instead of the heads: each method's own flags
-        method.add_flags(parser)
+    for method in drafters():  # who drafts instead of the heads: each method's own flags
+        add_method_flags(parser, method)
     parser.add_argument("--compare", action="store_true", help="also decode autoregressively and report the speed-up")
     online = parser.add_argument_group("online updates of the draft heads (with --prompts and --self-speculative)")
     add_settings(online, OnlineSettings, notes={"online": "default: no updates"}, online=None)
@@ -167,17 +167,17 @@ def check_drafting_flags(args: argparse.Namespace) -> None:
     and a drafter's chains combine with the heads' only where the method drafts beside them (the decoding plan
     checks --gamma against the heads' settings; --gamma's floor of 1 with a drafter is checked here)."""
     chosen = chosen_methods(args)
-    for method in REGISTRY.values():
-        method.check(args, method in chosen)
+    for method in drafters():  # each method's settings check themselves, chosen or not
+        settings_from(args, method.settings)
     if not chosen:
         return
     require_at_least(args, 1, "gamma")
     if args.tree is not None:
         raise UserError(f"{method_flags()} draft chains, not a --tree of the heads; drop --tree.")
     if args.self_speculative and not chosen[0].beside_heads:
-        hybrids = " or ".join(m.flag() for m in REGISTRY.values() if m.beside_heads)
+        hybrids = " or ".join(flag(m) for m in drafters() if m.beside_heads)
         raise UserError(
-            f"{chosen[0].flag()} drafts without the heads, which does not combine with the heads' drafts; drop "
+            f"{flag(chosen[0])} drafts without the heads, which does not combine with the heads' drafts; drop "
             f"--self-speculative (a hybrid step takes {hybrids})."
         )
 
@@ -188,7 +188,7 @@ def pick_drafter(args: argparse.Namespace, loaded, config: Drafted, device) -> P
     if not chosen:
         return None
     target = Target(loaded, config, device, args.dtype, args.compile)
-    return chosen[0](args).drafter(target)
+    return chosen[0](settings_from(args, chosen[0].settings)).drafter(target)
 
 
 def read_prompts(path: Path) -> list[dict]:

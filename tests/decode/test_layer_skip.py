@@ -2,15 +2,14 @@
 compute with those sublayers skipped; greedy output equals autoregressive output and sampling stays lossless; the
 flags' sets parse or are refused in one sentence; the searches choose the same set twice and keep to their budgets."""
 
-import argparse
-
 import pytest
 import torch
 
-from mtp.commands.methods import layer_skip as drafter_setup
+from mtp.commands.cli import settings_named_by_flags
 from mtp.decode import GenerationConfig, generate
 from mtp.decode import skip_search as skip_search_module
 from mtp.decode.inference import InferenceModel, skip_label, sublayers_of
+from mtp.decode.methods import layer_skip as drafter_setup
 from mtp.decode.proposers import layer_skip_drafter
 from mtp.decode.settings import Drafted, DraftSettings, HeadsSettings
 from mtp.decode.skip_search import DraftCosts, Trials, search_blocks, search_sublayers
@@ -149,26 +148,27 @@ def test_bad_skip_sets_are_one_sentence(text, message):
         drafter_setup.parse_skip_layers(text, tiny_model())
 
 
-def search_flags(**given) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    drafter_setup.add_skip_search_flags(parser)
-    return argparse.Namespace(**{**vars(parser.parse_args([])), **given})
+def search_settings(**given) -> drafter_setup.LayerSkipSettings:
+    with settings_named_by_flags():
+        return drafter_setup.LayerSkipSettings(**given)
 
 
-def test_bad_search_flags_are_one_sentence(monkeypatch):
+def test_bad_search_settings_are_one_sentence_naming_their_flags(monkeypatch):
     with pytest.raises(UserError, match="--skip-sublayers chooses how --skip-layers auto searches; add --skip-layers"):
-        drafter_setup.check_skip_search_flags(search_flags(skip_sublayers=True), ["1,2"])
+        search_settings(skip_layers="1,2", skip_sublayers=True)
+    with pytest.raises(UserError, match="--skip-sublayers chooses how --skip-layers auto searches"):
+        search_settings(skip_sublayers=True)  # no set at all
     with pytest.raises(UserError, match="--search-trials 0 must be at least 1."):
-        drafter_setup.check_skip_search_flags(search_flags(search_trials=0), ["auto"])
+        search_settings(skip_layers="auto", search_trials=0)
     with pytest.raises(UserError, match="--search-seconds 0 must be above 0."):
-        drafter_setup.check_skip_search_flags(search_flags(search_seconds=0.0), ["auto"])
+        search_settings(skip_layers="auto", search_seconds=0.0)
     found = drafter_setup.importlib.util.find_spec
     monkeypatch.setattr(
         drafter_setup.importlib.util, "find_spec", lambda name, *a: None if name == "optuna" else found(name, *a)
     )
     with pytest.raises(UserError, match=r"Optuna, which is not installed; .*pip install -e '\.\[search\]'\."):
-        drafter_setup.check_skip_search_flags(search_flags(skip_sublayers=True), ["auto"])
-    drafter_setup.check_skip_search_flags(search_flags(), ["auto"])  # the block search needs no extra
+        search_settings(skip_layers="auto", skip_sublayers=True)
+    search_settings(skip_layers="auto")  # the block search needs no extra
 
 
 # -- the searches

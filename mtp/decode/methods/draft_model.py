@@ -4,22 +4,17 @@ speculatively (staged: its own drafts from prompt lookup or from its heads), and
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 import torch
 
-from mtp.benchmarks.cli import int_list
 from mtp.checkpoint.load import LoadedCheckpoint, load_checkpoint
-from mtp.commands.cli import add_settings
-from mtp.commands.methods.base import BenchRow, DraftingMethod, Target, register
+from mtp.decode.methods.base import BenchRow, DecodingMethod, Sweep, Target, register
 from mtp.decode.proposal import DEFAULT_GAMMA, Proposer
 from mtp.decode.proposers import StagedDrafter, draft_model_drafter, staged_drafter
-from mtp.decode.settings import Drafted
-from mtp.errors import UserError
+from mtp.errors import SettingError, UserError
 
 
 def load_draft(path: Path, target: LoadedCheckpoint, device: torch.device, dtype: str) -> LoadedCheckpoint:
@@ -44,8 +39,8 @@ def load_draft(path: Path, target: LoadedCheckpoint, device: torch.device, dtype
 def staged_draft(
     path: Path, draft: LoadedCheckpoint, inner: str, compile: bool = False, gamma: int = DEFAULT_GAMMA
 ) -> StagedDrafter:
-    """The staged drafter of --draft ``path`` --staged ``inner``: the draft model's own drafts from prompt lookup or
-    from its heads, which it must have."""
+    """The staged drafter of the draft ``path`` staged with ``inner``: the draft model's own drafts from prompt lookup
+    or from its heads, which it must have."""
     if inner == "heads" and draft.config.n_future < 2:
         raise UserError(
             f"--staged heads drafts with the draft model's own heads, and --draft {path} has one; train the draft with "
@@ -62,59 +57,53 @@ class DraftModelSettings:
     """Decode the draft model speculatively too, its own drafts from prompt lookup or from its heads (a draft trained
     as mtp2 or mtp4)."""
 
+    def __post_init__(self) -> None:
+        if self.staged is not None and self.draft is None:
+            raise SettingError(
+                "{staged:name} decodes a draft model speculatively; give it with {draft:name} DRAFT.ckpt.",
+                staged=self.staged,
+                draft=self.draft,
+            )
+
 
 @register
-class DraftModel(DraftingMethod):
+class DraftModel(DecodingMethod):
     """A draft model drafts gamma tokens a step (Leviathan et al. 2023), staged or beside the heads."""
 
     name = "draft"
     settings = DraftModelSettings
     selected_by = "draft"
     beside_heads = True
-    bench_names = ("draft", "hybrid", "staged")
-    markers = {"draft": "D", "draft spectr": "H", "hybrid": "d", "staged": ">"}
-    gamma_series = {"draft": "draft model"}
+    labels = ("draft", "hybrid", "staged")
     predicted = ("draft",)
 
-    @classmethod
-    def add_flags(cls, parser: argparse.ArgumentParser, bench: bool = False) -> None:
-        if not bench:
-            return super().add_flags(parser)
-        group = parser.add_argument_group("draft, hybrid and staged: a draft model")
-        add_settings(group, DraftModelSettings, notes={"staged": "for staged (default: lookup)"})
-        group.add_argument("--gammas", type=int_list, default=list(range(1, 9)), help="for draft: drafts per step")
-
-    @classmethod
-    def check(cls, args: argparse.Namespace, chosen: bool) -> None:
-        if args.staged is not None and args.draft is None:
-            raise UserError("--staged decodes a draft model speculatively; give it with --draft DRAFT.ckpt.")
-
     def proposer(self, target: Target) -> Proposer:
-        draft = load_draft(self.args.draft, target.loaded, target.device, target.dtype)
-        if self.args.staged is not None:
-            return staged_draft(self.args.draft, draft, self.args.staged, target.compile)
+        options = self.options
+        draft = load_draft(options.draft, target.loaded, target.device, target.dtype)
+        if options.staged is not None:
+            return staged_draft(options.draft, draft, options.staged, target.compile)
         return draft_model_drafter(draft.model, target.compile)
 
-    def bench_gamma(self) -> int:
-        return max(self.args.gammas)
+    def most_drafts(self, gamma: int, sweep: Sweep) -> int:
+        return max(sweep.gammas)
 
-    def bench_rows(self, target: Target, methods: list[str], drafted: Callable[[int], Drafted]) -> list[BenchRow]:
-        args = self.args
-        draft = load_draft(args.draft, target.loaded, target.device, args.dtype)
-        model = draft_model_drafter(draft.model, args.compile)
+    def rows(self, target: Target, mode: str, labels: list[str], sweep: Sweep) -> list[BenchRow]:
+        options, gamma = self.options, target.config.gamma
+        draft = load_draft(options.draft, target.loaded, target.device, target.dtype)
+        model = draft_model_drafter(draft.model, target.compile)
         rows: list[BenchRow] = []
-        if "draft" in methods:
-            rows += [("draft", drafted(g), model.with_gamma(g)) for g in args.gammas]
-            if "spectr" in methods:  # k draft sequences a step, SpecTr's rule
-                spectr = replace(drafted(args.gamma), acceptance="spectr")
+        if "draft" in labels:
+            rows += [BenchRow("draft", target.drafting(g), model.with_gamma(g)) for g in sweep.gammas]
+            if "spectr" in labels:  # k draft sequences a step, SpecTr's rule
+                spectr = replace(target.drafting(gamma), acceptance="spectr")
                 rows += [
-                    ("draft spectr", replace(spectr, drafts_per_step=k), model.with_gamma(args.gamma))
-                    for k in args.sequences
+                    BenchRow("draft spectr", replace(spectr, drafts_per_step=k), model.with_gamma(gamma))
+                    for k in sweep.sequences
                 ]
-        if "hybrid" in methods:  # the draft model's chain and the heads' chain, one tree
-            rows.append(("hybrid", target.config, model.with_gamma(args.gamma)))
-        if "staged" in methods:
-            inner = args.staged or "lookup"
-            staged = staged_draft(args.draft, draft, inner, args.compile, args.gamma)
-            rows.append(("staged", drafted(args.gamma), staged))
+        if "hybrid" in labels:  # the draft model's chain and the heads' chain, one tree
+            rows.append(BenchRow("hybrid", target.config, model.with_gamma(gamma)))
+        if "staged" in labels:
+            inner = options.staged or "lookup"
+            staged = staged_draft(options.draft, draft, inner, target.compile, gamma)
+            rows.append(BenchRow("staged", target.drafting(gamma), staged))
         return rows

@@ -3,23 +3,20 @@ their attention and MLP sublayers, skipped; the set is given, or searched for on
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from mtp.checkpoint.load import LoadedCheckpoint
-from mtp.commands.cli import add_settings, require_at_least
-from mtp.commands.methods.base import BenchRow, DraftingMethod, Target, register
 from mtp.data.prompts import prompts_beyond_the_benchmarks
 from mtp.decode.inference import ATTENTION, FEED_FORWARD, Sublayer, sublayers_of
+from mtp.decode.methods.base import BenchRow, DecodingMethod, Sweep, Target, register, to_stderr
 from mtp.decode.proposal import Proposer
 from mtp.decode.proposers import ModelDrafter, layer_skip_drafter
 from mtp.decode.settings import Drafted
 from mtp.decode.skip_search import SearchResult, Trials, measure_costs, search_blocks, search_sublayers
-from mtp.errors import UserError
+from mtp.errors import SettingError, UserError
 from mtp.model import MTPModel
 
 SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS, SEARCH_NEW_TOKENS = 4, 64, 32
@@ -29,32 +26,6 @@ SEARCH_TRIALS, SEARCH_SECONDS = 30, 600.0
 n (n + 1) / 2 sets does), and the time after which neither search starts another trial or round."""
 SKIP_PART = re.compile(rf"(\d+)([{ATTENTION}{FEED_FORWARD}]?)")
 """One item of a --skip-layers set: a block (7), its attention (3a) or its MLP (5m)."""
-
-
-def add_skip_search_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of --skip-layers auto's search (bench_decode's; decode has them among the method's settings)."""
-    search = parser.add_argument_group("--skip-layers auto: the skip set's search")
-    add_settings(search, LayerSkipSettings, ("skip_sublayers", "search_trials", "search_seconds"))
-
-
-def check_skip_search_flags(args: argparse.Namespace, skip_layers: list[str | None]) -> None:
-    """--skip-sublayers and its budget, before anything is loaded: it needs auto among ``skip_layers`` (the
-    --skip-layers values given) and the search extra."""
-    require_at_least(args, 1, "search_trials")
-    if args.search_seconds <= 0:
-        raise UserError(f"--search-seconds {args.search_seconds:g} must be above 0.")
-    if not args.skip_sublayers:
-        return
-    if "auto" not in skip_layers:
-        raise UserError(
-            "--skip-sublayers chooses how --skip-layers auto searches; add --skip-layers auto (a set such as 3a,5m "
-            "names sublayers itself)."
-        )
-    if importlib.util.find_spec("optuna") is None:
-        raise UserError(
-            "--skip-sublayers searches with Optuna, which is not installed; install the search extra: "
-            "pip install -e '.[search]'."
-        )
 
 
 def parse_skip_layers(text: str, model: MTPModel) -> frozenset[Sublayer]:
@@ -123,21 +94,19 @@ def skip_layers_drafter(
     sublayers: bool = False,
     trials: int = SEARCH_TRIALS,
     seconds: float = SEARCH_SECONDS,
+    log: Callable[[str], None] = to_stderr,
 ) -> ModelDrafter:
     """The layer-skip drafter of --skip-layers ``spec``, drafting ``config.gamma`` a step: a set of blocks and
     sublayers, or auto (searched for with ``config``'s settings on held-out prompts of the checkpoint's validation
-    split, over sublayers with ``sublayers``; the search's progress on stderr)."""
+    split, over sublayers with ``sublayers``; the search's progress and choice to ``log``)."""
     if spec != "auto":
         return layer_skip_drafter(loaded.model, parse_skip_layers(spec, loaded.model), compile, gamma=config.gamma)
     prompts = prompts_beyond_the_benchmarks(loaded, SEARCH_PROMPTS, SEARCH_PROMPT_TOKENS)
-    found = search_skip_layers(
-        loaded.model, prompts, config, sublayers, trials, seconds, log=lambda line: print(line, file=sys.stderr)
-    )
+    found = search_skip_layers(loaded.model, prompts, config, sublayers, trials, seconds, log)
     search = "sublayers" if sublayers else "blocks"
-    print(
+    log(
         f"note: skip-layers search ({search}, {found.evaluated} sets decoded): skipping {found.label}, acceptance "
-        f"{found.trial.acceptance:.2f}, {found.ms_per_token:.3f} ms/token",
-        file=sys.stderr,
+        f"{found.trial.acceptance:.2f}, {found.ms_per_token:.3f} ms/token"
     )
     return layer_skip_drafter(loaded.model, found.skip, compile, {"search": search}, config.gamma)
 
@@ -156,49 +125,54 @@ class LayerSkipSettings:
     search_seconds: float = SEARCH_SECONDS
     """No trial (sublayer search) or round (block search) starts after this many seconds."""
 
+    def __post_init__(self) -> None:
+        """The search's budget, and --skip-sublayers only with a search (auto) and the search extra."""
+        if self.search_trials < 1:
+            raise SettingError("{search_trials} must be at least 1.", search_trials=self.search_trials)
+        if self.search_seconds <= 0:
+            raise SettingError("{search_seconds} must be above 0.", search_seconds=self.search_seconds)
+        if not self.skip_sublayers:
+            return
+        if self.skip_layers != "auto":
+            raise SettingError(
+                "{skip_sublayers:name} chooses how {skip_layers:auto} searches; add {skip_layers:auto} (a set such as "
+                "3a,5m names sublayers itself).",
+                skip_sublayers=True,
+                skip_layers=self.skip_layers,
+            )
+        if importlib.util.find_spec("optuna") is None:
+            raise SettingError(
+                "{skip_sublayers:name} searches with Optuna, which is not installed; install the search extra: "
+                "pip install -e '.[search]'.",
+                skip_sublayers=True,
+            )
+
 
 @register
-class LayerSkip(DraftingMethod):
+class LayerSkip(DecodingMethod):
     """The target itself drafts with some blocks or sublayers of head 1's path skipped (Draft & Verify)."""
 
     name = "layerskip"
-    markers = {"layerskip": "^"}
     settings = LayerSkipSettings
     selected_by = "skip_layers"
     beside_heads = True
 
-    @classmethod
-    def add_flags(cls, parser: argparse.ArgumentParser, bench: bool = False) -> None:
-        if not bench:
-            return super().add_flags(parser)
-        parser.add_argument(
-            "--skip-layers",
-            nargs="+",
-            default=["auto"],
-            help="for layerskip: sets to skip, a row each: blocks (2,4,5), sublayers (3a,5m: attention, MLP), or "
-            "auto: searched per mode (with --skip-sublayers, a row for the block search and one for the sublayer "
-            "search)",
-        )
-        add_skip_search_flags(parser)
-
-    @classmethod
-    def check(cls, args: argparse.Namespace, chosen: bool) -> None:
-        skip_layers = args.skip_layers if isinstance(args.skip_layers, list) else [args.skip_layers]
-        check_skip_search_flags(args, skip_layers if chosen else [])
-
     def proposer(self, target: Target) -> Proposer:
-        args = self.args
+        options = self.options
         return skip_layers_drafter(
-            args.skip_layers, target.loaded, target.config, target.compile, args.skip_sublayers, args.search_trials,
-            args.search_seconds,
+            options.skip_layers, target.loaded, target.config, target.compile, options.skip_sublayers,
+            options.search_trials, options.search_seconds, target.log,
         )  # fmt: skip
 
-    def bench_rows(self, target: Target, methods: list[str], drafted: Callable[[int], Drafted]) -> list[BenchRow]:
-        args, config, rows = self.args, drafted(self.args.gamma), []
-        for spec in args.skip_layers:
-            for sublayers in (False, True) if spec == "auto" and args.skip_sublayers else (False,):
+    def rows(self, target: Target, mode: str, labels: list[str], sweep: Sweep) -> list[BenchRow]:
+        """A row per set of the sweep's; an auto set searched over blocks, and with skip_sublayers over sublayers too
+        (a row each)."""
+        options, config, rows = self.options, target.drafting(target.config.gamma), []
+        for spec in sweep.skip_layers:
+            for sublayers in (False, True) if spec == "auto" and options.skip_sublayers else (False,):
                 drafter = skip_layers_drafter(
-                    spec, target.loaded, config, args.compile, sublayers, args.search_trials, args.search_seconds
-                )
-                rows.append((self.name, config, drafter))
+                    spec, target.loaded, config, target.compile, sublayers, options.search_trials,
+                    options.search_seconds, target.log,
+                )  # fmt: skip
+                rows.append(BenchRow(self.name, config, drafter))
         return rows

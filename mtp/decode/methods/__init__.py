@@ -1,0 +1,34 @@
+"""The decoding methods, one module each in this folder, registered by name (:mod:`.base`): the target's heads (and
+their variants), a draft model, layer skip, prompt lookup. Every module here is imported with the package, so a new
+method is one new module: a :class:`~mtp.decode.methods.base.DecodingMethod` subclass with ``@register`` gets the
+decoding commands' flags and the benchmark's rows (a test file may register one the same way)."""
+
+import importlib
+import pkgutil
+
+from mtp.decode.methods.base import (
+    REGISTRY,
+    BenchRow,
+    DecodingMethod,
+    DrafterSettings,
+    Sweep,
+    Target,
+    drafters,
+    register,
+    unregister,
+)
+
+for _module in ("heads", *sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in ("base", "heads"))):
+    importlib.import_module(f"{__name__}.{_module}")  # each registers its method on import: the heads first
+
+__all__ = [
+    "REGISTRY",
+    "BenchRow",
+    "DecodingMethod",
+    "DrafterSettings",
+    "Sweep",
+    "Target",
+    "drafters",
+    "register",
+    "unregister",
+]
