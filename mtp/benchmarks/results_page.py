@@ -4,6 +4,7 @@ machine, torch version and the exact command, then the benchmark's own tables an
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import platform
 import shlex
@@ -46,6 +47,14 @@ def git_commit(root: Path) -> str:
     return commit + ("+dirty" if dirty else "")
 
 
+@functools.cache
+def code_commit() -> str:
+    """The commit of the code this process runs: :func:`git_commit` of mtp's checkout at the first call, which the
+    commands make as they start (:func:`mtp.commands.cli.run_script`), so that a long run's results name the code it
+    imported, not a later checkout."""
+    return git_commit(Path(__file__).resolve().parents[2])
+
+
 def provenance(argv: list[str] | None = None, device: str | None = None) -> dict[str, str]:
     """What a results page is headed by: when, at which commit, on what machine, with which torch, by which command.
     ``device``: the accelerator's name when the benchmark ran on one."""
@@ -56,7 +65,7 @@ def provenance(argv: list[str] | None = None, device: str | None = None) -> dict
         machine = f"{device}; host {machine}"
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git_commit(Path(__file__).resolve().parents[2]),
+        "commit": code_commit(),
         "machine": machine,
         "torch": torch.__version__,
         "command": shlex.join(["python", f"scripts/{script}", *args]),

@@ -32,6 +32,7 @@ import torch
 from omegaconf.errors import InterpolationResolutionError
 
 import mtp
+from mtp.benchmarks.results_page import code_commit
 from mtp.checkpoint.load import DTYPES
 from mtp.decode.settings import PARTS, Drafted, owner_of
 from mtp.decode.tree_fit import FASTEST
@@ -77,6 +78,7 @@ def errors_reported(cleanup: Callable[[], None] | None = None) -> Iterator[None]
 def run_script(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> NoReturn:
     """Run a command's ``main(argv)`` (None: the process's arguments) under :func:`errors_reported`; exit with its
     status."""
+    code_commit()  # the commit its results will name: the code imported now, not what the checkout holds later
     with errors_reported():
         status = main(argv)
     sys.exit(status or 0)

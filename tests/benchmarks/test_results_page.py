@@ -100,3 +100,15 @@ def test_the_commit_is_dirty_when_the_code_a_benchmark_runs_differs_not_the_docs
     outside.mkdir()
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no checkout above it either
     assert git_commit(outside) == "unknown"
+
+
+def test_results_name_the_commit_the_process_started_with(monkeypatch):
+    """A long run's results name the code it imported: the commit read at the first call, not a later checkout."""
+    from mtp.benchmarks import results_page
+
+    results_page.code_commit.cache_clear()
+    monkeypatch.setattr(results_page, "git_commit", lambda root: "0123456789ab")
+    assert provenance([])["commit"] == "0123456789ab"
+    monkeypatch.setattr(results_page, "git_commit", lambda root: "ba9876543210")  # the checkout moved on meanwhile
+    assert provenance([])["commit"] == "0123456789ab"
+    results_page.code_commit.cache_clear()
