@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     if not tables_file.is_file():
         raise UserError(f"{tables_file} is missing; pass the results.json of a benchmark's output folder")
     title, _, tables = tables_file.read_text().partition("\n\n")
+    title = title.strip().lstrip("#").strip()  # a title written as a Markdown heading (eval_task's) is one title
     plot = None
     for name in PLOTS:
         if (folder / name).is_file():

@@ -57,6 +57,14 @@ def test_rerun_replaces_the_page(tmp_path):
     assert "fedcba987654" in text and "0123456789ab" not in text
 
 
+def test_a_title_written_as_a_heading_heads_the_page_once(tmp_path):
+    """mtp eval-task writes its results.md title as a Markdown heading: the page has one heading, not '# #'."""
+    results = write_run(tmp_path / "run")
+    (tmp_path / "run" / "results.md").write_text("# polynomial: last.ckpt, step 3\n\n| ops |\n|---|\n| 1 |\n")
+    main([str(results), "--out", str(tmp_path / "page.md")])
+    assert (tmp_path / "page.md").read_text().startswith("# polynomial: last.ckpt, step 3\n")
+
+
 def test_results_without_provenance_are_refused():
     with pytest.raises(ValueError, match="lacks date, commit"):
         page({"results": []}, "t", "")
