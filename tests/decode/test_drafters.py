@@ -207,7 +207,7 @@ def check_drafter(
     ``drafter`` from a target of logit ``tables`` (default :func:`target_tables`; head 1's are the target), with more
     GenerationConfig settings ``decoding`` (heads of a hybrid step, several draft sequences)."""
     length = gamma + 2  # the prompt step's token, gamma verified drafts, the token after them
-    config = Drafted(length, temperature, top_p=top_p, seed=seed, **decoding)
+    config = Drafted(length, temperature, top_p=top_p, seed=seed, gamma=gamma, **decoding)  # the drafter's gamma
     tables = target_tables() if tables is None else tables
     step = [reference_probs(tables[0, a], temperature, 0, top_p) for a in range(VOCAB)]
     joint: dict[tuple[int, ...], float] = {}
