@@ -147,6 +147,17 @@ def fitted_title(title: str, width_inches: float, fontsize: float) -> str:
     return textwrap.fill(title, width=int(width_inches * 72 / (0.6 * fontsize)))
 
 
+def save_figure(figure, title: str, path: Path, *, fontsize: float = 10, dpi: int = 120, rect=(0, 0, 1, 1)) -> None:
+    """A benchmark plot's end: ``title`` fitted above it, laid out within ``rect`` (room left outside it, e.g. for a
+    legend below), written to ``path`` and closed (pyplot keeps every open figure)."""
+    import matplotlib.pyplot as plt  # optional (the benchmarks extra): the callers checked require_plotting
+
+    figure.suptitle(fitted_title(title, figure.get_figwidth(), fontsize), fontsize=fontsize)
+    figure.tight_layout(rect=rect)
+    figure.savefig(path, dpi=dpi)
+    plt.close(figure)
+
+
 def step_in_fresh_process(spec: StepSpec) -> dict:
     """Peak memory and step time of ``spec`` measured by ``python -m mtp.benchmarks.train_step`` in a fresh process
     that imports this process's mtp; a failed run is a row whose status says why."""

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mtp.benchmarks.cli import fitted_title, require_plotting
+from mtp.benchmarks.cli import require_plotting, save_figure
 from mtp.checkpoint.format import CHECKPOINT_KEY, read_checkpoint
 from mtp.errors import UserError
 
@@ -210,10 +210,7 @@ def plot_curve(points: list[CurvePoint], path: Path, title: str) -> None:
     for axis in axes.flat:
         axis.grid(alpha=0.3)
     axes[0, 1].legend(fontsize=7)
-    figure.suptitle(fitted_title(title, figure.get_figwidth(), 9), fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, title, path, fontsize=9, dpi=110)
 
 
 def as_json(points: list[CurvePoint]) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mtp.benchmarks.cli import fitted_title, require_plotting
+from mtp.benchmarks.cli import require_plotting, save_figure
 from mtp.decode.methods.heads import CHAIN
 from mtp.decode.tree_fit import FASTEST
 
@@ -90,10 +90,7 @@ def plot_memory(rows: list[dict[str, Any]], path: Path, title: str) -> None:
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
     memory_ax.legend(fontsize=8)
-    fig.suptitle(fitted_title(title, fig.get_figwidth(), 10), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, title, path)
 
 
 def _series(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[dict[str, Any]]]:
@@ -358,7 +355,4 @@ def plot_decode(
         ax.grid(True, alpha=0.3)
     speed_ax.axhline(1.0, color="grey", linewidth=0.8)
     fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
-    fig.suptitle(fitted_title(title, fig.get_figwidth(), 10), fontsize=10)
-    fig.tight_layout(rect=(0, 0.02 + 0.05 * -(-len(handles) // 4), 1, 1))  # room for the legend rows below
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, title, path, rect=(0, 0.02 + 0.05 * -(-len(handles) // 4), 1, 1))  # room for the legend rows

@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from mtp.benchmarks.cli import fitted_title, require_plotting
+from mtp.benchmarks.cli import require_plotting, save_figure
 from mtp.errors import UserError
 
 EVAL_RESULTS = Path("eval_task") / "results.json"
@@ -309,7 +309,4 @@ def plot_sweep(finished: Sequence[SweepRun], path: Path, title: str) -> None:
     ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.suptitle(fitted_title(title, fig.get_figwidth(), 10), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, title, path)
