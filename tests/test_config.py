@@ -6,7 +6,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from mtp.commands.pretrain import config_error_sentence
+from mtp.commands.pretrain import check_groups_not_nulled, config_error_sentence
 from mtp.config import LossConfig, ModelConfig, stored_configs
 from mtp.errors import UserError
 
@@ -214,3 +214,10 @@ def test_model_base_files_are_not_presets():
         cfg = compose_train([f"model=_base/{base}"])
         with pytest.raises(MissingMandatoryValue, match="n_future"):
             OmegaConf.to_container(cfg.model, throw_on_missing=True)
+
+
+def test_a_config_group_set_to_null_is_one_sentence_naming_hydras_way_to_drop_it():
+    with pytest.raises(UserError, match=r"^logger=null cannot turn a config group off; write '~logger' instead"):
+        check_groups_not_nulled(["model=mtp1", "logger=null"], ROOT / "conf")
+    check_groups_not_nulled(["trainer.max_steps=null", "model=mtp1", "~logger"], ROOT / "conf")  # settings may be null
+    assert "logger" not in compose_train(["~logger"]) and "tensorboard" in str(compose_train([]).logger)

@@ -49,6 +49,10 @@ def assert_one_clear_error(result: subprocess.CompletedProcess, message: str) ->
         pytest.param(  # a third process start for the same check: with the slow tests
             ["-m", "model=mtp1,mtp5"], "error: model=mtp5 names no config in conf/model/;", marks=pytest.mark.slow
         ),
+        pytest.param(
+            ["logger=null"], "error: logger=null cannot turn a config group off; write '~logger' instead",
+            marks=pytest.mark.slow,
+        ),
         pytest.param(["model.n_future=12"], "error: model.n_future=12 leaves no trunk layer", marks=pytest.mark.slow),
         pytest.param(
             ["loss.loss_weights=[1.0,0.5]"],

@@ -66,8 +66,18 @@ def main(argv: list[str] | None = None) -> None:
     register_resolver()  # ${reference_model:}: the job reads init_from before train() imports the training stack
     OmegaConf.register_new_resolver("job_folder", job_folder, replace=True)  # the experiments' hydra.sweep.subdir
     task = hydra.main(version_base="1.3", config_path=str(root / "conf"), config_name="train")(train_in_run_dir)
+    check_groups_not_nulled(sys.argv[1:] if argv is None else argv, root / "conf")
     with arguments(argv), config_errors_raised(), internal_groups_hidden():
         task()
+
+
+def check_groups_not_nulled(overrides: list[str], conf: Path) -> None:
+    """``logger=null`` (a config group set to null) is refused by Hydra with a traceback: Hydra turns a group's default
+    off with ``~logger``. One sentence that says so instead."""
+    for override in overrides:
+        group, _, value = override.partition("=")
+        if value == "null" and (conf / group).is_dir():
+            raise UserError(f"{override} cannot turn a config group off; write '~{group}' instead, Hydra's way to drop it.")
 
 
 def quiet_library_notices() -> None:
