@@ -50,7 +50,8 @@ def assert_one_clear_error(result: subprocess.CompletedProcess, message: str) ->
             ["-m", "model=mtp1,mtp5"], "error: model=mtp5 names no config in conf/model/;", marks=pytest.mark.slow
         ),
         pytest.param(
-            ["logger=null"], "error: logger=null cannot turn a config group off; write '~logger' instead",
+            ["logger=null"],
+            "error: logger=null cannot turn a config group off; write '~logger' instead",
             marks=pytest.mark.slow,
         ),
         pytest.param(["model.n_future=12"], "error: model.n_future=12 leaves no trunk layer", marks=pytest.mark.slow),

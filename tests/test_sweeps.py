@@ -228,3 +228,20 @@ def test_a_tiny_sweep_scores_itself_continues_and_makes_its_page(tmp_path, share
     )  # fmt: skip
     assert made.returncode == 0, made.stderr[-3000:]
     assert "| tiny | 6 | out |" in out.read_text() and out.with_suffix(".png").is_file()
+
+
+def test_only_the_first_process_of_a_multi_device_run_scores_the_trained_checkpoint(monkeypatch):
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from mtp.commands import bench_decode, pretrain
+
+    ran = []
+    monkeypatch.setattr(bench_decode, "run", lambda args: ran.append("bench"))
+    monkeypatch.setattr(eval_task, "run", lambda args: ran.append("eval"))
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    pretrain.score_trained("bench args", "eval args")
+    assert ran == []
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    pretrain.score_trained("bench args", "eval args")
+    pretrain.score_trained(None, None)
+    assert ran == ["bench", "eval"]

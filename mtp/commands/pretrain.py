@@ -77,7 +77,9 @@ def check_groups_not_nulled(overrides: list[str], conf: Path) -> None:
     for override in overrides:
         group, _, value = override.partition("=")
         if value == "null" and (conf / group).is_dir():
-            raise UserError(f"{override} cannot turn a config group off; write '~{group}' instead, Hydra's way to drop it.")
+            raise UserError(
+                f"{override} cannot turn a config group off; write '~{group}' instead, Hydra's way to drop it."
+            )
 
 
 def quiet_library_notices() -> None:
@@ -248,10 +250,20 @@ def train_in_run_dir(cfg: DictConfig) -> None:
                 raise SystemExit(status)  # Ctrl-C while distilling: what it wrote is kept, training does not start
         if trains:
             train(cfg)
-        if bench is not None:
-            bench_decode.run(bench)
-        if evaluation is not None:
-            eval_task.run(evaluation)
+        score_trained(bench, evaluation)
+
+
+def score_trained(bench, evaluation) -> None:
+    """The decoding benchmark and the task evaluation a run ends with (None: not asked for), on the first process
+    only: every process of a multi-device run returns from training, and one writes the results."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    if rank_zero_only.rank != 0:
+        return
+    if bench is not None:
+        bench_decode.run(bench)
+    if evaluation is not None:
+        eval_task.run(evaluation)
 
 
 def continue_sweep_job(
