@@ -206,7 +206,9 @@ class Drafted(StepSettings, DraftSettings, HeadsSettings, GenerationConfig):
     here too."""
 
     gamma: int = field(default=0, metadata={"flag": False})
-    """Drafts per step from a drafter (draft model, layer skip, prompt lookup); 0: none."""
+    """Drafts per step from a drafter (draft model, layer skip, prompt lookup); 0: none. The drafter owns its count
+    (``Proposer.gamma``): :func:`~mtp.decode.generate` makes the plan with it, a whole plan's replaced; here it shapes
+    the step (:meth:`draft_tree`, :attr:`drafts`) and its checks, which a command makes before any drafter is built."""
     step_tree: DraftTree | None = field(default=None, init=False, repr=False, compare=False, metadata={"flag": False})
     """The tree a step verifies, derived from the settings (:meth:`draft_tree`); None: a chain."""
 
