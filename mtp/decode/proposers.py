@@ -376,7 +376,8 @@ class StagedDrafter(ModelDrafter):
                 pending_laws = self.heads.pending.probs
             elif self.sampled:
                 most = max(map(len, pending))
-                padded = torch.tensor([d + [0] * (most - len(d)) for d in pending], device=self.device)
+                padded = [d + [0] * (most - len(d)) for d in pending]  # long even when every row found nothing
+                padded = torch.tensor(padded, dtype=torch.long, device=self.device)
                 pending_laws = F.one_hot(padded.view(B, most), form.vocab_size).float()  # a lookup draft: itself
         # keep in the cache what the step may accept of the drafts (the first gamma - 1), as a chain drafter does
         self.read_drafts = [min(len(o) - 1, gamma - 1) for o in out]
