@@ -403,6 +403,7 @@ class HybridProposer(Proposer):
         if not drafter.beside_heads:
             method = drafter.method
             raise ValueError(f"a {method} drafter does not draft beside the heads (only a model or prompt lookup)")
+        assert heads.beside, "the heads beside a drafter draft their own chain: HeadsProposer(..., beside=True)"
         self.drafter, self.heads = drafter, heads
         self.context = drafter.context
 
