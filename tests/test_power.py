@@ -1700,6 +1700,38 @@ MUTATIONS = [
             "tests/test_cli.py::test_generation_config_names_its_fields",
         ),
     ),
+    # -- each part's settings check their own fields (mtp/decode/settings.py, a method's settings)
+    Mutation(
+        "HeadsSettings: no heads at all accepted (heads=0)",
+        "HeadsSettings.__post_init__",
+        "        if self.heads < 1:",
+        "        if self.heads < 0:",
+        (f"{GREEDY}::test_generation_config_holds_sampling_and_acceptance_only",),
+    ),
+    Mutation(
+        "DraftSettings: no draft sequence per step accepted (drafts_per_step=0)",
+        "DraftSettings.__post_init__",
+        "        if self.drafts_per_step < 1:",
+        "        if self.drafts_per_step < 0:",
+        (
+            f"{GREEDY}::test_generation_config_holds_sampling_and_acceptance_only",
+            f"{SPECTR}::test_bad_settings_of_several_drafts_are_refused",
+        ),
+    ),
+    Mutation(
+        "Drafted: SpecTr's rule accepted in a hybrid step (two proposers' drafts taken for one law's)",
+        "Drafted.__post_init__",
+        '        if self.acceptance == "spectr" and self.hybrid:',
+        "        if False:",
+        (f"{SPECTR}::test_bad_settings_of_several_drafts_are_refused",),
+    ),
+    Mutation(
+        "LayerSkipSettings: --skip-sublayers accepted beside a given set, which it would not search",
+        "LayerSkipSettings.__post_init__",
+        '        if self.skip_layers != "auto":',
+        "        if False:",
+        (f"{LAYER_SKIP}::test_bad_search_settings_are_one_sentence_naming_their_flags",),
+    ),
     # -- a step's memory
     Mutation(
         "the prompts' step sized by logits at every prompt position (refusing batches that fit)",

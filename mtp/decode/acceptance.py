@@ -31,7 +31,8 @@ drafts were sampled, the distributions they were drawn from; it never runs the m
   passing path.
 
 Sampling reads uniform numbers that the caller draws per step and row (:class:`~mtp.decode.sampling.RowUniforms`);
-:class:`RandomLayout` says which number is used for what, in one place.
+:class:`RandomLayout` says which number is used for what, in one place, assembled from what the rule
+(:meth:`Rule.tests_per_step`) and the proposer (:meth:`~mtp.decode.proposal.Proposer.draws`) each declare.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtp.decode.sampling import processed_probs, sample_from, top_tokens
+from mtp.decode.sampling import Draws, processed_probs, sample_from, top_tokens
 from mtp.decode.settings import Drafted
 from mtp.decode.tree import DraftTree
 
@@ -202,9 +203,9 @@ def accepted_prefix(passes: Tensor) -> Tensor:
 @dataclass(frozen=True)
 class RandomLayout:
     """Which of a step's uniform numbers (one row of :class:`~mtp.decode.sampling.RowUniforms` per step) is used for
-    what, in this order: the acceptance tests (one per chain draft; one per sibling a tree may try at each depth, or
-    with SpecTr's rule one per node, since every node of a depth may be a candidate), the token after the accepted
-    drafts, the heads' chain drafts, a drafter's drafts (one per node of its tree), then the heads' tree nodes."""
+    what, in this order: the acceptance tests (the rule's, :meth:`Rule.tests_per_step`), the token after the accepted
+    drafts, the heads' chain drafts, a drafter's drafts, then the heads' tree nodes (the proposer's,
+    :meth:`~mtp.decode.proposal.Proposer.draws`)."""
 
     tests: int
     chain_drafts: int
@@ -212,15 +213,9 @@ class RandomLayout:
     drafter_drafts: int = 0
 
     @classmethod
-    def of(cls, config: Drafted) -> RandomLayout:
-        tree = config.step_tree
-        if tree is None:
-            tests = config.drafts
-        else:
-            tests = tree.size if config.acceptance == "spectr" else sum(tree.max_children_at_depth())
-        drafter = (tree.size if tree is not None else config.gamma) if config.gamma else 0
-        heads_tree = tree.size if tree is not None and not config.gamma else 0
-        return cls(tests, config.heads - 1, heads_tree, drafter)
+    def of(cls, tests: int, draws: Draws) -> RandomLayout:
+        """The layout of a step whose rule makes ``tests`` acceptance tests and whose proposer declares ``draws``."""
+        return cls(tests, draws.heads_chain, draws.heads_tree, draws.drafter)
 
     @property
     def per_step(self) -> int:
@@ -305,6 +300,13 @@ class Rule:
 
     def __init__(self, config: Drafted, layout: RandomLayout) -> None:
         self.config, self.layout = config, layout
+
+    @classmethod
+    def tests_per_step(cls, config: Drafted) -> int:
+        """The uniforms this rule's tests read in a step of ``config``: one per chain draft, or one per sibling a tree
+        may try at each depth."""
+        tree = config.step_tree
+        return config.drafts if tree is None else sum(tree.max_children_at_depth())
 
     def target(self, logits: Tensor) -> Tensor:
         """The law autoregressive sampling draws from: head 1's distribution after temperature, top-k and top-p."""
@@ -515,6 +517,12 @@ class SpecTr(Lossless):
 
     name = "spectr"
 
+    @classmethod
+    def tests_per_step(cls, config: Drafted) -> int:
+        """One per node of a tree: every node of a depth may be a candidate."""
+        tree = config.step_tree
+        return config.drafts if tree is None else tree.size
+
     def tree(self, step, laws, draws):
         tree, inputs = step.tree, step.inputs
         B, S = inputs.shape
@@ -562,11 +570,13 @@ class SpecTr(Lossless):
         return depth[node], sample_from(law, self.layout.next_token(draws)), t["ancestors"][node]
 
 
-def rule_for(config: Drafted) -> Rule:
+NO_DRAWS = Draws()
+"""A rule alone: no proposer's uniforms beside its own."""
+
+
+def rule_for(config: Drafted, draws: Draws = NO_DRAWS) -> Rule:
     """The rule ``config`` decodes with: greedy at temperature 0 (whatever ``acceptance`` says), else its
-    ``acceptance``."""
-    layout = RandomLayout.of(config)
-    if config.greedy:
-        return Greedy(config, layout)
+    ``acceptance``; its uniforms laid out beside the ``draws`` its proposer declares (none by default: a rule alone)."""
     rules = {"typical": Typical, "spectr": SpecTr, "exact": Lossless}
-    return rules[config.acceptance](config, layout)
+    rule = Greedy if config.greedy else rules[config.acceptance]
+    return rule(config, RandomLayout.of(rule.tests_per_step(config), draws))

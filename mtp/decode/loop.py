@@ -32,7 +32,7 @@ from mtp.decode.cache import KVCache
 from mtp.decode.inference import InferenceModel
 from mtp.decode.memory import check_step_fits
 from mtp.decode.proposal import Proposal, Proposer
-from mtp.decode.proposers import HeadsProposer, HybridProposer
+from mtp.decode.proposers import proposer_for
 from mtp.decode.sampling import RowUniforms
 from mtp.decode.settings import Drafted, DraftSettings, GenerationConfig, HeadsSettings, StepSettings
 from mtp.decode.stats import DecodeStats, SpanTimer
@@ -89,9 +89,6 @@ def generate(
     ``config`` may be a whole plan (:class:`~mtp.decode.settings.Drafted`), every part's settings in one, instead."""
     if drafter is not None and drafter.gamma < 1:
         raise SettingError("{gamma} must be at least 1 with a drafter.", gamma=drafter.gamma)
-    if isinstance(config, Drafted):
-        assert heads is drafts is step is None, "a plan carries the heads', the drafts' and the step's settings"
-        config, heads, drafts, step = config.part(GenerationConfig), *config.parts().values()
     plan = Drafted.of(config, heads, drafts, step, drafter.gamma if drafter is not None else 0)  # who drafts, checked
     run = _Run(model, prompts, plan, drafter)
     with run.exclusive():
@@ -111,7 +108,7 @@ class _Run:
 
     def __init__(self, model: MTPModel, prompts: list[list[int]], config: Drafted, drafter: Proposer | None) -> None:
         config.check_for(model.config, prompts)
-        device, tree, rule = next(model.parameters()).device, config.step_tree, rule_for(config)
+        device, tree = next(model.parameters()).device, config.step_tree
         config.check_device(device)
         longest, nodes = max(map(len, prompts)), tree.size if tree is not None else 0
         max_len = config.cache_length(longest)
@@ -119,17 +116,15 @@ class _Run:
         # a drafting step (head 1's logits everywhere), then the prompts' step (logits at each row's last position only)
         check_step_fits(model.config, len(prompts), max_len, 1 + (nodes or config.drafts), nodes, device, dtype)
         check_step_fits(model.config, len(prompts), max_len, longest, 0, device, dtype, logit_positions=1)
-        heads_tree = tree is not None and not config.gamma  # the heads draft the tree (else a drafter, or a hybrid)
-        heads = tree.depth + 1 if heads_tree else config.heads
-        heads_dtype = config.draft_dtype if drafter is None or config.hybrid else "auto"  # the heads' drafts' precision
         self.inference = InferenceModel.of(
-            model, heads, config.compile, heads_dtype, config.draft_first_ids, config.cuda_graphs
+            model, config.heads_packed, config.compile, config.heads_dtype, config.draft_first_ids, config.cuda_graphs
         )
-        self.proposer = proposer = _proposer(drafter, self.inference, config)
+        self.proposer = proposer = proposer_for(drafter, self.inference, config)
+        rule = rule_for(config, proposer.draws(config))  # its uniforms laid out beside the proposer's
+        proposer.lay_out(rule.layout)
         self.stats = DecodeStats(
             rows=len(prompts), drafted=[0] * config.drafts, accepted=[0] * config.drafts, tree_nodes=nodes,
-            acceptance_rule=rule.name, method=proposer.method,
-            method_params={"gamma": str(config.gamma), **proposer.params()} if drafter is not None else {},
+            acceptance_rule=rule.name, method=proposer.method, method_params=proposer.method_params(),
         )  # fmt: skip
         self.config, self.device, self.tree, self.rule = config, device, tree, rule
         self.rows = _Rows(len(prompts), config)
@@ -244,17 +239,6 @@ class _Run:
             graphs = self.inference.graphs
             stats.captures, stats.capture_s = graphs.captures - self.captured[0], graphs.capture_s - self.captured[1]
         return self.rows.outputs, stats
-
-
-def _proposer(drafter: Proposer | None, inference: InferenceModel, config: Drafted) -> Proposer:
-    """Who drafts: the heads, the drafter, or both in a hybrid step (a drafter with ``heads`` above 1)."""
-    if drafter is None:
-        return HeadsProposer(inference, config)
-    if not config.hybrid:
-        return drafter
-    if not drafter.beside_heads:
-        raise ValueError(f"a {drafter.method} drafter does not draft beside the heads (only a model or prompt lookup)")
-    return HybridProposer(drafter, HeadsProposer(inference, config))
 
 
 class _Rows:

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from mtp.decode.acceptance import RandomLayout
 from mtp.decode.cache import KVCache
+from mtp.decode.sampling import Draws
 from mtp.decode.settings import Drafted
 
 DEFAULT_GAMMA = 4
@@ -47,9 +49,11 @@ class Proposal:
 class Proposer:
     """What :func:`~mtp.decode.generate.generate` asks of a proposer. Rows are the live rows of the batch, in order.
 
-    ``start(prompts, max_len, config)``; then per step: ``draft_in_step`` during the target's forward (for drafts that
-    come out of it), ``keep_rows`` when rows finish, ``advance(accepted, emitted)`` (what the target accepted of the
-    last proposal, and the tokens each row emitted: the accepted drafts and the token after them), and ``propose``.
+    ``draws(plan)``: the uniforms it needs per step, placed in the step's layout, which it is given
+    (``lay_out(layout)``); ``start(prompts, max_len, config)``; then per step: ``draft_in_step`` during the target's
+    forward (for drafts that come out of it), ``keep_rows`` when rows finish, ``advance(accepted, emitted)`` (what the
+    target accepted of the last proposal, and the tokens each row emitted: the accepted drafts and the token after
+    them), and ``propose``.
     """
 
     method: str
@@ -68,6 +72,8 @@ class Proposer:
     draws_drafts = True
     """When sampling, it draws its drafts from laws it computes, so ``draft_choice`` can draw them otherwise; False:
     its drafts are chosen another way (looked up, or decoded by an inner speculative step)."""
+    layout: RandomLayout | None = None
+    """Where its uniforms are in a step's (:meth:`lay_out`; None: not laid out, greedy)."""
     beside_heads = False
     """Its chains can be verified beside the target's heads' chain in one step (:class:`HybridProposer`): it has
     ``draft_chains(gamma, draws)``."""
@@ -75,6 +81,23 @@ class Proposer:
     def params(self) -> dict[str, str]:
         """The method's parameters, for the statistics line."""
         return {}
+
+    def lay_out(self, layout: RandomLayout) -> None:
+        """Where the uniforms it declared (:meth:`draws`) are among a step's, before it starts: the layout of the step
+        it drafts for, made of its declaration and the acceptance rule's."""
+        self.layout = layout
+
+    def method_params(self) -> dict[str, str]:
+        """What the statistics say of the method: a drafter's gamma, then its :meth:`params`."""
+        return {"gamma": str(self.gamma), **self.params()}
+
+    def draws(self, plan: Drafted) -> Draws:
+        """The uniforms it draws per step when sampling (:class:`~mtp.decode.acceptance.RandomLayout` places them):
+        a drafter's, one per draft of its chain, or one per node of the tree ``plan``'s step verifies (its chains, and
+        in a hybrid the heads' too), whether it reads them or not (prompt lookup does not), so that a seed's outputs
+        do not depend on it."""
+        tree = plan.step_tree
+        return Draws(drafter=tree.size if tree is not None else self.gamma)
 
     def with_gamma(self, gamma: int) -> Proposer:
         """This drafter (before it starts: nothing of a run is in it yet) drafting ``gamma`` tokens per step."""

@@ -47,7 +47,15 @@ from mtp.decode.inference import (
 )
 from mtp.decode.lookup import LookupDrafter, lookup_continuation
 from mtp.decode.proposal import DEFAULT_GAMMA, Proposal, Proposer
-from mtp.decode.sampling import RowUniforms, processed_probs, sample_distinct, sample_from, sample_many, top_tokens
+from mtp.decode.sampling import (
+    Draws,
+    RowUniforms,
+    processed_probs,
+    sample_distinct,
+    sample_from,
+    sample_many,
+    top_tokens,
+)
 from mtp.decode.settings import Drafted, GenerationConfig
 from mtp.errors import SettingError
 from mtp.model import MTPModel
@@ -61,10 +69,18 @@ class HeadsProposer(Proposer):
 
     method = "heads"
 
-    def __init__(self, inference: InferenceModel, config: Drafted) -> None:
-        # in a hybrid step the heads draft their own chain of heads - 1, beside a drafter's
-        self.inference, self.layout = inference, RandomLayout.of(config)
-        self.drafts = config.heads - 1 if config.gamma else config.drafts
+    def __init__(self, inference: InferenceModel, config: Drafted, beside: bool = False) -> None:
+        # beside a drafter (a hybrid step) the heads draft their own chain of heads - 1, one branch of the step's tree
+        self.inference, self.beside = inference, beside
+        self.drafts = config.heads - 1 if beside else config.drafts
+
+    def draws(self, plan: Drafted) -> Draws:
+        """One per draft head (their chain's), and one per node of the tree they draft (none beside a drafter)."""
+        tree = None if self.beside else plan.step_tree
+        return Draws(heads_chain=plan.heads - 1, heads_tree=tree.size if tree is not None else 0)
+
+    def method_params(self) -> dict[str, str]:
+        return {}
 
     def start(self, prompts: list[list[int]], max_len: int, config: Drafted | None = None) -> None:
         super().start(prompts, max_len, config)
@@ -72,7 +88,7 @@ class HeadsProposer(Proposer):
 
     def draft_in_step(self, hidden, cache, last, inputs, next_token, draws):
         config, B = self.config, inputs.size(0)
-        tree = None if config.gamma else config.step_tree  # in a hybrid step the heads draft one chain of the tree
+        tree = None if self.beside else config.step_tree  # in a hybrid step the heads draft one chain of the tree
         if config.heads == 1:
             live = torch.zeros(B, dtype=torch.long, device=inputs.device)
             self.pending = Proposal(inputs.new_empty(B, 0), None, live)
@@ -192,7 +208,7 @@ class ModelDrafter(Proposer):
         self.read_drafts = [self.read_drafts[r] for r in rows]
 
     def propose(self, gamma: int, draws: Tensor | None) -> Proposal:
-        tokens, probs = self.draft_chains(gamma if self.tree is None else self.config.gamma, draws)
+        tokens, probs = self.draft_chains(gamma if self.tree is None else self.gamma, draws)
         counts = [gamma] * tokens.size(0)
         if self.tree is None:
             return Proposal(tokens, probs, counts=counts)
@@ -284,13 +300,14 @@ class StagedDrafter(ModelDrafter):
         inner = replace(
             config, heads=heads, gamma=0, tree=None, acceptance="exact", draft_p_min=0.0, adaptive_drafts=False
         )
-        width = heads - 1 if self.inner == "heads" else config.gamma  # drafts an inner step verifies at most
-        layout = RandomLayout(tests=width, chain_drafts=heads - 1, tree_nodes=0)
-        self.rule = Greedy(inner, layout) if inner.greedy else Lossless(inner, layout)
+        width = heads - 1 if self.inner == "heads" else self.gamma  # drafts an inner step verifies at most
         self.heads = HeadsProposer(self.drafting, inner) if self.inner == "heads" else None
+        layout = RandomLayout.of(width, self.heads.draws(inner) if self.heads is not None else Draws())
+        self.rule = Greedy(inner, layout) if inner.greedy else Lossless(inner, layout)
         if self.heads is not None:
+            self.heads.lay_out(layout)
             self.heads.start(prompts, max_len, inner)
-        steps = (config.max_new_tokens + 1) * (config.gamma + 1)  # inner steps: each emits a token at least
+        steps = (config.max_new_tokens + 1) * (self.gamma + 1)  # inner steps: each emits a token at least
         self.uniforms = None
         if self.sampled:
             seed = config.seed + STAGED_SEED_OFFSET
@@ -359,7 +376,8 @@ class StagedDrafter(ModelDrafter):
                 pending_laws = self.heads.pending.probs
             elif self.sampled:
                 most = max(map(len, pending))
-                padded = torch.tensor([d + [0] * (most - len(d)) for d in pending], device=self.device)
+                padded = [d + [0] * (most - len(d)) for d in pending]  # long even when every row found nothing
+                padded = torch.tensor(padded, dtype=torch.long, device=self.device)
                 pending_laws = F.one_hot(padded.view(B, most), form.vocab_size).float()  # a lookup draft: itself
         # keep in the cache what the step may accept of the drafts (the first gamma - 1), as a chain drafter does
         self.read_drafts = [min(len(o) - 1, gamma - 1) for o in out]
@@ -382,11 +400,27 @@ class HybridProposer(Proposer):
     method = "hybrid"
 
     def __init__(self, drafter: ModelDrafter | LookupDrafter, heads: HeadsProposer) -> None:
+        if not drafter.beside_heads:
+            method = drafter.method
+            raise ValueError(f"a {method} drafter does not draft beside the heads (only a model or prompt lookup)")
+        assert heads.beside, "the heads beside a drafter draft their own chain: HeadsProposer(..., beside=True)"
         self.drafter, self.heads = drafter, heads
         self.context = drafter.context
 
+    @property
+    def gamma(self) -> int:  # type: ignore[override]
+        return self.drafter.gamma
+
     def params(self) -> dict[str, str]:
         return {"drafter": self.drafter.method, **self.drafter.params()}
+
+    def draws(self, plan: Drafted) -> Draws:
+        return self.drafter.draws(plan) + self.heads.draws(plan)
+
+    def lay_out(self, layout: RandomLayout) -> None:
+        super().lay_out(layout)
+        self.drafter.lay_out(layout)
+        self.heads.lay_out(layout)
 
     @property
     def forwards(self) -> int:  # type: ignore[override]
@@ -411,13 +445,23 @@ class HybridProposer(Proposer):
         self.heads.keep_rows(rows, index)
 
     def propose(self, gamma: int, draws: Tensor | None) -> Proposal:
-        tokens, probs = self.drafter.draft_chains(self.config.gamma, draws)
+        tokens, probs = self.drafter.draft_chains(self.drafter.gamma, draws)
         heads = self.heads.pending  # its chain of heads - 1 drafts (B, heads - 1) and their laws
         tokens = torch.cat([tokens, heads.tokens], dim=1)[:, self.order]
         if probs is not None:
             probs = torch.cat([probs, heads.probs], dim=1)
         counts = [self.config.drafts] * tokens.size(0)
         return Proposal(tokens, probs, counts=counts, law_index=self.order if probs is not None else None)
+
+
+def proposer_for(drafter: Proposer | None, inference: InferenceModel, config: Drafted) -> Proposer:
+    """Who drafts a step of ``config`` on the target's ``inference`` form: its heads, ``drafter``, or both in a hybrid
+    step (a drafter with ``heads`` above 1)."""
+    if drafter is None:
+        return HeadsProposer(inference, config)
+    if not config.hybrid:
+        return drafter
+    return HybridProposer(drafter, HeadsProposer(inference, config, beside=True))
 
 
 def draft_model_drafter(draft: MTPModel, compile: bool = False, gamma: int = DEFAULT_GAMMA) -> ModelDrafter:

@@ -6,6 +6,8 @@ depends only on its own seed and never on what else is in the batch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -120,3 +122,22 @@ class RowUniforms:
 
     def keep_rows(self, rows: Tensor) -> None:
         self.table = self.table.index_select(0, rows)
+
+
+@dataclass(frozen=True)
+class Draws:
+    """The uniforms a proposer declares it draws per step when sampling, by use (its own; the acceptance rule declares
+    its tests): :class:`~mtp.decode.acceptance.RandomLayout` places them in a step's row of :class:`RowUniforms`."""
+
+    heads_chain: int = 0
+    """The heads' chain drafts: one per draft head."""
+    drafter: int = 0
+    """A drafter's drafts: one per draft of its chain, or per node of the tree its step verifies."""
+    heads_tree: int = 0
+    """The heads' tree nodes: one per node of the tree they draft."""
+
+    def __add__(self, other: Draws) -> Draws:
+        """Two proposers' draws in one step (a hybrid's: a drafter's and the heads')."""
+        return Draws(
+            self.heads_chain + other.heads_chain, self.drafter + other.drafter, self.heads_tree + other.heads_tree
+        )

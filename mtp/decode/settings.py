@@ -206,7 +206,9 @@ class Drafted(StepSettings, DraftSettings, HeadsSettings, GenerationConfig):
     here too."""
 
     gamma: int = field(default=0, metadata={"flag": False})
-    """Drafts per step from a drafter (draft model, layer skip, prompt lookup); 0: none."""
+    """Drafts per step from a drafter (draft model, layer skip, prompt lookup); 0: none. The drafter owns its count
+    (``Proposer.gamma``): :func:`~mtp.decode.generate` makes the plan with it, a whole plan's replaced; here it shapes
+    the step (:meth:`draft_tree`, :attr:`drafts`) and its checks, which a command makes before any drafter is built."""
     step_tree: DraftTree | None = field(default=None, init=False, repr=False, compare=False, metadata={"flag": False})
     """The tree a step verifies, derived from the settings (:meth:`draft_tree`); None: a chain."""
 
@@ -220,7 +222,11 @@ class Drafted(StepSettings, DraftSettings, HeadsSettings, GenerationConfig):
         gamma: int = 0,
     ) -> Drafted:
         """The plan of ``config`` with the heads' settings, the drafts' and the step's (None: each part's defaults),
-        and a drafter's ``gamma`` drafts per step (0: none)."""
+        and a drafter's ``gamma`` drafts per step (0: none); ``config`` may be a whole plan, its drafts per step then
+        ``gamma``."""
+        if isinstance(config, Drafted):
+            assert heads is drafts is step is None, "a plan carries the heads', the drafts' and the step's settings"
+            config, heads, drafts, step = config.part(GenerationConfig), *config.parts().values()
         values = {}
         for part, given in zip(PARTS, (config, heads, drafts, step), strict=True):
             given = given if given is not None else part()
@@ -344,6 +350,19 @@ class Drafted(StepSettings, DraftSettings, HeadsSettings, GenerationConfig):
         if self.tree is not None:
             return self.tree.depth
         return max(self.gamma, self.heads - 1)
+
+    @property
+    def heads_packed(self) -> int:
+        """Heads the target's inference form packs: a tree's depth + 1 where the heads draft its tree (no drafter),
+        else :attr:`heads`."""
+        heads_tree = self.step_tree is not None and not self.gamma
+        return self.step_tree.depth + 1 if heads_tree else self.heads
+
+    @property
+    def heads_dtype(self) -> DraftDtype:
+        """The precision of the heads' drafts: :attr:`draft_dtype` where the heads draft (alone or in a hybrid), the
+        model's where a drafter alone drafts (the dtype is its own)."""
+        return self.draft_dtype if not self.gamma or self.hybrid else "auto"
 
     @property
     def hybrid(self) -> bool:

@@ -18,6 +18,8 @@ from mtp.decode.acceptance import (
     Typical,
     rule_for,
 )
+from mtp.decode.lookup import LookupDrafter
+from mtp.decode.proposers import proposer_for
 from mtp.decode.sampling import sample_distinct, sample_many, top_tokens
 from mtp.decode.settings import Drafted, GenerationConfig, HeadsSettings
 from mtp.decode.tree import DraftTree
@@ -55,29 +57,50 @@ def test_the_config_picks_the_rule():
     assert isinstance(rule_for(sampling(acceptance="typical")), Typical)
 
 
-@pytest.mark.parametrize(
-    "config",
-    [
-        sampling(),
-        sampling(tree=DraftTree([(0,), (1,), (0, 0), (0, 1), (1, 0)])),
-        sampling(3, heads=1),
-        sampling(drafts_per_step=3, acceptance="spectr"),
-        sampling(3, heads=1, drafts_per_step=2),
-        sampling(3, heads=3, drafts_per_step=2),  # hybrid
-    ],
-    ids=["chain", "tree", "drafter", "spectr-heads", "drafter-sequences", "hybrid"],
-)
-def test_random_layout_gives_every_number_one_use(config):
-    layout = RandomLayout.of(config)
+LAYOUT_TREE = DraftTree([(0,), (1,), (0, 0), (0, 1), (1, 0)])
+LAYOUTS = {  # (tests, heads' chain, drafter, heads' tree): what sampled outputs for a seed rest on, pinned
+    "chain": (sampling(), (4, 4, 0, 0)),
+    "tree": (sampling(tree=LAYOUT_TREE), (4, 4, 0, 5)),
+    "typical-tree": (sampling(tree=LAYOUT_TREE, acceptance="typical"), (4, 4, 0, 5)),
+    "drafter": (sampling(3, heads=1), (3, 0, 3, 0)),
+    "spectr-heads": (sampling(drafts_per_step=3, acceptance="spectr"), (12, 4, 0, 12)),
+    "drafter-sequences": (sampling(3, heads=1, drafts_per_step=2), (4, 0, 6, 0)),
+    "drafter-spectr": (sampling(3, heads=1, drafts_per_step=2, acceptance="spectr"), (6, 0, 6, 0)),
+    "hybrid": (sampling(3, heads=3, drafts_per_step=2), (5, 2, 8, 0)),
+    "hybrid-chain": (sampling(4, heads=3), (5, 2, 6, 0)),
+}
+
+
+def layout_of(config: Drafted) -> RandomLayout:
+    """The layout a step of ``config`` uses, made as :func:`~mtp.decode.generate` makes it: of what the rule and the
+    proposer (the heads, a drafter of ``config.gamma``, or both) each declare."""
+    drafter = LookupDrafter(2, V, "cpu", config.gamma) if config.gamma else None
+    proposer = proposer_for(drafter, None, config)  # the heads' proposer keeps its inference form, unread here
+    return rule_for(config, proposer.draws(config)).layout
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_random_layout_gives_every_number_one_use(name):
+    config, _ = LAYOUTS[name]
+    layout = layout_of(config)
     draws = torch.arange(layout.per_step, dtype=torch.float)[None]
     used = [*layout.acceptance(draws, 0, layout.tests)[0].tolist(), layout.next_token(draws).item()]
     used += layout.drafts(draws)[0].tolist() + layout.drafter(draws)[0].tolist()
-    tree = config.step_tree
-    if tree is not None and not config.gamma:
-        used += layout.nodes(draws, 0, tree.size)[0].tolist()
+    used += layout.nodes(draws, 0, layout.tree_nodes)[0].tolist()
     assert sorted(used) == list(range(layout.per_step)), config
+    tree = config.step_tree
     if tree is not None and config.acceptance == "spectr":
         assert layout.tests == tree.size  # every node of a depth may be a candidate
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_random_layout_numbers_stay_as_they_were(name):
+    """Where each uniform of a step goes decides every sampled output for a seed: a layout made of other declarations
+    must place them as before (tests, the heads' chain, a drafter's, the heads' tree nodes), or a seed's outputs
+    change."""
+    config, pinned = LAYOUTS[name]
+    layout = layout_of(config)
+    assert (layout.tests, layout.chain_drafts, layout.drafter_drafts, layout.tree_nodes) == pinned
 
 
 # -- chains: drafts (1, 4); head 1's logits after the base and each draft (1, 5, V)

@@ -4,6 +4,7 @@ outcome forced), greedy output equal to autoregressive output, and sampling with
 with negative controls that must fail the same check."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -424,6 +425,16 @@ def test_staged_drafts_are_the_draft_models_own_greedy_drafts(inner, counting_ta
     assert hybrid == reference
     alone, _ = generate(model, PROMPTS[1:2], GenerationConfig(32), staged)
     assert alone == reference[1:2]
+
+
+def test_a_sampled_staged_draft_whose_lookup_finds_nothing_decodes(small_drafts):
+    """Sampling, an inner step after which no row's lookup finds a match (one-token prompts: nothing before the last
+    token to match) leaves no inner drafts to verify, and their laws an empty stack: the draft decodes on."""
+    draft = small_drafts["lookup"]
+    config = GenerationConfig(8, temperature=1.0)
+    for seed in range(3):
+        out, _ = generate(draft, [[1], [2]], replace(config, seed=seed), staged_drafter(draft, "lookup", gamma=3))
+        assert [len(row) for row in out] == [8, 8]
 
 
 def staged_tables() -> torch.Tensor:
