@@ -23,6 +23,7 @@ from mtp.decode.methods.base import BenchRow, DecodingMethod, Sweep, Target, reg
 from mtp.decode.settings import Drafted, HeadsSettings
 from mtp.decode.tree import DraftTree, read_tree
 from mtp.decode.tree_fit import FASTEST, fitted_tree
+from mtp.errors import SettingError
 from mtp.model import MTPModel
 
 CHAIN = "chain"
@@ -167,7 +168,7 @@ class HeadsChoice:
     """The count of drafting heads with the most expected tokens per millisecond, and every count weighed."""
 
     trials: list[HeadsTrial]
-    """One per count, 1 (autoregressive) up."""
+    """One per count weighed, fewest heads first (1: autoregressive)."""
     calibration_s: float = 0.0
     """Wall time the measurements took (outside any timed decode)."""
 
@@ -202,30 +203,44 @@ def expected_tokens(acceptance: list[float], heads: int) -> float:
     return 1.0 + sum(acceptance[: heads - 1])
 
 
-def choose_heads(acceptance: list[float], ms_per_step: list[float]) -> HeadsChoice:
-    """The count k of drafting heads (1..len(ms_per_step); k = 1: autoregressive) with the most expected tokens per
-    millisecond, (1 + sum of ``acceptance[:k - 1]``) / ``ms_per_step[k - 1]`` (:func:`expected_tokens`)."""
-    return HeadsChoice([HeadsTrial(k, expected_tokens(acceptance, k), ms) for k, ms in enumerate(ms_per_step, start=1)])
+def choose_heads(acceptance: list[float], ms_per_step: dict[int, float]) -> HeadsChoice:
+    """Of the counts k of drafting heads ``ms_per_step`` times (k = 1: autoregressive), the one with the most expected
+    tokens per millisecond, (1 + sum of ``acceptance[:k - 1]``) / ``ms_per_step[k]`` (:func:`expected_tokens`)."""
+    return HeadsChoice([HeadsTrial(k, expected_tokens(acceptance, k), ms) for k, ms in sorted(ms_per_step.items())])
 
 
-def time_heads(model: MTPModel, prompts: list[list[int]], config: Drafted, most: int) -> list[float]:
-    """The step time (ms) of ``config`` with each count of drafting heads 1..``most``, at ``prompts``' batch (each
-    prompt cut to its last :data:`TIMING_CONTEXT` tokens): the median of :data:`TIMING_ROUNDS` rounds of
-    :data:`TIMING_TOKENS` new tokens, each round timing every count in turn."""
+def allowed_counts(config: Drafted) -> list[int]:
+    """The counts of drafting heads, 1 to ``config.heads``, that the rest of ``config`` allows (int8 drafts, say, need
+    drafts: not 1)."""
+    counts = []
+    for k in range(1, config.heads + 1):
+        try:
+            replace(config, heads=k)
+        except SettingError:
+            continue
+        counts.append(k)
+    return counts
+
+
+def time_heads(model: MTPModel, prompts: list[list[int]], config: Drafted, counts: list[int]) -> dict[int, float]:
+    """The step time (ms) of ``config`` with each of ``counts`` drafting heads, at ``prompts``' batch (each prompt cut
+    to its last :data:`TIMING_CONTEXT` tokens): the median of :data:`TIMING_ROUNDS` rounds of :data:`TIMING_TOKENS`
+    new tokens, each round timing every count in turn."""
     timing = [p[-TIMING_CONTEXT:] for p in prompts]
-    rounds: list[list[float]] = [[] for _ in range(most)]
+    rounds: dict[int, list[float]] = {k: [] for k in counts}
     for _ in range(TIMING_ROUNDS):
-        for k in range(1, most + 1):
+        for k in counts:
             _, stats = generate(model, timing, replace(config, heads=k, max_new_tokens=TIMING_TOKENS))
-            rounds[k - 1].append(stats.ms_per_forward)
-    return [median(times) for times in rounds]
+            rounds[k].append(stats.ms_per_forward)
+    return {k: median(times) for k, times in rounds.items()}
 
 
 def fastest_heads(model: MTPModel, prompts: list[list[int]], config: Drafted) -> HeadsChoice:
-    """How many of ``config.heads`` heads should draft on this machine and model (:func:`choose_heads`): their
-    acceptance from a calibration decode of the first prompt with all of them (:data:`CALIBRATION_TOKENS` new tokens,
-    ``config``'s sampling and acceptance rule), each count's step time measured at ``prompts``' batch
-    (:func:`time_heads`). Uncompiled, without an end-of-text stop; greedy output does not depend on the count chosen.
+    """How many of ``config.heads`` heads should draft on this machine and model (:func:`choose_heads`, among the
+    counts the rest of ``config`` allows: :func:`allowed_counts`): their acceptance from a calibration decode of the
+    first prompt with all of them (:data:`CALIBRATION_TOKENS` new tokens, ``config``'s sampling and acceptance rule),
+    each count's step time measured at ``prompts``' batch (:func:`time_heads`). Uncompiled, without an end-of-text
+    stop; greedy output does not depend on the count chosen.
 
     The calibration decodes the run's own prompt rather than held-out documents (as a fitted tree does): the prompt is
     what the run decodes, so its acceptance is the one that pays (code drafts better than prose), and reading and
@@ -238,7 +253,7 @@ def fastest_heads(model: MTPModel, prompts: list[list[int]], config: Drafted) ->
         config, eos_id=None, compile=False, max_new_tokens=min(CALIBRATION_TOKENS, config.max_new_tokens)
     )
     _, stats = generate(model, prompts[:1], measuring)
-    ms_per_step = time_heads(model, prompts, measuring, config.heads)
+    ms_per_step = time_heads(model, prompts, measuring, allowed_counts(config))
     choice = choose_heads(stats.acceptance, ms_per_step)
     choice.calibration_s = time.perf_counter() - started
     return choice
