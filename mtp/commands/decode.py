@@ -249,12 +249,16 @@ def decode_stream(
           file=sys.stderr)  # fmt: skip
 
 
-def plan_heads(args: argparse.Namespace, loaded, config: Drafted, prompts: list[list[int]]) -> Drafted:
+def plan_heads(
+    args: argparse.Namespace, loaded, config: Drafted, prompts: list[list[int]], measured_on: str = "the prompt"
+) -> Drafted:
     """The heads' part of the plan (:func:`mtp.decode.methods.heads.heads_plan`): the --tree, or without --heads the
     count of heads measured fastest here (not beside a drafter, nor with --online, whose updates change the
     acceptance a choice would rest on)."""
     choose = args.self_speculative and args.heads is None and not chosen_methods(args) and args.online is None
-    return heads_plan(loaded, config, prompts, tree=args.tree, tree_nodes=args.tree_nodes, choose=choose)
+    return heads_plan(
+        loaded, config, prompts, tree=args.tree, tree_nodes=args.tree_nodes, choose=choose, measured_on=measured_on
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         with settings_named_by_flags():
             config.check_for(loaded.config, prompts)  # every prompt fits, before the first decodes
             drafter = pick_drafter(args, loaded, config, device)
-            config = plan_heads(args, loaded, config, prompts[:1])  # chosen once, on the stream's first prompt
+            config = plan_heads(args, loaded, config, prompts[:1], "the stream's first prompt")  # chosen once
             decode_stream(args, loaded, config, drafter, records, prompts)
         return 0
     text = read_prompt(args)

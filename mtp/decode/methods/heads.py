@@ -171,6 +171,8 @@ class HeadsChoice:
     """One per count weighed, fewest heads first (1: autoregressive)."""
     calibration_s: float = 0.0
     """Wall time the measurements took (outside any timed decode)."""
+    measured_on: str = "the prompt"
+    """What the acceptance was measured on, as the summary says it."""
 
     @property
     def best(self) -> HeadsTrial:
@@ -192,7 +194,8 @@ class HeadsChoice:
         weighed = ", ".join(
             f"k={t.heads} {t.ms_per_step:.2f} ms/step {t.expected_tokens:.2f} tokens/step" for t in self.trials
         )
-        return f"{what} ({weighed}; measured on the prompt in {self.calibration_s:.1f} s, outside the timed decode)"
+        cost = f"measured on {self.measured_on} in {self.calibration_s:.1f} s, outside the timed decode"
+        return f"{what} ({weighed}; {cost})"
 
 
 def expected_tokens(acceptance: list[float], heads: int) -> float:
@@ -293,16 +296,19 @@ def heads_plan(
     tree: str | None = None,
     tree_nodes: int | str = FASTEST,
     choose: bool = False,
+    measured_on: str = "the prompt",
     log: Callable[[str], None] = to_stderr,
 ) -> Drafted:
     """``config`` with the heads' part of the plan decided for a run of ``prompts`` on ``loaded``: with ``tree``, the
     tree (:func:`heads_tree`); else, where the run leaves the count to the method (``choose``, ``config.heads`` the
     most there are) and the plan is the heads' chain (:func:`chooses_heads`), the count measured fastest here
-    (:func:`fastest_heads`), said on a ``note:`` line through ``log``."""
+    (:func:`fastest_heads`, its acceptance measured on the first prompt, named ``measured_on`` in the line), said on a
+    ``note:`` line through ``log``."""
     if tree is not None:
         return replace(config, tree=heads_tree(loaded, config, tree, tree_nodes, log))
     if not choose or config.heads == 1 or not chooses_heads(config):
         return config
     choice = fastest_heads(loaded.model, prompts, config)
+    choice.measured_on = measured_on
     log(f"note: {choice.summary()}")
     return replace(config, heads=choice.heads)
