@@ -63,3 +63,22 @@ def test_plans_that_name_or_size_their_drafts_are_left_as_they_are(plan, choose,
     lines = []
     assert heads_plan(None, plan, [[1, 2]], choose=choose, log=lines.append) is plan
     assert lines == []
+
+
+@pytest.mark.parametrize(("budget", "rounds"), [(0.0, 2), (float("inf"), 6)])
+def test_each_count_is_timed_interleaved_within_the_budget_and_its_fastest_round_kept(monkeypatch, budget, rounds):
+    runs = []
+
+    class Stats:
+        def __init__(self, ms):
+            self.ms_per_forward = ms
+
+    def timed(model, prompts, config):
+        runs.append(config.heads)
+        assert [len(p) for p in prompts] == [heads.TIMING_CONTEXT] and config.max_new_tokens == heads.TIMING_TOKENS
+        return None, Stats(10.0 * config.heads + (5.0 if len(runs) <= 3 else 0.0))  # the first round slower
+
+    monkeypatch.setattr(heads, "generate", timed)
+    monkeypatch.setattr(heads, "TIMING_BUDGET_S", budget)
+    times = heads.time_heads(None, [list(range(100))], Drafted(heads=3), [1, 2, 3])
+    assert runs == [1, 2, 3] * rounds and times == {1: 10.0, 2: 20.0, 3: 30.0}

@@ -150,6 +150,9 @@ each round timing every count in turn (so that a machine's speed drifting does n
 kept: other work on the machine only ever adds to a step's time, and many short rounds find its quiet moments. On 2
 cores loaded 3 deep by other jobs, the median of 3 rounds of 16 tokens chose the default model's 4 heads in 2 of 5
 tries (1 or 3 otherwise), the fastest of 6 rounds of 8 in 5 of 5, in less time."""
+TIMING_MIN_ROUNDS, TIMING_BUDGET_S = 2, 1.0
+"""Rounds after the first :data:`TIMING_MIN_ROUNDS` start only while the timing has taken less than this many seconds:
+a large model on a CPU (hundreds of ms a step) is timed in 2 rounds instead of 6."""
 
 
 @dataclass
@@ -230,10 +233,14 @@ def allowed_counts(config: Drafted) -> list[int]:
 def time_heads(model: MTPModel, prompts: list[list[int]], config: Drafted, counts: list[int]) -> dict[int, float]:
     """The step time (ms) of ``config`` with each of ``counts`` drafting heads, at ``prompts``' batch (each prompt cut
     to its last :data:`TIMING_CONTEXT` tokens): the fastest of :data:`TIMING_ROUNDS` rounds of :data:`TIMING_TOKENS`
-    new tokens, each round timing every count in turn (the first round runs warm: the calibration decode ran before)."""
+    new tokens, each round timing every count in turn (the first round runs warm: the calibration decode ran before);
+    rounds beyond :data:`TIMING_MIN_ROUNDS` only within :data:`TIMING_BUDGET_S`."""
     timing = [p[-TIMING_CONTEXT:] for p in prompts]
     rounds: dict[int, list[float]] = {k: [] for k in counts}
-    for _ in range(TIMING_ROUNDS):
+    started = time.perf_counter()
+    for round_ in range(TIMING_ROUNDS):
+        if round_ >= TIMING_MIN_ROUNDS and time.perf_counter() - started >= TIMING_BUDGET_S:
+            break
         for k in counts:
             _, stats = generate(model, timing, replace(config, heads=k, max_new_tokens=TIMING_TOKENS))
             rounds[k].append(stats.ms_per_forward)
