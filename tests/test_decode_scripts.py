@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mtp.checkpoint.format import read_checkpoint
-from mtp.decode.methods import layer_skip
+from mtp.decode.methods import heads, layer_skip
 from mtp.decode.settings import Drafted, GenerationConfig, HeadsSettings
 from mtp.errors import UserError
 
@@ -50,25 +50,67 @@ def stats_of(stdout: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("preset", ["mtp4", "byte8"])
 def test_greedy_compare_matches_and_prints_parseable_stats(tiny_checkpoints, preset, capsys):
-    code = decode.main(
-        [
-            str(tiny_checkpoints[preset]),
-            "--self-speculative",
-            "--compare",
-            "--prompt",
-            "def parse(",
-            "--max-new-tokens",
-            "24",
-        ]
-    )
+    n = 4 if preset == "mtp4" else 8
+    argv = [
+        str(tiny_checkpoints[preset]),
+        "--self-speculative",
+        "--heads",
+        str(n),
+        "--compare",
+        "--prompt",
+        "def parse(",
+    ]
+    code = decode.main([*argv, "--max-new-tokens", "24"])
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("def parse(")
     stats = stats_of(out)
-    n = 4 if preset == "mtp4" else 8
     assert stats["heads"] == str(n) and len(stats["accept"].split(",")) == n - 1
     assert float(stats["tokens/forward"]) >= 1.0 and int(stats["forwards"]) >= 1 and float(stats["tokens/s"]) > 0
     assert float(stats["ms/forward"]) > 0 and float(stats["prefill_ms"]) > 0
     assert "outputs_match=yes" in out and "speedup=" in out
+
+
+@pytest.mark.parametrize("fastest", [1, 3])
+def test_without_heads_the_count_measured_fastest_drafts_and_says_so(
+    tiny_checkpoints, tmp_path, capsys, monkeypatch, fastest
+):
+    """--self-speculative without --heads drafts with the count of heads of the most expected tokens per ms (the step
+    times made up here, so that the choice does not hang on this machine's speed), says so on one stderr line, and
+    decodes what autoregressive decoding does; --heads skips the choice; a stream chooses once."""
+    timed = []
+
+    def made_up(model, prompts, config, counts):
+        timed.append(counts)
+        return {k: 1.0 if k == fastest else 1000.0 for k in counts}
+
+    monkeypatch.setattr(heads, "time_heads", made_up)
+    checkpoint = str(tiny_checkpoints["mtp4"])
+    argv = [checkpoint, "--self-speculative", "--compare", "--prompt", "def parse(", "--max-new-tokens", "24"]
+    assert decode.main(argv) == 0
+    out = capsys.readouterr()
+    notes = [line for line in out.err.splitlines() if line.startswith("note: ")]
+    assert timed == [[1, 2, 3, 4]] and len(notes) == 1
+    assert f"(k={fastest})" in notes[0] and all(f"k={k} 1" in notes[0] for k in (1, 2, 3, 4))
+    assert ("decoding autoregressively" in notes[0]) == (fastest == 1)
+    stats = stats_of(out.out)
+    assert stats["heads"] == str(fastest) and stats["method"] == ("none" if fastest == 1 else "heads")
+    assert "outputs_match=yes" in out.out
+    assert decode.main([*argv, "--heads", "2"]) == 0  # named: no choice
+    out = capsys.readouterr()
+    assert len(timed) == 1 and "note: " not in out.err and stats_of(out.out)["heads"] == "2"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f("}\n{"prompt": "import "}\n')
+    assert decode.main([checkpoint, "--self-speculative", "--prompts", str(prompts), "--max-new-tokens", "8"]) == 0
+    err = capsys.readouterr().err
+    assert len(timed) == 2 and err.count("note: ") == 1 and "measured on the stream's first prompt" in err
+
+
+def test_the_count_measured_fastest_is_the_one_that_decodes(tiny_checkpoints, capsys):
+    argv = [str(tiny_checkpoints["mtp4"]), "--self-speculative", "--compare", "--prompt", "def f(", "--max-new-tokens"]
+    assert decode.main([*argv, "16"]) == 0
+    out = capsys.readouterr()
+    chosen = re.search(r"^note: .*\(k=(\d+)\)", out.err, re.MULTILINE)
+    assert chosen and stats_of(out.out)["heads"] == chosen.group(1) and "outputs_match=yes" in out.out
 
 
 @pytest.mark.slow

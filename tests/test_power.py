@@ -50,6 +50,7 @@ RELIABILITY = "tests/test_reliability.py"
 CONCURRENT = "tests/data/test_concurrent_prepare.py"
 TREE_GREEDY = ("tests/decode/test_tree.py::test_greedy_tree_decoding_equals_autoregressive",)
 TREE = "tests/decode/test_tree.py"
+HEADS_CHOICE = "tests/decode/test_heads_choice.py"
 TREE_LOSSLESS = (
     "tests/decode/test_lossless.py::test_tree_and_adaptive_sampling_have_the_autoregressive_distribution",
     "tests/decode/test_lossless.py::test_tree_and_cut_sampling_lossless_with_head_blocks",
@@ -1506,6 +1507,23 @@ MUTATIONS = [
         "blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]",
         "blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]",
         (f"{TREE}::test_nondecreasing_pools_a_timing_spike_with_its_neighbours",),
+    ),
+    Mutation(
+        "the count of drafting heads with the fewest expected tokens per ms chosen",
+        "HeadsChoice.best",
+        "max(self.trials, key=lambda t: t.tokens_per_ms)",
+        "min(self.trials, key=lambda t: t.tokens_per_ms)",
+        (
+            f"{HEADS_CHOICE}::test_the_count_with_the_most_expected_tokens_per_ms_drafts",
+            f"{HEADS_CHOICE}::test_autoregressive_decoding_wins_where_the_drafts_do_not_pay_for_their_steps",
+        ),
+    ),
+    Mutation(
+        "expected tokens per step multiplying the acceptances, which are already cumulative",
+        "expected_tokens",
+        "return 1.0 + sum(acceptance[: heads - 1])",
+        "return 1.0 + sum(a * (acceptance[j - 1] if j else 1.0) for j, a in enumerate(acceptance[: heads - 1]))",
+        (f"{HEADS_CHOICE}::test_expected_tokens_sum_the_acceptance_of_each_position_which_is_already_cumulative",),
     ),
     # -- the default corpus
     Mutation(

@@ -58,10 +58,10 @@ from mtp.commands.methods import add_method_flags, chosen_methods, flag, method_
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode.loop import generate
 from mtp.decode.methods import DrafterSettings, Target, drafters
+from mtp.decode.methods.heads import heads_plan
 from mtp.decode.proposal import Proposer
 from mtp.decode.settings import Drafted
-from mtp.decode.tree import DraftTree, read_tree
-from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
+from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES
 from mtp.errors import UserError
 from mtp.training.online import OnlineHeads, OnlineSettings
 
@@ -75,8 +75,6 @@ AUTOREGRESSIVE = {
     "draft_dtype": "auto",
 }
 """Settings that turn a decoding configuration into the autoregressive baseline of --compare."""
-FIT_PROMPTS, FIT_PROMPT_TOKENS, FIT_NEW_TOKENS = 8, 64, 64
-"""--tree auto fits on this many held-out prompts, of this many tokens, continued by this many."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_decoding_settings(
         decoding,
         notes={
-            "heads": "default: all with --self-speculative, else 1",
+            "heads": "default: 1; with --self-speculative the count (1 to all) whose steps, timed here before the "
+            "decode, give the most expected tokens per second, said on stderr (all heads with --tree, a drafter, "
+            "--draft-p-min, --adaptive-drafts, --drafts-per-step or --online)",
             "compile": "a short warm-up decode compiles it before the timed one",
         },
         heads=None,
@@ -249,16 +249,16 @@ def decode_stream(
           file=sys.stderr)  # fmt: skip
 
 
-def pick_tree(args: argparse.Namespace, loaded, config: Drafted) -> DraftTree | None:
-    """The tree of --tree: read from its file, or fitted now (auto) on held-out prompts with the decoding settings
-    (None: a fastest fit found the heads' chain faster than any tree on this machine)."""
-    if args.tree != "auto":
-        return read_tree(Path(args.tree), config.heads - 1, loaded.config.vocab_size)
-    replace(config, tree=DraftTree.chain(config.heads - 1))  # the settings' refusals of a tree, before fitting one
-    fitting = replace(config, max_new_tokens=FIT_NEW_TOKENS)
-    fitted = fitted_tree(loaded, fitting, args.tree_nodes, FIT_PROMPTS, FIT_PROMPT_TOKENS)
-    print(f"note: on {FIT_PROMPTS} held-out prompts, {fitted.summary()}", file=sys.stderr)
-    return None if fitted.chain_faster else fitted.tree
+def plan_heads(
+    args: argparse.Namespace, loaded, config: Drafted, prompts: list[list[int]], measured_on: str = "the prompt"
+) -> Drafted:
+    """The heads' part of the plan (:func:`mtp.decode.methods.heads.heads_plan`): the --tree, or without --heads the
+    count of heads measured fastest here (not beside a drafter, nor with --online, whose updates change the
+    acceptance a choice would rest on)."""
+    choose = args.self_speculative and args.heads is None and not chosen_methods(args) and args.online is None
+    return heads_plan(
+        loaded, config, prompts, tree=args.tree, tree_nodes=args.tree_nodes, choose=choose, measured_on=measured_on
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         with settings_named_by_flags():
             config.check_for(loaded.config, prompts)  # every prompt fits, before the first decodes
             drafter = pick_drafter(args, loaded, config, device)
-            if args.tree is not None:
-                config = replace(config, tree=pick_tree(args, loaded, config))
+            config = plan_heads(args, loaded, config, prompts[:1], "the stream's first prompt")  # chosen once
             decode_stream(args, loaded, config, drafter, records, prompts)
         return 0
     text = read_prompt(args)
@@ -293,8 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     with settings_named_by_flags():
         config.check_for(loaded.config, prompts)  # before a drafter is searched for or a tree fitted
         drafter = pick_drafter(args, loaded, config, device)
-        if args.tree is not None:
-            config = replace(config, tree=pick_tree(args, loaded, config))
+        config = plan_heads(args, loaded, config, prompts)
         if args.compile:  # compile outside the timed decode: the prompt's step and a drafting step
             warm_up = replace(config, max_new_tokens=min(2, config.max_new_tokens))
             generate(model, prompts, warm_up, drafter)
@@ -303,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.batch_size > 1:
             print(f"--- row {row} ---")
         print(text + tokenizer.decode(output))
-    shown = f"head_type={loaded.config.head_type} heads={heads} batch={args.batch_size} device={device.type}"
+    shown = f"head_type={loaded.config.head_type} heads={config.heads} batch={args.batch_size} device={device.type}"
     print(f"{stats.line()} {shown}")
     if args.compare:
         baseline_config = replace(config, **AUTOREGRESSIVE)

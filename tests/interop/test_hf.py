@@ -163,7 +163,7 @@ def test_a_random_llama_imports_trains_four_heads_and_decodes_self_speculatively
             assert torch.equal(grown.model.state_dict()[name], tensor), name
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "decode.py"), str(trained), "--self-speculative", "--compare"]
-        + ["--prompt", "def f(", "--max-new-tokens", "16", "--device", "cpu"],
+        + ["--heads", "4", "--prompt", "def f(", "--max-new-tokens", "16", "--device", "cpu"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]

@@ -138,7 +138,7 @@ def test_meta_tokenizer_converts_to_the_same_ids_and_text(meta_dir):
 def test_decode_reads_a_meta_directory_self_speculatively(meta_dir):
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "decode.py"), str(meta_dir), "--self-speculative", "--compare"]
-        + ["--prompt", "def f(", "--max-new-tokens", "12", "--device", "cpu"],
+        + ["--heads", "2", "--prompt", "def f(", "--max-new-tokens", "12", "--device", "cpu"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
