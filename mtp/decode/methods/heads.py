@@ -147,9 +147,8 @@ prompt)."""
 TIMING_CONTEXT, TIMING_TOKENS, TIMING_ROUNDS = 64, 8, 6
 """Each count of heads' step time: the prompt's last this many tokens continued by this many, in this many rounds,
 each round timing every count in turn (so that a machine's speed drifting does not favour one), the fastest round
-kept: other work on the machine only ever adds to a step's time, and many short rounds find its quiet moments. On 2
-cores loaded 3 deep by other jobs, the median of 3 rounds of 16 tokens chose the default model's 4 heads in 2 of 5
-tries (1 or 3 otherwise), the fastest of 6 rounds of 8 in 5 of 5, in less time."""
+kept: other work on the machine only ever adds to a step's time, and many short rounds find its quiet moments (a
+median of a few rounds keeps some of that work)."""
 TIMING_MIN_ROUNDS, TIMING_BUDGET_S = 2, 1.0
 """Rounds after the first :data:`TIMING_MIN_ROUNDS` start only while the timing has taken less than this many seconds:
 a large model on a CPU (hundreds of ms a step) is timed in 2 rounds instead of 6."""
