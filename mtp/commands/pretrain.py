@@ -256,7 +256,7 @@ def train_in_run_dir(cfg: DictConfig) -> None:
 def score_trained(bench, evaluation) -> None:
     """The decoding benchmark and the task evaluation a run ends with (None: not asked for), on the first process
     only: every process of a multi-device run returns from training, and one writes the results."""
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
+    from lightning.fabric.utilities.rank_zero import rank_zero_only  # Lightning: seconds to import, not for --help
 
     if rank_zero_only.rank != 0:
         return
