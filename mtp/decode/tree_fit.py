@@ -8,11 +8,14 @@ trees draw them, so the best shapes differ (sampling trees are wider).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from mtp.data.prompts import prompts_beyond_the_benchmarks
 from mtp.decode.loop import generate
 from mtp.decode.settings import Drafted
+from mtp.decode.stats import DecodeStats
 from mtp.decode.tree import DraftTree, fit_tree, path_counts, ranked_tree
 from mtp.model import MTPModel
 
@@ -126,17 +129,37 @@ def time_sizes(
 ) -> list[SizeTrial]:
     """Each fitted tree's step time (ms) when decoding with ``config`` at batch 1 (:data:`TIMING_ROUNDS`); a last
     entry without a tree is the heads' chain (timed as it is, not pooled with the trees' times)."""
-    times = [float("inf")] * len(fits)
-    for round_ in range(TIMING_ROUNDS):
-        prompt = prompts[round_ % min(TIMING_PROMPTS, len(prompts))]
-        for i, (tree, _) in enumerate(fits):
-            timing = replace(config, tree=tree, max_new_tokens=min(TIMING_TOKENS, config.max_new_tokens))
-            _, stats = generate(model, [prompt], timing)  # no longer than the fitting: its context was checked
-            times[i] = min(times[i], stats.ms_per_forward)
+    plans = [replace(config, tree=tree, max_new_tokens=min(TIMING_TOKENS, config.max_new_tokens)) for tree, _ in fits]
+    turns = min(TIMING_PROMPTS, len(prompts))  # the rounds take the prompts in turn
+
+    def decode(round_: int, plan: Drafted) -> DecodeStats:  # no longer than the fitting: its context was checked
+        return generate(model, [prompts[round_ % turns]], plan)[1]
+
+    times = fastest_steps(decode, plans, TIMING_ROUNDS)
     trees = len(fits) - (fits[-1][0] is None)
     times[:trees] = nondecreasing(times[:trees])  # nested trees, each doing what a smaller one does and more
     sizes = [tree.size if tree is not None else config.heads - 1 for tree, _ in fits]
     return [SizeTrial(n, 1 + expected, ms) for n, (_, expected), ms in zip(sizes, fits, times, strict=True)]
+
+
+def fastest_steps(
+    decode: Callable[[int, Drafted], DecodeStats],
+    plans: list[Drafted],
+    rounds: int,
+    min_rounds: int | None = None,
+    budget_s: float = float("inf"),
+) -> list[float]:
+    """Each plan's step time (ms): ``decode(round, plan)``'s stats in ``rounds`` rounds, each timing every plan in turn
+    (so that a machine's speed drifting does not favour one), the fastest round kept (other work on the machine only
+    adds to a step's time); rounds beyond ``min_rounds`` only while the timing has taken less than ``budget_s``."""
+    times = [float("inf")] * len(plans)
+    started = time.perf_counter()
+    for round_ in range(rounds):
+        if min_rounds is not None and round_ >= min_rounds and time.perf_counter() - started >= budget_s:
+            break
+        for i, plan in enumerate(plans):
+            times[i] = min(times[i], decode(round_, plan).ms_per_forward)
+    return times
 
 
 def nondecreasing(values: list[float]) -> list[float]:

@@ -21,7 +21,7 @@ from mtp.decode.loop import generate
 from mtp.decode.methods.base import BenchRow, DecodingMethod, Sweep, Target, register, to_stderr
 from mtp.decode.settings import Drafted, HeadsSettings
 from mtp.decode.tree import DraftTree, read_tree
-from mtp.decode.tree_fit import FASTEST, fitted_tree
+from mtp.decode.tree_fit import FASTEST, fastest_steps, fitted_tree
 from mtp.errors import SettingError
 from mtp.model import MTPModel
 
@@ -235,15 +235,11 @@ def time_heads(model: MTPModel, prompts: list[list[int]], config: Drafted, count
     new tokens, each round timing every count in turn (the first round runs warm: the calibration decode ran before);
     rounds beyond :data:`TIMING_MIN_ROUNDS` only within :data:`TIMING_BUDGET_S`."""
     timing = [p[-TIMING_CONTEXT:] for p in prompts]
-    rounds: dict[int, list[float]] = {k: [] for k in counts}
-    started = time.perf_counter()
-    for round_ in range(TIMING_ROUNDS):
-        if round_ >= TIMING_MIN_ROUNDS and time.perf_counter() - started >= TIMING_BUDGET_S:
-            break
-        for k in counts:
-            _, stats = generate(model, timing, replace(config, heads=k, max_new_tokens=TIMING_TOKENS))
-            rounds[k].append(stats.ms_per_forward)
-    return {k: min(times) for k, times in rounds.items()}
+    plans = [replace(config, heads=k, max_new_tokens=TIMING_TOKENS) for k in counts]
+    times = fastest_steps(
+        lambda _, plan: generate(model, timing, plan)[1], plans, TIMING_ROUNDS, TIMING_MIN_ROUNDS, TIMING_BUDGET_S
+    )
+    return dict(zip(counts, times, strict=True))
 
 
 def fastest_heads(model: MTPModel, prompts: list[list[int]], config: Drafted) -> HeadsChoice:
