@@ -251,8 +251,8 @@ def fastest_heads(model: MTPModel, prompts: list[list[int]], config: Drafted) ->
 
     The calibration decodes the run's own prompt rather than held-out documents (as a fitted tree does): the prompt is
     what the run decodes, so its acceptance is the one that pays (code drafts better than prose), and reading and
-    tokenizing held-out documents costs seconds on a CPU (the default corpus's validation split: 2-7 s on 2 cores),
-    more than the choice is worth and more than a short decode takes; the run need not have its training data either.
+    tokenizing held-out documents costs seconds on a CPU, more than the choice is worth and more than a short decode
+    takes; the run need not have its training data either.
     Its tokens are thrown away (the timed decode starts from the prompt again, its cache empty), and its cost is
     reported (:attr:`HeadsChoice.calibration_s`) rather than hidden in the decode's timing."""
     started = time.perf_counter()  # the calibration decode also warms the steps up before they are timed
