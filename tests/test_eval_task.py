@@ -1,19 +1,24 @@
-"""mtp eval-task: the exact-match metric on hand-made replies, the Wilson interval, the task lookup and its refusals,
-and a tiny model trained with experiment=paper_polynomial scored end to end."""
+"""mtp eval-task: the exact-match metric on hand-made replies, the Wilson interval, the evaluation lookup and its
+refusals, a tiny model trained with experiment=paper_polynomial scored end to end, and a model of the default corpus
+scored by its held-out loss (against a loss computed by hand) and its drafts."""
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from mtp.benchmarks import task_eval
-from mtp.benchmarks.task_eval import EvalSettings, is_right, parse_ops, task_of, wilson_interval
+from mtp.benchmarks.task_eval import evaluation_of
 from mtp.checkpoint.load import LoadedCheckpoint
+from mtp.commands import eval_task
 from mtp.data import polynomial
 from mtp.data.sources import SourceConfig
 from mtp.data.tokenizer import byte_tokenizer
 from mtp.errors import UserError
+from mtp.training import task_scores
+from mtp.training.task_scores import TaskSettings, is_right, parse_ops, wilson_interval
 from tests.conftest import compose_in
 
 
@@ -55,6 +60,8 @@ def test_operation_counts():
     ]:
         with pytest.raises(UserError, match=message):
             parse_ops(text)
+    with pytest.raises(UserError, match="^callbacks.task_curve.ops=11 is outside the operation counts"):
+        parse_ops("1-11", "callbacks.task_curve.ops")
 
 
 def checkpoint_on(source: dict) -> LoadedCheckpoint:
@@ -70,12 +77,13 @@ def test_outermost_operation(expression, operator):
     assert polynomial.Problem(expression, "00000", 1).operator == operator
 
 
-def test_a_checkpoint_trained_on_another_task_is_refused():
-    with pytest.raises(UserError, match=r"^last.ckpt was trained on data.source.kind=stdlib, not on a task"):
-        task_of(checkpoint_on({"kind": "stdlib"}), "last.ckpt")
-    with pytest.raises(UserError, match="was trained on data this checkpoint does not record"):
-        task_of(LoadedCheckpoint(None, byte_tokenizer(), None, 0, {}), "old.ckpt")
-    assert task_of(checkpoint_on({"kind": "polynomial"}), "x") == "polynomial"
+def test_a_checkpoint_is_scored_on_its_task_or_its_corpus_and_one_without_a_record_is_refused():
+    assert evaluation_of(checkpoint_on({"kind": "polynomial"})) == "polynomial"
+    assert evaluation_of(checkpoint_on({"kind": "induction"})) == "induction"
+    for corpus in ("stdlib", "files", "hub"):
+        assert evaluation_of(checkpoint_on({"kind": corpus})) == "corpus"
+    with pytest.raises(UserError, match="^this checkpoint does not record the data it was trained on"):
+        evaluation_of(LoadedCheckpoint(None, byte_tokenizer(), None, 0, {}))
 
 
 def test_scores_count_right_wrong_and_malformed_replies(monkeypatch):
@@ -93,8 +101,9 @@ def test_scores_count_right_wrong_and_malformed_replies(monkeypatch):
             outputs.append(tokenizer.encode(reply).ids)
         return outputs, SimpleNamespace(row_forwards=len(prompts), tokens=6 * len(prompts))
 
-    monkeypatch.setattr(task_eval, "generate", fake_generate)
-    results = task_eval.evaluate_polynomial(checkpoint_on(source), EvalSettings(ops=[2, 7], problems=12, batch_size=5))
+    monkeypatch.setattr(task_scores, "generate", fake_generate)
+    data = {"source": source}
+    results = task_scores.score_polynomial(None, tokenizer, data, TaskSettings(ops=[2, 7], problems=12, batch_size=5))
     rows = {row["ops"]: row for row in results["rows"]}
     # batches of 5, 5 and 2: right at k = 0, 3 of each, so 2 + 2 + 1
     assert rows[2]["correct"] == rows[7]["correct"] == 5 and rows[2]["problems"] == 12
@@ -108,7 +117,7 @@ def test_scores_count_right_wrong_and_malformed_replies(monkeypatch):
         assert rows[ops]["operators"] == expected
     assert "By outermost operation:" in task_eval.results_table(results | {"decoding": None})
     with pytest.raises(UserError, match="--problems 31 is more than the 30 problems per count"):
-        task_eval.evaluate_polynomial(checkpoint_on(source), EvalSettings(problems=31))
+        task_scores.score_polynomial(None, tokenizer, data, TaskSettings(problems=31))
 
 
 def test_a_tiny_model_trained_on_polynomials_is_scored_end_to_end(tmp_path, shared_cache):
@@ -151,3 +160,56 @@ def test_answers_after_must_be_one_token(tmp_path, shared_cache):
     ):
         train(compose_in(overrides, tmp_path))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_corpus_model_is_scored_by_its_held_out_loss_as_training_validates_and_by_its_drafts(make_cfg, tmp_path):
+    """A one-head model of the test corpus: the split the evaluation reads is the packed validation split, token for
+    token; over the same windows its loss is the training's own validation loss (every window, Lightning's
+    validation); the command scores every window, decodes held-out prompts and says the tokens equal
+    autoregressive decoding's."""
+    import numpy as np
+
+    from mtp.checkpoint.load import load_checkpoint
+    from mtp.data.packing import TokenizerConfig, fingerprint
+    from mtp.training.train import train
+
+    cfg = make_cfg("mtp1", ["trainer.limit_val_batches=1.0"])
+    metrics = train(cfg)
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    loaded = load_checkpoint(checkpoint, "cpu", "float32")
+    ids, n_bytes = task_eval.validation_tokens(loaded.data, loaded.tokenizer)
+    source = SourceConfig(**loaded.data["source"])
+    packed = fingerprint(source, TokenizerConfig(**cfg.data.tokenizer), loaded.data["val_fraction"])
+    stored = np.fromfile(f"{cfg.data.cache_dir}/{packed}/validation.bin", dtype=np.uint16)
+    assert ids == stored.tolist()
+    seq_len = loaded.data["seq_len"]
+    windows = (len(ids) - (seq_len + 1)) // seq_len + 1  # the training's validation windows (whole ones only)
+    nats, scored = task_eval.held_out_loss(loaded.model, ids, seq_len, windows, batch_size=5)
+    assert scored == windows * seq_len
+    assert nats / scored == pytest.approx(metrics["val/loss_head1"], rel=1e-5)
+    out = tmp_path / "eval"
+    eval_task.main([str(checkpoint), "--prompts", "3", "--prompt-tokens", "8", "--new-tokens", "6", "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    row, decoding = results["rows"][0], results["decoding"]
+    assert results["task"] == "corpus" and row["tokens"] == len(ids) - 1  # every token but the first
+    bytes_scored = n_bytes * row["tokens"] / len(ids)
+    assert row["bits_per_byte"] == pytest.approx(row["loss"] * row["tokens"] / math.log(2) / bytes_scored, rel=1e-9)
+    assert decoding["heads"] == 1 and decoding["tokens_per_forward"] == 1.0 and decoding["outputs_match"]
+    assert results["non_embedding_parameters"] == results["parameters"] - 2 * 512 * cfg.model.d_model
+    assert "| 1 |" in (out / "results.md").read_text()
+
+
+def test_a_corpus_model_drafts_with_every_head_and_bytes_are_bits_per_byte(tiny_checkpoints, tmp_path):
+    for preset, heads in (("mtp4", 4), ("byte8", 8)):
+        out = tmp_path / preset
+        eval_task.main([str(tiny_checkpoints[preset]), "--prompts", "2", "--prompt-tokens", "8", "--new-tokens", "8",
+                        "--windows", "6", "--out", str(out)])  # fmt: skip
+        results = json.loads((out / "results.json").read_text())
+        decoding = results["decoding"]
+        assert decoding["heads"] == heads and len(decoding["acceptance"]) == heads - 1 and decoding["outputs_match"]
+        assert decoding["tokens_per_forward"] >= 1.0 and results["rows"][0]["tokens"] == 6 * 32
+        if preset == "byte8":  # one token a byte (and one per end-of-text): bits per byte are bits per token
+            row = results["rows"][0]
+            assert row["bits_per_byte"] == pytest.approx(row["loss"] / math.log(2), rel=1e-9)
+    with pytest.raises(UserError, match=r"^--heads 5 is more than the 4 heads the model has; use at most 4.$"):
+        eval_task.main([str(tiny_checkpoints["mtp4"]), "--heads", "5", "--out", str(tmp_path / "x")])

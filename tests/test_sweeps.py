@@ -130,7 +130,7 @@ def test_a_sweep_folder_is_aggregated_over_seeds_and_unfinished_runs_are_left_ou
     assert "| size | ops | domain | n=1 | n=2 |" in tables
     assert "| paper_1m | 1 | in | 70.0% (50.0%-90.0%, 3 seeds) | 100.0% (1 seed) |" in tables
     assert "| paper_1m | 3 | out | 20.0% (10.0%-30.0%, 3 seeds) | 40.0% (1 seed) |" in tables
-    assert "| model=mtp2,seed=1 | paper_1m | 2 | 1 |  | unfinished, has a last.ckpt |" in tables
+    assert "| model=mtp2,seed=1 | paper_1m | 2 | 1 |  |  |  |  | unfinished, has a last.ckpt |" in tables
     assert "1 run(s) unfinished, in no average above: run the sweep's command again to resume them." in tables
     assert "Every run's other settings" not in tables  # paths.log_dir says where, not what: not a setting
     header = sweep_provenance(finished, "python scripts/results_page.py SWEEP")
@@ -245,3 +245,83 @@ def test_only_the_first_process_of_a_multi_device_run_scores_the_trained_checkpo
     pretrain.score_trained("bench args", "eval args")
     pretrain.score_trained(None, None)
     assert ran == ["bench", "eval"]
+
+
+def with_curve(job: Path, points: list[tuple[int, float]], tokens_per_step: int = 100) -> None:
+    """Add a task curve (step, accuracy of the first row) and a budget to a fake job's results."""
+    path = job / "eval_task" / "results.json"
+    results = json.loads(path.read_text())
+    row = {"token": "second", "problems": 50}
+    results["curve"] = [{"step": s, "tokens": s * tokens_per_step, "rows": [row | {"accuracy": a}]} for s, a in points]
+    results |= {"tokens": points[-1][0] * tokens_per_step, "train_seconds": 600.0 + results["n_future"] * 60,
+                "train_threads": 1}  # fmt: skip
+    path.write_text(json.dumps(results))
+
+
+def test_learning_curves_give_each_runs_best_point_beside_its_last_and_the_budgets(tmp_path):
+    sweep = tmp_path / "paper_induction"
+    a = fake_job(sweep, "model=mtp1,seed=0", 1, 0, {"second": 0.2, "first": 0.0})
+    b = fake_job(sweep, "model=mtp1,seed=1", 1, 1, {"second": 0.3, "first": 0.0})
+    c = fake_job(sweep, "model=mtp2,seed=0", 2, 0, {"second": 0.5, "first": 0.0})
+    with_curve(a, [(0, 0.0), (10, 0.4), (20, 0.2)])
+    with_curve(b, [(0, 0.0), (10, 0.1), (20, 0.3)])
+    with_curve(c, [(0, 0.0), (10, 0.5), (20, 0.5)])  # a tie: the earlier step is the best
+    finished, _ = read_sweep([sweep])
+    tables = sweep_tables(finished, [])
+    assert "| size | n | seeds | best point (token second) | its step | last point | last step |" in tables
+    assert "| paper_1m | 1 | 2 | 35.0% (30.0%-40.0%) | 10, 20 | 25.0% (20.0%-30.0%) | 20 |" in tables
+    assert "| paper_1m | 2 | 1 | 50.0% | 10 | 50.0% | 20 |" in tables
+    assert "| model=mtp2,seed=0 | paper_1m | 2 | 0 | 100 | 0.0M | 12 min | 1 | finished |" in tables
+    assert "Training time of the finished runs in all: 34 min." in tables
+    from mtp.benchmarks.task_sweep import curve_groups
+
+    tokens, means, lows, highs = curve_groups(finished)[0].band()
+    assert tokens == [0, 1000, 2000] and means == pytest.approx([0.0, 0.25, 0.25]) and lows == [0.0, 0.1, 0.2]
+    assert highs == [0.0, 0.4, 0.3]
+    pytest.importorskip("matplotlib")
+    from mtp.commands import results_page
+
+    out = tmp_path / "page.md"
+    results_page.main([str(sweep), "--out", str(out)])
+    assert "![Learning curves](page-curves.png)\n\n### Runs" in out.read_text()
+    assert (tmp_path / "page-curves.png").stat().st_size > 1000
+
+
+def fake_corpus_job(sweep: Path, size: str, n: int, seed: int, loss: float, tokens_per_forward: float, params: int):
+    job = fake_job(sweep, f"model=mtp{n},size={size},seed={seed}", n, seed, None, size=size)
+    results = {"provenance": {"date": "2026-01-01 10:00 UTC", "commit": "abc", "machine": "m", "torch": "t",
+                              "command": "python scripts/pretrain.py -m experiment=size_trend"},
+               "task": "corpus", "step": 10, "n_future": n, "tokens": 40960, "parameters": params + 1000,
+               "non_embedding_parameters": params, "metric": "held-out loss", "group": "head",
+               "rows": [{"head": 1, "loss": loss, "tokens": 500, "bits_per_byte": loss / 2}],
+               "decoding": {"heads": n, "tokens_per_forward": tokens_per_forward, "acceptance": [0.5] * (n - 1),
+                            "outputs_match": True}}  # fmt: skip
+    (job / "eval_task").mkdir()
+    (job / "eval_task" / "results.json").write_text(json.dumps(results))
+
+
+def test_a_corpus_sweep_gives_loss_by_size_and_n_its_difference_to_one_head_and_the_drafts(tmp_path):
+    sweep = tmp_path / "size_trend"
+    for seed, (one, four) in enumerate([(3.0, 3.4), (3.2, 3.5)]):  # 1M: n=4 worse beyond the seeds' spread
+        fake_corpus_job(sweep, "l6_1m", 1, seed, one, 1.0, 1_000_000)
+        fake_corpus_job(sweep, "l6_1m", 4, seed, four, 1.8, 1_000_000)
+    for seed, (one, four) in enumerate([(2.5, 2.55), (2.7, 2.6)]):  # 10M: within it
+        fake_corpus_job(sweep, "l6_10m", 1, seed, one, 1.0, 10_000_000)
+        fake_corpus_job(sweep, "l6_10m", 4, seed, four, 2.2, 10_000_000)
+    finished, _ = read_sweep([sweep])
+    tables = sweep_tables(finished, [])
+    assert "| size | non-embedding parameters | tokens | seeds | loss n=1 | loss n=4 | n=4 - n=1 |" in tables
+    lines = [line for line in tables.splitlines() if line.startswith("| l6_")]
+    assert lines == [
+        "| l6_1m | 1.00M | 0.0M | 2/2 | 3.100 (3.000-3.200) | 3.450 (3.400-3.500) | +0.350 (ranges apart) | "
+        "1.550 (1.500-1.600) | 1.725 (1.700-1.750) | 1.80 (1.80-1.80) |",
+        "| l6_10m | 10.00M | 0.0M | 2/2 | 2.600 (2.500-2.700) | 2.575 (2.550-2.600) | -0.025 (ranges overlap) | "
+        "1.300 (1.250-1.350) | 1.288 (1.275-1.300) | 2.20 (2.20-2.20) |",
+    ]
+    assert sweep_title(finished) == "Next-token loss and drafts, a sweep: l6_1m, l6_10m; n = 1, 4; seeds 0, 1"
+    pytest.importorskip("matplotlib")
+    from mtp.commands import results_page
+
+    out = tmp_path / "trend.md"
+    results_page.main([str(sweep), "--out", str(out)])
+    assert (tmp_path / "trend.png").stat().st_size > 1000 and not (tmp_path / "trend-curves.png").exists()

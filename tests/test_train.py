@@ -84,8 +84,10 @@ def test_every_config_group_instantiates_to_its_classes_and_settings(make_cfg):
         "TokenThroughputMonitor",
         "DecodeProbe",
         "QuietModelSummary",
+        "Timer",
     ]
-    checkpoint, guard, lr_monitor, throughput, probe, summary = callbacks.values()
+    checkpoint, guard, lr_monitor, throughput, probe, summary, timer = callbacks.values()
+    assert timer._duration is None  # it times the run, and never stops it
     assert isinstance(checkpoint, ModelCheckpoint) and isinstance(throughput, ThroughputMonitor)
     assert type(lr_monitor) is LearningRateMonitor and isinstance(summary, ModelSummary)
     expected = {
@@ -125,7 +127,7 @@ def test_every_config_group_instantiates_to_its_classes_and_settings(make_cfg):
     "override",
     ["debug=fdr", "debug=overfit", "debug=limit", "experiment=mtp4_base_gpu"]
     + [f"trainer={trainer}" for trainer in ("cpu", "gpu", "ddp")]
-    + [f"size={size}" for size in ("tiny", "small", "base", "large")]
+    + [f"size={size}" for size in ("tiny", "small", "base", "large", "trend_1m", "trend_3m", "trend_10m")]
     + ["data/tokenizer=byte", "data/tokenizer=pretrained"],
 )
 def test_every_preset_composes_into_valid_settings(make_cfg, override):

@@ -1,206 +1,150 @@
-"""Scoring a checkpoint on the synthetic task it was trained on (Gloeckle et al. 2024, section 4).
+"""Scoring a checkpoint on what it was trained on (``mtp eval-task``): the synthetic task of its data (Gloeckle et al.
+2024, section 4), or, for a model of a text corpus, its held-out next-token loss and how far its heads draft.
 
-The task is the checkpoint's recorded data source kind; :data:`TASKS` maps each task to its evaluation, a function
-``(loaded checkpoint, EvalSettings) -> results`` whose results hold ``rows`` (one per group, e.g. per operation
-count: ``correct`` of ``problems``, their accuracy and Wilson 95% interval) and ``decoding`` (the decoder's totals).
-Another task plugs in as one more entry of :data:`TASKS`.
+The evaluation is chosen by the checkpoint's recorded data source kind: a task of
+:data:`mtp.training.task_scores.TASKS` (polynomial, induction: scored as a training run's curve scores them), or
+:func:`evaluate_corpus` for every other source (stdlib, files, hub). Each returns results holding ``metric``,
+``group``, ``rows`` and ``decoding`` (the decoder's totals, or None).
 
-- ``polynomial`` (:mod:`mtp.data.polynomial`): each evaluation problem's prompt (``<problem>=``) decoded greedily;
-  right when the reply up to its first newline is the answer (a reply without a newline is wrong). The evaluation
-  sets are the checkpoint's own (its recorded evaluation seed), the ones its training never repeated.
-- ``induction`` (:mod:`mtp.data.induction`): the fixed evaluation stories read teacher-forced; head 1's greedy
-  accuracy on the second token of every repeated name (the paper's metric), beside the first token's.
+- ``corpus``: head 1's mean cross-entropy over the validation split of the checkpoint's own data (the documents
+  training held out, each followed by end-of-text, read in windows of the training's ``seq_len``), in nats per token
+  and in bits per byte of text; then greedy self-speculative decoding of held-out prompts with every head: tokens per
+  forward, the acceptance of each draft position, and whether the tokens equal autoregressive decoding's. Bits per
+  byte divide the summed loss (in bits) by the bytes the scored tokens stand for: the split's bytes per token (a
+  document's UTF-8 bytes and one for its end-of-text) times the tokens scored; for the byte tokenizer, exactly one
+  byte a token.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-import mtp.data.polynomial as polynomial
 from mtp.checkpoint.load import LoadedCheckpoint
-from mtp.data.induction import Story, evaluation_stories, story_ids
-from mtp.data.tokenizer import eot_id, prompt_ids
+from mtp.data.prompts import held_out_prompts
+from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
+from mtp.data.tokenizer import eot_id
 from mtp.decode import GenerationConfig, HeadsSettings, generate
 from mtp.errors import UserError
 from mtp.model import MTPModel
+from mtp.training.task_scores import TASKS, TaskSettings
 
-Z95 = 1.959963984540054
-"""The standard normal quantile of 0.975: a two-sided 95% interval."""
-
-
-def wilson_interval(correct: int, total: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson's score interval for a proportion ``correct / total`` (``(0, 1)`` for no trials)."""
-    assert 0 <= correct <= total
-    if total == 0:
-        return 0.0, 1.0
-    p = correct / total
-    denominator = 1 + z * z / total
-    center = (p + z * z / (2 * total)) / denominator
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denominator
-    return max(0.0, center - half), min(1.0, center + half)
-
-
-def accuracy_row(correct: int, total: int, **group: Any) -> dict[str, Any]:
-    low, high = wilson_interval(correct, total)
-    return {**group, "problems": total, "correct": correct, "accuracy": correct / total if total else 0.0,
-            "ci95": [low, high]}  # fmt: skip
-
-
-def parse_ops(text: str) -> list[int]:
-    """``--ops``: a count (``3``), a range (``1-10``) or a list of them (``1-5,8``), each count 1..10."""
-    counts: set[int] = set()
-    try:
-        for part in text.split(","):
-            first, _, last = part.strip().partition("-")
-            counts.update(range(int(first), int(last or first) + 1))
-    except ValueError:
-        raise UserError(f"--ops {text!r} is not a count, a range such as 1-10 or a list such as 1-5,8.") from None
-    if not counts:
-        raise UserError(f"--ops {text!r} names no operation count; give a range such as 1-10.")
-    for ops in sorted(counts):
-        polynomial.check_ops(ops, "--ops")
-    return sorted(counts)
+CORPUS = "corpus"
+"""The evaluation of a checkpoint trained on a text corpus (any data source kind that is not a task)."""
+DEFAULT_SEQ_LEN = 256
+"""The window of a checkpoint that does not record its training's ``seq_len``."""
 
 
 @dataclass
-class EvalSettings:
-    ops: list[int] = field(default_factory=lambda: list(range(1, polynomial.MAX_OPS + 1)))
-    """polynomial: the operation counts scored."""
-    problems: int | None = None
-    """Problems per group, the first of each evaluation set (None: the whole set)."""
-    heads: int = 1
-    """Heads decoding: 1 autoregressive, k > 1 self-speculative greedy (the same output)."""
-    batch_size: int = 64
-    """Problems decoded together."""
+class CorpusSettings:
+    """How a corpus model is scored (the evaluation command's flags)."""
+
+    windows: int | None = None
+    """Validation windows whose loss is measured, the first of the split (None: all of it)."""
+    prompts: int = 16
+    """Held-out prompts decoded."""
+    prompt_tokens: int = 64
+    """Tokens of each prompt (the opening of a validation document)."""
+    new_tokens: int = 128
+    """Tokens decoded after each prompt."""
+    heads: int | None = None
+    """Heads that decode (k > 1: heads 2..k draft); None: all the model's."""
+    batch_size: int = 16
+    """Windows scored, and prompts decoded, together."""
 
 
-def is_right(reply: str, answer: str) -> bool:
-    """Exact match: the reply's text up to its first newline is the answer, and the newline is there."""
-    line, newline, _ = reply.partition("\n")
-    return bool(newline) and line == answer
-
-
-def evaluate_polynomial(loaded: LoadedCheckpoint, settings: EvalSettings) -> dict[str, Any]:
-    source = loaded.data["source"]
-    available = source.get("eval_problems", 2000)
-    if settings.problems is not None and settings.problems > available:
-        raise UserError(
-            f"--problems {settings.problems} is more than the {available} problems per count that training kept out "
-            f"of its data; use at most {available}."
-        )
-    count = available if settings.problems is None else settings.problems
-    tokenizer, eot = loaded.tokenizer, eot_id(loaded.tokenizer)
-    config = GenerationConfig(max_new_tokens=polynomial.DEGREE + 1, eos_id=eot)
-    heads = HeadsSettings(heads=settings.heads)
-    training_ops = range(source.get("min_ops", 1), source.get("max_ops", 5) + 1)
-    rows, forwards, tokens, seconds = [], 0, 0, 0.0
-    for ops in settings.ops:
-        problems = polynomial.evaluation_problems(ops, available, source.get("eval_seed", 0))[:count]
-        correct, by_operator = 0, {op: [0, 0] for op in polynomial.OPERATORS}
-        for start in range(0, len(problems), settings.batch_size):
-            batch = problems[start : start + settings.batch_size]
-            began = time.perf_counter()
-            outputs, stats = generate(
-                loaded.model, [prompt_ids(tokenizer, p.prompt) for p in batch], config, heads=heads
-            )
-            seconds += time.perf_counter() - began
-            forwards, tokens = forwards + stats.row_forwards, tokens + stats.tokens
-            for ids, problem in zip(outputs, batch, strict=True):
-                right = is_right(tokenizer.decode(ids), problem.answer)
-                correct += right
-                by_operator[problem.operator][0] += right
-                by_operator[problem.operator][1] += 1
-        row = accuracy_row(correct, len(problems), ops=ops, in_domain=ops in training_ops)
-        row["operators"] = {op: {"correct": c, "problems": n} for op, (c, n) in by_operator.items()}
-        rows.append(row)
-    decoding = {"heads": settings.heads, "tokens": tokens, "row_forwards": forwards, "seconds": seconds,
-                "tokens_per_forward": tokens / forwards if forwards else 0.0}  # fmt: skip
-    return {"metric": "exact match", "group": "ops", "rows": rows, "decoding": decoding}
-
-
-def name_repeat_accuracy(
-    model: MTPModel, tokenizer: Tokenizer, stories: list[Story], batch_size: int = 32
-) -> dict[str, Any]:
-    """Head 1's teacher-forced greedy accuracy on the second piece of every repeated name in ``stories``.
-
-    Returns a plain dict: ``accuracy``, ``correct``, ``total`` (repeated names), ``ci95`` (Wilson, [low, high]),
-    ``first_piece_accuracy`` and ``first_piece_correct`` (the same at the repeated names' first pieces, which need the
-    name recalled, not copied) and ``stories``."""
-    if not stories:
-        raise UserError("an induction evaluation needs at least 1 story, not 0.")
-    device = next(model.parameters()).device
-    correct = first_correct = total = 0
-    for start in range(0, len(stories), batch_size):
-        batch = stories[start : start + batch_size]
-        rows = [story_ids(tokenizer, item) for item in batch]
-        length = max(map(len, rows))
-        if length > model.config.max_seq_len:
-            raise UserError(
-                f"an induction story of {length} tokens is longer than the model's {model.config.max_seq_len} "
-                "positions; evaluate a model with a longer model.max_seq_len."
-            )
-        padded = torch.tensor([row + [row[0]] * (length - len(row)) for row in rows], device=device)  # (B, T)
-        with torch.no_grad():
-            predicted = model.next_token_logits(padded).argmax(-1).cpu()  # (B, T)
-        for row, item, guesses in zip(rows, batch, predicted.tolist(), strict=True):
-            for index in item.repeats:
-                # row = [eot] + pieces: piece j is row[j + 1], predicted at position j
-                correct += guesses[index] == row[index + 1]
-                first_correct += guesses[index - 1] == row[index]
-                total += 1
-    if total == 0:
-        raise UserError("the induction stories given hold no repeated name; evaluate on evaluation_stories().")
-    low, high = wilson_interval(correct, total)
-    return {
-        "task": "induction",
-        "accuracy": correct / total,
-        "correct": correct,
-        "total": total,
-        "ci95": [low, high],
-        "first_piece_accuracy": first_correct / total,
-        "first_piece_correct": first_correct,
-        "stories": len(stories),
-    }
-
-
-def evaluate_induction(loaded: LoadedCheckpoint, settings: EvalSettings) -> dict[str, Any]:
-    """The induction task's evaluation stories (the first ``settings.problems`` of them; all by default): head 1's
-    teacher-forced greedy accuracy on the second token of every repeated name, and on the first beside it."""
-    stories = evaluation_stories()
-    if settings.problems is not None:
-        stories = stories[: settings.problems]
-    scored = name_repeat_accuracy(loaded.model, loaded.tokenizer, stories, settings.batch_size)
-    rows = [
-        accuracy_row(scored["correct"], scored["total"], token="second", in_domain=True),
-        accuracy_row(scored["first_piece_correct"], scored["total"], token="first", in_domain=True),
-    ]
-    return {"metric": "accuracy at a repeated name", "group": "token", "rows": rows, "decoding": None}
-
-
-TASKS: dict[str, Callable[[LoadedCheckpoint, EvalSettings], dict[str, Any]]] = {
-    "polynomial": evaluate_polynomial,
-    "induction": evaluate_induction,
-}
-"""Task name (the data source kind a checkpoint trained on) -> its evaluation."""
-
-
-def task_of(loaded: LoadedCheckpoint, path: str) -> str:
-    """The task ``loaded`` was trained on, or a UserError when it was trained on something else."""
+def evaluation_of(loaded: LoadedCheckpoint) -> str:
+    """What ``loaded`` is scored by: its task (the data source kind it trained on), or :data:`CORPUS`. A checkpoint
+    that records no training data (another format's model, an old mtp checkpoint) is refused in one sentence."""
     kind = loaded.data.get("source", {}).get("kind")
-    if kind not in TASKS:
-        trained = f"data.source.kind={kind}" if kind else "data this checkpoint does not record"
+    if kind is None:
         raise UserError(
-            f"{path} was trained on {trained}, not on a task this command scores ({', '.join(TASKS)}); pass a "
-            "checkpoint trained with experiment=paper_polynomial or experiment=paper_induction."
+            "this checkpoint does not record the data it was trained on, so there is nothing held out to score it on; "
+            "pass a checkpoint written by scripts/pretrain.py."
         )
-    return kind
+    return kind if kind in TASKS else CORPUS
+
+
+def validation_tokens(data: dict[str, Any], tokenizer: Tokenizer) -> tuple[list[int], int]:
+    """The validation split of the data a checkpoint records, as training packed it (every document encoded, then
+    end-of-text), and its size in bytes (each document's UTF-8 bytes, plus one for each end-of-text)."""
+    source = SourceConfig(**data["source"])
+    validation = split_documents(load_documents(source), data["val_fraction"])["validation"]
+    eot = eot_id(tokenizer)
+    ids: list[int] = []
+    n_bytes = 0
+    for texts in iter_texts(validation, batch_size=512):
+        for text, encoding in zip(texts, tokenizer.encode_batch(texts), strict=True):
+            ids += encoding.ids + [eot]
+            n_bytes += len(text.encode("utf-8")) + 1
+    if len(ids) < 2:
+        raise UserError(f"the validation split of data.source.kind={source.kind} holds no text to score.")
+    return ids, n_bytes
+
+
+def held_out_loss(
+    model: MTPModel, ids: list[int], seq_len: int, windows: int | None = None, batch_size: int = 16
+) -> tuple[float, int]:
+    """(head 1's summed cross-entropy in nats, tokens scored) over ``ids`` read in windows of ``seq_len`` inputs, one
+    after another (each token but the first is scored once, from the tokens before it in its window: training's
+    validation windows); the first ``windows`` of them (None: all)."""
+    device = next(model.parameters()).device
+    starts = list(range(0, len(ids) - 1, seq_len))[:windows]
+    total, count = 0.0, 0
+    for first in range(0, len(starts), batch_size):
+        chunk = [ids[s : s + seq_len + 1] for s in starts[first : first + batch_size]]
+        length = max(map(len, chunk))
+        window = torch.tensor([c + [0] * (length - len(c)) for c in chunk], device=device)  # (B, T + 1)
+        target = window[:, 1:].clone()
+        for row, c in enumerate(chunk):
+            target[row, len(c) - 1 :] = -100  # the padding of a short last window is not scored
+        with torch.no_grad():
+            logits = model.next_token_logits(window[:, :-1]).float()  # (B, T, V)
+            total += F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum").item()
+        count += int((target != -100).sum())
+    return total, count
+
+
+def evaluate_corpus(loaded: LoadedCheckpoint, settings: CorpusSettings) -> dict[str, Any]:
+    model, tokenizer, data = loaded.model, loaded.tokenizer, loaded.data
+    n = loaded.config.n_future
+    heads = n if settings.heads is None else settings.heads
+    if heads > n:
+        raise UserError(f"--heads {heads} is more than the {n} heads the model has; use at most {n}.")
+    ids, n_bytes = validation_tokens(data, tokenizer)
+    seq_len = data.get("seq_len", DEFAULT_SEQ_LEN)
+    nats, scored = held_out_loss(model, ids, seq_len, settings.windows, settings.batch_size)
+    scored_bytes = n_bytes * scored / len(ids)  # the split's bytes per token, times the tokens scored
+    rows = [{"head": 1, "loss": nats / scored, "tokens": scored, "bits_per_byte": nats / math.log(2) / scored_bytes,
+             "seq_len": seq_len}]  # fmt: skip
+    prompts = held_out_prompts(data, tokenizer, settings.prompts, settings.prompt_tokens)
+    config = GenerationConfig(max_new_tokens=settings.new_tokens)
+    outputs, stats, match = [], None, True
+    for first in range(0, len(prompts), settings.batch_size):
+        batch = prompts[first : first + settings.batch_size]
+        drafted, batch_stats = generate(model, batch, config, heads=HeadsSettings(heads=heads))
+        plain, _ = generate(model, batch, config) if heads > 1 else (drafted, None)
+        match &= drafted == plain
+        outputs += drafted
+        stats = batch_stats if stats is None else stats + batch_stats
+    decoding = {"heads": heads, "prompts": len(prompts), "prompt_tokens": settings.prompt_tokens,
+                "tokens": stats.tokens, "row_forwards": stats.row_forwards,
+                "tokens_per_forward": stats.tokens / stats.row_forwards, "acceptance": list(stats.acceptance),
+                "outputs_match": match}  # fmt: skip
+    return {"metric": "held-out loss", "group": "head", "rows": rows, "decoding": decoding}
+
+
+def evaluate(loaded: LoadedCheckpoint, task: TaskSettings, corpus: CorpusSettings) -> dict[str, Any]:
+    """The evaluation of ``loaded`` (:func:`evaluation_of`), with its task's settings or the corpus's."""
+    kind = evaluation_of(loaded)
+    if kind == CORPUS:
+        return {"task": CORPUS, **evaluate_corpus(loaded, corpus)}
+    return {"task": kind, **TASKS[kind](loaded.model, loaded.tokenizer, loaded.data, task)}
 
 
 def operator_table(rows: list[dict[str, Any]], group: str) -> str:
@@ -221,8 +165,27 @@ def operator_table(rows: list[dict[str, Any]], group: str) -> str:
     return "By outermost operation:\n\n" + "\n".join(lines)
 
 
+def corpus_table(results: dict[str, Any]) -> str:
+    """results.md of a corpus model: head 1's held-out loss, then its decoding."""
+    row, decoding = results["rows"][0], results["decoding"]
+    lines = [
+        "| head | tokens scored | loss (nats/token) | bits per byte |",
+        "|---:|---:|---:|---:|",
+        f"| {row['head']} | {row['tokens']} | {row['loss']:.4f} | {row['bits_per_byte']:.4f} |",
+        "",
+        f"Greedy decoding of {decoding['prompts']} held-out prompts of {decoding['prompt_tokens']} tokens with "
+        f"{decoding['heads']} head(s): {decoding['tokens_per_forward']:.2f} tokens per forward"
+        + (f", acceptance by position {', '.join(f'{a:.3f}' for a in decoding['acceptance'])}" if decoding["acceptance"]
+           else "")
+        + f"; the tokens {'equal' if decoding['outputs_match'] else 'DIFFER FROM'} autoregressive decoding's.",
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def results_table(results: dict[str, Any]) -> str:
-    """results.md: one row per group, accuracy with its interval."""
+    """results.md: one row per group, accuracy with its interval (a corpus model: its loss and decoding)."""
+    if results.get("task") == CORPUS:
+        return corpus_table(results)
     group = results["group"]
     lines = [
         f"| {group} | domain | problems | correct | {results['metric']} | 95% interval |",

@@ -1,14 +1,20 @@
-"""A sweep of a task experiment as one page: every finished run of one or more sweep folders, averaged over seeds.
+"""A sweep of an experiment as one page: every finished run of one or more sweep folders, averaged over seeds.
 
 A sweep folder (``python scripts/pretrain.py -m experiment=paper_polynomial ...``: logs/pretrain/sweeps/<experiment>)
 holds one folder per job; a job is finished when it scored itself (its ``eval_task/results.json``, written by
 ``mtp eval-task`` at the end of training). Each job's settings come from Hydra's record of it (``.hydra/``): its seed,
 its size preset and its other overrides; its number of heads n from its results. Runs that differ only in their seed
-are one group, averaged; unfinished runs are listed, never averaged.
+are one group, averaged; unfinished runs are listed, never averaged. Every run's budget (steps, tokens, training time
+and threads) is listed.
 
 The figure is the paper's (Gloeckle et al. 2024, figures 3 and 4): polynomial arithmetic, accuracy against the number
 of operations, one line per n with the seeds' lowest-to-highest as a band; induction, accuracy against model size
-(parameters), one line per n with the seeds' range as error bars.
+(parameters), one line per n with the seeds' range as error bars. Runs that recorded a task curve
+(``callbacks=task_curve``) add the learning curves (the headline accuracy against tokens trained: the seeds' mean and
+their lowest-to-highest band, per n and size) and a table of each curve's best point beside its last (the paper keeps
+the best checkpoint by the test metric). A sweep of models of a text corpus (``task`` ``corpus``: the size trend, the
+byte models) is a table of head 1's held-out loss and of the tokens per forward of self-speculative decoding, by size
+and n, and a figure of both against the non-embedding parameters.
 """
 
 from __future__ import annotations
@@ -24,13 +30,14 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from mtp.benchmarks.cli import require_plotting, save_figure
+from mtp.benchmarks.task_eval import CORPUS
 from mtp.errors import UserError
 
 EVAL_RESULTS = Path("eval_task") / "results.json"
 """Where a job of a task experiment writes its score (mtp/commands/pretrain.py): its presence marks it finished."""
 VARIED = ("model", "model.n_future", "seed", "size", "experiment")
 """The overrides a sweep compares along (n, seed, size) or names its folder by: not part of a run's other settings."""
-TASK_TITLES = {"polynomial": "Polynomial arithmetic", "induction": "Induction"}
+TASK_TITLES = {"polynomial": "Polynomial arithmetic", "induction": "Induction", CORPUS: "Next-token loss and drafts"}
 
 
 @dataclass
@@ -50,6 +57,18 @@ class SweepRun:
     """eval_task/results.json; None while the job is unfinished."""
     checkpoint: bool = False
     """Whether an unfinished job has a last.ckpt to resume from."""
+
+    @property
+    def headline(self) -> str:
+        """The label of the results' first row (induction: the second token; polynomial: one operation)."""
+        assert self.results is not None
+        group = self.results["group"]
+        return f"{group} {self.results['rows'][0][group]}"
+
+    def curve(self) -> list[tuple[int, int, float]]:
+        """(step, tokens, accuracy of the first row) of each point of the run's task curve (empty: none)."""
+        points = (self.results or {}).get("curve", [])
+        return [(p["step"], p["tokens"], float(p["rows"][0]["accuracy"])) for p in points]
 
 
 @dataclass
@@ -182,8 +201,25 @@ def cell(group: SweepGroup | None) -> str:
 
 
 def sweep_tables(finished: Sequence[SweepRun], unfinished: Sequence[SweepRun]) -> str:
-    """The page's body: per setting, a table of accuracy by size and row (operation count, token) with one column per
-    n; then every run (its folder, settings and step) and the unfinished ones, which no average includes."""
+    """The page's body: per setting, a table of the metric by size and row (operation count, token; a corpus model:
+    its loss and decoding) with one column per n; the learning curves' best and last points where the runs recorded
+    curves; then every run (its folder, settings and budget) and the unfinished ones, which no average includes."""
+    if finished[0].results.get("task") == CORPUS:
+        parts = [corpus_tables(finished)]
+    else:
+        parts = task_tables(finished)
+        if any(run.curve() for run in finished):
+            parts.append(curve_table(finished))
+    parts.append(runs_table([*finished, *unfinished]))
+    if unfinished:
+        parts.append(
+            f"{len(unfinished)} run(s) unfinished, in no average above: run the sweep's command again to resume them."
+        )
+    return "\n\n".join(parts) + "\n"
+
+
+def task_tables(finished: Sequence[SweepRun]) -> list[str]:
+    """Accuracy per setting, size and row, one column per n."""
     groups = aggregate(finished)
     results = finished[0].results
     group_key, metric = results["group"], results["metric"]
@@ -212,20 +248,178 @@ def sweep_tables(finished: Sequence[SweepRun], unfinished: Sequence[SweepRun]) -
             cells = " | ".join(cell(by_n.get(n)) for n in ns)
             lines.append(f"| {size} | {value} | {'in' if in_domain else 'out'} | {cells} |")
         parts.append("\n".join(lines))
-    lines = ["| run | size | n | seed | step | status |", "|---|---|---:|---:|---:|---|"]
-    for run in sorted([*finished, *unfinished], key=lambda r: str(r.folder)):
-        step = run.results.get("step", "") if run.results else ""
+    return parts
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
+def runs_table(runs: Sequence[SweepRun]) -> str:
+    """Every run with its budget (steps, tokens, training time and threads), and the sweep's training time in all."""
+    lines = [
+        "| run | size | n | seed | step | tokens | training time | threads | status |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for run in sorted(runs, key=lambda r: str(r.folder)):
+        results = run.results or {}
+        tokens = f"{results['tokens'] / 1e6:.1f}M" if results.get("tokens") else ""
         status = (
             "finished" if run.results else "unfinished, " + ("has a last.ckpt" if run.checkpoint else "not started")
         )
         n = "" if run.n is None else run.n
-        lines.append(f"| {run.folder.name} | {run.size} | {n} | {run.seed} | {step} | {status} |")
-    parts.append("### Runs\n\n" + "\n".join(lines))
-    if unfinished:
-        parts.append(
-            f"{len(unfinished)} run(s) unfinished, in no average above: run the sweep's command again to resume them."
+        lines.append(
+            f"| {run.folder.name} | {run.size} | {n} | {run.seed} | {results.get('step', '')} | {tokens} | "
+            f"{duration(results.get('train_seconds'))} | {results.get('train_threads') or ''} | {status} |"
         )
-    return "\n\n".join(parts) + "\n"
+    seconds = [run.results["train_seconds"] for run in runs if run.results and run.results.get("train_seconds")]
+    total = f"\n\nTraining time of the finished runs in all: {duration(sum(seconds))}." if seconds else ""
+    return "### Runs\n\n" + "\n".join(lines) + total
+
+
+@dataclass
+class CurveGroup:
+    """The task curves of the runs of one setting, size and n: each seed's accuracy (the results' first row) at each
+    step every seed scored."""
+
+    setting: tuple[str, ...]
+    size: str
+    n: int
+    runs: list[SweepRun]
+
+    def steps(self) -> list[tuple[int, int]]:
+        """(step, tokens) scored by every run."""
+        common = set.intersection(*({(step, tokens) for step, tokens, _ in run.curve()} for run in self.runs))
+        return sorted(common)
+
+    def band(self) -> tuple[list[int], list[float], list[float], list[float]]:
+        """(tokens, mean, lowest, highest) over the seeds at each common step."""
+        by_run = [{step: accuracy for step, _, accuracy in run.curve()} for run in self.runs]
+        tokens, means, lows, highs = [], [], [], []
+        for step, count in self.steps():
+            values = [points[step] for points in by_run]
+            tokens.append(count)
+            means.append(statistics.fmean(values))
+            lows.append(min(values))
+            highs.append(max(values))
+        return tokens, means, lows, highs
+
+
+def curve_groups(finished: Sequence[SweepRun]) -> list[CurveGroup]:
+    groups: dict[tuple, CurveGroup] = {}
+    for run in finished:
+        if run.curve():
+            key = (run.setting, run.size, run.n)
+            groups.setdefault(key, CurveGroup(*key, [])).runs.append(run)
+    sizes = size_order(finished)
+    return sorted(groups.values(), key=lambda g: (g.setting, sizes.index(g.size), g.n))
+
+
+def spread(values: Sequence[float], form: Any = percent) -> str:
+    """The seeds' mean with their lowest and highest: ``30.1% (28.7%-31.5%)``, or the one value."""
+    if len(values) == 1:
+        return form(values[0])
+    return f"{form(statistics.fmean(values))} ({form(min(values))}-{form(max(values))})"
+
+
+def curve_table(finished: Sequence[SweepRun]) -> str:
+    """Each curve's best point beside its last (the seeds' mean and range), for the results' first row."""
+    groups = curve_groups(finished)
+    labels = setting_labels({g.setting for g in groups})[1]
+    headline = finished[0].headline
+    lines = [
+        f"| size | n | seeds | best point ({headline}) | its step | last point | last step |",
+        "|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for group in groups:
+        best = [max(run.curve(), key=lambda point: (point[2], -point[0])) for run in group.runs]
+        last = [run.curve()[-1] for run in group.runs]
+        size = group.size + (f", {labels[group.setting]}" if len(labels) > 1 else "")
+        steps = ", ".join(str(step) for step, _, _ in best)
+        lines.append(
+            f"| {size} | {group.n} | {len(group.runs)} | {spread([a for _, _, a in best])} | {steps} | "
+            f"{spread([a for _, _, a in last])} | {last[0][0]} |"
+        )
+    scored = sorted({p["rows"][0]["problems"] for run in finished for p in run.results.get("curve", [])})
+    return (
+        "### Learning curves\n\n"
+        f"Each run scored its task every few steps while it trained ({', '.join(map(str, scored))} "
+        f"{'repeated names' if finished[0].results['task'] == 'induction' else 'problems'} of the evaluation set, "
+        "the first of them; the table above scored the whole set once training ended). The best point of a run's "
+        "curve is what keeping its best checkpoint by the test metric would give (the paper's epoch oracle); the "
+        "seeds' mean, lowest and highest.\n\n" + "\n".join(lines)
+    )
+
+
+def corpus_groups(finished: Sequence[SweepRun]) -> dict[tuple, list[SweepRun]]:
+    groups: dict[tuple, list[SweepRun]] = {}
+    for run in finished:
+        groups.setdefault((run.setting, run.size, run.n), []).append(run)
+    return groups
+
+
+def corpus_tables(finished: Sequence[SweepRun]) -> str:
+    """Head 1's held-out loss (nats per token), bits per byte and the tokens per forward of greedy self-speculative
+    decoding with every head, by size and n; the loss's difference to n=1 beside it, and whether the seeds' ranges
+    overlap."""
+    groups = corpus_groups(finished)
+    sizes = size_order(finished)
+    ns = sorted({run.n for run in finished})
+    common, labels = setting_labels({run.setting for run in finished})
+    parts = [
+        "Each cell: the mean over the seeds that finished, with the lowest and the highest seed's in brackets. The "
+        "loss is head 1's (next-token) cross-entropy over the validation split of the training data; bits per byte "
+        "divide its sum by the split's bytes; tokens per forward are those of greedy self-speculative decoding with "
+        "every head of held-out prompts (1.00 for n=1), whose tokens equal autoregressive decoding's."
+    ]
+    if common:
+        parts.append(f"Every run's other settings: `{' '.join(common)}`.")
+
+    def metric(run: SweepRun, name: str) -> float:
+        return run.results["decoding"]["tokens_per_forward"] if name == "tpf" else run.results["rows"][0][name]
+
+    forms = {"loss": lambda v: f"{v:.3f}", "bits_per_byte": lambda v: f"{v:.3f}", "tpf": lambda v: f"{v:.2f}"}
+    for setting in sorted(labels):
+        if len(labels) > 1:
+            parts.append(f"### {labels[setting]}")
+        lines = [
+            "| size | non-embedding parameters | tokens | seeds | "
+            + " | ".join(f"loss n={n}" for n in ns) + " | "
+            + " | ".join(f"n={n} - n=1" for n in ns if n != 1) + " | "
+            + " | ".join(f"bits/byte n={n}" for n in ns) + " | "
+            + " | ".join(f"tokens/forward n={n}" for n in ns if n != 1) + " |",
+            "|---|---:|---:|---:|" + "---:|" * (len(ns) * 3 - 2 * (1 in ns)),
+        ]  # fmt: skip
+        for size in sizes:
+            by_n = {n: groups.get((setting, size, n), []) for n in ns}
+            present = [runs for runs in by_n.values() if runs]
+            if not present:
+                continue
+            first = present[0][0].results
+            seeds = "/".join(str(len(by_n[n])) for n in ns)
+            losses = {n: [metric(r, "loss") for r in runs] for n, runs in by_n.items()}
+            cells = [spread(losses[n], forms["loss"]) if losses[n] else "" for n in ns]
+            for n in ns:
+                if n == 1:
+                    continue
+                if not (losses[n] and losses.get(1)):
+                    cells.append("")
+                    continue
+                gap = statistics.fmean(losses[n]) - statistics.fmean(losses[1])
+                apart = max(losses[n]) < min(losses[1]) or min(losses[n]) > max(losses[1])
+                cells.append(f"{gap:+.3f} ({'ranges apart' if apart else 'ranges overlap'})")
+            cells += [spread([metric(r, "bits_per_byte") for r in by_n[n]], forms["bits_per_byte"]) if by_n[n]
+                      else "" for n in ns]  # fmt: skip
+            cells += [spread([metric(r, "tpf") for r in by_n[n]], forms["tpf"]) if by_n[n] else ""
+                      for n in ns if n != 1]  # fmt: skip
+            tokens = f"{first['tokens'] / 1e6:.1f}M" if first.get("tokens") else ""
+            parameters = f"{first.get('non_embedding_parameters', 0) / 1e6:.2f}M"
+            lines.append(f"| {size} | {parameters} | {tokens} | {seeds} | " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
 
 
 def sweep_title(finished: Sequence[SweepRun]) -> str:
@@ -253,16 +447,27 @@ def sweep_provenance(finished: Sequence[SweepRun], page_command: str) -> dict[st
     }
 
 
-def plot_sweep(finished: Sequence[SweepRun], path: Path, title: str) -> None:
-    """The paper's figure: accuracy against the results' numeric rows (operation counts) when they are numbers, one
-    line per n and setting with the seeds' range as a band and the rows beyond training shaded; otherwise accuracy
-    against size (parameters), at the results' first row (induction: the second token), with the range as error
-    bars."""
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files (the ``benchmarks`` extra; a UserError names it when it is missing)."""
     require_plotting()
     import matplotlib  # optional (the benchmarks extra): imported only when a plot is asked for
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_sweep(finished: Sequence[SweepRun], path: Path, title: str) -> None:
+    """The paper's figure: accuracy against the results' numeric rows (operation counts) when they are numbers, one
+    line per n and setting with the seeds' range as a band and the rows beyond training shaded; otherwise accuracy
+    against size (parameters), at the results' first row (induction: the second token), with the range as error
+    bars. Models of a corpus: :func:`plot_corpus`."""
+    if finished[0].results.get("task") == CORPUS:
+        plot_corpus(finished, path, title)
+        return
+    plt = pyplot()
+    from matplotlib.ticker import PercentFormatter  # matplotlib: imported by pyplot() above, optional
 
     groups = aggregate(finished)
     results = finished[0].results
@@ -306,7 +511,75 @@ def plot_sweep(finished: Sequence[SweepRun], path: Path, title: str) -> None:
         ax.set_title(f"{results['group']}: {headline}", fontsize=9)
     ax.set_ylabel(results["metric"])
     ax.set_ylim(-0.02, 1.02)
-    ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
+    save_figure(fig, title, path)
+
+
+def plot_curves(finished: Sequence[SweepRun], path: Path, title: str) -> None:
+    """The learning curves: the results' first row's accuracy against tokens trained, one line per n (color) and size
+    (style), the seeds' mean with their lowest-to-highest as a band."""
+    plt = pyplot()
+    from matplotlib.ticker import PercentFormatter  # matplotlib: imported by pyplot() above, optional
+
+    groups = curve_groups(finished)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    ns = sorted({g.n for g in groups})
+    sizes = [size for size in size_order(finished) if any(g.size == size for g in groups)]
+    labels = setting_labels({g.setting for g in groups})[1]
+    styles = ["-", "--", ":", "-."]
+    for group in groups:
+        tokens, means, lows, highs = group.band()
+        xs = [t / 1e6 for t in tokens]
+        color = colors[ns.index(group.n) % len(colors)]
+        label = f"n={group.n}, {group.size}" + (f", {labels[group.setting]}" if len(labels) > 1 else "")
+        label += f" ({len(group.runs)} seeds)" if len(group.runs) > 1 else ""
+        ax.plot(xs, means, color=color, linestyle=styles[sizes.index(group.size) % 4], label=label)
+        ax.fill_between(xs, lows, highs, color=color, alpha=0.15)
+    ax.set_xlabel("tokens trained (millions)")
+    ax.set_ylabel(f"{finished[0].results['metric']}, {finished[0].headline}")
+    ax.set_ylim(-0.02, 1.02)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, title, path)
+
+
+def plot_corpus(finished: Sequence[SweepRun], path: Path, title: str) -> None:
+    """The size trend: head 1's held-out loss and the tokens per forward of self-speculative decoding against the
+    non-embedding parameters, one line per n (and setting), the seeds' range as error bars."""
+    plt = pyplot()
+    groups = corpus_groups(finished)
+    fig, (loss_ax, draft_ax) = plt.subplots(1, 2, figsize=(10, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    ns = sorted({run.n for run in finished})
+    labels = setting_labels({run.setting for run in finished})[1]
+    styles = ["-", "--", ":", "-."]
+    sizes = size_order(finished)
+    for index, setting in enumerate(sorted(labels)):
+        for n in ns:
+            series = [groups[(setting, size, n)] for size in sizes if (setting, size, n) in groups]
+            if not series:
+                continue
+            xs = [runs[0].results.get("non_embedding_parameters", 0) / 1e6 for runs in series]
+            label = f"n={n}" + (f", {labels[setting]}" if len(labels) > 1 else "")
+            style = {"color": colors[ns.index(n) % len(colors)], "linestyle": styles[index % 4], "marker": "o",
+                     "capsize": 4, "label": label}  # fmt: skip
+            for ax, value in (
+                (loss_ax, lambda r: r.results["rows"][0]["loss"]),
+                (draft_ax, lambda r: r.results["decoding"]["tokens_per_forward"]),
+            ):
+                values = [[value(r) for r in runs] for runs in series]
+                means = [statistics.fmean(v) for v in values]
+                pairs = list(zip(means, values, strict=True))
+                bars = [[m - min(v) for m, v in pairs], [max(v) - m for m, v in pairs]]
+                ax.errorbar(xs, means, yerr=bars, **style)
+    for ax, name in ((loss_ax, "head 1's held-out loss (nats per token)"), (draft_ax, "tokens per forward, greedy")):
+        ax.set_xscale("log")
+        ax.set_xlabel("non-embedding parameters (millions)")
+        ax.set_ylabel(name)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
     save_figure(fig, title, path)

@@ -28,6 +28,26 @@ from mtp.errors import UserError
 CHECKPOINT_KEY = "mtp"
 CHECKPOINT_FORMAT = 1
 SHARDED_META = "meta.pt"  # Lightning's name for the non-tensor part of a distributed checkpoint
+TASK_CURVE = "task_curve"
+"""The key of a training run's task curve in its curve callback's state (Lightning keeps each callback's state under
+the checkpoint's ``callbacks``): a list of points ``{"step", "tokens", "rows"}`` (mtp.training.callbacks.TaskCurve)."""
+
+
+def training_seconds(checkpoint: dict[str, Any]) -> float | None:
+    """The time its run spent training up to a checkpoint, over every resume (Lightning's Timer callback keeps it as
+    ``time_elapsed``); None when the run had no timer."""
+    for state in checkpoint.get("callbacks", {}).values():
+        if isinstance(state, dict) and isinstance(state.get("time_elapsed"), dict):
+            return float(state["time_elapsed"].get("train", 0.0))
+    return None
+
+
+def task_curve(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task curve a checkpoint's training recorded (empty when it recorded none)."""
+    for state in checkpoint.get("callbacks", {}).values():
+        if isinstance(state, dict) and TASK_CURVE in state:
+            return list(state[TASK_CURVE])
+    return []
 
 
 def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:

@@ -14,7 +14,14 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from mtp.checkpoint.format import CHECKPOINT_KEY, SHARDED_META, model_weights, read_checkpoint
+from mtp.checkpoint.format import (
+    CHECKPOINT_KEY,
+    SHARDED_META,
+    model_weights,
+    read_checkpoint,
+    task_curve,
+    training_seconds,
+)
 from mtp.config import LossConfig, ModelConfig, stored_configs
 from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles, gguf, hf, meta
@@ -36,6 +43,14 @@ class LoadedCheckpoint:
     """The training data's source and validation fraction (empty for checkpoints that predate it)."""
     loss: LossConfig = field(default_factory=LossConfig)
     """The loss settings the model trained with (the defaults for a model from another format)."""
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    """The task curve its training recorded (``callbacks=task_curve``; empty without one)."""
+    train_seconds: float | None = None
+    """The time its training took, over every resume (None: not recorded)."""
+    tokens_per_step: int | None = None
+    """Tokens one optimizer step trained on, over every process (None: not recorded)."""
+    train_threads: int | None = None
+    """The CPU threads of each training process (None: not recorded)."""
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -72,7 +87,10 @@ def load_checkpoint(
             model = MTPModel.with_weights(config, model_weights(checkpoint))
         tokenizer = Tokenizer.from_str(meta["tokenizer"])
         step, data = checkpoint.get("global_step", 0), meta.get("data", {})
-        loaded = LoadedCheckpoint(model, tokenizer, config, step, data, loss)
+        loaded = LoadedCheckpoint(
+            model, tokenizer, config, step, data, loss, task_curve(checkpoint), training_seconds(checkpoint),
+            meta.get("tokens_per_step"), meta.get("threads"),
+        )  # fmt: skip
     model.eval()
     model.to(device=device, dtype=resolve_dtype(dtype, device))
     model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()

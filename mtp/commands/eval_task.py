@@ -1,12 +1,17 @@
-"""Score a checkpoint on the synthetic task it was trained on (python scripts/eval_task.py, or mtp eval-task).
+"""Score a checkpoint on what it was trained on (python scripts/eval_task.py, or mtp eval-task).
 
     python scripts/eval_task.py CKPT                        # every operation count, 1-10, the whole sets
     python scripts/eval_task.py CKPT --ops 1-5 --problems 200 --heads 2 --out results/poly_mtp2
+    python scripts/eval_task.py CKPT --prompts 32 --out results/stdlib_mtp4   # a model of the default corpus
 
-The task is the one the checkpoint records as its data source (polynomial: experiment=paper_polynomial); each
-evaluation problem is decoded greedily (--heads k > 1: self-speculatively with the model's heads, the same output)
-and scored by exact match, per operation count, with a Wilson 95% interval (mtp/benchmarks/task_eval.py). Writes
-results.json and results.md into --out.
+The evaluation follows the data source the checkpoint records. A synthetic task (polynomial: experiment=
+paper_polynomial; induction: experiment=paper_induction) is scored by its metric (mtp/training/task_scores.py):
+polynomial problems decoded greedily (--heads k > 1: self-speculatively with the model's heads, the same output) and
+scored by exact match per operation count, induction stories read teacher-forced; each row with a Wilson 95%
+interval. A model of a text corpus (the default stdlib corpus, files, a hub dataset) is scored by head 1's loss on
+the validation split of its own data (nats per token, bits per byte) and by greedy self-speculative decoding of held-out
+prompts with its heads (tokens per forward, acceptance). A checkpoint whose training recorded a task curve
+(callbacks=task_curve) carries it into the results. Writes results.json and results.md into --out.
 """
 
 from __future__ import annotations
@@ -17,19 +22,35 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from mtp.benchmarks.results_page import provenance
-from mtp.benchmarks.task_eval import TASKS, EvalSettings, parse_ops, results_table, task_of
+from mtp.benchmarks.task_eval import CorpusSettings, evaluate, results_table
 from mtp.checkpoint.load import load_checkpoint
 from mtp.commands.cli import add_device_flag, pick_device, require_at_least, run_script, settings_named_by_flags
 from mtp.files import write_whole
+from mtp.model import MTPModel
+from mtp.training.task_scores import TaskSettings, parse_ops
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a checkpoint written by scripts/pretrain.py on a task (its last.ckpt)")
+    parser.add_argument("checkpoint", help="a checkpoint written by scripts/pretrain.py (its last.ckpt)")
     parser.add_argument("--ops", default="1-10", help="polynomial: the operation counts, e.g. 1-10 or 1-5,8")
-    parser.add_argument("--problems", type=int, default=None, help="problems per count (default: the whole set)")
-    parser.add_argument("--heads", type=int, default=1, help="1: autoregressive; k > 1: k heads draft (same output)")
-    parser.add_argument("--batch-size", type=int, default=64, help="problems decoded together (default: 64)")
+    parser.add_argument(
+        "--problems", type=int, default=None, help="a task: problems per count, or stories (default: the whole set)"
+    )
+    parser.add_argument(
+        "--heads",
+        type=int,
+        default=None,
+        help="heads that decode: 1 autoregressive, k > 1 heads 2..k draft (the same output); default: 1 for a task, "
+        "every head for a corpus model",
+    )
+    parser.add_argument("--batch-size", type=int, default=64, help="problems, windows or prompts together (64)")
+    parser.add_argument(
+        "--windows", type=int, default=None, help="a corpus model: validation windows scored (default: all)"
+    )
+    parser.add_argument("--prompts", type=int, default=16, help="a corpus model: held-out prompts decoded (16)")
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="a corpus model: tokens of each prompt (64)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="a corpus model: tokens decoded per prompt (128)")
     parser.add_argument("--out", type=Path, default=Path("results/eval_task"), help="folder of results.json and .md")
     add_device_flag(parser)
     return parser
@@ -39,8 +60,11 @@ def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments, checked before any checkpoint is loaded (a training run that scores itself at its end learns
     of a bad setting before it trains)."""
     args = build_parser().parse_args(argv)
-    require_at_least(args, 1, "problems", "heads", "batch_size")
-    args.settings = EvalSettings(parse_ops(args.ops), args.problems, args.heads, args.batch_size)
+    require_at_least(args, 1, "problems", "heads", "batch_size", "windows", "prompts", "prompt_tokens", "new_tokens")
+    args.settings = TaskSettings(parse_ops(args.ops), args.problems, args.heads or 1, args.batch_size)
+    args.corpus = CorpusSettings(
+        args.windows, args.prompts, args.prompt_tokens, args.new_tokens, args.heads, args.batch_size
+    )
     pick_device(args.device)
     args.argv = argv  # the command results.json is headed by (None: this process's own arguments)
     return args
@@ -54,14 +78,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Score the checkpoint of :func:`checked_args`' arguments: results.json and results.md in --out (each written
     whole or not at all: a finished sweep job is one whose results.json exists). Returns the results."""
     loaded = load_checkpoint(args.checkpoint, pick_device(args.device), "float32")
-    task = task_of(loaded, args.checkpoint)
     with settings_named_by_flags():  # the decoder's checks (e.g. more heads than trained) name --heads
-        results = TASKS[task](loaded, args.settings)
+        scored = evaluate(loaded, args.settings, args.corpus)
     parameters = sum(p.numel() for p in loaded.model.parameters())
-    results = {"provenance": provenance(args.argv), "task": task, "checkpoint": str(args.checkpoint),
+    results = {"provenance": provenance(args.argv), "task": scored.pop("task"), "checkpoint": str(args.checkpoint),
                "step": loaded.global_step, "n_future": loaded.config.n_future, "parameters": parameters,
-               **results}  # fmt: skip
+               "non_embedding_parameters": parameters - embedding_parameters(loaded.model), **scored}  # fmt: skip
+    if loaded.tokens_per_step:
+        results["tokens"] = loaded.global_step * loaded.tokens_per_step
+    if loaded.train_seconds is not None:
+        results["train_seconds"] = loaded.train_seconds
+        results["train_threads"] = loaded.train_threads
+    if loaded.curve:
+        results["curve"] = loaded.curve
     args.out.mkdir(parents=True, exist_ok=True)
+    task = results["task"]
     title = f"{task}: {Path(args.checkpoint).name}, step {loaded.global_step}, n_future {loaded.config.n_future}"
     markdown = f"# {title}\n\n{results_table(results)}"
     write_whole(args.out / "results.md", lambda f: f.write(markdown.encode()))
@@ -70,6 +101,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(results_table(results), end="")
     print(f"wrote {args.out / 'results.json'}")
     return results
+
+
+def embedding_parameters(model: MTPModel) -> int:
+    """The parameters of the input embedding and of the unembeddings (the paper's sizes count neither)."""
+    return sum(p.numel() for part in (model.tok_embeddings, model.heads.outputs) for p in part.parameters())
 
 
 def entry_point() -> NoReturn:

@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import NoReturn
 
 from mtp.benchmarks.results_page import page, provenance
-from mtp.benchmarks.task_sweep import plot_sweep, read_sweep, sweep_provenance, sweep_tables, sweep_title
+from mtp.benchmarks.task_sweep import (
+    plot_curves,
+    plot_sweep,
+    read_sweep,
+    sweep_provenance,
+    sweep_tables,
+    sweep_title,
+)
 from mtp.commands.cli import run_script
 from mtp.errors import UserError
 
@@ -72,12 +79,18 @@ def sweep_page(folders: list[Path], out: Path, argv: list[str] | None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     plot = out.with_suffix(".png")
     plot_sweep(finished, plot, title)
+    tables = sweep_tables(finished, unfinished)
+    written = [out, plot]
+    if any(run.curve() for run in finished):  # the learning curves, beside the paper's figure
+        curves = out.with_name(f"{out.stem}-curves.png")
+        plot_curves(finished, curves, f"{title}: learning curves")
+        tables = tables.replace("### Runs", f"![Learning curves]({curves.name})\n\n### Runs", 1)
+        written.append(curves)
     command = provenance(argv)["command"]  # this page's own command, after the sweep's
-    text = page(
-        {"provenance": sweep_provenance(finished, command)}, title, sweep_tables(finished, unfinished), plot.name
-    )
+    text = page({"provenance": sweep_provenance(finished, command)}, title, tables, plot.name)
     out.write_text(text)
-    print(f"wrote {out} and {plot}" + (f" ({len(unfinished)} unfinished run(s) left out)" if unfinished else ""))
+    left = f" ({len(unfinished)} unfinished run(s) left out)" if unfinished else ""
+    print(f"wrote {', '.join(map(str, written))}{left}")
 
 
 def entry_point() -> NoReturn:

@@ -24,10 +24,10 @@ are evaluation names, the rest training names. Training stories (:func:`training
 use training names only, the fixed evaluation set (:func:`evaluation_stories`, seed :data:`EVAL_SEED`) evaluation names
 only, so no evaluation story and no evaluation name pair occurs in training.
 
-**The metric** (:func:`mtp.benchmarks.task_eval.name_repeat_accuracy`, ``mtp eval-task``): each evaluation story
-is read teacher-forced after end-of-text (as documents start in training); at every repeated name, head 1's argmax
-at the position of the name's first piece is compared with its second piece. Accuracy with a Wilson 95% interval;
-the accuracy on the repeated names' first pieces is reported beside it, for contrast.
+**The metric** (:func:`mtp.training.task_scores.name_repeat_accuracy`; ``mtp eval-task``, ``callbacks=task_curve``):
+each evaluation story is read teacher-forced after end-of-text (as documents start in training); at every repeated
+name, head 1's argmax at the position of the name's first piece is compared with its second piece. Accuracy with a
+Wilson 95% interval; the accuracy on the repeated names' first pieces is reported beside it, for contrast.
 """
 
 from __future__ import annotations

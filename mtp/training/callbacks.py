@@ -1,5 +1,5 @@
 """Lightning callbacks of a training run: when checkpoints are written, what a signal or a non-finite loss does,
-and tokens/s."""
+tokens/s, and what is scored while it trains (decoding, a task's learning curve)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 from torch import Tensor
 
+from mtp.checkpoint.format import TASK_CURVE
 from mtp.decode import GenerationConfig, HeadsSettings, generate
 from mtp.errors import UserError
 from mtp.training.parallel import is_sharded
+from mtp.training.task_scores import TASKS, TaskSettings, parse_ops, row_metrics
 
 log = logging.getLogger(__name__)
 
@@ -235,3 +237,87 @@ class DecodeProbe(L.Callback):
         pl_module.log("val/decoded_tokens_per_forward", stats.tokens_per_forward, sync_dist=True)
         for j, rate in enumerate(stats.acceptance, start=1):
             pl_module.log(f"val/decoded_acceptance_pos{j}", rate, sync_dist=True)
+
+
+class TaskCurve(L.Callback):
+    """The run's task metric as a learning curve: at the first step, every ``every_n_steps`` optimizer steps and at
+    the last (``trainer.max_steps``), the task of the training data (``task``: ``data.source.kind``) is scored on the
+    first ``problems`` of its evaluation set (:data:`mtp.training.task_scores.TASKS`, as ``mtp eval-task`` scores a
+    checkpoint: polynomial, exact match per operation count of ``ops``; induction, accuracy on repeated names' second
+    and first tokens), logged to the run's loggers at that step as ``task/<group>_<value>`` (``task/ops_1``,
+    ``task/token_second``: TensorBoard's curves), and kept as a point (step, tokens trained, rows) in the callback's
+    state. The state is saved with every checkpoint, so a resumed run continues its curve and ``mtp eval-task`` puts
+    a checkpoint's curve into its results (``curve``), which a sweep's page draws.
+
+    Opt-in: ``callbacks=task_curve`` (``experiment=paper_induction`` and ``paper_polynomial`` select it). A run whose
+    data has no task metric is refused when the callback is built, before any data is prepared. The score runs on
+    the first process only, in float32 (outside autocast); a sharded (FSDP2) model, whose weights no single process
+    holds, is not scored (a warning says so).
+    """
+
+    def __init__(
+        self, task: str, every_n_steps: int = 100, problems: int | None = None, ops: str = "1-5", batch_size: int = 64
+    ) -> None:
+        if task not in TASKS:
+            raise UserError(
+                f"callbacks=task_curve scores the task of the training data, and data.source.kind={task} has no task "
+                f"metric; train on data={' or data='.join(TASKS)} (experiment=paper_induction, paper_polynomial), or "
+                "drop the curve with callbacks=default."
+            )
+        for name, value in (("every_n_steps", every_n_steps), ("problems", problems), ("batch_size", batch_size)):
+            if value is not None and value < 1:
+                raise UserError(f"callbacks.task_curve.{name}={value} must be at least 1.")
+        self.task, self.every_n_steps = task, every_n_steps
+        self.settings = TaskSettings(parse_ops(ops, "callbacks.task_curve.ops"), problems, 1, batch_size)
+        self.points: list[dict[str, Any]] = []
+        """(step, tokens, rows) of every score so far, the resumed run's included."""
+        self._scored_step: int | None = None
+        self._data: dict[str, Any] | None = None
+        self._tokenizer = None
+        self._tokens_per_step = 0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        datamodule = trainer.datamodule
+        self._data, self._tokenizer = datamodule.description(), datamodule.tokenizer
+        available = self._data["source"].get("eval_problems")
+        if self.task == "polynomial" and self.settings.problems is not None and self.settings.problems > available:
+            raise UserError(
+                f"callbacks.task_curve.problems={self.settings.problems} is more than the {available} problems per "
+                f"count the data keeps for evaluation (data.source.eval_problems); use at most {available}."
+            )
+        accumulate = trainer.accumulate_grad_batches
+        self._tokens_per_step = datamodule.batch_size * datamodule.seq_len * trainer.world_size * accumulate
+        if is_sharded(pl_module.model):
+            log.warning(
+                "callbacks=task_curve: the model is sharded (FSDP2), so no process can score it alone: no curve."
+            )
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step == 0:
+            self.score(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        due = step % self.every_n_steps == 0 or step == trainer.max_steps
+        if due and step != self._scored_step:  # accumulation: several batches end at one step
+            self.score(trainer, pl_module)
+
+    def score(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Score the model now; log and keep the point."""
+        step = self._scored_step = trainer.global_step
+        if not trainer.is_global_zero or is_sharded(pl_module.model):
+            return
+        with torch.autocast(pl_module.device.type, enabled=False), torch.no_grad():
+            results = TASKS[self.task](pl_module.model, self._tokenizer, self._data, self.settings)
+        for logger in trainer.loggers:
+            logger.log_metrics(row_metrics(results), step=step)
+        self.points = [p for p in self.points if p["step"] < step]  # a step scored again replaces its point
+        self.points.append({"step": step, "tokens": step * self._tokens_per_step, "rows": results["rows"]})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {TASK_CURVE: list(self.points), "task": self.task}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.points = list(state_dict.get(TASK_CURVE, []))

@@ -266,9 +266,19 @@ class MTPLitModule(L.LightningModule):
             "loss_config": self.loss.to_dict(),  # how it trained: a resumed run keeps it (train.resumed_loss)
             "tokenizer": datamodule.tokenizer.to_str(),
             "data": datamodule.description(),  # where held-out prompts come from (bench_decode)
+            "tokens_per_step": self.tokens_per_step(),  # with global_step: what the run has trained on
+            "threads": torch.get_num_threads(),  # how its training time was spent (the Timer's, in "callbacks")
         }
         if self.chat.template:  # the start model's chat template: decode and bench_decode speak to it as to the start
             checkpoint[CHECKPOINT_KEY]["chat"] = self.chat.to_dict()
+
+    def tokens_per_step(self) -> int | None:
+        """Tokens one optimizer step trains on, over every process (None: a datamodule without batches of windows)."""
+        batch_size = getattr(self.trainer.datamodule, "batch_size", None)
+        seq_len = getattr(self.trainer.datamodule, "seq_len", None)
+        if batch_size is None or seq_len is None:
+            return None
+        return batch_size * seq_len * self.trainer.world_size * self.trainer.accumulate_grad_batches
 
     @property
     def flops_per_batch(self) -> int | None:

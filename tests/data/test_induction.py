@@ -9,7 +9,6 @@ import torch
 from conftest import compose_in
 from torch import nn
 
-from mtp.benchmarks.task_eval import name_repeat_accuracy, wilson_interval
 from mtp.checkpoint.load import load_checkpoint
 from mtp.data.induction import (
     FIRST_PIECES,
@@ -25,6 +24,7 @@ from mtp.data.packing import TokenizerConfig, fingerprint
 from mtp.data.sources import SourceConfig, load_documents
 from mtp.data.tokenizer import byte_tokenizer, eot_id
 from mtp.errors import UserError
+from mtp.training.task_scores import name_repeat_accuracy, wilson_interval
 from mtp.training.train import train
 
 TOKENIZER = induction_tokenizer()
