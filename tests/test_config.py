@@ -7,8 +7,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from mtp.commands.pretrain import check_groups_not_nulled, config_error_sentence
-from mtp.config import LossConfig, ModelConfig, stored_configs
 from mtp.errors import UserError
+from mtp.model.config import ModelConfig, stored_model_config
+from mtp.training.loss import LossConfig
 
 
 def test_derived_values():
@@ -116,10 +117,10 @@ def test_a_stored_model_config_of_either_layout_gives_both_configs():
     loss = LossConfig(mode="naive", loss_weights=[1.0, 0.5], head_loss="distill", causal_inputs="drafts")
     old = model.to_dict() | {"loss": "naive", "loss_weights": [1.0, 0.5], "head_loss": "distill"}
     old |= {"causal_inputs": "drafts"}
-    assert stored_configs(old) == (model, loss)
-    assert stored_configs(model.to_dict(), loss.to_dict()) == (model, loss)
+    assert (stored_model_config(old), LossConfig.stored(old)) == (model, loss)
+    assert (stored_model_config(model.to_dict()), LossConfig.stored(model.to_dict(), loss.to_dict())) == (model, loss)
     oldest = model.to_dict() | {"loss": "sequential", "loss_weights": None, "loss_chunk": 0}  # tests/fixtures/legacy
-    assert stored_configs(oldest) == (model, LossConfig())
+    assert (stored_model_config(oldest), LossConfig.stored(oldest)) == (model, LossConfig())
 
 
 def test_linear_heads_need_no_extra_layers():

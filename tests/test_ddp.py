@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from mtp.config import ModelConfig
 from mtp.data import MTPDataModule
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 from mtp.training.lit import MTPLitModule
 
 MODEL = dict(vocab_size=320, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, n_future=3)

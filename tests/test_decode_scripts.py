@@ -738,15 +738,16 @@ def test_compare_heads_times_the_checkpoints_own_model(model, loss):
     rebuilt from a few fields (a shared causal depth or a second medusa layer changes the parameters)."""
     import torch
 
-    from mtp.config import LossConfig, ModelConfig
     from mtp.model import MTPModel
+    from mtp.model.config import ModelConfig
+    from mtp.training.loss import LossConfig
 
     compare_heads = load_script("compare_heads")
     config = ModelConfig(vocab_size=64, d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, max_seq_len=64, **model)
     flags = compare_heads.parse_args(["x.ckpt", "--seq-len", "16", "--batch-size", "2", "--train-steps", "1"])
     spec = compare_heads.step_spec(config, LossConfig(**loss), flags, torch.device("cpu"))
     timed = spec.model_config()
-    assert timed.max_seq_len == 16 and spec.loss_settings() == LossConfig(**loss)
+    assert timed.max_seq_len == 16 and spec.loss == LossConfig(**loss)
     shapes = [{name: value.shape for name, value in MTPModel(c).state_dict().items()} for c in (timed, config)]
     assert shapes[0] == shapes[1]
 
@@ -824,8 +825,8 @@ def test_a_near_ties_margin_is_head_ones_for_every_head_type():
     import torch
 
     from mtp.benchmarks.hf_peer import top2_margin
-    from mtp.config import ModelConfig
     from mtp.model import MTPModel
+    from mtp.model.config import ModelConfig
 
     torch.manual_seed(0)
     shape = dict(vocab_size=61, d_model=32, n_layers=9, n_heads=4, n_kv_heads=2, n_future=3)

@@ -16,13 +16,13 @@ from tokenizers import Tokenizer
 from mtp.checkpoint.load import model_chat, read_foreign_tokenizer
 from mtp.commands import distill as command
 from mtp.commands.cli import run_script
-from mtp.config import ModelConfig
 from mtp.data.sources import SourceConfig, in_validation, iter_texts, load_documents
 from mtp.data.tokenizer import byte_tokenizer
 from mtp.decode import GenerationConfig
 from mtp.errors import SettingError, UserError
 from mtp.interop.chat import ModelChat
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 from mtp.pretrained.distill import (
     ChatTemplate,
     DistillSettings,

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from mtp.checkpoint.load import load_checkpoint
-from mtp.config import LossConfig, ModelConfig
 from mtp.decode import GenerationConfig, generate
 from mtp.decode.settings import Drafted, HeadsSettings, StepSettings
 from mtp.decode.tree import full_tree
 from mtp.model import MTPModel
-from mtp.training.loss import mtp_loss
+from mtp.model.config import ModelConfig
+from mtp.training.loss import LossConfig, mtp_loss
 from mtp.training.parallel import parallelize
 from mtp.training.train import train
 from tests.decode.helpers import tiny_model

@@ -8,9 +8,9 @@ import torch
 from omegaconf import open_dict
 
 from mtp.checkpoint.format import CHECKPOINT_KEY
-from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 from mtp.pretrained.init_from import freeze
 from mtp.training.loss import mtp_loss
 from mtp.training.train import build, train

@@ -15,12 +15,13 @@ from torch import nn
 
 from mtp.checkpoint.format import CHECKPOINT_KEY, SHARDED_META, model_weights, read_checkpoint
 from mtp.checkpoint.load import load_checkpoint
-from mtp.config import HEAD_TYPES, LossConfig, stored_configs
 from mtp.decode.loop import generate
 from mtp.decode.settings import GenerationConfig, HeadsSettings
 from mtp.model import MTPModel
+from mtp.model.config import HEAD_TYPES, stored_model_config
 from mtp.model.heads import HEADS, current_names, legacy_name
 from mtp.pretrained.init_from import Start, start_config
+from mtp.training.loss import LossConfig
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
 NAMES = sorted(p.stem for p in LEGACY.glob("*.ckpt"))
@@ -40,7 +41,8 @@ def head_logit_sums(model: MTPModel, prompt: list[int]) -> list[float]:
 
 
 def test_the_fixtures_cover_every_head_type():
-    configs = [stored_configs(read_checkpoint(LEGACY / f"{n}.ckpt")[CHECKPOINT_KEY]["model_config"])[0] for n in NAMES]
+    stored = [read_checkpoint(LEGACY / f"{n}.ckpt")[CHECKPOINT_KEY]["model_config"] for n in NAMES]
+    configs = [stored_model_config(model_config) for model_config in stored]
     assert {c.head_type for c in configs} | {"eagle3"} == set(HEAD_TYPES) == set(HEADS)  # every type there was then
     assert any(c.share_depth for c in configs) and any(c.medusa_layers > 1 for c in configs)
     assert any(c.draft_vocab for c in configs)
@@ -53,7 +55,8 @@ def test_the_fixtures_cover_every_head_type():
 def test_a_legacy_checkpoint_decodes_what_it_decoded(name):
     expected = record(name)
     loaded = load_checkpoint(LEGACY / f"{name}.ckpt", "cpu", "float32")
-    assert loaded.global_step == 7 and loaded.loss == LossConfig()  # its loss, loss_weights and loss_chunk: defaults
+    assert loaded.global_step == 7  # its loss, loss_weights and loss_chunk: defaults
+    assert LossConfig.from_dict(loaded.loss_settings) == LossConfig()
     sums = head_logit_sums(loaded.model, expected["prompt"])
     assert sums == pytest.approx(expected["logit_sums"], rel=1e-5, abs=1e-3)
     for key, tokens in expected["decoded"].items():
@@ -69,7 +72,7 @@ def test_every_legacy_tensor_lands_in_todays_layout(name):
     """Strict loads through the adapter (the module hook a resumed run's LightningModule goes through too): nothing
     missing, nothing left over, every tensor where the renaming puts it."""
     checkpoint = read_checkpoint(LEGACY / f"{name}.ckpt")
-    config, _ = stored_configs(checkpoint[CHECKPOINT_KEY]["model_config"])
+    config = stored_model_config(checkpoint[CHECKPOINT_KEY]["model_config"])
 
     class Module(nn.Module):  # the LightningModule's layout: the model under "model."
         def __init__(self) -> None:
@@ -99,7 +102,7 @@ def test_loss_settings_kept_in_the_model_config_move_to_the_loss_config(tmp_path
     torch.save(checkpoint, path)
     loaded = load_checkpoint(path, "cpu", "float32")
     assert loaded.config == load_checkpoint(LEGACY / "causal.ckpt").config and loaded.config.head_type == "causal"
-    assert loaded.loss == LossConfig(
+    assert LossConfig.from_dict(loaded.loss_settings) == LossConfig(
         mode="naive",
         loss_weights=[1.0, 0.5, 0.5],
         head_loss="distill",

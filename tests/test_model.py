@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from mtp.config import ModelConfig
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 
 
 def tiny(**kwargs) -> ModelConfig:

@@ -9,11 +9,11 @@ import re
 import pytest
 import torch
 
-from mtp.config import ModelConfig
 from mtp.decode import GenerationConfig, generate
 from mtp.decode.settings import Drafted, HeadsSettings
 from mtp.errors import SettingError, UserError
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 from mtp.training.online import OnlineHeads, OnlineSettings, draft_head_parameters
 
 TYPES = {"transformer": {}, "linear": {}, "causal": {}, "medusa": {}}

@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mtp.config import LossConfig, ModelConfig
 from mtp.model import MTPModel
-from mtp.training.loss import mtp_loss
+from mtp.model.config import ModelConfig
+from mtp.training.loss import LossConfig, mtp_loss
 from mtp.training.parallel import parallelize
 
 WORLD = 2

@@ -19,13 +19,13 @@ from torchmetrics.text import Perplexity
 from mtp.checkpoint.format import read_checkpoint
 from mtp.checkpoint.load import load_checkpoint
 from mtp.checkpoint.save import AtomicCheckpointIO
-from mtp.config import LossConfig, ModelConfig
 from mtp.data.tokenizer import byte_tokenizer
 from mtp.errors import UserError
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 from mtp.model.transformer import IGNORE
 from mtp.training.lit import MTPLitModule
-from mtp.training.loss import answer_targets, mtp_loss, split_window
+from mtp.training.loss import LossConfig, answer_targets, mtp_loss, split_window
 from mtp.training.optim import OptimConfig, parameter_groups, warmup_cosine
 from mtp.training.train import instantiate_group, metric_order, train
 

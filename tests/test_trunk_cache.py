@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 from mtp.pretrained.init_from import freeze
 from mtp.training.loss import mtp_loss
 from mtp.training.train import train

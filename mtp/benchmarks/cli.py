@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from dataclasses import asdict
 from pathlib import Path
 
 import mtp
@@ -164,12 +163,12 @@ def step_in_fresh_process(spec: StepSpec) -> dict:
     package_parent = str(Path(mtp.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_parent, os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
-        [sys.executable, "-m", "mtp.benchmarks.train_step", json.dumps(asdict(spec))],
+        [sys.executable, "-m", "mtp.benchmarks.train_step", spec.to_json()],
         capture_output=True,
         text=True,
         env=env,
     )
     if result.returncode != 0:
         reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        return {**asdict(spec), "status": f"failed: {reason}"}
+        return {**spec.row(), "status": f"failed: {reason}"}
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -11,11 +11,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from mtp.benchmarks.report import CHAIN
-from mtp.config import ModelConfig
 from mtp.decode.graphs import captures_on
 from mtp.decode.proposal import Proposer
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES, Drafted
 from mtp.errors import UserError
+from mtp.model.config import ModelConfig
 
 STEP_MODES = ("eager", "captured")
 

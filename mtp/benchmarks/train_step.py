@@ -15,32 +15,29 @@ import resource
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 
-from mtp.config import LossConfig, ModelConfig
 from mtp.model import MTPModel
-from mtp.training.loss import mtp_loss
+from mtp.model.config import ModelConfig
+from mtp.training.loss import LossConfig, mtp_loss
 from mtp.training.optim import parameter_groups
 from mtp.training.parallel import parallelize
 
 
 @dataclass
 class StepSpec:
-    n_future: int
-    vocab_size: int
-    loss: str
-    head_type: str = "transformer"
-    d_model: int = 256
-    n_layers: int = 9
-    n_heads: int = 4
-    n_kv_heads: int = 2
+    """One configuration whose training steps are timed: a model and its loss, each its own config whole (the
+    checkpoint's, or one a benchmark builds), and the step's shape."""
+
+    model: ModelConfig
+    """The model trained (its context becomes ``seq_len``: :meth:`model_config`)."""
+    loss: LossConfig
+    """The loss it trains with."""
     seq_len: int = 128
     batch_size: int = 4
-    loss_chunk: int = 0
-    head_loss: str = "ce"
     steps: int = 3
     warmup: int = 1
     device: str = "cpu"
@@ -48,48 +45,39 @@ class StepSpec:
     activation_checkpointing: bool = False
     compile: bool = False
     seed: int = 0
-    model: dict[str, Any] | None = None
-    """A whole ModelConfig (:meth:`~mtp.config.ModelConfig.to_dict`, e.g. a checkpoint's) to time instead of the one
-    the fields above describe (they then only label the row); its context becomes ``seq_len``."""
-    loss_config: dict[str, Any] | None = None
-    """A whole LossConfig (:meth:`~mtp.config.LossConfig.to_dict`, e.g. a checkpoint's) to train with instead of the
-    one ``loss``, ``loss_chunk`` and ``head_loss`` describe (they then only label the row)."""
-
-    @classmethod
-    def of_model(cls, config: ModelConfig, loss: LossConfig, **shape: Any) -> StepSpec:
-        """The step of ``config``'s model, every field of it (head type, shared depth, medusa layers, ...), trained
-        under ``loss``, in ``shape`` (seq_len, batch_size, steps, device, bf16, ...)."""
-        labels = ("n_future", "vocab_size", "head_type", "d_model", "n_layers", "n_heads", "n_kv_heads")
-        return cls(
-            **{name: getattr(config, name) for name in labels},
-            loss=loss.mode,
-            loss_chunk=loss.loss_chunk,
-            head_loss=loss.head_loss,
-            **shape,
-            model=config.to_dict(),
-            loss_config=loss.to_dict(),
-        )
 
     def model_config(self) -> ModelConfig:
-        """The model this step trains."""
-        if self.model is not None:
-            return replace(ModelConfig.from_dict(self.model), max_seq_len=self.seq_len)
-        return ModelConfig(
-            vocab_size=self.vocab_size,
-            d_model=self.d_model,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads,
-            n_future=self.n_future,
-            head_type=self.head_type,
-            max_seq_len=self.seq_len,
-        )
+        """The model this step trains: :attr:`model` with a context of ``seq_len``."""
+        return replace(self.model, max_seq_len=self.seq_len)
 
-    def loss_settings(self) -> LossConfig:
-        """The loss this step trains with."""
-        if self.loss_config is not None:
-            return LossConfig.from_dict(self.loss_config)
-        return LossConfig(mode=self.loss, loss_chunk=self.loss_chunk, head_loss=self.head_loss)
+    def shape(self) -> dict[str, Any]:
+        """The step's shape: every field but the two configs."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("model", "loss")}
+
+    def to_json(self) -> str:
+        """The spec as the child process reads it (:meth:`from_json`)."""
+        return json.dumps({"model": self.model.to_dict(), "loss": self.loss.to_dict(), **self.shape()})
+
+    @classmethod
+    def from_json(cls, text: str) -> StepSpec:
+        values = json.loads(text)
+        model, loss = ModelConfig.from_dict(values.pop("model")), LossConfig.from_dict(values.pop("loss"))
+        return cls(model, loss, **values)
+
+    def row(self) -> dict[str, Any]:
+        """What a results row says of the spec: the model's shape and the loss's choices by name (``loss`` is its
+        mode), the step's shape, and both configs whole (``model``, ``loss_config``)."""
+        model, loss = self.model, self.loss
+        labels = ("n_future", "vocab_size", "head_type", "d_model", "n_layers", "n_heads", "n_kv_heads")
+        return {
+            **{name: getattr(model, name) for name in labels},
+            "loss": loss.mode,
+            "loss_chunk": loss.loss_chunk,
+            "head_loss": loss.head_loss,
+            **self.shape(),
+            "model": model.to_dict(),
+            "loss_config": loss.to_dict(),
+        }
 
 
 def resident_bytes() -> int:
@@ -105,7 +93,7 @@ def measure(spec: StepSpec) -> dict:
     torch.manual_seed(spec.seed)
     device = torch.device(spec.device)
     cuda = device.type == "cuda"
-    config, loss_settings = spec.model_config(), spec.loss_settings()
+    config, loss_settings = spec.model_config(), spec.loss
     loss_settings.check_model(config)
     model = MTPModel(config).to(device)
     parallelize(model, activation_checkpointing=spec.activation_checkpointing, compile=spec.compile)
@@ -140,7 +128,7 @@ def measure(spec: StepSpec) -> dict:
     peak = (torch.cuda.max_memory_allocated() if cuda else peak_resident_bytes()) - baseline
     step_time = statistics.median(times[spec.warmup :])
     return {
-        **asdict(spec),
+        **spec.row(),
         "parameters": sum(p.numel() for p in model.parameters()),
         "peak_memory_bytes": peak,
         "step_time_s": step_time,
@@ -150,11 +138,11 @@ def measure(spec: StepSpec) -> dict:
 
 
 def main() -> None:
-    spec = StepSpec(**json.loads(sys.argv[1]))
+    spec = StepSpec.from_json(sys.argv[1])
     try:
         result = measure(spec)
     except torch.OutOfMemoryError:
-        result = {**asdict(spec), "status": "out of memory"}
+        result = {**spec.row(), "status": "out of memory"}
     print(json.dumps(result))
 
 

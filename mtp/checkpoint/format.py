@@ -6,7 +6,8 @@ nothing of mtp but its errors.
 
 Lightning's checkpoint dict carries, under :data:`CHECKPOINT_KEY`, the model config and the tokenizer JSON,
 so a checkpoint alone is enough to decode, and the loss config the model trained with (``loss_config``; a
-checkpoint written before it keeps the loss settings in its model config: :func:`mtp.config.stored_configs`).
+checkpoint written before it keeps the loss settings in its model config:
+:func:`mtp.model.config.stored_loss_settings`).
 Two layouts are read:
 
 - a single file (every strategy but FSDP's sharded save): the whole dict, weights under ``state_dict``;

@@ -22,12 +22,12 @@ from mtp.checkpoint.format import (
     task_curve,
     training_seconds,
 )
-from mtp.config import LossConfig, ModelConfig, stored_configs
 from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles, gguf, hf, meta
 from mtp.interop import tokenizer as foreign_tokenizer
 from mtp.interop.chat import ModelChat, gguf_chat, hf_chat
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig, stored_loss_settings, stored_model_config
 from mtp.model.heads import legacy_name
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -41,8 +41,9 @@ class LoadedCheckpoint:
     global_step: int
     data: dict[str, Any]
     """The training data's source and validation fraction (empty for checkpoints that predate it)."""
-    loss: LossConfig = field(default_factory=LossConfig)
-    """The loss settings the model trained with (the defaults for a model from another format)."""
+    loss_settings: dict[str, Any] = field(default_factory=dict)
+    """The loss settings the model trained with, as stored (:func:`~mtp.model.config.stored_loss_settings`; the
+    training layer's :class:`~mtp.training.loss.LossConfig` reads them); empty for a model from another format."""
     curve: list[dict[str, Any]] = field(default_factory=list)
     """The task curve its training recorded (``callbacks=task_curve``; empty without one)."""
     train_seconds: float | None = None
@@ -79,7 +80,8 @@ def load_checkpoint(
     else:
         checkpoint = read_checkpoint(path, map_location=device)
         meta = checkpoint[CHECKPOINT_KEY]
-        config, loss = stored_configs(meta["model_config"], meta.get("loss_config"))
+        config = stored_model_config(meta["model_config"])
+        loss = stored_loss_settings(meta["model_config"], meta.get("loss_config"))
         if Path(path).is_dir():
             model = MTPModel(config).to(device)
             _load_sharded_weights(Path(path), model)

@@ -23,7 +23,8 @@ from mtp.benchmarks.report import add_ratios_to_n1, markdown_table, write_result
 from mtp.benchmarks.results_page import provenance
 from mtp.benchmarks.train_step import StepSpec
 from mtp.commands.cli import add_device_flag, pick_device, run_script
-from mtp.config import HEAD_LOSSES, HEAD_TYPES
+from mtp.model.config import HEAD_TYPES, ModelConfig
+from mtp.training.loss import HEAD_LOSSES, LossConfig
 
 # Defaults per device: a CPU grid small enough for a laptop; a GPU one large enough to keep a large GPU busy.
 DEFAULTS = {
@@ -64,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, key) is not None:
             sizes[key] = getattr(args, key)
     args.sizes = sizes
+    shape = ("seq_len", "batch_size", "steps", "warmup")
+    args.model_sizes = {name: value for name, value in sizes.items() if name not in shape}
+    args.step_shape = {name: value for name, value in sizes.items() if name in shape}
     args.n = args.n or ([1, 2] if args.quick else [1, 2, 4, 8])
     args.vocab = args.vocab or ([256, 2048] if args.quick else [256, 32768, 131072])
     if sizes["n_layers"] <= max(args.n):
@@ -83,22 +87,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     require_plotting()
     args.out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the benchmark runs
-    rows = []
+    rows, loss_chunk = [], args.loss_chunk
     for vocab in args.vocab:
         for mode in args.modes:
             for n in args.n:
                 spec = StepSpec(
-                    n_future=n,
-                    vocab_size=vocab,
-                    loss=mode,
-                    head_type=args.head_type,
-                    loss_chunk=args.loss_chunk if mode == "sequential" else 0,
-                    head_loss=args.head_loss,
+                    ModelConfig(vocab_size=vocab, n_future=n, head_type=args.head_type, **args.model_sizes),
+                    LossConfig(mode, loss_chunk=loss_chunk if mode == "sequential" else 0, head_loss=args.head_loss),
                     device=args.device,
                     bf16=args.bf16,
                     activation_checkpointing=args.activation_checkpointing,
                     compile=args.compile,
-                    **args.sizes,
+                    **args.step_shape,
                 )
                 row = step_in_fresh_process(spec)
                 rows.append(row)

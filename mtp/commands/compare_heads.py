@@ -45,10 +45,11 @@ from mtp.commands.cli import (
     settings_from,
     settings_named_by_flags,
 )
-from mtp.config import LossConfig, ModelConfig
 from mtp.decode import GenerationConfig, HeadsSettings
 from mtp.decode.settings import Drafted
 from mtp.errors import UserError
+from mtp.model.config import ModelConfig
+from mtp.training.loss import LossConfig
 
 MIB = 2**20
 
@@ -95,7 +96,7 @@ def logged_validation(checkpoint: Path) -> dict[str, float]:
 def step_spec(config: ModelConfig, loss: LossConfig, args: argparse.Namespace, device: torch.device) -> StepSpec:
     """The training step timed for a checkpoint of ``config`` trained under ``loss``: its whole model (shared depth,
     medusa layers and all) in the step shape of the flags (bf16 autocast when the decoding runs in bf16)."""
-    return StepSpec.of_model(
+    return StepSpec(
         config,
         loss,
         seq_len=args.seq_len,
@@ -123,7 +124,7 @@ def training_choices(loss: LossConfig) -> str:
 def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, device: torch.device) -> dict:
     """One checkpoint's row: greedy and ``sampled`` decoding with all heads against one head, and a training step."""
     loaded = load_checkpoint(path, device, args.dtype)
-    model, config = loaded.model, loaded.config
+    model, config, loss = loaded.model, loaded.config, LossConfig.from_dict(loaded.loss_settings)
     prompts, names = benchmark_prompts(loaded, args.problems, args.prompts, args.prompt_tokens)
     greedy = replace(sampled, temperature=0.0, top_p=1.0)
     settings = {
@@ -141,7 +142,7 @@ def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, dev
     row = {
         "checkpoint": str(path),
         "prompt_set": describe_prompts(prompts, names, args.problems, args.prompt_tokens),
-        "head_type": config.head_type + shared + training_choices(loaded.loss),
+        "head_type": config.head_type + shared + training_choices(loss),
         "n_future": config.n_future,
         "parameters": sum(p.numel() for p in model.parameters()),
         "global_step": loaded.global_step,
@@ -156,7 +157,7 @@ def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, dev
             "tokens_per_s": spec.tokens_per_s,
         }
     if args.train_steps:
-        row["train"] = step_in_fresh_process(step_spec(config, loaded.loss, args, device))  # tokens/s and peak memory
+        row["train"] = step_in_fresh_process(step_spec(config, loss, args, device))  # tokens/s and peak memory
     print(f"{path}: {json.dumps({k: v for k, v in row.items() if k != 'validation'})}", flush=True)
     return row
 

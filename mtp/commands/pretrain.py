@@ -34,9 +34,9 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from mtp.checkpoint.format import read_checkpoint
 from mtp.commands import bench_decode, distill, eval_task
 from mtp.commands.cli import checkout_root, errors_reported, run_script
-from mtp.config import MOVED_TO_LOSS
 from mtp.errors import UserError, first_line
 from mtp.files import write_whole
+from mtp.model.config import FORMER_LOSS_SETTINGS
 from mtp.pretrained.reference import register_resolver
 
 LITLOGGER_TIP = "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]"
@@ -160,8 +160,8 @@ def config_error_sentence(err: ConfigCompositionException | OverrideParseExcepti
         return f"{group}={option} names no config in conf/{group}/; choose one of {', '.join(err.options)}."
     cause = err.__cause__
     if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.full_key:  # a key the config lacks
-        if cause.full_key.removeprefix("model.") in MOVED_TO_LOSS:  # a command line written before the loss group
-            return f"{cause.full_key} is a loss setting now; set loss.{MOVED_TO_LOSS[cause.key]} instead."
+        if cause.full_key.removeprefix("model.") in FORMER_LOSS_SETTINGS:  # a command line older than the loss group
+            return f"{cause.full_key} is a loss setting now; set loss.{FORMER_LOSS_SETTINGS[cause.key]} instead."
         typed = re.search(r"use \+(\S+)", str(err))
         known = list(cause.parent_node.keys()) if isinstance(cause.parent_node, DictConfig) else []
         close = difflib.get_close_matches(str(cause.key), [str(k) for k in known], n=1)

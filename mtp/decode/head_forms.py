@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtp.config import ModelConfig
 from mtp.decode.cache import ChainCache, KVCache
 from mtp.decode.graphs import StepGraphs
 from mtp.decode.int8 import Int8Matrices
 from mtp.decode.packed import PackedBlocks, Unembedding, product
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 from mtp.model.heads import CausalHeads, Eagle3Heads, Heads, LinearHeads, MedusaHeads, ParallelHeads
 
 Chooser = Callable[[Tensor, int], Tensor]

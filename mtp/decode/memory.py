@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from mtp.config import ModelConfig
 from mtp.errors import UserError
+from mtp.model.config import ModelConfig
 from mtp.model.heads import HEADS
 
 FRACTION_OF_AVAILABLE = 0.5

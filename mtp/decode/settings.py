@@ -17,10 +17,10 @@ from typing import Literal, TypeVar, get_args
 
 import torch
 
-from mtp.config import ModelConfig
 from mtp.decode.graphs import captures_on
 from mtp.decode.tree import DraftTree
 from mtp.errors import SettingError
+from mtp.model.config import ModelConfig
 
 Acceptance = Literal["exact", "typical", "spectr"]
 ACCEPTANCE_RULES: tuple[str, ...] = get_args(Acceptance)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from mtp.config import ModelConfig
+from mtp.model.config import ModelConfig
 
 
 @dataclass

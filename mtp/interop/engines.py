@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.interop.llama import BLOCK_NAMES, llama_config
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 
 ENGINE_FORMATS = {"eagle3": "eagle3", "medusa": "medusa"}
 """Each engine layout and the mtp head type it carries exactly."""

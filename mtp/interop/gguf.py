@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtp.config import ModelConfig
 from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles
 from mtp.interop.llama import expected_shapes, ffn_multiple_for, interleaved_to_halves
 from mtp.interop.tokenizer import gguf_tokenizer
+from mtp.model.config import ModelConfig
 
 INSTALL_HINT = "install the gguf extra with pip install -e '.[gguf]'"
 DEFAULT_CONTEXT = 4096

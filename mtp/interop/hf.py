@@ -12,7 +12,7 @@ With head 1, every other tensor of the model goes beside them, so that the direc
 - ``mtp_heads.safetensors``: the tensors not on head 1's path, under mtp's own names (``heads.layers.0.*``,
   ``heads.outputs.1.weight``, ``heads.inputs.*``, ``heads.residuals.*``);
 - ``mtp_config.json``: ``{"format": 1, "model_config": {...}, "head_path": 1, "heads_file": ...}``, the
-  model's full config (:class:`mtp.config.ModelConfig`).
+  model's full config (:class:`mtp.model.config.ModelConfig`).
 
 Reading the directory back (:func:`read_hf`) gives the same state dict, tensor for tensor.
 """
@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtp.config import ModelConfig, stored_configs
 from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles
 from mtp.interop.llama import check_tensors, expected_shapes, ffn_multiple_for, head_path_names, llama_config
 from mtp.interop.tokenizer import directory_tokenizer
+from mtp.model.config import ModelConfig, stored_model_config
 from mtp.model.heads import current_names
 
 MTP_CONFIG, MTP_HEADS = "mtp_config.json", "mtp_heads.safetensors"
@@ -118,7 +118,7 @@ def _model_config(hf: dict[str, Any], path: Path) -> ModelConfig:
             f"{path / MTP_CONFIG} has format {meta.get('format')} and head path {meta.get('head_path')}; this mtp "
             f"reads format {MTP_FORMAT} with head path 1 (exports with --head k are plain Llamas: delete the file)."
         )
-    config = stored_configs(meta["model_config"])[0]  # the loss settings an earlier export kept there are dropped
+    config = stored_model_config(meta["model_config"])  # the loss settings an earlier export kept there are dropped
     ours, theirs = llama_config(config), llama_config(derived)
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"):
         if ours[key] != theirs[key]:

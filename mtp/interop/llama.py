@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 from mtp.model.heads import HEADS
 
 BLOCK_NAMES = {
@@ -97,7 +97,7 @@ def ffn_multiple_for(d_model: int, hidden: int) -> int:
     mtp's width is int(8 d / 3) rounded up to the multiple m; the smallest divisor m of ``hidden`` above
     hidden - int(8 d / 3) gives ``hidden`` exactly. Widths below int(8 d / 3) cannot be expressed.
     """
-    base = int(8 * d_model / 3)  # mtp.config.swiglu_width
+    base = int(8 * d_model / 3)  # mtp.model.config.swiglu_width
     if hidden < base:
         raise UserError(
             f"a SwiGLU width of {hidden} at width {d_model} is below 8/3 of the width ({base}), which mtp's "

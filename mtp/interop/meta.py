@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mtp.config import ModelConfig
 from mtp.errors import UserError, first_line
 from mtp.interop import ModelFiles
 from mtp.interop.llama import check_tensors, expected_shapes, ffn_multiple_for, interleaved_to_halves
 from mtp.interop.tokenizer import directory_tokenizer
+from mtp.model.config import ModelConfig
 from mtp.model.heads import current_names
 
 DEFAULT_CONTEXT = 4096

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mtp.config import ModelConfig
+from mtp.model.config import ModelConfig
 
 
 class RMSNorm(nn.Module):

@@ -24,7 +24,7 @@ eagle3         EAGLE-3 (Li et al. 2025): every block is trunk; the inputs of thr
                keys before it and to its own earlier steps' at its position, as decoding's cache holds them.
 =============  =====================================================================================================
 
-The names here are the type names :data:`mtp.config.HEAD_TYPES` lists; nothing outside the config and this
+The names here are the type names :data:`mtp.model.config.HEAD_TYPES` lists; nothing outside the config and this
 module compares them.
 """
 
@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mtp.config import ModelConfig
 from mtp.model.blocks import Attention, Block, FeedForward, RMSNorm
+from mtp.model.config import ModelConfig
 
 Reads = Callable[[int, Tensor, Tensor], Tensor]
 """What a causal depth reads in training: ``reads(k, state, true)`` -> token ids (B, T) (see :class:`HeadInputs`)."""
@@ -54,7 +54,7 @@ class HeadInputs:
     head1: Tensor
     """(B, T, d) head 1's hidden state: its block's output, or the trunk output for types without one."""
     features: Tensor | None
-    """(B, T, F d) the inputs of the trunk layers the type reads (:attr:`mtp.config.ModelConfig.feature_layers`),
+    """(B, T, F d) the inputs of the trunk layers the type reads (:attr:`mtp.model.config.ModelConfig.feature_layers`),
     concatenated; None for types that read none."""
     norm: nn.Module
     """The shared final norm."""
@@ -374,7 +374,7 @@ HEADS: dict[str, Callable[[ModelConfig], Heads]] = {
     "medusa": MedusaHeads,
     "eagle3": Eagle3Heads,
 }
-"""The module of each type :data:`mtp.config.HEAD_TYPES` names."""
+"""The module of each type :data:`mtp.model.config.HEAD_TYPES` names."""
 
 LEGACY_NAMES = {"extra_heads.": "heads.layers.", "extra_inputs.": "heads.inputs.", "medusa_heads.": "heads.residuals."}
 LEGACY_NAMES["outputs."] = "heads.outputs."

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mtp.config import ModelConfig
 from mtp.model.blocks import Block, RMSNorm, rotary_tables
+from mtp.model.config import ModelConfig
 from mtp.model.heads import HEADS, HeadInputs, Heads, current_names
 
 IGNORE = -100
@@ -93,8 +93,8 @@ class MTPModel(nn.Module):
 
     def trunk_features(self, idx: Tensor) -> Tensor:
         """What the heads read of the trunk for token ids (B, T): the inputs of the layers
-        :attr:`~mtp.config.ModelConfig.feature_layers` names (EAGLE-3's three), then the trunk output z, concatenated:
-        (B, T, (F + 1) d_model); z alone, (B, T, d_model), for head types that read no layer."""
+        :attr:`~mtp.model.config.ModelConfig.feature_layers` names (EAGLE-3's three), then the trunk output z,
+        concatenated: (B, T, (F + 1) d_model); z alone, (B, T, d_model), for head types that read no layer."""
         if idx.size(1) > self.config.max_seq_len:
             raise ValueError(f"sequence of {idx.size(1)} tokens exceeds max_seq_len={self.config.max_seq_len}")
         cos, sin = self.rotary(idx.size(1))
@@ -165,9 +165,9 @@ class MTPModel(nn.Module):
         ``following`` (n_future - 1, B, T), following[j-1][b, t] = token t + j: the tokens causal and EAGLE-3 heads
         condition on (the window's targets in training); other head types ignore it. ``trunk``:
         :meth:`trunk_features`' output for ``idx``, when the caller has it already (a frozen trunk's, kept from an
-        earlier epoch). ``draft_rate``: the
-        fraction of positions where causal depth k reads depth k-1's draft instead of ``following``'s token (0: the
-        true tokens, evaluation's; 1: drafts everywhere; training passes :attr:`mtp.config.LossConfig.draft_rate`).
+        earlier epoch). ``draft_rate``: the fraction of positions where causal depth k reads depth k-1's draft instead
+        of ``following``'s token (0: the true tokens, evaluation's; 1: drafts everywhere; training passes
+        :attr:`~mtp.training.loss.LossConfig.draft_rate`).
 
         Training and evaluation call the model through this one method (the unembedding comes after, one head
         at a time), so a wrapper that hooks a forward method (FSDP2's ``register_fsdp_forward_method``) needs
@@ -192,10 +192,11 @@ class MTPModel(nn.Module):
         return self.layers[-1](z, *self.rotary(z.size(1))) if self.config.head1_block else z
 
     def drafted_inputs(self, rate: float, k: int, state: Tensor, true: Tensor) -> Tensor:
-        """The tokens causal depth k reads in training at a draft ``rate`` (:attr:`mtp.config.LossConfig.draft_rate`):
-        depth k-1's argmax (what greedy decoding feeds it; no gradient flows through the choice) at every position
-        (rate 1: loss.causal_inputs=drafts), or at a ``rate`` fraction of positions drawn at random and ``true``
-        (B, T) elsewhere (loss.causal_inputs=mixed). ``state``: depth k-1's normed state (B, T, d)."""
+        """The tokens causal depth k reads in training at a draft ``rate``
+        (:attr:`~mtp.training.loss.LossConfig.draft_rate`): depth k-1's argmax (what greedy decoding feeds it; no
+        gradient flows through the choice) at every position (rate 1: loss.causal_inputs=drafts), or at a ``rate``
+        fraction of positions drawn at random and ``true`` (B, T) elsewhere (loss.causal_inputs=mixed). ``state``:
+        depth k-1's normed state (B, T, d)."""
         with torch.no_grad():
             drafted = self.head_tokens(k - 1, self.head_logits(k - 1, state).argmax(dim=-1))
         if rate >= 1:

@@ -20,7 +20,6 @@ import torch
 from torch import Tensor
 
 from mtp.checkpoint.load import load_checkpoint, model_chat
-from mtp.config import ModelConfig
 from mtp.data.prompts import held_out_prompts
 from mtp.data.tokenizer import eot_id
 from mtp.decode import GenerationConfig, generate
@@ -28,6 +27,7 @@ from mtp.errors import UserError
 from mtp.interop.engines import check_carries, eagle3_layout, medusa_layout
 from mtp.interop.hf import INSTALL_HINT, MTP_CONFIG, MTP_FORMAT, MTP_HEADS, read_hf
 from mtp.interop.llama import head_path_names, llama_config
+from mtp.model.config import ModelConfig
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -26,10 +26,10 @@ from tokenizers import Tokenizer
 
 from mtp.checkpoint.format import CHECKPOINT_KEY, model_weights, read_checkpoint
 from mtp.checkpoint.load import foreign_format, model_chat, read_foreign, read_foreign_config
-from mtp.config import HEAD_TYPES, ModelConfig, head_blocks, stored_configs, swiglu_width
 from mtp.errors import UserError
 from mtp.interop.chat import ModelChat
 from mtp.model import MTPModel
+from mtp.model.config import HEAD_TYPES, ModelConfig, head_blocks, stored_model_config, swiglu_width
 from mtp.model.heads import current_names
 
 FREEZE_MODES = ("none", "trunk", "loaded")
@@ -67,7 +67,7 @@ class Start:
             )
         meta = checkpoint[CHECKPOINT_KEY]
         weights = current_names(model_weights(checkpoint))  # a checkpoint of the earlier layout too
-        config, chat = stored_configs(meta["model_config"])[0], ModelChat.from_dict(meta.get("chat"))
+        config, chat = stored_model_config(meta["model_config"]), ModelChat.from_dict(meta.get("chat"))
         return cls(str(path), config, weights, meta["tokenizer"], chat)
 
     def grown(self, settings: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +121,7 @@ def start_config(path: str | Path) -> ModelConfig:
     """The model config of a checkpoint to start from (any format :class:`Start` reads), without its weights."""
     if foreign_format(path):
         return read_foreign_config(path)
-    return stored_configs(read_checkpoint(path, mmap=Path(path).is_file())[CHECKPOINT_KEY]["model_config"])[0]
+    return stored_model_config(read_checkpoint(path, mmap=Path(path).is_file())[CHECKPOINT_KEY]["model_config"])
 
 
 def settings_from_checkpoint(path: str | Path, settings: dict[str, Any], explicit: Collection[str]) -> dict[str, Any]:

@@ -17,12 +17,19 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from mtp.checkpoint.format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
-from mtp.config import LossConfig
 from mtp.data.tokenizer import eot_id
 from mtp.errors import UserError
 from mtp.interop.chat import ModelChat
 from mtp.model.transformer import IGNORE, MTPModel
-from mtp.training.loss import answer_targets, cross_entropy, head_logits, mtp_loss, split_window, window_states
+from mtp.training.loss import (
+    LossConfig,
+    answer_targets,
+    cross_entropy,
+    head_logits,
+    mtp_loss,
+    split_window,
+    window_states,
+)
 from mtp.training.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.training.optim import OptimConfig, parameter_groups, warmup_cosine
 from mtp.training.parallel import parallelize
@@ -32,8 +39,8 @@ from mtp.training.trunk_cache import TrunkCache
 class MTPLitModule(L.LightningModule):
     """Training of the MTP model ``model`` (built, and grown from ``init_from`` and frozen if asked, where the run is
     assembled: :func:`mtp.training.train.build`); the rest of the settings come from the config's ``module`` node:
-    ``loss`` (:class:`mtp.config.LossConfig`'s settings, the config's ``loss`` group, checked against the model's here)
-    and ``optim`` (:class:`mtp.training.optim.OptimConfig`'s).
+    ``loss`` (:class:`mtp.training.loss.LossConfig`'s settings, the config's ``loss`` group, checked against the model's
+    here) and ``optim`` (:class:`mtp.training.optim.OptimConfig`'s).
 
     ``draft_tokens_loaded``: the reduced draft vocabulary came with the model's checkpoint (else the data chooses it).
     With the trunk frozen, ``trunk_cache_gb`` keeps up to that many GiB of the trunk's outputs of training windows, so

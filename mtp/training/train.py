@@ -25,15 +25,16 @@ from omegaconf import DictConfig, OmegaConf
 from mtp.checkpoint.format import CHECKPOINT_KEY, read_checkpoint
 from mtp.checkpoint.load import is_model, model_tokenizer
 from mtp.checkpoint.save import AtomicCheckpointIO
-from mtp.config import LossConfig, ModelConfig, stored_loss_settings
 from mtp.data.packing import writing_to_cache
 from mtp.errors import UserError
 from mtp.interop.chat import ModelChat
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig, stored_loss_settings
 from mtp.pretrained.init_from import Start, check_freeze, freeze, settings_from_checkpoint
 from mtp.pretrained.reference import register_resolver
 from mtp.training.callbacks import ResumableCheckpoint
 from mtp.training.lit import MTPLitModule
+from mtp.training.loss import LossConfig
 
 register_resolver()  # ${reference_model:}, for a config composed without the pretrain command
 log = logging.getLogger(__name__)  # under Hydra: the console and the run folder's <task>.log (conf/hydra/default.yaml)
@@ -135,7 +136,7 @@ def explicit_settings(cfg: DictConfig, group: str) -> set[str]:
 def resumed_loss(cfg: DictConfig, checkpoint: dict[str, Any]) -> DictConfig:
     """``cfg`` with the loss settings of the run a checkpoint continues: each that the checkpoint recorded (a
     checkpoint written before the loss settings had their own config recorded them among the model's:
-    :func:`mtp.config.stored_configs`), unless the command line sets it (``loss.head_loss=ce``)."""
+    :func:`mtp.model.config.stored_loss_settings`), unless the command line sets it (``loss.head_loss=ce``)."""
     meta = checkpoint[CHECKPOINT_KEY]
     stored = stored_loss_settings(meta["model_config"], meta.get("loss_config"))
     explicit = explicit_settings(cfg, "loss")

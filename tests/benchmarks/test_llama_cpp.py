@@ -139,7 +139,7 @@ def test_the_peer_rows_count_forwards_and_check_each_reply_against_plain_decodin
 
 def test_a_target_of_another_model_is_one_sentence(monkeypatch, tmp_path, tiny_checkpoints):
     from mtp.checkpoint.load import load_checkpoint
-    from mtp.config import ModelConfig
+    from mtp.model.config import ModelConfig
 
     monkeypatch.setattr(LlamaCpp, "at", classmethod(lambda cls, cache: cls(tmp_path, tmp_path, "0.3.36")))
     monkeypatch.setattr(llama_cpp, "read_foreign_config", lambda path: ModelConfig(vocab_size=49152, d_model=576))

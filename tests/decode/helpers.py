@@ -2,8 +2,8 @@
 
 import torch
 
-from mtp.config import ModelConfig
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 
 
 def tiny_model(n_future: int = 4, vocab_size: int = 40, seed: int = 0, **kwargs) -> MTPModel:

@@ -6,12 +6,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from mtp.config import ModelConfig
 from mtp.decode import GenerationConfig, loop, memory, tree_fit
 from mtp.decode.memory import available_bytes, check_step_fits, step_bytes
 from mtp.decode.settings import Drafted, HeadsSettings
 from mtp.decode.tree import full_tree
 from mtp.errors import UserError
+from mtp.model.config import ModelConfig
 from tests.decode.helpers import tiny_model
 
 BYTE8 = ModelConfig(vocab_size=320, d_model=192, n_layers=10, n_heads=6, n_kv_heads=2, n_future=8)

@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from mtp.checkpoint.format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
-from mtp.config import LossConfig, ModelConfig
 from mtp.data.tokenizer import byte_tokenizer
 from mtp.errors import UserError
 from mtp.interop.engines import EAGLE3_ARCHITECTURE
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 from mtp.pretrained.export import export_draft
+from mtp.training.loss import LossConfig
 
 safetensors_torch = pytest.importorskip("safetensors.torch", reason="exports need safetensors: pip install -e '.[hf]'")
 pytest.importorskip("transformers", reason="exports need transformers: pip install -e '.[hf]'")

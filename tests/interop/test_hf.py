@@ -77,8 +77,8 @@ def test_head_k_export_is_that_heads_path(tiny_checkpoints, tmp_path):
 def random_checkpoint(path: Path, **settings) -> Path:
     """An untrained mtp checkpoint in the layout scripts/pretrain.py writes (no training: cheap)."""
     from mtp.checkpoint.format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
-    from mtp.config import ModelConfig
     from mtp.model import MTPModel
+    from mtp.model.config import ModelConfig
 
     torch.manual_seed(0)
     config = ModelConfig(**{"vocab_size": 300, "d_model": 64, "n_layers": 6, "n_heads": 4, "n_kv_heads": 2, **settings})
@@ -171,8 +171,8 @@ def test_a_random_llama_imports_trains_four_heads_and_decodes_self_speculatively
 
 
 def test_new_heads_of_an_imported_llama_start_as_its_last_block(tmp_path):
-    from mtp.config import ModelConfig
     from mtp.model import MTPModel
+    from mtp.model.config import ModelConfig
     from mtp.pretrained.init_from import Start
 
     start = Start.read(tiny_llama(tmp_path))

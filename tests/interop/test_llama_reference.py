@@ -7,9 +7,9 @@ sides of them run the same code; Hugging Face's Llama is an implementation nobod
 import pytest
 import torch
 
-from mtp.config import ModelConfig
 from mtp.interop.llama import head_path_state_dict, llama_config
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 
 transformers = pytest.importorskip(
     "transformers", reason="the Hugging Face reference needs transformers: pip install -e '.[hf]'"

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from mtp.checkpoint.load import load_checkpoint
-from mtp.config import ModelConfig
 from mtp.errors import UserError
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 
 spm = pytest.importorskip("sentencepiece", reason="Meta's tokenizer needs sentencepiece: pip install -e '.[hf]'")
 pytest.importorskip("transformers", reason="the tokenizer conversion needs transformers: pip install -e '.[hf]'")
