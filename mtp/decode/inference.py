@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from mtp.decode.cache import KVCache
 from mtp.decode.graphs import StepGraphs
@@ -69,17 +68,6 @@ CAPTURED_LENGTH_MULTIPLE = 256
 prompts of nearby lengths decode on the same storage and replay the same graphs (:mod:`mtp.decode.graphs`)."""
 
 _built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(heads, compile): (weights, form)}
-_optimizer_steps = 0
-"""Optimizer steps taken in this process (torch.optim's step hook): a fused step writes the weights without bumping
-their version counters, so a form built before any step is not reused after it."""
-
-
-def _count_optimizer_step(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-    global _optimizer_steps
-    _optimizer_steps += 1
-
-
-register_optimizer_step_post_hook(_count_optimizer_step)
 
 ATTENTION, FEED_FORWARD = "a", "m"
 """A block's two sublayers as a skip set names them: ``3a`` is block 3's attention, ``5m`` block 5's MLP."""
@@ -173,15 +161,16 @@ class InferenceModel:
         cuda_graphs: bool = False,
     ) -> InferenceModel:
         """The inference form of ``model`` for ``heads`` heads, its draft heads in ``draft_dtype`` scoring the first
-        ``draft_first_ids`` token ids (0: a trained draft vocabulary, or every token): built once, reused
-        while the weights (and buffers, such as a reduced draft vocabulary) stay the same, so repeated ``generate``
-        calls pay neither the packing nor a recompile. They changed when a tensor moved, changed dtype or was written
-        in place (its version counter), when any optimizer stepped (fused steps bump no counter), or when
-        :meth:`MTPModel.weights_changed` said so. An int8 form is derived from the
-        full-precision one (:meth:`with_int8_drafts`), whose verification path it shares. With ``cuda_graphs`` its
-        steps are captured (:mod:`mtp.decode.graphs`), and the graphs kept with the form."""
-        tensors = tuple((t.data_ptr(), t._version, t.dtype) for t in (*model.parameters(), *model.buffers()))
-        weights = (model.weights_version, _optimizer_steps, tensors)
+        ``draft_first_ids`` token ids (0: a trained draft vocabulary, or every token): built once, reused while the
+        weights (and buffers, such as a reduced draft vocabulary) stay the same, so repeated ``generate`` calls pay
+        neither the packing nor a recompile. The model says when they change (:attr:`MTPModel.weights_version`: a
+        state dict loaded, or :meth:`MTPModel.weights_changed`, which whoever writes them in place calls: the training
+        module after each optimizer step, the online updates after theirs); a tensor moved to another device or dtype
+        is seen here. An int8 form is derived from the full-precision one (:meth:`with_int8_drafts`), whose
+        verification path it shares. With ``cuda_graphs`` its steps are captured (:mod:`mtp.decode.graphs`), and the
+        graphs kept with the form."""
+        placed = tuple((t.device, t.dtype) for t in (*model.parameters(), *model.buffers()))
+        weights = (model.weights_version, placed)
         built = _built.setdefault(model, {})
         key = (heads, compile, draft_first_ids if heads > 1 else 0, cuda_graphs)
         if key not in built or built[key][0] != weights:

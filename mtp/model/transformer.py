@@ -42,12 +42,15 @@ class MTPModel(nn.Module):
             self.register_buffer("draft_tokens", torch.arange(config.draft_vocab))
         self.reset_parameters()
         self.register_load_state_dict_pre_hook(_current_names)
-        self.weights_version = 0  # bumped by weights_changed
+        self.register_load_state_dict_post_hook(_weights_loaded)
+        self.weights_version = 0
+        """Bumped whenever the weights change (:meth:`weights_changed`): what decoding's packed forms of them are
+        built from (:meth:`mtp.decode.inference.InferenceModel.of`)."""
 
     def weights_changed(self) -> None:
-        """Say that the weights were written where neither PyTorch's version counters nor ``torch.optim``'s step hooks
-        see it (through ``.data``, say), so that decoding rebuilds what it derived from them. Optimizer steps (fused
-        ones too), ``load_state_dict`` and in-place edits of the parameters are seen without it."""
+        """Say that the weights (or buffers) were written, so that decoding rebuilds what it derived from them: whoever
+        writes them in place calls this (the training module after each optimizer step, the online updates after
+        theirs, a test that edits them); ``load_state_dict`` calls it itself."""
         self.weights_version += 1
 
     @classmethod
@@ -222,3 +225,8 @@ def _current_names(module: nn.Module, state: dict[str, Tensor], prefix: str, *ar
     if renamed.keys() != state.keys():
         state.clear()
         state.update(renamed)
+
+
+def _weights_loaded(model: MTPModel, incompatible_keys: object) -> None:
+    """A ``load_state_dict`` post-hook: the loaded weights are new ones (:meth:`MTPModel.weights_changed`)."""
+    model.weights_changed()

@@ -121,6 +121,7 @@ class MTPLitModule(L.LightningModule):
         counts = torch.cat([counts, counts.new_zeros(max(0, self.config.vocab_size - counts.numel()))])
         most = torch.sort(counts, descending=True, stable=True).indices[: self.config.draft_vocab]
         self.model.draft_tokens.copy_(most.sort().values)
+        self.model.weights_changed()
 
     def configure_model(self) -> None:
         if self._parallelized:  # Lightning calls this again for every later fit/validate on the same module
@@ -248,6 +249,12 @@ class MTPLitModule(L.LightningModule):
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        """Lightning's step, then the model told that its weights changed: decoding during training (the DecodeProbe,
+        a task curve) packs them afresh."""
+        super().optimizer_step(*args, **kwargs)
+        self.model.weights_changed()
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None

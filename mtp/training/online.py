@@ -128,6 +128,7 @@ class OnlineHeads:
                     if g is not None:
                         p.grad = g if p.grad is None else p.grad + g
             self.optimizer.step()
+        model.weights_changed()  # decoding packs the updated heads afresh
         self.updates += 1
         model.zero_grad(set_to_none=True)
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from mtp.decode import GenerationConfig, generate
+from mtp.decode.inference import InferenceModel
 from mtp.decode.settings import PARTS, Drafted, DraftSettings, HeadsSettings
 from mtp.decode.tree import DraftTree
 from mtp.errors import SettingError
@@ -162,20 +163,22 @@ def test_stats_add_up(trained_model):
     assert 0 < stats.prefill_s < stats.wall_time_s
 
 
-def test_decoding_follows_weights_changed_in_place():
-    """The packed inference form is reused across calls; an optimizer step in between must not leave it stale."""
+def test_decoding_follows_weights_changed_in_place_once_the_model_is_told():
+    """The packed inference form is reused across calls; weights written in between (an optimizer step, an edit) are
+    decoded once the writer says so (``weights_changed``)."""
     model = tiny_model()
-    greedy(model, [[5, 6, 7]], heads=3)
+    before, _ = greedy(model, [[5, 6, 7]], heads=3)
     with torch.no_grad():
         for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn_like(parameter))
+            parameter.add_(0.5 * torch.randn_like(parameter))
+    model.weights_changed()
     out, _ = greedy(model, [[5, 6, 7]], heads=3)
-    assert out == [greedy_without_cache(model, [5, 6, 7], 24)]
+    assert out == [greedy_without_cache(model, [5, 6, 7], 24)] != before
 
 
 def test_decoding_follows_weights_written_where_no_counter_sees_once_the_model_is_told():
-    """A write through ``.data`` bumps no version counter: ``weights_changed`` is the model's way to say it; and a
-    ``load_state_dict`` (which writes in place) needs no word."""
+    """A write through ``.data``: ``weights_changed`` is the model's way to say it; a ``load_state_dict`` says it
+    itself; a move to another dtype is seen."""
     model, other = tiny_model(), tiny_model(seed=1)
     greedy(model, [[5, 6, 7]], heads=3)
     for mine, theirs in zip(model.parameters(), other.parameters(), strict=True):
@@ -186,6 +189,8 @@ def test_decoding_follows_weights_written_where_no_counter_sees_once_the_model_i
     model.load_state_dict(tiny_model().state_dict())
     out, _ = greedy(model, [[5, 6, 7]], heads=3)
     assert out == [greedy_without_cache(model, [5, 6, 7], 24)] != [greedy_without_cache(other, [5, 6, 7], 24)]
+    form = InferenceModel.of(model, 3)
+    assert InferenceModel.of(model.double(), 3) is not form and InferenceModel.of(model.float(), 3) is not form
 
 
 @pytest.mark.slow  # ~7 s: trains its own shared-depth model
