@@ -19,7 +19,9 @@ from hydra.core.global_hydra import GlobalHydra
 
 from mtp.commands import bench_decode, bench_train, cli, compare_heads, decode, fit_tree, pretrain
 from mtp.decode import GenerationConfig
-from mtp.decode.settings import Drafted, HeadsSettings
+from mtp.decode.methods.prompt_lookup import LookupDrafter
+from mtp.decode.plan import Plan
+from mtp.decode.settings import HeadsSettings
 from mtp.errors import SettingError, UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +140,8 @@ def test_generation_config_names_its_fields():
     with pytest.raises(ValueError, match=re.escape("typical_delta=-1 must be at least 0.")):
         GenerationConfig(typical_delta=-1.0)
     with pytest.raises(SettingError) as err:
-        Drafted.of(GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=3, draft_p_min=0.3), gamma=2)
+        drafter = LookupDrafter(2, 40, "cpu", gamma=2)
+        Plan(GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=3, draft_p_min=0.3), drafter=drafter)
     assert err.value.fields == ("gamma", "tree", "draft_p_min")
     assert "draft_p_min" in str(err.value)
     assert err.value.render(cli.flag_of, " ").startswith("--gamma 2 drafts come from a drafter")

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from mtp.checkpoint.format import read_checkpoint
-from mtp.decode.methods import heads, layer_skip
-from mtp.decode.settings import Drafted, GenerationConfig, HeadsSettings
+from mtp.decode import heads_choice as heads
+from mtp.decode.methods import layer_skip
+from mtp.decode.plan import Plan
+from mtp.decode.settings import GenerationConfig, HeadsSettings
 from mtp.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -446,18 +448,15 @@ def test_bench_decode_puts_drafts_over_the_first_token_ids_beside_the_full_vocab
 @pytest.mark.parametrize("given", ["1024", "0,-5", "0,many"])
 def test_bench_decode_refuses_draft_vocabularies_without_the_baseline_or_not_counts(tiny_checkpoints, given, capsys):
     bench = load_script("bench_decode")
-    with pytest.raises(SystemExit):
+    refused = f"--draft-first-ids {given}: 0 (every token: the baseline rows) and any token counts"
+    with pytest.raises(UserError, match=re.escape(refused)):
         bench.checked_args([str(tiny_checkpoints["mtp4"]), "--draft-first-ids", given])
-    assert (
-        f"--draft-first-ids {given}: 0 (every token: the baseline rows) and any token counts" in capsys.readouterr().err
-    )
 
 
 def test_bench_decode_refuses_the_static_cache_row_without_the_hf_comparison(tiny_checkpoints, capsys):
     bench = load_script("bench_decode")
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError, match="--hf-static adds a row to the Hugging Face comparison; add --hf"):
         bench.checked_args([str(tiny_checkpoints["mtp4"]), "--hf-static"])
-    assert "--hf-static adds a row to the Hugging Face comparison; add --hf" in capsys.readouterr().err
 
 
 def test_bench_decode_refuses_a_draft_vocabulary_beyond_the_models(tiny_checkpoints, tmp_path):
@@ -481,9 +480,7 @@ def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeyp
         + ["--search-trials", "3", "--gamma", "2"]
     )
     loaded = bench.load_checkpoint(args.checkpoint, bench.pick_device("cpu"), "float32")
-    variants = bench.method_configs(
-        args, loaded, Drafted.of(GenerationConfig(8), heads=HeadsSettings(heads=4)), "greedy"
-    )
+    variants = bench.method_configs(args, loaded, Plan(GenerationConfig(8), heads=HeadsSettings(heads=4)), "greedy")
     params = [drafter.params() for method, _, drafter in variants if method == "layerskip"]
     assert [p.get("search") for p in params] == ["blocks", "sublayers", None] and params[2]["skip"] == "3a"
     assert all(drafter.gamma == 2 and config.heads == 1 for _, config, drafter in variants)
@@ -814,9 +811,8 @@ def test_bench_decode_refuses_captured_steps_without_cuda(tiny_checkpoints, caps
     bench = load_script("bench_decode")
     with pytest.raises(UserError, match="--step-modes captured replays CUDA graphs, and the benchmark runs on cpu"):
         bench.checked_args([str(tiny_checkpoints["mtp4"]), "--step-modes", "eager,captured", "--device", "cpu"])
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError, match="--step-modes eager,replayed: each must be eager or captured"):
         bench.checked_args([str(tiny_checkpoints["mtp4"]), "--step-modes", "eager,replayed"])
-    assert "--step-modes eager,replayed: each must be eager or captured" in capsys.readouterr().err
 
 
 def test_a_near_ties_margin_is_head_ones_for_every_head_type():

@@ -2,7 +2,6 @@
 
 import copy
 import gc
-from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -11,7 +10,8 @@ import torch
 
 from mtp.checkpoint.load import load_checkpoint
 from mtp.decode import GenerationConfig, generate
-from mtp.decode.settings import Drafted, HeadsSettings, StepSettings
+from mtp.decode.plan import Plan
+from mtp.decode.settings import HeadsSettings, StepSettings
 from mtp.decode.tree import full_tree
 from mtp.model import MTPModel
 from mtp.model.config import ModelConfig
@@ -86,9 +86,9 @@ def test_bf16_greedy_self_speculative_equals_autoregressive(trained_model):
     model = trained_model.cuda().to(torch.bfloat16)
     model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
     prompts = [[1, 2], [7, 8, 9, 10, 11], [20]]
-    reference, _ = generate(model, prompts, GenerationConfig(max_new_tokens=40), heads=HeadsSettings(heads=1))
+    reference, _ = generate(model, prompts, Plan(GenerationConfig(max_new_tokens=40), HeadsSettings(heads=1)))
     for heads in (2, 3, 4):
-        out, stats = generate(model, prompts, GenerationConfig(max_new_tokens=40), heads=HeadsSettings(heads=heads))
+        out, stats = generate(model, prompts, Plan(GenerationConfig(max_new_tokens=40), HeadsSettings(heads=heads)))
         assert out == reference, f"heads={heads}"
         assert min(stats.acceptance) > 0.5
 
@@ -112,22 +112,22 @@ def test_captured_steps_decode_what_eager_steps_do(trained_models):
         for model in (cuda_copy(trained_models(head_type)), cuda_copy(tiny_model(seed=2, vocab_size=24))):
             for heads, tree in ((1, None), (4, None), (3, full_tree(2, 2) if head_type == "transformer" else None)):
                 for extra in ({}, {"temperature": 1.0, "seed": 3, "eos_id": 0}):
-                    config = Drafted(max_new_tokens=130, heads=heads, tree=tree, **extra)
+                    config = Plan().changed(max_new_tokens=130, heads=heads, tree=tree, **extra)
                     eager, eager_stats = generate(model, CAPTURED_PROMPTS, config)
-                    captured, stats = generate(model, CAPTURED_PROMPTS, replace(config, cuda_graphs=True))
+                    captured, stats = generate(model, CAPTURED_PROMPTS, config.changed(cuda_graphs=True))
                     assert captured == eager, (head_type, config)
                     assert stats.accepted == eager_stats.accepted and (stats.captures > 0 or extra)  # greedy's first
-    again, replayed = generate(model, CAPTURED_PROMPTS, replace(config, cuda_graphs=True))
+    again, replayed = generate(model, CAPTURED_PROMPTS, config.changed(cuda_graphs=True))
     assert again == eager and replayed.captures == 0  # every batch size it shrank through replays
 
 
 def test_captured_bf16_steps_decode_what_eager_bf16_steps_do(trained_model):
     model, prompts = cuda_copy(trained_model, torch.bfloat16), CAPTURED_PROMPTS[:1]
     for heads in (1, 4):
-        config = Drafted.of(GenerationConfig(max_new_tokens=130), heads=HeadsSettings(heads=heads))
-        captured, stats = generate(model, prompts, replace(config, cuda_graphs=True))
+        config = Plan(GenerationConfig(max_new_tokens=130), heads=HeadsSettings(heads=heads))
+        captured, stats = generate(model, prompts, config.changed(cuda_graphs=True))
         assert captured == generate(model, prompts, config)[0] and stats.captures > 0
-        assert generate(model, prompts, replace(config, cuda_graphs=True))[1].captures == 0  # one row: same shapes
+        assert generate(model, prompts, config.changed(cuda_graphs=True))[1].captures == 0  # one row: same shapes
 
 
 def test_captured_graphs_and_their_storage_are_released_with_the_model(trained_model):
@@ -139,9 +139,9 @@ def test_captured_graphs_and_their_storage_are_released_with_the_model(trained_m
         generate(
             model,
             CAPTURED_PROMPTS[:batch],
-            GenerationConfig(max_new_tokens=60),
-            heads=HeadsSettings(heads=4),
-            step=StepSettings(cuda_graphs=True),
+            Plan(
+                GenerationConfig(max_new_tokens=60), heads=HeadsSettings(heads=4), step=StepSettings(cuda_graphs=True)
+            ),
         )
     assert torch.cuda.memory_allocated() > before
     del model

@@ -16,6 +16,7 @@ from torch import nn
 from mtp.checkpoint.format import CHECKPOINT_KEY, SHARDED_META, model_weights, read_checkpoint
 from mtp.checkpoint.load import load_checkpoint
 from mtp.decode.loop import generate
+from mtp.decode.plan import Plan
 from mtp.decode.settings import GenerationConfig, HeadsSettings
 from mtp.model import MTPModel
 from mtp.model.config import HEAD_TYPES, stored_model_config
@@ -62,7 +63,9 @@ def test_a_legacy_checkpoint_decodes_what_it_decoded(name):
     for key, tokens in expected["decoded"].items():
         heads = int(key.split("=")[1])
         decoded, _ = generate(
-            loaded.model, [expected["prompt"]], GenerationConfig(max_new_tokens=24), heads=HeadsSettings(heads=heads)
+            loaded.model,
+            [expected["prompt"]],
+            Plan(GenerationConfig(max_new_tokens=24), heads=HeadsSettings(heads=heads)),
         )
         assert decoded[0] == tokens, key
 

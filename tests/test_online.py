@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from mtp.decode import GenerationConfig, generate
-from mtp.decode.settings import Drafted, HeadsSettings
+from mtp.decode.plan import Plan
+from mtp.decode.settings import HeadsSettings
 from mtp.errors import SettingError, UserError
 from mtp.model import MTPModel
 from mtp.model.config import ModelConfig
@@ -49,8 +50,8 @@ def test_updates_raise_acceptance_and_leave_the_output_what_head_1_decodes(head_
     before = copy.deepcopy(model)
     frozen = head1_parameters(model)
     prompt = torch.randint(0, 61, (12,), generator=torch.Generator().manual_seed(1)).tolist()
-    config = Drafted.of(GenerationConfig(max_new_tokens=32), heads=HeadsSettings(heads=4))
-    expected, _ = generate(before, [prompt], GenerationConfig(max_new_tokens=32), heads=HeadsSettings(heads=1))
+    config = Plan(GenerationConfig(max_new_tokens=32), heads=HeadsSettings(heads=4))
+    expected, _ = generate(before, [prompt], Plan(GenerationConfig(max_new_tokens=32), HeadsSettings(heads=1)))
     online = OnlineHeads(model, OnlineSettings(online=1, online_steps=5, online_lr=3e-3))
     per_serving = []
     for _ in range(5):

@@ -237,7 +237,7 @@ MUTATIONS = [
     Mutation(
         "the heads' proposal does not say its tree's siblings were drawn without replacement",
         "HeadsProposer.draft_in_step",
-        "distinct=tree is not None and config.distinct_siblings)",
+        "distinct=tree is not None and distinct)",
         "distinct=False)",
         TREE_LOSSLESS,
     ),
@@ -279,7 +279,7 @@ MUTATIONS = [
     Mutation(
         "a bounded tree try passes a first child outside head 1's nucleus",
         "Lossless._surely_pass",
-        "passes = (above < self.config.top_p) & accept_drafts(uniform.numpy(), p.float().numpy(), sx)",
+        "passes = (above < self.sampling.top_p) & accept_drafts(uniform.numpy(), p.float().numpy(), sx)",
         "passes = accept_drafts(uniform.numpy(), p.float().numpy(), sx)",
         (BOUNDED_TREE,),
     ),
@@ -327,9 +327,9 @@ MUTATIONS = [
     ),
     Mutation(
         "tempered drafts drawn from the law with top-p (a law that is not the one returned)",
-        "Drafted.proposal_top_p",
-        'return 1.0 if self.draft_choice == "tempered" or auto_tempered else self.top_p',
-        "return self.top_p",
+        "Plan.proposal_top_p",
+        'return 1.0 if choice == "tempered" or auto_tempered else self.sampling.top_p',
+        "return self.sampling.top_p",
         ("tests/decode/test_lossless.py::test_sampled_drafts_come_from_the_law_the_choice_names",),
     ),
     Mutation(
@@ -1090,8 +1090,8 @@ MUTATIONS = [
     Mutation(
         "an int8 drafter drafts with its float form",
         "ModelDrafter.draft_chains",
-        "form, cache, config, k = self.drafting, self.cache, self.config, self.branches",
-        "form, cache, config, k = self.form, self.cache, self.config, self.branches",
+        "form, cache, plan, k = self.drafting, self.cache, self.plan, self.branches",
+        "form, cache, plan, k = self.form, self.cache, self.plan, self.branches",
         (f"{INT8}::test_int8_drafters_draft_with_int8_weights_and_leave_the_target_alone",),
     ),
     Mutation(
@@ -1482,8 +1482,8 @@ MUTATIONS = [
     Mutation(
         "staged drafting: the draft's own drafts verified greedily when sampling",
         "StagedDrafter.start",
-        "self.rule = Greedy(inner, layout) if inner.greedy else Lossless(inner, layout)",
-        "self.rule = Greedy(inner, layout)",
+        "self.rule = Greedy(sampling, layout) if sampling.greedy else Lossless(sampling, layout)",
+        "self.rule = Greedy(sampling, layout)",
         (f"{SPECTR}::test_staged_sampling_has_the_autoregressive_distribution",),
     ),
     # -- the fastest tree size
@@ -1660,9 +1660,9 @@ MUTATIONS = [
     ),
     Mutation(
         "the recipe benchmarks its checkpoint in the raw format though the start model declares a chat template",
-        "resolve_prompt_format",
-        "model = template_from or args.checkpoint",
-        "model = args.checkpoint",
+        "settings_of",
+        'prompt_format = resolve_prompt_format(prompt_set, values["prompt_format"], template_from or checkpoint)',
+        'prompt_format = resolve_prompt_format(prompt_set, values["prompt_format"], checkpoint)',
         ("tests/test_recipe.py::test_the_recipes_benchmark_speaks_as_the_start_model_does",),
     ),
     Mutation(
@@ -1682,36 +1682,36 @@ MUTATIONS = [
     Mutation(
         "typical acceptance's rows not labelled lossy",
         "result_row",
-        '        "lossy": config.typical,',
+        '        "lossy": plan.sampling.typical,',
         '        "lossy": False,',
         ("tests/test_decode_scripts.py::test_bench_decode_writes_results",),
     ),
     # -- who drafts: a drafter carries its gamma, the settings none
     Mutation(
         "a drafter that drafts nothing per step decodes without a word",
-        "generate",
-        "    if drafter is not None and drafter.gamma < 1:",
-        "    if False:",
+        "Plan.__post_init__",
+        "        if self.drafter is not None and gamma < 1:",
+        "        if False:",
         (f"{DRAFTERS}::test_bad_drafter_settings_are_refused",),
     ),
     Mutation(
-        "generate drafts the default count, not the drafter's gamma",
-        "generate",
-        "plan = Drafted.of(config, heads, drafts, step, drafter.gamma if drafter is not None else 0)",
-        "plan = Drafted.of(config, heads, drafts, step, 4 if drafter is not None else 0)",
+        "the plan drafts the default count, not the drafter's gamma",
+        "Plan.gamma",
+        "return self.drafter.gamma if self.drafter is not None else 0",
+        "return 4 if self.drafter is not None else 0",
         (f"{DRAFTERS}::test_the_target_as_its_own_draft_accepts_every_draft",),
     ),
     Mutation(
         "a registered method's proposer drafts without the --gamma asked for",
         "DecodingMethod.drafter",
-        "        return self.proposer(target).with_gamma(target.config.gamma)",
+        "        return self.proposer(target).with_gamma(target.gamma)",
         "        return self.proposer(target)",
-        ("tests/test_methods.py::test_a_method_of_a_test_file_gets_flags_a_decode_run_and_a_benchmark_row",),
+        ("tests/test_methods.py::test_a_method_of_a_test_file_gets_flags_a_decode_run_and_its_swept_benchmark_rows",),
     ),
     Mutation(
         "a drafter's chains accepted beside a tree or a draft cut",
-        "Drafted.__post_init__",
-        "        if self.gamma and (self.tree is not None or self.draft_p_min > 0):",
+        "Plan.__post_init__",
+        "        if self.drafter is not None and (heads.tree is not None or heads.draft_p_min > 0):",
         "        if False:",
         (
             f"{DRAFTERS}::test_bad_drafter_settings_are_refused",
@@ -1737,9 +1737,9 @@ MUTATIONS = [
         ),
     ),
     Mutation(
-        "Drafted: SpecTr's rule accepted in a hybrid step (two proposers' drafts taken for one law's)",
-        "Drafted.__post_init__",
-        '        if self.acceptance == "spectr" and self.hybrid:',
+        "Plan: SpecTr's rule accepted in a hybrid step (two proposers' drafts taken for one law's)",
+        "Plan.__post_init__",
+        '        if sampling.acceptance == "spectr" and self.hybrid:',
         "        if False:",
         (f"{SPECTR}::test_bad_settings_of_several_drafts_are_refused",),
     ),
@@ -1776,7 +1776,7 @@ MUTATIONS = [
     Mutation(
         "a method whose settings reuse another's flag registered (argparse would clash, or one would shadow it)",
         "register",
-        "clash = sorted(f.name for f in fields(cls.settings) if f.name in taken)",
+        "clash = sorted(name for name in flag_fields(cls) if name in taken)",
         "clash = []",
         (f"{METHODS}::test_a_method_whose_name_or_flags_clash_is_refused",),
     ),

@@ -10,38 +10,36 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from mtp.commands.pretrain import flags
+from mtp.commands import distill
+from mtp.commands.pretrain import node_values
 from mtp.errors import UserError
 from mtp.pretrained.reference import REFERENCE_FILE, REFERENCE_PACKAGE, reference_model
 from tests.conftest import compose_train
 from tests.test_scripts import ROOT, assert_one_clear_error, pretrain
 
 
-def test_a_config_node_becomes_a_commands_flags():
-    node = OmegaConf.create({"max_tokens": 1000, "hf": True, "compile": False, "out": "d", "batch_sizes": [1, 8]})
-    assert flags(node) == ["--max-tokens", "1000", "--hf", "--out", "d", "--batch-sizes", "1,8"]
-
-
-def test_a_list_for_a_flag_that_takes_several_arguments_is_several_arguments():
-    """distill's --paths takes several arguments (nargs="+"): a config list of two folders must be two arguments,
-    not one "a,b" that matches nothing; comma lists stay one argument for the flags that split them."""
-    from mtp.commands import distill
-
-    node = OmegaConf.create({"paths": ["a", "b"], "packages": [], "prompt_tokens": [8, 32]})
-    argv = flags(node, distill.build_parser())
-    assert argv == ["--paths", "a", "b", "--prompt-tokens", "8,32"]
-    assert distill.build_parser().parse_args(["m", "--out", "o", *argv]).paths == ["a", "b"]
+def test_a_config_node_becomes_the_commands_typed_settings():
+    """A training run's distill node is the command's settings by the flags' names (no flags rebuilt): a list stays a
+    list (distill's --paths takes several folders, not one "a,b" that matches nothing), a prompt span written as a
+    list is the MIN,MAX the flag reads, and every flag the node leaves out keeps its default."""
+    node = OmegaConf.create(
+        {"out": "d", "max_tokens": 1000, "paths": ["a", "b"], "packages": [], "prompt_tokens": [8, 32]}
+    )
+    run = distill.settings_of_config("m.ckpt", node_values(node))
+    assert (run.out, run.max_tokens, run.paths, run.prompt_tokens) == (Path("d"), 1000, ["a", "b"], "8,32")
+    assert run.batch_size == 32 and run.checkpoint == Path("m.ckpt") and not run.chat_template  # the flags' defaults
+    with pytest.raises(UserError, match=r"^distill\.max_token is not a flag of scripts/distill\.py .*fix the key\.$"):
+        distill.settings_of_config("m.ckpt", {"out": "d", "max_token": 1})
 
 
 def test_the_recipe_distils_tasks_in_the_chat_format_and_spans_by_an_override():
     """The recipe's default is the task source in the model's chat template (what the benchmark speaks); the spans of
     the stdlib's files, continued as raw text, remain an override away."""
-    default = flags(compose_train(["experiment=pretrained_heads"]).distill)
-    assert default[default.index("--source") + 1] == "tasks" and "--chat-template" in default
-    spans = flags(
-        compose_train(["experiment=pretrained_heads", "distill.source=null", "distill.chat_template=false"]).distill
-    )
-    assert "--source" not in spans and "--chat-template" not in spans and "--prompts-per-document" in spans
+    default = distill.settings_of_config("m.ckpt", node_values(compose_train(["experiment=pretrained_heads"]).distill))
+    assert default.source == "tasks" and default.chat_template
+    overrides = ["experiment=pretrained_heads", "distill.source=null", "distill.chat_template=false"]
+    spans = distill.settings_of_config("m.ckpt", node_values(compose_train(overrides).distill))
+    assert spans.source is None and not spans.chat_template and spans.prompts_per_document == 4
 
 
 def test_the_reference_model_is_one_sentence_with_its_install_when_absent(monkeypatch):

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from mtp.benchmarks.task_sweep import aggregate, read_sweep, size_order, sweep_provenance, sweep_tables, sweep_title
 from mtp.commands import eval_task
-from mtp.commands.pretrain import SWEEP_JOB, continue_sweep_job, flags, job_folder
+from mtp.commands.pretrain import SWEEP_JOB, continue_sweep_job, job_folder, node_values
 from mtp.errors import UserError
 from tests.conftest import ROOT, compose_train
 
@@ -29,11 +29,14 @@ def test_a_job_folder_is_named_by_its_settings_model_size_and_seed_first():
     assert job_folder("model=mtp1,data.cache_dir=" + "x" * 300) == long  # the same settings, the same folder
 
 
-@pytest.mark.parametrize(("experiment", "expected"), [("paper_polynomial", ["--ops", "1-10", "--problems", "2000"]),
-                                                      ("paper_induction", ["--batch-size", "32"])])  # fmt: skip
+@pytest.mark.parametrize(
+    ("experiment", "expected"),
+    [("paper_polynomial", {"ops": list(range(1, 11)), "problems": 2000}), ("paper_induction", {"batch_size": 32})],
+)
 def test_task_experiments_score_their_final_checkpoint_and_sweep_into_a_stable_folder(experiment, expected):
     cfg = compose_train([f"experiment={experiment}"])
-    assert flags(cfg.eval_task, eval_task.build_parser()) == expected
+    evaluation = eval_task.settings_of_config("last.ckpt", node_values(cfg.eval_task))
+    assert {name: getattr(evaluation.task, name) for name in expected} == expected
     sweep = OmegaConf.to_container(cfg.hydra.sweep)  # unresolved: the folder names resolve in a running sweep
     assert sweep == {
         "dir": "${paths.log_dir}/${task_name}/sweeps/${hydra.runtime.choices.experiment}",

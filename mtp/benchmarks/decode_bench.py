@@ -6,20 +6,18 @@ results.md and decode.png written."""
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
-from mtp.benchmarks.cli import describe_prompts
+from mtp.benchmarks.common import benchmark_prompts, describe_prompts, prompt_problems
 from mtp.benchmarks.decode_runs import decode_prompts, output_checks
-from mtp.benchmarks.decode_settings import BenchSetting
+from mtp.benchmarks.decode_settings import BenchSetting, Variations, bench_settings
 from mtp.benchmarks.hf_peer import HFPeer, first_divergence, peer_table, top2_margin
-from mtp.benchmarks.humaneval import WEAKER_SANDBOX_FLAG, HumanEvalScorer, sandbox_description
+from mtp.benchmarks.humaneval import HumanEvalScorer, sandbox_description
 from mtp.benchmarks.llama_cpp import LlamaCppPeer, llama_cpp_peer, llama_cpp_table
 from mtp.benchmarks.report import (
     CHAIN,
@@ -32,98 +30,73 @@ from mtp.benchmarks.report import (
     plot_decode,
 )
 from mtp.benchmarks.results_page import provenance
-from mtp.checkpoint.load import LoadedCheckpoint
+from mtp.checkpoint.load import LoadedCheckpoint, load_checkpoint, model_chat
 from mtp.data.prompts import HumanEvalProblem
 from mtp.decode import DecodeStats
 from mtp.decode.loop import generate
-from mtp.interop.chat import ModelChat
+from mtp.decode.methods import REGISTRY, BenchRow, DecodingMethod, Target
+from mtp.decode.plan import Plan, check_context
+from mtp.decode.settings import GenerationConfig, StepSettings
+from mtp.interop.chat import ChatTemplate, ModelChat
 
 
 @dataclass
-class DecodeBenchOptions:
-    """How the benchmark runs and reports beside its settings: each field the parsed argument of its name (a flag's,
-    or ``sandbox`` and ``argv``, which the command sets)."""
+class DecodeBenchSettings:
+    """Everything a decoding benchmark is asked, checked before anything is loaded: bench_decode's flags, or a training
+    run's ``bench_decode`` node, as the command reads them (:func:`mtp.commands.bench_decode.settings_of`)."""
 
     checkpoint: Path
     out: Path
     """Where results.json, results.md and decode.png are written (llama.cpp's files in its llama_cpp/)."""
+    heads: list[int] | None
+    """The chain's k values (None: 1..n; k = 1 always runs, the speed-ups' baseline)."""
+    batch_sizes: list[int]
+    modes: list[str]
+    """greedy and/or sampling."""
+    methods: list[str]
+    """The --methods entries, the heads' chain first."""
+    sampling: GenerationConfig
+    """The sampling mode's settings (the greedy mode's are the same at temperature 0)."""
+    step: StepSettings
+    gamma: int
+    """Drafts per step of the drafting methods' rows."""
+    sequences: list[int]
+    """SpecTr's draft sequences per step, a row each."""
+    method_settings: dict[str, object]
+    """Each registered method's settings by name (the heads': their adaptive cut, their trees' sibling draws)."""
+    method_sweeps: dict[str, object]
+    """Each registered method's sweep by name (None: it sweeps nothing)."""
+    variations: Variations
+    prompt_set: str
+    prompts: int
+    prompt_tokens: int
+    prompt_format: str
+    """chat or raw (made definite before anything is loaded)."""
+    fixed_length: bool
+    """In the chat format, every prompt decoded to max_new_tokens past the model's end of turn."""
+    device: str
+    """cpu or cuda."""
+    dtype: str
     repeats: int
     """Rounds over all settings; the best round counts."""
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    compile: bool
-    prompt_set: str
-    prompt_format: str
-    prompt_tokens: int
-    sandbox: str
-    """Where HumanEval's tests run: jail, or guards (--weaker-sandbox)."""
     hf: bool
     hf_static: bool | None
     """Also HF's static cache (None: on CUDA)."""
     llama_cpp: Path | None
     """The folder of llama.cpp's tools (None: no llama.cpp)."""
     llama_cpp_target: Path | None
+    sandbox: str
+    """Where HumanEval's tests run: jail, or guards."""
     argv: list[str] | None = None
     """The command line a results page is headed by (None: this process's own arguments)."""
 
-    @classmethod
-    def from_flags(cls, args: argparse.Namespace) -> DecodeBenchOptions:
-        """The options of parsed arguments (``argv``, where ``args`` has none, is None)."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+    @property
+    def max_new_tokens(self) -> int:
+        return self.sampling.max_new_tokens
 
-
-def add_peer_flags(parser: argparse.ArgumentParser) -> None:
-    """--hf, --hf-static, --llama-cpp, --llama-cpp-target and --weaker-sandbox: the peers timed beside mtp, and where
-    HumanEval's tests run."""
-    parser.add_argument(
-        "--hf", action="store_true", help="also time Hugging Face generate and prompt lookup on the same weights"
-    )
-    parser.add_argument(
-        "--hf-static",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="with --hf, also time generate with HF's static cache, which it compiles on CUDA (its fastest path; the "
-        "warm-up that compiles is reported apart); default: on CUDA",
-    )
-    parser.add_argument(
-        "--llama-cpp",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="also time llama.cpp on the same prompts (plain, n-gram lookup, and the checkpoint's eagle3 heads as its "
-        "EAGLE-3 draft at each --heads), its tools built from PyPI's llama-cpp-python source into DIR the first time "
-        "(20-40 minutes on 2 cores)",
-    )
-    parser.add_argument(
-        "--llama-cpp-target",
-        type=Path,
-        default=None,
-        metavar="GGUF",
-        help="with --llama-cpp, the target model's GGUF (such as the quantized file the heads were trained on); "
-        "default: the checkpoint's own weights converted to a float32 GGUF",
-    )
-    parser.add_argument(
-        WEAKER_SANDBOX_FLAG,
-        action="store_true",
-        help="where this machine cannot jail model-written code (no Landlock or seccomp), run HumanEval's tests under "
-        "resource limits and Python-level guards only: enough for careless code, not for code written to escape",
-    )
-
-
-def check_peer_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The peers' flags against each other and the settings (a peer compares with greedy decoding at batch 1), and
-    --hf's extra installed; a bad combination is the parser's error."""
-    if args.hf and importlib.util.find_spec("transformers") is None:
-        parser.error("--hf needs transformers: pip install -e '.[hf]'")
-    if args.hf_static and not args.hf:
-        parser.error("--hf-static adds a row to the Hugging Face comparison; add --hf")
-    if args.hf and ("greedy" not in args.modes or 1 not in args.batch_sizes):
-        parser.error("--hf compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes")
-    if args.llama_cpp and ("greedy" not in args.modes or 1 not in args.batch_sizes):
-        parser.error("--llama-cpp compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes")
-    if args.llama_cpp_target is not None and not args.llama_cpp:
-        parser.error("--llama-cpp-target names the model llama.cpp decodes; add --llama-cpp DIR")
+    @property
+    def compile(self) -> bool:
+        return self.step.compile
 
 
 @dataclass
@@ -173,7 +146,7 @@ class DecodeBench:
     for held-out prompts), the k of the chain's rows (``heads``; llama.cpp's EAGLE-3 draft runs at the same) and
     where a reply stops (``end_of_turn``; None: at max_new_tokens)."""
 
-    options: DecodeBenchOptions
+    options: DecodeBenchSettings
     loaded: LoadedCheckpoint
     prompts: list[list[int]]
     names: list[str]
@@ -249,7 +222,7 @@ class DecodeBench:
             "prompt_lengths": [len(prompt) for prompt in self.prompts],
             "max_new_tokens": options.max_new_tokens,
             "stops_at": tokenizer.id_to_token(self.end_of_turn) if self.end_of_turn is not None else None,
-            "sampling": {"temperature": options.temperature, "top_p": options.top_p},
+            "sampling": {"temperature": options.sampling.temperature, "top_p": options.sampling.top_p},
         }
         if scored:
             setup["pass_at_1_sandbox"] = sandbox_description(options.sandbox)
@@ -312,11 +285,11 @@ def warm_up(model, prompts: list[list[int]], settings: list[BenchSetting]) -> li
     timings = []
     for setting in settings:
         timing = Timing()
-        if setting.config.cuda_graphs:
-            stats = decode_prompts(model, prompts, setting.config, setting.batch_size, setting.drafter)[1]
+        if setting.plan.step.cuda_graphs:
+            stats = decode_prompts(model, prompts, setting.plan, setting.batch_size)[1]
             timing.captures, timing.capture_s = stats.captures, stats.capture_s
         else:
-            generate(model, prompts[: setting.batch_size], replace(setting.config, max_new_tokens=4), setting.drafter)
+            generate(model, prompts[: setting.batch_size], setting.plan.changed(max_new_tokens=4))
         timings.append(timing)
     return timings
 
@@ -333,16 +306,16 @@ def time_rounds(
     spell hits all of them), each round's line printed; every setting's best round into its timing."""
     for round_ in range(repeats):
         for setting, timing in zip(settings, timings, strict=True):
-            config = setting.config
-            decoded, stats = decode_prompts(model, prompts, config, setting.batch_size, setting.drafter)
+            plan = setting.plan
+            decoded, stats = decode_prompts(model, prompts, plan, setting.batch_size)
             timing.captures, timing.capture_s = timing.captures + stats.captures, timing.capture_s + stats.capture_s
             if timing.best is None or stats.decoding_s < timing.best.decoding_s:
                 timing.best = stats
                 if setting.checked:
                     timing.outputs = decoded
             print(
-                f"round {round_ + 1} {setting.mode:>8} batch={setting.batch_size} {setting.method} k={config.heads}: "
-                f"{stats.line()}",
+                f"round {round_ + 1} {setting.mode:>8} batch={setting.batch_size} {setting.method} "
+                f"k={plan.heads.heads}: {stats.line()}",
                 flush=True,
             )
         for peer in peers:  # the peers in the same rounds
@@ -385,7 +358,7 @@ def check_outputs(
     checked = [i for i, setting in enumerate(settings) if setting.checked]
     if not checked:
         return None
-    autoregressive = next(i for i in checked if (settings[i].method, settings[i].config.heads) == (CHAIN, 1))
+    autoregressive = next(i for i in checked if (settings[i].method, settings[i].plan.heads.heads) == (CHAIN, 1))
     reference = timings[autoregressive].outputs
     for i in checked:
         outputs = timings[i].outputs
@@ -394,7 +367,7 @@ def check_outputs(
             {"prompt": p, "token": j, "top2_margin": top2_margin(model, prompts[p], reference[p][:j])}
             for p, j in first_divergence(outputs, reference)
         ]
-        if settings[i].config.cuda_graphs:  # captured steps against the same setting's eager ones, token for token
+        if settings[i].plan.step.cuda_graphs:  # captured steps against the same setting's eager ones, token for token
             eager = timings[settings.index(settings[i].twin(cuda_graphs=False))].outputs
             rows[i]["identical_to_eager"] = sum(a == b for a, b in zip(outputs, eager, strict=True))
     return reference
@@ -411,13 +384,14 @@ def predicted_speedup(row: dict, baseline: dict) -> float:
 def result_row(setting: BenchSetting, stats: DecodeStats, captures=0, capture_s=0.0) -> dict:
     """A setting's row from its best round's statistics; ``captures`` and ``capture_s``: the step shapes captured as
     CUDA graphs over every round (and its warm-up), and the seconds that took (outside the best round, mostly)."""
-    config, drafter = setting.config, setting.drafter
+    plan, drafter = setting.plan, setting.plan.drafter
+    heads, drafts = plan.heads, plan.drafts
     return {
         "mode": setting.mode,
         "batch_size": setting.batch_size,
         "method": setting.method,
         "tree_nodes": stats.tree_nodes,
-        "heads": config.heads,
+        "heads": heads.heads,
         "tokens": stats.tokens,
         "forwards": stats.forwards,
         "tokens_per_forward": stats.tokens_per_forward,
@@ -426,17 +400,67 @@ def result_row(setting: BenchSetting, stats: DecodeStats, captures=0, capture_s=
         "ms_per_forward": stats.ms_per_forward,
         "wall_time_s": stats.wall_time_s,
         "gamma": drafter.gamma if drafter is not None else 0,
-        "sequences": config.drafts_per_step,
-        "lossy": config.typical,  # typical acceptance: not the target's distribution
+        "sequences": drafts.drafts_per_step,
+        "lossy": plan.sampling.typical,  # typical acceptance: not the target's distribution
         "drafter": stats.method_params,
-        "draft_dtype": config.draft_dtype,
-        "draft_choice": config.draft_choice,
-        "draft_first_ids": config.draft_first_ids,
+        "draft_dtype": drafts.draft_dtype,
+        "draft_choice": drafts.draft_choice,
+        "draft_first_ids": heads.draft_first_ids,
         "draft_share": stats.draft_share,
         "draft_ms_per_step": 1000 * stats.draft_s / stats.forwards,
         "draft_ms_per_forward": 1000 * stats.draft_s / stats.draft_forwards if stats.draft_forwards else 0.0,
         "acceptance_rate": sum(stats.accepted) / sum(stats.drafted) if sum(stats.drafted) else 0.0,
-        "cuda_graphs": config.cuda_graphs,
+        "cuda_graphs": plan.step.cuda_graphs,
         "captures": captures,
         "capture_s": capture_s,
     }
+
+
+def run_decode_bench(settings: DecodeBenchSettings) -> None:
+    """The benchmark ``settings`` ask for, on the checkpoint: every setting (:func:`bench_settings`: the heads' chain
+    at each k, the methods' rows, their twins) timed beside the peers; results.json, results.md and decode.png in
+    ``settings.out``. A setting a model cannot decode (more heads than it has, prompts beyond its context) is a
+    :class:`~mtp.errors.SettingError` before any decoding; the command renders it under its flags."""
+    device = torch.device(settings.device)
+    settings.out.mkdir(parents=True, exist_ok=True)  # an unwritable out fails before the benchmark runs
+    loaded = load_checkpoint(settings.checkpoint, device, settings.dtype)
+    heads = sorted({1, *(settings.heads or range(1, loaded.config.n_future + 1))})  # 1: the speed-ups' baseline
+    problems = prompt_problems(settings.prompt_set, settings.prompts)
+    chat, model_settings = None, model_chat(settings.checkpoint, loaded.tokenizer)
+    if settings.prompt_format == "chat":  # the model's own template (resolve_prompt_format saw that it declares one)
+        chat = ChatTemplate(model_settings, settings.checkpoint)
+    prompts, names = benchmark_prompts(loaded, problems, settings.prompts, settings.prompt_tokens, chat)
+    stops = settings.prompt_format == "chat" and not settings.fixed_length  # a reply ends at the model's end of turn
+    end_of_turn = end_of_turn_id(loaded.tokenizer, model_settings, stops)
+    chain_heads = replace(settings.method_settings["heads"], heads=max(heads), draft_p_min=0.0)
+    chain = Plan(replace(settings.sampling, eos_id=end_of_turn), chain_heads, step=settings.step)
+    chain.check_for(loaded.config, prompts)  # the heads and the widest steps fit, before trees fit or searches run
+    methods = benchmarked(settings)
+    gammas = [method.most_drafts(settings.gamma) for method in methods if method.selected_by is not None]
+    if gammas:
+        check_context(loaded.config, prompts, settings.max_new_tokens, max(gammas))
+    settings.variations.check_for(loaded.config)
+
+    def method_rows(mode_chain: Plan, mode: str) -> list[BenchRow]:
+        """The rows of the methods other than the chain, at its largest k, for one mode: the heads' variants' (their
+        trees fitted or read once a mode; a fit's summary on stdout), then the drafters' (at the gamma asked for)."""
+        rows = []
+        for method in methods:
+            shown = {"log": print} if method.selected_by is None else {}  # the fits on stdout, the searches on stderr
+            target = Target.of(
+                loaded, mode_chain, device, gamma=settings.gamma, sequences=settings.sequences, dtype=settings.dtype,
+                **shown,
+            )  # fmt: skip
+            rows += method.rows(target, mode, settings.methods)
+        return rows
+
+    rows = bench_settings(settings.modes, settings.batch_sizes, heads, chain, method_rows, settings.variations)
+    labels = RowLabels(predicted={label for method in REGISTRY.values() for label in method.predicted})
+    DecodeBench(settings, loaded, prompts, names, problems, heads, end_of_turn).run(rows, labels)
+
+
+def benchmarked(settings: DecodeBenchSettings) -> list[DecodingMethod]:
+    """The methods of ``settings.methods``, each built from its settings and sweep (the heads' whenever a variant of
+    theirs is asked for)."""
+    chosen = [cls for cls in REGISTRY.values() if (set(cls.names()) - {CHAIN}) & set(settings.methods)]
+    return [cls(settings.method_settings[cls.name], settings.method_sweeps.get(cls.name)) for cls in chosen]

@@ -7,22 +7,20 @@ from dataclasses import asdict
 
 from mtp.decode import DecodeStats
 from mtp.decode.loop import generate
-from mtp.decode.settings import Drafted
+from mtp.decode.plan import Plan
 
 
-def run(model, prompts: list[list[int]], config: Drafted, batch_size: int, drafter=None) -> DecodeStats:
+def run(model, prompts: list[list[int]], plan: Plan, batch_size: int) -> DecodeStats:
     """:func:`decode_prompts`'s statistics alone."""
-    return decode_prompts(model, prompts, config, batch_size, drafter)[1]
+    return decode_prompts(model, prompts, plan, batch_size)[1]
 
 
-def decode_prompts(
-    model, prompts: list[list[int]], config: Drafted, batch_size: int, drafter=None
-) -> tuple[list[list[int]], DecodeStats]:
-    """Decode all prompts with the plan ``config`` in batches of ``batch_size`` (drafting with ``drafter`` if given):
-    every prompt's new tokens, in the prompts' order, and the statistics summed over the batches."""
+def decode_prompts(model, prompts: list[list[int]], plan: Plan, batch_size: int) -> tuple[list[list[int]], DecodeStats]:
+    """Decode all prompts with ``plan`` in batches of ``batch_size``: every prompt's new tokens, in the prompts'
+    order, and the statistics summed over the batches."""
     outputs, runs = [], []
     for start in range(0, len(prompts), batch_size):
-        batch_outputs, stats = generate(model, prompts[start : start + batch_size], config, drafter)
+        batch_outputs, stats = generate(model, prompts[start : start + batch_size], plan)
         outputs += batch_outputs
         runs.append(stats)
     total = sum(runs, DecodeStats.empty(runs[0]))

@@ -1,10 +1,8 @@
 """What the decoding benchmark times: its settings (a mode, a batch size, a method's row), each beside its twins in the
-other draft dtypes, draft vocabularies, step modes and draft choices asked for, and the flags that ask for them."""
+other draft dtypes, draft vocabularies, step modes and draft choices asked for (:class:`Variations`)."""
 
 from __future__ import annotations
 
-import argparse
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -12,15 +10,12 @@ import torch
 
 from mtp.benchmarks.report import CHAIN
 from mtp.decode.graphs import captures_on
-from mtp.decode.proposal import Proposer
-from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES, Drafted
+from mtp.decode.methods import BenchRow
+from mtp.decode.plan import Plan
 from mtp.errors import UserError
 from mtp.model.config import ModelConfig
 
 STEP_MODES = ("eager", "captured")
-
-MethodRow = tuple[str, Drafted, Proposer | None]
-"""A method's row as the methods give it: its label, its decoding settings and its drafter (None: the heads draft)."""
 
 
 @dataclass(frozen=True)
@@ -33,15 +28,14 @@ class BenchSetting:
     method: str
     """The row's label: the heads' chain (:data:`~mtp.benchmarks.report.CHAIN`), a variant of it or a drafting
     method ('tree', 'draft spectr')."""
-    config: Drafted
-    """Its decoding plan: the heads (k), a tree, the acceptance rule, the drafts' dtype, choice and vocabulary,
-    eager or captured steps."""
-    drafter: Proposer | None = None
-    """What drafts in place of the heads (None: the heads)."""
+    plan: Plan
+    """Its decoding plan: the heads (k), a tree, the drafter, the acceptance rule, the drafts' dtype, choice and
+    vocabulary, eager or captured steps."""
 
     def twin(self, **changes) -> BenchSetting:
-        """The same setting with ``changes`` to its decoding settings (``draft_dtype="int8"``)."""
-        return replace(self, config=replace(self.config, **changes))
+        """The same setting with ``changes`` to its decoding settings (``draft_dtype="int8"``), its drafter the
+        same."""
+        return replace(self, plan=self.plan.changed(**changes))
 
     @property
     def checked(self) -> bool:
@@ -51,36 +45,8 @@ class BenchSetting:
     @property
     def drafts_from_a_model(self) -> bool:
         """Its drafts come from a model: the heads above k = 1, a draft model, layer skip (not prompt lookup)."""
-        return self.config.heads > 1 or (self.drafter is not None and self.drafter.drafts_with_a_model)
-
-
-def add_variation_flags(parser: argparse.ArgumentParser) -> None:
-    """--draft-dtypes, --step-modes, --draft-first-ids and --draft-choices: the twins every setting runs beside."""
-    parser.add_argument(
-        "--draft-dtypes",
-        default="auto",
-        help="the drafts' dtypes, each setting with drafts from a model run in every one: auto (the model's) and/or "
-        "int8 (CPU)",
-    )
-    parser.add_argument(
-        "--step-modes",
-        default="eager",
-        help="how steps run, each setting in every one: eager (one launch per kernel) and/or captured (each step shape "
-        "captured as a CUDA graph and replayed; CUDA; the capture timed apart)",
-    )
-    parser.add_argument(
-        "--draft-first-ids",
-        default="0",
-        help="the heads' drafts scoring only the first N token ids (FR-Spec; head 1 verifies over all), each setting "
-        "where the heads draft run at every N: 0 (every token: the baseline rows) and any N",
-    )
-    parser.add_argument(
-        "--draft-choices",
-        default="auto",
-        help="sampling mode: how drafts from a model are chosen, each such setting run in every one: auto (the "
-        "baseline rows) and any of sampled (drawn from the drafter's law after temperature, top-k and top-p), tempered "
-        "(after temperature and top-k only), top (top-ranked, one-hot proposals); all lossless",
-    )
+        drafter = self.plan.drafter
+        return self.plan.heads.heads > 1 or (drafter is not None and drafter.drafts_with_a_model)
 
 
 @dataclass(frozen=True)
@@ -123,33 +89,12 @@ class Variations:
             )
 
 
-def parse_variations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Variations:
-    """:func:`add_variation_flags`' flags read; a bad entry is the parser's error."""
-    draft_dtypes = args.draft_dtypes.split(",")
-    if not set(draft_dtypes) <= set(DRAFT_DTYPES) or "auto" not in draft_dtypes:
-        parser.error(f"--draft-dtypes {','.join(draft_dtypes)}: auto (the baseline rows) and any of int8")
-    step_modes = args.step_modes.split(",")
-    if not step_modes or not set(step_modes) <= set(STEP_MODES):
-        parser.error(f"--step-modes {','.join(step_modes)}: each must be eager or captured")
-    given = args.draft_first_ids
-    draft_first_ids = [int(v) for v in given.split(",")] if re.fullmatch(r"\d+(,\d+)*", given) else []
-    if 0 not in draft_first_ids:
-        parser.error(
-            f"--draft-first-ids {given}: 0 (every token: the baseline rows) and any token counts, such as 0,1024"
-        )
-    draft_choices = args.draft_choices.split(",")
-    if not set(draft_choices) <= set(DRAFT_CHOICES) or "auto" not in draft_choices:
-        others = ", ".join(c for c in DRAFT_CHOICES if c != "auto")
-        parser.error(f"--draft-choices {','.join(draft_choices)}: auto (the baseline rows) and any of {others}")
-    return Variations(draft_dtypes, draft_first_ids, step_modes, draft_choices)
-
-
 def bench_settings(
     modes: list[str],
     batch_sizes: list[int],
     heads: list[int],
-    chain: Drafted,
-    method_rows: Callable[[Drafted, str], list[MethodRow]],
+    chain: Plan,
+    method_rows: Callable[[Plan, str], list[BenchRow]],
     variations: Variations,
 ) -> list[BenchSetting]:
     """Every setting, per mode and batch size: the chain at each k of ``heads``, then ``method_rows(chain, mode)``
@@ -157,10 +102,10 @@ def bench_settings(
     draft dtypes, draft vocabularies, step modes and, sampling, draft choices)."""
     settings = []
     for mode in modes:
-        mode_chain = chain if mode == "sampling" else replace(chain, temperature=0.0, top_p=1.0)
+        mode_chain = chain if mode == "sampling" else chain.changed(temperature=0.0, top_p=1.0)
         rows = method_rows(mode_chain, mode)
         for batch_size in batch_sizes:
-            entries = [BenchSetting(mode, batch_size, CHAIN, replace(mode_chain, heads=k)) for k in heads]
+            entries = [BenchSetting(mode, batch_size, CHAIN, mode_chain.changed(heads=k)) for k in heads]
             entries += [BenchSetting(mode, batch_size, *row) for row in rows]
             entries = in_draft_dtypes(entries, variations.draft_dtypes)
             entries = in_draft_first_ids(entries, variations.draft_first_ids)
@@ -178,7 +123,7 @@ def in_draft_dtypes(settings: list[BenchSetting], draft_dtypes: list[str]) -> li
     for setting in settings:
         out.append(setting)
         if setting.drafts_from_a_model:
-            out += [setting.twin(draft_dtype=d) for d in draft_dtypes if d != setting.config.draft_dtype]
+            out += [setting.twin(draft_dtype=d) for d in draft_dtypes if d != setting.plan.drafts.draft_dtype]
     return out
 
 
@@ -194,8 +139,9 @@ def in_draft_first_ids(settings: list[BenchSetting], draft_first_ids: list[int])
     out = []
     for setting in settings:
         out.append(setting)
-        if setting.config.heads > 1:
-            out += [setting.twin(draft_first_ids=v) for v in draft_first_ids if v != setting.config.draft_first_ids]
+        if setting.plan.heads.heads > 1:
+            current = setting.plan.heads.draft_first_ids
+            out += [setting.twin(draft_first_ids=v) for v in draft_first_ids if v != current]
     return out
 
 
@@ -206,8 +152,8 @@ def in_draft_choices(settings: list[BenchSetting], draft_choices: list[str]) -> 
     out = []
     for setting in settings:
         out.append(setting)
-        config, drafter = setting.config, setting.drafter
-        if config.samples_drafts and config.acceptance == "exact" and (drafter is None or drafter.draws_drafts):
-            if config.heads > 1 or drafter is not None:
-                out += [setting.twin(draft_choice=c) for c in draft_choices if c != config.draft_choice]
+        plan, drafter = setting.plan, setting.plan.drafter
+        if plan.samples_drafts and plan.sampling.acceptance == "exact" and (drafter is None or drafter.draws_drafts):
+            if plan.heads.heads > 1 or drafter is not None:
+                out += [setting.twin(draft_choice=c) for c in draft_choices if c != plan.drafts.draft_choice]
     return out

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mtp.benchmarks.cli import require_plotting, save_figure
+from mtp.benchmarks.common import require_plotting, save_figure
 from mtp.checkpoint.format import CHECKPOINT_KEY, read_checkpoint
 from mtp.errors import UserError
 

@@ -1,7 +1,7 @@
 """The int8 kernels PyTorch has on CPU against the float32 products the decoder runs, at a decoding step's shapes: the
 measurement that chose :mod:`mtp.decode.int8`'s kernel.
 
-    python -m mtp.benchmarks.int8_kernels [--rows 1,3,8,32] [--threads 1] [--shapes default|smollm2|all]
+    python -m mtp.commands.int8_kernels [--rows 1,3,8,32] [--threads 1] [--shapes default|smollm2|all]
 
 Each candidate multiplies x (rows, in) by a matrix (in -> out); the matrix is one of enough copies (64 MB of float32)
 that it streams from beyond L2, as in a decoding step. Candidates run interleaved, 30 calls each per round, 5 rounds:
@@ -11,7 +11,6 @@ per call and each candidate's error (norm of the difference from float32's produ
 
 from __future__ import annotations
 
-import argparse
 import time
 import warnings
 from collections.abc import Callable
@@ -94,24 +93,3 @@ def measure(inputs: int, outputs: int, rows: int, rounds: int = 5, calls: int = 
                 times.append(time.perf_counter() - start)
             best[name] = min(best[name], sorted(times)[len(times) // 4])
     return {name: (1e6 * best[name], errors[name]) for name in errors}
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", default="1,3,8,32", help="rows of x, comma-separated")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: fewest stalls on a shared machine)")
-    parser.add_argument("--shapes", choices=["default", "smollm2", "all"], default="all")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    shapes = SHAPES["default"] + SHAPES["smollm2"] if args.shapes == "all" else SHAPES[args.shapes]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); microseconds per call (error)")
-    for label, inputs, outputs in shapes:
-        for rows in (int(r) for r in args.rows.split(",")):
-            results = measure(inputs, outputs, rows)
-            cells = ", ".join(f"{name} {us:,.0f} ({error:.1e})" for name, (us, error) in results.items())
-            print(f"{label}, {rows} row(s): {cells}", flush=True)
-
-
-if __name__ == "__main__":
-    main()

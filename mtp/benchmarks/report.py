@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mtp.benchmarks.cli import require_plotting, save_figure
+from mtp.benchmarks.common import require_plotting, save_figure
 from mtp.decode.methods.heads import CHAIN
 from mtp.decode.tree_fit import FASTEST
 

@@ -29,7 +29,8 @@ from mtp.checkpoint.load import LoadedCheckpoint
 from mtp.data.prompts import held_out_prompts
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
 from mtp.data.tokenizer import eot_id
-from mtp.decode import GenerationConfig, HeadsSettings, generate
+from mtp.decode import GenerationConfig, HeadsSettings
+from mtp.decode.loop import generate_with_heads as generate
 from mtp.errors import UserError
 from mtp.model import MTPModel
 from mtp.training.task_scores import TASKS, TaskSettings

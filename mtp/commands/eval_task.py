@@ -18,13 +18,22 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from mtp.benchmarks.results_page import provenance
 from mtp.benchmarks.task_eval import CorpusSettings, evaluate, results_table
 from mtp.checkpoint.load import load_checkpoint
-from mtp.commands.cli import add_device_flag, pick_device, require_at_least, run_script, settings_named_by_flags
+from mtp.commands.cli import (
+    add_device_flag,
+    config_values,
+    pick_device,
+    require_at_least,
+    run_script,
+    settings_named_by_flags,
+)
 from mtp.files import write_whole
 from mtp.model import MTPModel
 from mtp.training.task_scores import TaskSettings, parse_ops
@@ -56,33 +65,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The arguments, checked before any checkpoint is loaded (a training run that scores itself at its end learns
-    of a bad setting before it trains)."""
-    args = build_parser().parse_args(argv)
+@dataclass
+class Evaluation:
+    """A checkpoint's evaluation as this command runs it: the library's settings of a task and of a corpus model
+    (whichever the checkpoint's data calls for), where the results go and on which device."""
+
+    checkpoint: str
+    task: TaskSettings
+    corpus: CorpusSettings
+    out: Path
+    device: str
+    """auto, cpu or cuda."""
+    argv: list[str] | None = None
+    """The command results.json is headed by (None: this process's own arguments)."""
+
+
+def settings_of(values: Mapping[str, Any], argv: list[str] | None = None) -> Evaluation:
+    """The evaluation of the flags' values by name (the parsed flags, or a training run's ``eval_task`` node over
+    their defaults), checked before any checkpoint is loaded (a training run that scores itself at its end learns of a
+    bad setting before it trains)."""
+    args = argparse.Namespace(**values)
     require_at_least(args, 1, "problems", "heads", "batch_size", "windows", "prompts", "prompt_tokens", "new_tokens")
-    args.settings = TaskSettings(parse_ops(args.ops), args.problems, args.heads or 1, args.batch_size)
-    args.corpus = CorpusSettings(
+    task = TaskSettings(parse_ops(str(args.ops)), args.problems, args.heads or 1, args.batch_size)
+    corpus = CorpusSettings(
         args.windows, args.prompts, args.prompt_tokens, args.new_tokens, args.heads, args.batch_size
     )
     pick_device(args.device)
-    args.argv = argv  # the command results.json is headed by (None: this process's own arguments)
-    return args
+    return Evaluation(str(args.checkpoint), task, corpus, Path(args.out), args.device, argv)
+
+
+def checked_args(argv: list[str] | None = None) -> Evaluation:
+    """The evaluation of a command line (:func:`settings_of`)."""
+    return settings_of(vars(build_parser().parse_args(argv)), argv)
+
+
+def settings_of_config(checkpoint: str, node: Mapping[str, Any]) -> Evaluation:
+    """The evaluation a training run's ``eval_task`` node asks for (keys: the flags' names) of the checkpoint it will
+    write, every flag it leaves out at its default."""
+    return settings_of(config_values(build_parser(), [checkpoint], node, "eval_task"))
 
 
 def main(argv: list[str] | None = None) -> None:
     run(checked_args(argv))
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Score the checkpoint of :func:`checked_args`' arguments: results.json and results.md in --out (each written
-    whole or not at all: a finished sweep job is one whose results.json exists). Returns the results."""
-    loaded = load_checkpoint(args.checkpoint, pick_device(args.device), "float32")
+def run(evaluation: Evaluation) -> dict[str, Any]:
+    """Score the checkpoint of ``evaluation``: results.json and results.md in its out folder (each written whole or not
+    at all: a finished sweep job is one whose results.json exists). Returns the results."""
+    loaded = load_checkpoint(evaluation.checkpoint, pick_device(evaluation.device), "float32")
     with settings_named_by_flags():  # the decoder's checks (e.g. more heads than trained) name --heads
-        scored = evaluate(loaded, args.settings, args.corpus)
+        scored = evaluate(loaded, evaluation.task, evaluation.corpus)
     parameters = sum(p.numel() for p in loaded.model.parameters())
-    results = {"provenance": provenance(args.argv), "task": scored.pop("task"), "checkpoint": str(args.checkpoint),
-               "step": loaded.global_step, "n_future": loaded.config.n_future, "parameters": parameters,
+    results = {"provenance": provenance(evaluation.argv), "task": scored.pop("task"),
+               "checkpoint": str(evaluation.checkpoint), "step": loaded.global_step,
+               "n_future": loaded.config.n_future, "parameters": parameters,
                "non_embedding_parameters": parameters - embedding_parameters(loaded.model), **scored}  # fmt: skip
     if loaded.tokens_per_step:
         results["tokens"] = loaded.global_step * loaded.tokens_per_step
@@ -91,15 +127,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["train_threads"] = loaded.train_threads
     if loaded.curve:
         results["curve"] = loaded.curve
-    args.out.mkdir(parents=True, exist_ok=True)
+    evaluation.out.mkdir(parents=True, exist_ok=True)
     task = results["task"]
-    title = f"{task}: {Path(args.checkpoint).name}, step {loaded.global_step}, n_future {loaded.config.n_future}"
+    title = f"{task}: {Path(evaluation.checkpoint).name}, step {loaded.global_step}, n_future {loaded.config.n_future}"
     markdown = f"# {title}\n\n{results_table(results)}"
-    write_whole(args.out / "results.md", lambda f: f.write(markdown.encode()))
+    write_whole(evaluation.out / "results.md", lambda f: f.write(markdown.encode()))
     text = json.dumps(results, indent=2) + "\n"
-    write_whole(args.out / "results.json", lambda f: f.write(text.encode()))  # last: it marks the run finished
+    write_whole(evaluation.out / "results.json", lambda f: f.write(text.encode()))  # last: it marks the run finished
     print(results_table(results), end="")
-    print(f"wrote {args.out / 'results.json'}")
+    print(f"wrote {evaluation.out / 'results.json'}")
     return results
 
 

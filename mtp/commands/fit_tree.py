@@ -26,13 +26,14 @@ from mtp.commands.cli import (
     add_decoding_settings,
     add_device_flag,
     add_dtype_flag,
+    decoding_parts,
     node_budget,
     pick_device,
-    plan_from,
     require_at_least,
     run_script,
     settings_named_by_flags,
 )
+from mtp.decode.plan import Plan
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 from mtp.errors import UserError
 
@@ -66,26 +67,25 @@ def main(argv: list[str] | None = None) -> int:
     require_at_least(args, 1, "prompts", "prompt_tokens", *(["nodes"] if args.nodes != FASTEST else []))
     if args.heads is not None and args.heads < 2:
         raise UserError(f"--heads {args.heads} drafts nothing; a tree needs --heads 2 or more (default: all).")
-    flags = plan_from(args, heads=args.heads or 2)  # all heads once the checkpoint is loaded
+    parts = decoding_parts(args, heads=args.heads or 2)  # each part checked before anything is loaded
     device = pick_device(args.device)
-    mode = "greedy" if flags.greedy else f"T{args.temperature:g}"
+    mode = "greedy" if parts["sampling"].greedy else f"T{args.temperature:g}"
     out = args.out or Path("results") / "trees" / f"{args.checkpoint.stem}-{args.nodes}-{mode}.json"
     out.parent.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the fitting
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
-    settings = replace(flags, heads=args.heads or loaded.config.n_future)
-    if settings.heads < 2:
+    heads = replace(parts["heads"], heads=args.heads or loaded.config.n_future)
+    if heads.heads < 2:
         raise UserError(f"{args.checkpoint} has 1 head, which drafts nothing; fit a tree to a checkpoint of 2 or more.")
     with settings_named_by_flags():  # the heads and context checked by generate() before the fitting decodes
-        fitted = fitted_tree(loaded, settings, args.nodes, args.prompts, args.prompt_tokens)
+        plan = Plan(**{**parts, "heads": heads})
+        fitted = fitted_tree(loaded, plan, args.nodes, args.prompts, args.prompt_tokens)
     with tempfile.NamedTemporaryFile("w", dir=out.parent, suffix=".tmp", delete=False) as tmp:
         tmp.write(fitted.to_json())
     os.replace(tmp.name, out)
     if fitted.trials:
         print(fitted.summary())
     if fitted.chain_faster:
-        print(
-            f"note: here the heads' chain decodes faster than any tree: decode with --heads {settings.heads}, no --tree"
-        )
+        print(f"note: here the heads' chain decodes faster than any tree: decode with --heads {heads.heads}, no --tree")
     print(
         f"nodes={fitted.tree.size} depth={fitted.tree.depth} expected_tokens/step={1 + fitted.expected_accepted:.3f} "
         f"measured_steps={fitted.steps} wrote {out}"

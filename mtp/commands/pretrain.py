@@ -8,7 +8,6 @@ under the repository's logs/ unless PROJECT_ROOT names another root (conf/paths/
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import hashlib
 import io
@@ -21,9 +20,10 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
-import hydra
+from hydra import version
+from hydra._internal.utils import _run_hydra, get_args_parser  # @hydra.main's own steps: no public API
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
@@ -65,10 +65,25 @@ def main(argv: list[str] | None = None) -> None:
     quiet_library_notices()
     register_resolver()  # ${reference_model:}: the job reads init_from before train() imports the training stack
     OmegaConf.register_new_resolver("job_folder", job_folder, replace=True)  # the experiments' hydra.sweep.subdir
-    task = hydra.main(version_base="1.3", config_path=str(root / "conf"), config_name="train")(train_in_run_dir)
-    check_groups_not_nulled(sys.argv[1:] if argv is None else argv, root / "conf")
-    with arguments(argv), config_errors_raised(), internal_groups_hidden():
-        task()
+    argv = sys.argv[1:] if argv is None else argv
+    check_groups_not_nulled(argv, root / "conf")
+    with config_errors_raised(), internal_groups_hidden(argv):
+        run_hydra(argv, root / "conf")
+
+
+def run_hydra(argv: list[str], conf: Path) -> None:
+    """What ``@hydra.main(config_path=conf, config_name="train")`` runs, its command line ``argv`` rather than the
+    process's: Hydra's decorator reads ``sys.argv``, and a command called with its own arguments (``mtp pretrain``,
+    a test) would have to rewrite it. The two calls are the ones the decorator makes (hydra/main.py, Hydra 1.3)."""
+    version.setbase("1.3")
+    parser = get_args_parser()
+    _run_hydra(
+        args=parser.parse_args(argv),
+        args_parser=parser,
+        task_function=train_in_run_dir,
+        config_path=str(conf),
+        config_name="train",
+    )
 
 
 def check_groups_not_nulled(overrides: list[str], conf: Path) -> None:
@@ -114,10 +129,10 @@ conf/model/_base: the presets' shared base files, not a choice)."""
 
 
 @contextmanager
-def internal_groups_hidden() -> Iterator[None]:
+def internal_groups_hidden(argv: list[str]) -> Iterator[None]:
     """Hydra's ``--help`` (which lists every folder of conf/ as a config group) without the internal groups'
     lines; anything else runs as it is."""
-    if not {"--help", "-h"} & set(sys.argv[1:]):
+    if not {"--help", "-h"} & set(argv):
         yield
         return
     printed = io.StringIO()
@@ -211,11 +226,12 @@ def train_in_run_dir(cfg: DictConfig) -> None:
     """One Hydra job; a user's mistake leaves no empty run folder behind (Hydra made it before the job started).
 
     A config with a ``distill`` node (``experiment=pretrained_heads``) first makes the training data: the model of
-    ``init_from`` continues prompts (``scripts/distill.py`` with those settings as its flags: a rerun reuses what an
-    earlier run made); one with a ``bench_decode`` node ends with the decoding benchmark of the trained checkpoint
-    (``scripts/bench_decode.py`` with those flags, written into the run folder); one with an ``eval_task`` node
-    (``experiment=paper_polynomial``, ``paper_induction``) ends with the task's evaluation of the trained checkpoint
-    (``scripts/eval_task.py`` with those flags, into the run folder's eval_task/). All are checked before training.
+    ``init_from`` continues prompts (:func:`mtp.commands.distill.run` with the settings the node's keys set, each a
+    flag of ``scripts/distill.py`` by name: a rerun reuses what an earlier run made); one with a ``bench_decode`` node
+    ends with the decoding benchmark of the trained checkpoint (:func:`mtp.commands.bench_decode.run`, written into the
+    run folder); one with an ``eval_task`` node (``experiment=paper_polynomial``, ``paper_induction``) ends with the
+    task's evaluation of the trained checkpoint (:func:`mtp.commands.eval_task.run`, into the run folder's
+    eval_task/). Each is typed settings read from its node, checked before training.
 
     A job of a sweep (``-m``) continues what an earlier run of the same sweep left in its folder: see
     :func:`continue_sweep_job`.
@@ -228,14 +244,13 @@ def train_in_run_dir(cfg: DictConfig) -> None:
         checkpoint = str(output_dir / "checkpoints" / "last.ckpt")  # not written yet
         bench = None
         if cfg.get("bench_decode"):
+            node = {**node_values(cfg.bench_decode), "out": str(output_dir / "bench_decode")}
             # the checkpoint will carry the chat template of init_from, which decides the format
-            argv = [checkpoint, *flags(cfg.bench_decode, bench_decode.build_parser())]
-            bench = bench_decode.checked_args(argv, template_from=cfg.get("init_from"))
-            bench.out = output_dir / "bench_decode"
+            bench = bench_decode.settings_of_config(checkpoint, node, template_from=cfg.get("init_from"))
         evaluation = None
-        if cfg.get("eval_task"):
-            evaluation = eval_task.checked_args([checkpoint, *flags(cfg.eval_task, eval_task.build_parser())])
-            evaluation.out, evaluation.argv = output_dir / EVAL_FOLDER, None  # headed by the pretrain command
+        if cfg.get("eval_task"):  # its results are headed by the pretrain command
+            node = {**node_values(cfg.eval_task), "out": str(output_dir / EVAL_FOLDER)}
+            evaluation = eval_task.settings_of_config(checkpoint, node)
         trains = True
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             settings = HydraConfig.get().job.override_dirname
@@ -245,7 +260,7 @@ def train_in_run_dir(cfg: DictConfig) -> None:
         if cfg.get("distill"):
             if not cfg.get("init_from"):
                 raise UserError("distill needs the model to continue prompts: set init_from=PATH (or drop distill).")
-            status = distill.main([str(cfg.init_from), *flags(cfg.distill, distill.build_parser())])
+            status = distill.run(distill.settings_of_config(str(cfg.init_from), node_values(cfg.distill)))
             if status:
                 raise SystemExit(status)  # Ctrl-C while distilling: what it wrote is kept, training does not start
         if trains:
@@ -319,21 +334,9 @@ def train(cfg: DictConfig) -> None:
     run(cfg)
 
 
-def flags(settings: DictConfig, parser: argparse.ArgumentParser | None = None) -> list[str]:
-    """A command's flags from a config node: ``max_tokens: 1000`` is ``--max-tokens 1000``, ``hf: true`` is ``--hf``
-    (false: left out), a list is comma-separated, or several arguments for a flag of ``parser`` that takes several
-    (``paths: [a, b]`` is ``--paths a b``)."""
-    several = {a.dest for a in parser._actions if a.nargs in ("+", "*")} if parser is not None else set()
-    argv = []
-    for key, value in OmegaConf.to_container(settings, resolve=True).items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif isinstance(value, list) and key in several:
-            argv += [flag, *map(str, value)] if value else []
-        elif value is not False and value is not None:
-            argv += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
-    return argv
+def node_values(node: DictConfig) -> dict[str, Any]:
+    """A command's node of the config (``bench_decode``, ``eval_task``, ``distill``) as plain values, resolved."""
+    return OmegaConf.to_container(node, resolve=True)
 
 
 def remove_empty_run_dir(output_dir: Path) -> None:
@@ -345,20 +348,6 @@ def remove_empty_run_dir(output_dir: Path) -> None:
         and not (output_dir / "checkpoints").exists()
     ):
         shutil.rmtree(output_dir, ignore_errors=True)
-
-
-@contextmanager
-def arguments(argv: list[str] | None) -> Iterator[None]:
-    """Hydra reads its overrides from sys.argv: ``argv`` stands in for them while it runs (None: leave them)."""
-    if argv is None:
-        yield
-        return
-    saved = sys.argv
-    sys.argv = [saved[0], *argv]
-    try:
-        yield
-    finally:
-        sys.argv = saved
 
 
 def entry_point() -> NoReturn:

@@ -2,7 +2,7 @@
 
 A rule reads head 1's logits where the drafts are verified, the drafts (a chain, or the nodes of a tree) and, when
 drafts were sampled, the distributions they were drawn from; it never runs the model. Three rules
-(:func:`rule_for` picks one from a :class:`~mtp.decode.settings.Drafted` configuration):
+(:func:`rule_for` picks one for a :class:`~mtp.decode.plan.Plan`):
 
 - :class:`Greedy` (temperature 0): a draft passes while it equals head 1's argmax, so the output is token for token
   that of greedy autoregressive decoding from head 1. A tree's node passes when it is head 1's argmax after its
@@ -31,8 +31,8 @@ drafts were sampled, the distributions they were drawn from; it never runs the m
   passing path.
 
 Sampling reads uniform numbers that the caller draws per step and row (:class:`~mtp.decode.sampling.RowUniforms`);
-:class:`RandomLayout` says which number is used for what, in one place, assembled from what the rule
-(:meth:`Rule.tests_per_step`) and the proposer (:meth:`~mtp.decode.proposal.Proposer.draws`) each declare.
+:class:`~mtp.decode.sampling.RandomLayout` says which number is used for what, in one place, assembled from what the
+rule (:meth:`Rule.tests_per_step`) and the proposer (:meth:`~mtp.decode.plan.Proposer.draws`) each declare.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtp.decode.sampling import Draws, processed_probs, sample_from, top_tokens
-from mtp.decode.settings import Drafted
+from mtp.decode.plan import Plan
+from mtp.decode.sampling import Draws, RandomLayout, processed_probs, sample_from, top_tokens
+from mtp.decode.settings import GenerationConfig
 from mtp.decode.tree import DraftTree
 
 
@@ -201,53 +202,6 @@ def accepted_prefix(passes: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
-class RandomLayout:
-    """Which of a step's uniform numbers (one row of :class:`~mtp.decode.sampling.RowUniforms` per step) is used for
-    what, in this order: the acceptance tests (the rule's, :meth:`Rule.tests_per_step`), the token after the accepted
-    drafts, the heads' chain drafts, a drafter's drafts, then the heads' tree nodes (the proposer's,
-    :meth:`~mtp.decode.proposal.Proposer.draws`)."""
-
-    tests: int
-    chain_drafts: int
-    tree_nodes: int
-    drafter_drafts: int = 0
-
-    @classmethod
-    def of(cls, tests: int, draws: Draws) -> RandomLayout:
-        """The layout of a step whose rule makes ``tests`` acceptance tests and whose proposer declares ``draws``."""
-        return cls(tests, draws.heads_chain, draws.heads_tree, draws.drafter)
-
-    @property
-    def per_step(self) -> int:
-        return self.tests + 1 + self.chain_drafts + self.drafter_drafts + self.tree_nodes
-
-    def acceptance(self, draws: Tensor, first: int, count: int = 1) -> Tensor:
-        """(B, count) uniforms of acceptance tests first .. first + count - 1."""
-        return draws[:, first : first + count]
-
-    def next_token(self, draws: Tensor) -> Tensor:
-        """(B,) the uniform that samples the token after the accepted drafts."""
-        return draws[:, self.tests]
-
-    def drafts(self, draws: Tensor, first: int = 0, count: int | None = None) -> Tensor:
-        """(B, count) uniforms that sample the heads' chain drafts first .. first + count - 1 (all from ``first`` by
-        default)."""
-        start = self.tests + 1 + first
-        return draws[:, start : start + (self.chain_drafts - first if count is None else count)]
-
-    def drafter(self, draws: Tensor) -> Tensor:
-        """(B, drafter_drafts) uniforms of a drafter's drafts: its chain's, or one per node of its tree."""
-        start = self.tests + 1 + self.chain_drafts
-        return draws[:, start : start + self.drafter_drafts]
-
-    def nodes(self, draws: Tensor, first: int, last: int) -> Tensor:
-        """(B, last - first) uniforms that sample the heads' tree nodes first + 1 .. last (node indices, the root being
-        0)."""
-        start = self.tests + 1 + self.chain_drafts + self.drafter_drafts
-        return draws[:, start + first : start + last]
-
-
-@dataclass(frozen=True)
 class TreeVerification:
     """What a tree step gives its rule: head 1's logits (B, P, V) after the root and the nodes with children (``slot``
     (S,): each node's index among them, -1 for a leaf), ``after(nodes (B,)) -> (B, V)`` head 1's logits after any
@@ -298,19 +252,19 @@ class Rule:
     samples_drafts = False
     """Drafts are drawn from their proposals (otherwise the top-ranked tokens are drafted)."""
 
-    def __init__(self, config: Drafted, layout: RandomLayout) -> None:
-        self.config, self.layout = config, layout
+    def __init__(self, sampling: GenerationConfig, layout: RandomLayout) -> None:
+        self.sampling, self.layout = sampling, layout
 
     @classmethod
-    def tests_per_step(cls, config: Drafted) -> int:
-        """The uniforms this rule's tests read in a step of ``config``: one per chain draft, or one per sibling a tree
+    def tests_per_step(cls, plan: Plan) -> int:
+        """The uniforms this rule's tests read in a step of ``plan``: one per chain draft, or one per sibling a tree
         may try at each depth."""
-        tree = config.step_tree
-        return config.drafts if tree is None else sum(tree.max_children_at_depth())
+        tree = plan.step_tree
+        return plan.step_drafts if tree is None else sum(tree.max_children_at_depth())
 
     def target(self, logits: Tensor) -> Tensor:
         """The law autoregressive sampling draws from: head 1's distribution after temperature, top-k and top-p."""
-        c = self.config
+        c = self.sampling
         return processed_probs(logits, c.temperature, c.top_k, c.top_p)
 
     def first(self, head1: Tensor, draws: Tensor | None) -> Tensor:
@@ -372,7 +326,7 @@ class Typical(Rule):
     name = "typical"
 
     def passes(self, target: Tensor, tokens: Tensor) -> Tensor:
-        return typical_passes(target, tokens, self.config.typical_epsilon, self.config.typical_delta)
+        return typical_passes(target, tokens, self.sampling.typical_epsilon, self.sampling.typical_delta)
 
     def chain(self, head1, drafts, live, proposals, draws):
         target = self.target(head1)  # (B, D + 1, V)
@@ -399,7 +353,7 @@ class Lossless(Rule):
             p = torch.ones(drafts.shape, device=drafts.device)
         else:
             p = proposals[:, :D].gather(-1, drafts[..., None]).squeeze(-1)  # (B, D) each draft's proposal probability
-        uniforms, c = self.layout.acceptance(draws, 0, D), self.config
+        uniforms, c = self.layout.acceptance(draws, 0, D), self.sampling
         passes, target = None, None
         if BOUNDED_TESTS and head1.device.type == "cpu" and not (c.top_k and c.top_k < head1.size(-1)):
             passes, unsure = nucleus_passes(head1[:, :D], drafts, uniforms, p, present, c.temperature, c.top_p)
@@ -423,7 +377,7 @@ class Lossless(Rule):
         return accepted, sample_from(law, self.layout.next_token(draws))
 
     def tree(self, step, laws, draws):
-        tree, inputs, c = step.tree, step.inputs, self.config
+        tree, inputs, c = step.tree, step.inputs, self.sampling
         B, S = inputs.shape
         rows = torch.arange(B, device=inputs.device)
         t = tree.tensors(inputs.device)
@@ -507,8 +461,8 @@ class Lossless(Rule):
         its test against head 1's law after the node (``logits`` (B, V); nothing rejected there yet), decided from
         bounds on that law's top-p probabilities alone (as :func:`nucleus_passes` decides a chain's): it surely passes
         when it passes against s(x) inside the nucleus. False when a row may fail: the caller then processes the law."""
-        sx, above = nucleus_bounds(logits, token, self.config.temperature)  # (B,) each
-        passes = (above < self.config.top_p) & accept_drafts(uniform.numpy(), p.float().numpy(), sx)
+        sx, above = nucleus_bounds(logits, token, self.sampling.temperature)  # (B,) each
+        passes = (above < self.sampling.top_p) & accept_drafts(uniform.numpy(), p.float().numpy(), sx)
         return bool((passes | ~trying.numpy()).all())
 
 
@@ -518,10 +472,10 @@ class SpecTr(Lossless):
     name = "spectr"
 
     @classmethod
-    def tests_per_step(cls, config: Drafted) -> int:
+    def tests_per_step(cls, plan: Plan) -> int:
         """One per node of a tree: every node of a depth may be a candidate."""
-        tree = config.step_tree
-        return config.drafts if tree is None else tree.size
+        tree = plan.step_tree
+        return plan.step_drafts if tree is None else tree.size
 
     def tree(self, step, laws, draws):
         tree, inputs = step.tree, step.inputs
@@ -574,9 +528,10 @@ NO_DRAWS = Draws()
 """A rule alone: no proposer's uniforms beside its own."""
 
 
-def rule_for(config: Drafted, draws: Draws = NO_DRAWS) -> Rule:
-    """The rule ``config`` decodes with: greedy at temperature 0 (whatever ``acceptance`` says), else its
+def rule_for(plan: Plan, draws: Draws = NO_DRAWS) -> Rule:
+    """The rule ``plan`` decodes with: greedy at temperature 0 (whatever ``acceptance`` says), else its
     ``acceptance``; its uniforms laid out beside the ``draws`` its proposer declares (none by default: a rule alone)."""
     rules = {"typical": Typical, "spectr": SpecTr, "exact": Lossless}
-    rule = Greedy if config.greedy else rules[config.acceptance]
-    return rule(config, RandomLayout.of(rule.tests_per_step(config), draws))
+    sampling = plan.sampling
+    rule = Greedy if sampling.greedy else rules[sampling.acceptance]
+    return rule(sampling, RandomLayout.of(rule.tests_per_step(plan), draws))

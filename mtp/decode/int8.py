@@ -12,7 +12,7 @@ float matrix instead.
 
 Why: a decoding step reads whole matrices for a few rows, so on a CPU its cost is the bytes it reads, and an int8
 matrix is a quarter of a float32 one. The kernels were chosen by timing PyTorch's CPU int8 products at a step's shapes
-against the float32 ones the decoder runs (``python -m mtp.benchmarks.int8_kernels``), then by accuracy where they ran
+against the float32 ones the decoder runs (``python -m mtp.commands.int8_kernels``), then by accuracy where they ran
 alike (the figures: docs/decoders-in-depth.md, "The int8 kernels, measured"). At the few rows of a batch-1 step the
 weight-only kernel (bfloat16 input) is as fast as fbgemm's on the blocks' matrices and slower on the largest
 unembeddings; from a few dozen rows on it is slower than float32. With a float32 input the same operator has no fast

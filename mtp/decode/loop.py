@@ -2,16 +2,17 @@
 
 Each step is ONE forward of the target over [last accepted token, pending drafts] per row (the engine,
 :mod:`mtp.decode.inference`). Head 1's outputs there verify the drafts under an acceptance rule
-(:mod:`mtp.decode.acceptance`: greedy-exact, lossless or typical, for a chain or a tree); a proposer
-(:mod:`mtp.decode.proposers`) drafts the next step's tokens: the target's own heads from this step's forward, or a
-drafter (draft model, layer skip, prompt lookup) once the step's tokens are known. The cache is rolled back to the
-accepted length. With ``heads=1`` and no drafter there are no drafts: plain autoregressive decoding on the same cache
-and kernels, the baseline speed-ups are measured against. A step too large for the memory available (a huge tree,
-batch or prompt) is refused before anything runs (:func:`mtp.decode.memory.check_step_fits`).
+(:mod:`mtp.decode.acceptance`: greedy-exact, lossless or typical, for a chain or a tree); a proposer drafts the next
+step's tokens: the target's own heads from this step's forward (:mod:`mtp.decode.heads_proposer`), or the plan's
+drafter (a draft model, layer skip, prompt lookup: :mod:`mtp.decode.methods`) once the step's tokens are known. The
+cache is rolled back to the accepted length. A plan with no proposer (one head, no drafter) has no drafts: plain
+autoregressive decoding on the same cache and kernels, the baseline speed-ups are measured against. A step too large
+for the memory available (a huge tree, batch or prompt) is refused before anything runs
+(:func:`mtp.decode.memory.check_step_fits`).
 
-With a draft tree (``config.tree``, :mod:`mtp.decode.tree`) a step verifies several candidates per depth at once:
-the input is [the token head 1 chose, the tree's nodes] under a tree attention mask, the longest accepted path wins,
-its keys and values are moved where a sequence would have them, and the heads draft the next tree from its last
+With a draft tree (the plan's ``step_tree``, :mod:`mtp.decode.tree`) a step verifies several candidates per depth at
+once: the input is [the token head 1 chose, the tree's nodes] under a tree attention mask, the longest accepted path
+wins, its keys and values are moved where a sequence would have them, and the heads draft the next tree from its last
 node. ``draft_p_min`` and ``adaptive_drafts`` size each row's drafts from the drafts alone, so greedy output stays
 exact and sampling lossless. The first step is the prompt itself (right-padded to the longest), so prefill also
 drafts.
@@ -29,14 +30,13 @@ from torch import Tensor
 
 from mtp.decode.acceptance import NodeLaws, Rule, TreeVerification, rule_for
 from mtp.decode.cache import KVCache
+from mtp.decode.heads_proposer import proposer_for
 from mtp.decode.inference import InferenceModel
 from mtp.decode.memory import check_step_fits
-from mtp.decode.proposal import Proposal, Proposer
-from mtp.decode.proposers import proposer_for
+from mtp.decode.plan import Plan, Proposal
 from mtp.decode.sampling import RowUniforms
-from mtp.decode.settings import Drafted, DraftSettings, GenerationConfig, HeadsSettings, StepSettings
+from mtp.decode.settings import GenerationConfig, HeadsSettings
 from mtp.decode.stats import DecodeStats, SpanTimer
-from mtp.errors import SettingError
 from mtp.model import MTPModel
 
 
@@ -72,25 +72,11 @@ class Verdict:
 
 
 @torch.inference_mode()
-def generate(
-    model: MTPModel,
-    prompts: list[list[int]],
-    config: GenerationConfig,
-    drafter: Proposer | None = None,
-    *,
-    heads: HeadsSettings | None = None,
-    drafts: DraftSettings | None = None,
-    step: StepSettings | None = None,
-) -> tuple[list[list[int]], DecodeStats]:
-    """Continue every prompt (a list of token ids each) by up to ``config.max_new_tokens`` tokens; rows are
-    independent. Who drafts: the target's ``heads`` (``HeadsSettings(heads=4)``: heads 2..4 draft; None: one head,
-    autoregressive decoding), or ``drafter``, its ``gamma`` per step (beside the heads: a hybrid step, with ``heads``
-    above 1); ``drafts`` says how drafts from a model are made, ``step`` how a step runs (None: their defaults).
-    ``config`` may be a whole plan (:class:`~mtp.decode.settings.Drafted`), every part's settings in one, instead."""
-    if drafter is not None and drafter.gamma < 1:
-        raise SettingError("{gamma} must be at least 1 with a drafter.", gamma=drafter.gamma)
-    plan = Drafted.of(config, heads, drafts, step, drafter.gamma if drafter is not None else 0)  # who drafts, checked
-    run = _Run(model, prompts, plan, drafter)
+def generate(model: MTPModel, prompts: list[list[int]], plan: Plan) -> tuple[list[list[int]], DecodeStats]:
+    """Continue every prompt (a list of token ids each) by up to ``plan.sampling.max_new_tokens`` tokens, as ``plan``
+    says (:class:`~mtp.decode.plan.Plan`: who drafts, how to sample and accept, how a step runs); rows are
+    independent. The plan was checked when it was made; here it is checked against the model and the prompts."""
+    run = _Run(model, prompts, plan)
     with run.exclusive():
         step = run.prompts_step(prompts)  # step 0: every prompt token counts as accepted
         while True:
@@ -103,39 +89,49 @@ def generate(
     return run.finish()
 
 
+def generate_with_heads(
+    model: MTPModel, prompts: list[list[int]], sampling: GenerationConfig, heads: HeadsSettings | None = None
+) -> tuple[list[list[int]], DecodeStats]:
+    """:func:`generate` with the plan of ``sampling`` and the target's ``heads`` (None: one head, autoregressive
+    decoding), no drafter: the scores of a training run and of its tasks (mtp/training/callbacks.py,
+    task_scores.py, mtp/benchmarks/task_eval.py) call it by that name until they make their plan themselves."""
+    return generate(model, prompts, Plan(sampling, heads or HeadsSettings()))
+
+
 class _Run:
     """One call of :func:`generate`: its checks, the packed model, the proposer, the cache and the rows."""
 
-    def __init__(self, model: MTPModel, prompts: list[list[int]], config: Drafted, drafter: Proposer | None) -> None:
-        config.check_for(model.config, prompts)
-        device, tree = next(model.parameters()).device, config.step_tree
-        config.check_device(device)
+    def __init__(self, model: MTPModel, prompts: list[list[int]], plan: Plan) -> None:
+        plan.check_for(model.config, prompts)
+        device, tree = next(model.parameters()).device, plan.step_tree
+        plan.check_device(device)
         longest, nodes = max(map(len, prompts)), tree.size if tree is not None else 0
-        max_len = config.cache_length(longest)
+        max_len = plan.cache_length(longest)
         dtype = model.tok_embeddings.weight.dtype
         # a drafting step (head 1's logits everywhere), then the prompts' step (logits at each row's last position only)
-        check_step_fits(model.config, len(prompts), max_len, 1 + (nodes or config.drafts), nodes, device, dtype)
+        check_step_fits(model.config, len(prompts), max_len, 1 + (nodes or plan.step_drafts), nodes, device, dtype)
         check_step_fits(model.config, len(prompts), max_len, longest, 0, device, dtype, logit_positions=1)
+        heads, step = plan.heads, plan.step
         self.inference = InferenceModel.of(
-            model, config.heads_packed, config.compile, config.heads_dtype, config.draft_first_ids, config.cuda_graphs
+            model, plan.heads_packed, step.compile, plan.heads_dtype, heads.draft_first_ids, step.cuda_graphs
         )
-        self.proposer = proposer = proposer_for(drafter, self.inference, config)
-        rule = rule_for(config, proposer.draws(config))  # its uniforms laid out beside the proposer's
+        self.proposer = proposer = proposer_for(plan, self.inference)
+        rule = rule_for(plan, proposer.draws(plan))  # its uniforms laid out beside the proposer's
         proposer.lay_out(rule.layout)
+        drafts = plan.step_drafts
         self.stats = DecodeStats(
-            rows=len(prompts), drafted=[0] * config.drafts, accepted=[0] * config.drafts, tree_nodes=nodes,
+            rows=len(prompts), drafted=[0] * drafts, accepted=[0] * drafts, tree_nodes=nodes,
             acceptance_rule=rule.name, method=proposer.method, method_params=proposer.method_params(),
         )  # fmt: skip
-        self.config, self.device, self.tree, self.rule = config, device, tree, rule
-        self.rows = _Rows(len(prompts), config)
+        self.plan, self.device, self.tree, self.rule = plan, device, tree, rule
+        self.rows = _Rows(len(prompts), plan)
         self.cache = self.inference.new_cache(len(prompts), max_len)
-        steps = config.max_new_tokens + 1  # every step emits a token, the prompt's too
+        sampling = plan.sampling
+        steps = sampling.max_new_tokens + 1  # every step emits a token, the prompt's too
         self.uniforms = (
-            None if config.greedy else RowUniforms(config.seed, len(prompts), steps, rule.layout.per_step, device)
+            None if sampling.greedy else RowUniforms(sampling.seed, len(prompts), steps, rule.layout.per_step, device)
         )
-        proposer.start(
-            prompts, max_len, config
-        )  # a drafter's cache allocated outside the timed part, as the target's is
+        proposer.start(prompts, max_len, plan)  # a drafter's cache allocated outside the timed part, as the target's
         self.draft_timer = SpanTimer(device)
         graphs = self.inference.graphs
         self.captured = (graphs.captures, graphs.capture_s) if graphs is not None else None
@@ -179,10 +175,10 @@ class _Run:
         """Keep what each row accepted in the cache, emit its tokens, and drop the rows that finished: (the rows'
         accepted counts, emitted tokens and next token; None once every row is done) and the step's uniforms of the
         rows that go on."""
-        cache, stats, config = self.cache, self.stats, self.config
+        cache, stats, plan = self.cache, self.stats, self.plan
         accepted, base, inputs = verdict.accepted, step.base, verdict.inputs
         held, held_on_device = cache.host_lengths, cache.lengths
-        proposed = torch.full_like(accepted, config.drafts) if verdict.proposed is None else verdict.proposed
+        proposed = torch.full_like(accepted, plan.step_drafts) if verdict.proposed is None else verdict.proposed
         cache.commit(inputs.size(1))
         stats.forwards, stats.row_forwards = stats.forwards + 1, stats.row_forwards + len(self.rows.index)
         # the one device-to-host transfer of the step: what each row accepted and emitted, and will draft next
@@ -220,7 +216,7 @@ class _Run:
             rows.verifying = [min(v, n) for v, n in zip(rows.verifying, proposal.counts, strict=True)]
         verifying = rows.verifying
         # the next step verifies what its deepest row drafts; the rest of its rows only their own
-        reuse = proposal.live is not None and not self.config.adaptive_drafts  # then it equals verifying, on the device
+        reuse = proposal.live is not None and not self.plan.drafts.adaptive_drafts  # then it equals verifying
         live = proposal.live if reuse else torch.tensor(verifying, device=self.device)
         n_drafts = self.tree.nodes_up_to(max(verifying)) if self.tree is not None else max(verifying)
         inputs = torch.cat([next_token[:, None], proposal.tokens[:, :n_drafts]], dim=1)
@@ -245,10 +241,10 @@ class _Rows:
     """The rows on the host: each live row's prompt index and the drafts it verifies in this step; every row's new
     tokens and draft count for its next step (adaptive drafting's)."""
 
-    def __init__(self, count: int, config: Drafted) -> None:
-        self.config, self.index, self.verifying = config, list(range(count)), [0] * count
+    def __init__(self, count: int, plan: Plan) -> None:
+        self.plan, self.index, self.verifying = plan, list(range(count)), [0] * count
         self.outputs: list[list[int]] = [[] for _ in range(count)]
-        self.planned = [config.drafts] * count
+        self.planned = [plan.step_drafts] * count
 
     def emit(
         self, host: list[list[int]], n_drafts: int, tree: bool, stats: DecodeStats
@@ -256,17 +252,17 @@ class _Rows:
         """Record a step (``host``: per live row its accepted drafts, the token after them, the drafts it has next,
         its accepted tree node, then the step's pending inputs); returns which live rows go on, and what each of them
         accepted and emitted. A row ends at EOS or its length budget."""
-        config, keep, accepted, emitted, verifying = self.config, [], [], [], []
+        plan, keep, accepted, emitted, verifying = self.plan, [], [], [], []
         for i, (n_accepted, token, next_live, at_node, *path_tokens) in enumerate(host):
             row, verified = self.index[i], self.verifying[i] if n_drafts else 0
             stats.record(verified, n_accepted, at_node if tree and n_drafts else None)
-            if config.adaptive_drafts and n_drafts:
+            if plan.drafts.adaptive_drafts and n_drafts:
                 grown = self.planned[row] + 2 if n_accepted == verified else self.planned[row] - 1
-                self.planned[row] = min(config.drafts, max(1, grown))
+                self.planned[row] = min(plan.step_drafts, max(1, grown))
             verifying.append(min(next_live, self.planned[row]))
             accepted.append(n_accepted)
             emitted.append((path_tokens[:n_accepted] if n_drafts else []) + [token])
-            if _extend(self.outputs[row], emitted[-1], config):
+            if _extend(self.outputs[row], emitted[-1], plan.sampling):
                 keep.append(i)
         self.index, self.verifying = [self.index[i] for i in keep], [verifying[i] for i in keep]
         return keep, [accepted[i] for i in keep], [emitted[i] for i in keep]

@@ -62,7 +62,7 @@ def step_bytes(
 ) -> StepMemory:
     """The peak memory of one decoding step of ``step_positions`` positions per row (1 + a tree's nodes, 1 + a chain's
     drafts, or a prompt's length) over ``batch_size`` rows, with a KV cache of ``max_len`` positions per row
-    (:meth:`mtp.decode.settings.Drafted.cache_length`) in ``dtype``. Attention spans the whole cache (as a
+    (:meth:`mtp.decode.plan.Plan.cache_length`) in ``dtype``. Attention spans the whole cache (as a
     compiled step's does; an eager step's spans the held positions and the step's, at most as many). Head 1's logits
     are counted at ``logit_positions`` per row (default: every position; a prompt's step reads only its last)."""
     B, S, span = batch_size, step_positions, max(max_len, step_positions)
@@ -113,7 +113,7 @@ def check_step_fits(
     largest = max(parts, key=parts.__getitem__)
     where = "this machine has available" if device.type == "cpu" else f"{device} has free"
     fix = (
-        "use a tree of fewer nodes (--tree-nodes / fit_tree.py --nodes) or a smaller batch"
+        "use a tree of fewer nodes or a smaller batch"
         if tree_nodes
         else "use shorter prompts, fewer drafts or a smaller batch"
     )

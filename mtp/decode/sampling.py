@@ -127,7 +127,7 @@ class RowUniforms:
 @dataclass(frozen=True)
 class Draws:
     """The uniforms a proposer declares it draws per step when sampling, by use (its own; the acceptance rule declares
-    its tests): :class:`~mtp.decode.acceptance.RandomLayout` places them in a step's row of :class:`RowUniforms`."""
+    its tests): :class:`RandomLayout` places them in a step's row of :class:`RowUniforms`."""
 
     heads_chain: int = 0
     """The heads' chain drafts: one per draft head."""
@@ -141,3 +141,50 @@ class Draws:
         return Draws(
             self.heads_chain + other.heads_chain, self.drafter + other.drafter, self.heads_tree + other.heads_tree
         )
+
+
+@dataclass(frozen=True)
+class RandomLayout:
+    """Which of a step's uniform numbers (one row of :class:`RowUniforms` per step) is used for what, in this order:
+    the acceptance tests (the rule's, :meth:`~mtp.decode.acceptance.Rule.tests_per_step`), the token after the
+    accepted drafts, the heads' chain drafts, a drafter's drafts, then the heads' tree nodes (the proposer's,
+    :meth:`~mtp.decode.plan.Proposer.draws`)."""
+
+    tests: int
+    chain_drafts: int
+    tree_nodes: int
+    drafter_drafts: int = 0
+
+    @classmethod
+    def of(cls, tests: int, draws: Draws) -> RandomLayout:
+        """The layout of a step whose rule makes ``tests`` acceptance tests and whose proposer declares ``draws``."""
+        return cls(tests, draws.heads_chain, draws.heads_tree, draws.drafter)
+
+    @property
+    def per_step(self) -> int:
+        return self.tests + 1 + self.chain_drafts + self.drafter_drafts + self.tree_nodes
+
+    def acceptance(self, draws: Tensor, first: int, count: int = 1) -> Tensor:
+        """(B, count) uniforms of acceptance tests first .. first + count - 1."""
+        return draws[:, first : first + count]
+
+    def next_token(self, draws: Tensor) -> Tensor:
+        """(B,) the uniform that samples the token after the accepted drafts."""
+        return draws[:, self.tests]
+
+    def drafts(self, draws: Tensor, first: int = 0, count: int | None = None) -> Tensor:
+        """(B, count) uniforms that sample the heads' chain drafts first .. first + count - 1 (all from ``first`` by
+        default)."""
+        start = self.tests + 1 + first
+        return draws[:, start : start + (self.chain_drafts - first if count is None else count)]
+
+    def drafter(self, draws: Tensor) -> Tensor:
+        """(B, drafter_drafts) uniforms of a drafter's drafts: its chain's, or one per node of its tree."""
+        start = self.tests + 1 + self.chain_drafts
+        return draws[:, start : start + self.drafter_drafts]
+
+    def nodes(self, draws: Tensor, first: int, last: int) -> Tensor:
+        """(B, last - first) uniforms that sample the heads' tree nodes first + 1 .. last (node indices, the root being
+        0)."""
+        start = self.tests + 1 + self.chain_drafts + self.drafter_drafts
+        return draws[:, start + first : start + last]

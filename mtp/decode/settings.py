@@ -2,8 +2,8 @@
 :class:`GenerationConfig` (sampling, acceptance and limits: what every method shares), :class:`HeadsSettings` (the
 heads' drafting: how many, a tree, their cut and vocabulary), :class:`DraftSettings` (how any proposer that drafts from
 a model draws its drafts: their dtype, their choice when sampling, several sequences, adaptive chains) and
-:class:`StepSettings` (how a step runs: compiled, captured). :func:`~mtp.decode.generate` takes them apart and meets
-them in :class:`Drafted`, the plan of one run, where the checks that need two of them are.
+:class:`StepSettings` (how a step runs: compiled, captured). A run's plan holds them, beside a drafter
+(:class:`mtp.decode.plan.Plan`), and checks what needs two of them.
 
 A setting out of its range, or at odds with another, is a :class:`mtp.errors.SettingError`: one sentence naming the
 setting, its value and a fix, which the command lines render under their flags
@@ -13,7 +13,7 @@ setting, its value and a fix, which the command lines render under their flags
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Literal, TypeVar, get_args
+from typing import Literal, get_args
 
 import torch
 
@@ -30,7 +30,6 @@ DraftChoice = Literal["auto", "sampled", "tempered", "top"]
 DRAFT_CHOICES: tuple[str, ...] = get_args(DraftChoice)
 SiblingDraws = Literal["distinct", "independent"]
 SIBLING_DRAWS: tuple[str, ...] = get_args(SiblingDraws)
-T = TypeVar("T")
 
 
 @dataclass
@@ -128,6 +127,28 @@ class HeadsSettings:
             choices = ", ".join(SIBLING_DRAWS)
             raise SettingError(f"{{sibling_draws}} must be one of {choices}.", sibling_draws=self.sibling_draws)
 
+    def check_for(self, model: ModelConfig) -> None:
+        """Whether ``model``'s heads draft as asked: a SettingError for more heads than it has (beyond a shared causal
+        depth), or a draft vocabulary of ids beside the one its heads were trained on or beyond its vocabulary."""
+        if self.heads > model.n_future and not model.recursive:
+            raise SettingError(
+                f"{{heads}} exceeds this checkpoint's {model.n_future} head(s); only eagle3 heads and causal heads "
+                f"trained with model.share_depth=true draft beyond them; use {{heads:1..{model.n_future}}}.",
+                heads=self.heads,
+            )
+        if self.draft_first_ids and model.draft_vocab:
+            raise SettingError(
+                f"this checkpoint's heads were trained to score its {model.draft_vocab} most frequent tokens, and "
+                "{draft_first_ids} would choose others; leave {draft_first_ids:0}.",
+                draft_first_ids=self.draft_first_ids,
+            )
+        if self.draft_first_ids >= model.vocab_size:
+            raise SettingError(
+                f"{{draft_first_ids}} must be below the vocabulary's {model.vocab_size} tokens (0: every token); "
+                f"use {{draft_first_ids:{model.vocab_size // 4}}}, say.",
+                draft_first_ids=self.draft_first_ids,
+            )
+
 
 @dataclass
 class DraftSettings:
@@ -155,6 +176,13 @@ class DraftSettings:
         if self.draft_choice not in DRAFT_CHOICES:
             choices = ", ".join(DRAFT_CHOICES)
             raise SettingError(f"{{draft_choice}} must be one of {choices}.", draft_choice=self.draft_choice)
+        if self.drafts_per_step > 1 and self.adaptive_drafts:
+            raise SettingError(
+                "{drafts_per_step} verifies a tree of independent chains; it does not combine with "
+                "{adaptive_drafts:name}.",
+                drafts_per_step=self.drafts_per_step,
+                adaptive_drafts=self.adaptive_drafts,
+            )
 
     def check_device(self, device: torch.device) -> None:
         """int8 drafts run only on CPU (:mod:`mtp.decode.int8`)."""
@@ -193,221 +221,3 @@ PARTS: tuple[type, ...] = (GenerationConfig, HeadsSettings, DraftSettings, StepS
 def owner_of(name: str) -> type:
     """The part of :data:`PARTS` whose field ``name`` is."""
     return next(part for part in PARTS if name in {f.name for f in fields(part)})
-
-
-@dataclass
-class Drafted(StepSettings, DraftSettings, HeadsSettings, GenerationConfig):
-    """The plan of one :func:`~mtp.decode.generate` call: every part's settings (:data:`PARTS`) side by side, as the
-    decoder reads them (the :class:`GenerationConfig`'s first, in its order), and who drafts: the heads, or a drafter
-    and its ``gamma`` drafts per step (which the drafter carries). ``generate`` makes it of the parts it is given
-    (:meth:`of`), or takes one whole: from code that varies one setting of a run whichever part owns it
-    (``replace(plan, draft_dtype="int8")``: a fit, a benchmark, a test). Each part checks its own fields again, and
-    what needs two parts is checked here; the tree a step verifies, its drafts, the positions a row needs are derived
-    here too."""
-
-    gamma: int = field(default=0, metadata={"flag": False})
-    """Drafts per step from a drafter (draft model, layer skip, prompt lookup); 0: none. The drafter owns its count
-    (``Proposer.gamma``): :func:`~mtp.decode.generate` makes the plan with it, a whole plan's replaced; here it shapes
-    the step (:meth:`draft_tree`, :attr:`drafts`) and its checks, which a command makes before any drafter is built."""
-    step_tree: DraftTree | None = field(default=None, init=False, repr=False, compare=False, metadata={"flag": False})
-    """The tree a step verifies, derived from the settings (:meth:`draft_tree`); None: a chain."""
-
-    @classmethod
-    def of(
-        cls,
-        config: GenerationConfig,
-        heads: HeadsSettings | None = None,
-        drafts: DraftSettings | None = None,
-        step: StepSettings | None = None,
-        gamma: int = 0,
-    ) -> Drafted:
-        """The plan of ``config`` with the heads' settings, the drafts' and the step's (None: each part's defaults),
-        and a drafter's ``gamma`` drafts per step (0: none); ``config`` may be a whole plan, its drafts per step then
-        ``gamma``."""
-        if isinstance(config, Drafted):
-            assert heads is drafts is step is None, "a plan carries the heads', the drafts' and the step's settings"
-            config, heads, drafts, step = config.part(GenerationConfig), *config.parts().values()
-        values = {}
-        for part, given in zip(PARTS, (config, heads, drafts, step), strict=True):
-            given = given if given is not None else part()
-            assert type(given) is part, f"{type(given).__name__} given where a {part.__name__} goes"
-            values |= {f.name: getattr(given, f.name) for f in fields(part) if f.init}
-        return cls(**values, gamma=gamma)
-
-    def part(self, cls: type[T]) -> T:
-        """This plan's settings of one part (:data:`PARTS`), as that part's own object."""
-        return cls(**{f.name: getattr(self, f.name) for f in fields(cls) if f.init})
-
-    def parts(self) -> dict[str, object]:
-        """The parts other than the :class:`GenerationConfig` (:meth:`part`), as :func:`~mtp.decode.generate`'s
-        keyword arguments."""
-        return {"heads": self.part(HeadsSettings), "drafts": self.part(DraftSettings), "step": self.part(StepSettings)}
-
-    def __post_init__(self) -> None:
-        for part in PARTS:  # each part's own checks, then those where two meet
-            if hasattr(part, "__post_init__"):
-                part.__post_init__(self)
-        if self.adaptive_drafts and self.tree is not None:
-            raise SettingError(
-                "{adaptive_drafts:name} sizes chains; cut a {tree:name} with {draft_p_min:name} instead.",
-                adaptive_drafts=True,
-                tree=self.tree,
-                draft_p_min=self.draft_p_min,
-            )
-        if self.drafts_per_step > 1 and (self.tree is not None or self.adaptive_drafts):
-            raise SettingError(
-                "{drafts_per_step} verifies a tree of independent chains; it does not combine with a {tree:name} or "
-                "{adaptive_drafts:name}.",
-                drafts_per_step=self.drafts_per_step,
-                tree=self.tree,
-                adaptive_drafts=self.adaptive_drafts,
-            )
-        if self.acceptance == "spectr" and self.draft_choice == "top":
-            raise SettingError(
-                "{acceptance} selects among drafts sampled independently from one law, and {draft_choice} drafts the "
-                "top-ranked tokens; use {draft_choice:auto} with it.",
-                acceptance=self.acceptance,
-                draft_choice=self.draft_choice,
-            )
-        if self.gamma < 0:
-            raise SettingError("{gamma} must be at least 1 (with a drafter) or 0 (none).", gamma=self.gamma)
-        if self.draft_dtype != "auto" and self.heads == 1 and not self.gamma:
-            raise SettingError(
-                "{draft_dtype} quantizes the drafts, but {heads} without a drafter drafts nothing; draft with more "
-                "heads or a drafter, or leave {draft_dtype:auto}.",
-                draft_dtype=self.draft_dtype,
-                heads=self.heads,
-            )
-        if self.gamma and (self.tree is not None or self.draft_p_min > 0):
-            raise SettingError(
-                "{gamma} drafts come from a drafter, which drafts chains, not a {tree:name} of the heads' candidates; "
-                "use no {tree:name} and no {draft_p_min:name} with it.",
-                gamma=self.gamma,
-                tree=self.tree,
-                draft_p_min=self.draft_p_min,
-            )
-        if self.drafts_per_step > 1 and self.drafts == 0:
-            raise SettingError(
-                "{drafts_per_step} needs drafts: use {heads:name} above 1 or a drafter.",
-                drafts_per_step=self.drafts_per_step,
-                heads=self.heads,
-            )
-        if self.acceptance == "spectr" and self.hybrid:
-            raise SettingError(
-                "{acceptance} selects among independent drafts of one proposer, and a hybrid step ({gamma} drafts "
-                "beside {heads}) mixes two; use {acceptance:exact} with it.",
-                acceptance=self.acceptance,
-                gamma=self.gamma,
-                heads=self.heads,
-            )
-        self.step_tree = self.draft_tree()
-
-    @property
-    def samples_drafts(self) -> bool:
-        """Drafts drawn from proposals (sampling, exact acceptance, sampled drafts); otherwise top-ranked (greedy,
-        typical, ``draft_choice="top"``)."""
-        return not self.greedy and not self.typical and self.draft_choice != "top"
-
-    @property
-    def distinct_siblings(self) -> bool:
-        """The heads' sampled tree draws each node's children without replacement (:attr:`sibling_draws`)."""
-        return (
-            self.tree is not None
-            and self.samples_drafts
-            and self.acceptance == "exact"
-            and (self.sibling_draws == "distinct")
-        )
-
-    def proposal_top_p(self, device: torch.device, heads: bool = True) -> float:
-        """The top-p of the law sampled drafts are drawn from on ``device``: the target's (``draft_choice="sampled"``),
-        or none (tempered). auto: tempered for the heads' drafts on CPU, where finding a nucleus (a sort of up to the
-        whole vocabulary) costs a large share of a head's drafting, sampled elsewhere and for a drafter's (``heads``
-        False), whose own forward costs more."""
-        auto_tempered = self.draft_choice == "auto" and heads and device.type == "cpu"
-        return 1.0 if self.draft_choice == "tempered" or auto_tempered else self.top_p
-
-    def check_device(self, device: torch.device) -> None:
-        """Whether these settings run on ``device`` (:meth:`StepSettings.check_device`,
-        :meth:`DraftSettings.check_device`)."""
-        StepSettings.check_device(self, device)
-        DraftSettings.check_device(self, device)
-
-    def draft_tree(self) -> DraftTree | None:
-        """The tree a step verifies: ``tree``; else, with ``drafts_per_step`` k > 1, k chains of the drafter's gamma
-        drafts or of the heads' k - 1; with a drafter and heads (a hybrid), the drafter's chains and the heads' chain
-        as one more branch; None: one chain."""
-        if self.tree is not None:
-            return self.tree
-        heads = self.heads - 1
-        if self.gamma and heads:
-            return DraftTree.branches([self.gamma] * self.drafts_per_step + [heads])
-        length = self.gamma or heads
-        return DraftTree.branches([length] * self.drafts_per_step) if self.drafts_per_step > 1 else None
-
-    @property
-    def drafts(self) -> int:
-        """Draft positions (chain) or depths (tree) a step can verify."""
-        if self.tree is not None:
-            return self.tree.depth
-        return max(self.gamma, self.heads - 1)
-
-    @property
-    def heads_packed(self) -> int:
-        """Heads the target's inference form packs: a tree's depth + 1 where the heads draft its tree (no drafter),
-        else :attr:`heads`."""
-        heads_tree = self.step_tree is not None and not self.gamma
-        return self.step_tree.depth + 1 if heads_tree else self.heads
-
-    @property
-    def heads_dtype(self) -> DraftDtype:
-        """The precision of the heads' drafts: :attr:`draft_dtype` where the heads draft (alone or in a hybrid), the
-        model's where a drafter alone drafts (the dtype is its own)."""
-        return self.draft_dtype if not self.gamma or self.hybrid else "auto"
-
-    @property
-    def hybrid(self) -> bool:
-        """A drafter's chains and the heads' chain verified together as one tree."""
-        return self.gamma > 0 and self.heads > 1
-
-    def check_for(self, model: ModelConfig, prompts: list[list[int]]) -> None:
-        """Whether ``model`` can decode ``prompts`` with these settings (:func:`~mtp.decode.generate` asks, and the
-        commands before their work): a SettingError for more heads than it has (beyond a shared causal depth) or
-        prompts and new tokens beyond its context, a ValueError for an empty prompt."""
-        if self.heads > model.n_future and not model.recursive:
-            raise SettingError(
-                f"{{heads}} exceeds this checkpoint's {model.n_future} head(s); only eagle3 heads and causal heads "
-                f"trained with model.share_depth=true draft beyond them; use {{heads:1..{model.n_future}}}.",
-                heads=self.heads,
-            )
-        if self.draft_first_ids and model.draft_vocab:
-            raise SettingError(
-                f"this checkpoint's heads were trained to score its {model.draft_vocab} most frequent tokens, and "
-                "{draft_first_ids} would choose others; leave {draft_first_ids:0}.",
-                draft_first_ids=self.draft_first_ids,
-            )
-        if self.draft_first_ids >= model.vocab_size:
-            raise SettingError(
-                f"{{draft_first_ids}} must be below the vocabulary's {model.vocab_size} tokens (0: every token); "
-                f"use {{draft_first_ids:{model.vocab_size // 4}}}, say.",
-                draft_first_ids=self.draft_first_ids,
-            )
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
-        longest = max(map(len, prompts))
-        if self.positions_needed(longest) > model.max_seq_len:
-            fits = model.max_seq_len - (self.positions_needed(longest) - self.max_new_tokens)
-            fix = f"lower {{max_new_tokens:name}} to {fits} or shorten the prompt" if fits > 0 else "shorten the prompt"
-            raise SettingError(
-                f"the longest prompt ({longest} tokens) plus {{max_new_tokens}} does not fit the model's context of "
-                f"{model.max_seq_len} tokens (with room for a step's drafts); {fix}.",
-                max_new_tokens=self.max_new_tokens,
-            )
-
-    def positions_needed(self, longest_prompt: int) -> int:
-        """Positions a row may occupy: the prompt, the new tokens, and room for a step's drafts past the budget and for
-        causal depths' windows (the step's width + k - 2)."""
-        return longest_prompt + self.max_new_tokens + 2 * (self.drafts + 1)
-
-    def cache_length(self, longest_prompt: int) -> int:
-        """The KV cache's length: :meth:`positions_needed`, and a tree step writes every node before keeping a path."""
-        return self.positions_needed(longest_prompt) + (self.step_tree.size if self.step_tree is not None else 0)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from mtp.data.prompts import prompts_beyond_the_benchmarks
 from mtp.decode.loop import generate
-from mtp.decode.settings import Drafted
+from mtp.decode.plan import Plan
 from mtp.decode.stats import DecodeStats
 from mtp.decode.tree import DraftTree, fit_tree, path_counts, ranked_tree
 from mtp.model import MTPModel
@@ -94,21 +94,21 @@ class FittedTree:
         return line
 
 
-def fit_to_model(model: MTPModel, prompts: list[list[int]], nodes: int | str, config: Drafted) -> FittedTree:
-    """The tree of at most ``nodes`` nodes (at most ``config.heads - 1`` deep) with the most accepted drafts when
-    decoding ``prompts`` with ``config`` (temperature, top-k, top-p, draft_p_min, seed). A measuring step too large
+def fit_to_model(model: MTPModel, prompts: list[list[int]], nodes: int | str, plan: Plan) -> FittedTree:
+    """The tree of at most ``nodes`` nodes (at most ``plan``'s heads - 1 deep) with the most accepted drafts when
+    decoding ``prompts`` with ``plan`` (temperature, top-k, top-p, draft_p_min, seed). A measuring step too large
     for the memory available is refused before decoding (:func:`mtp.decode.memory.check_step_fits`, in
     :func:`~mtp.decode.generate`).
 
     ``nodes`` :data:`FASTEST`: of the best trees of each of :data:`FASTEST_SIZES` nodes, the one with the most
-    expected tokens per millisecond, its step timed here with ``config`` at batch 1 (Sequoia's hardware-aware size,
+    expected tokens per millisecond, its step timed here with ``plan`` at batch 1 (Sequoia's hardware-aware size,
     measured rather than modelled); the heads' chain, decoded without a tree, is timed beside them, and
     :attr:`FittedTree.chain_faster` says whether it beat them all (on a CPU, where a step costs what its positions do
     and a tree step has more to do than a chain step of as many positions, it can)."""
-    depth = config.heads - 1
+    depth = plan.heads.heads - 1
     budget = FASTEST_SIZES[-1] if nodes == FASTEST else nodes
     measuring = ranked_tree(MEASURE_WIDTH, depth, max(MEASURE_NODES, budget))
-    settings = replace(config, tree=measuring, acceptance="exact", adaptive_drafts=False)
+    settings = plan.changed(tree=measuring, acceptance="exact", adaptive_drafts=False)
     _, stats = generate(model, prompts, settings)  # refuses a step too large for memory
     steps = sum(stats.accepted_nodes.values())
     counts = path_counts(measuring, stats.accepted_nodes)
@@ -117,7 +117,7 @@ def fit_to_model(model: MTPModel, prompts: list[list[int]], nodes: int | str, co
     trials, chain, best = [], None, 0
     if nodes == FASTEST:  # the chain as deep as the trees, decoded as a chain (no tree machinery), timed beside them
         chain_expected = sum(counts[(0,) * d] for d in range(1, depth + 1)) / max(1, steps)
-        *trials, chain = time_sizes(model, prompts, config, [*fits, (None, chain_expected)])
+        *trials, chain = time_sizes(model, prompts, plan, [*fits, (None, chain_expected)])
         best = max(range(len(fits)), key=lambda i: trials[i].tokens_per_ms)
     tree, expected = fits[best]
     acceptance = {p: counts[p] / max(1, steps) for p in tree.paths}
@@ -125,26 +125,27 @@ def fit_to_model(model: MTPModel, prompts: list[list[int]], nodes: int | str, co
 
 
 def time_sizes(
-    model: MTPModel, prompts: list[list[int]], config: Drafted, fits: list[tuple[DraftTree | None, float]]
+    model: MTPModel, prompts: list[list[int]], plan: Plan, fits: list[tuple[DraftTree | None, float]]
 ) -> list[SizeTrial]:
-    """Each fitted tree's step time (ms) when decoding with ``config`` at batch 1 (:data:`TIMING_ROUNDS`); a last
+    """Each fitted tree's step time (ms) when decoding with ``plan`` at batch 1 (:data:`TIMING_ROUNDS`); a last
     entry without a tree is the heads' chain (timed as it is, not pooled with the trees' times)."""
-    plans = [replace(config, tree=tree, max_new_tokens=min(TIMING_TOKENS, config.max_new_tokens)) for tree, _ in fits]
+    tokens = min(TIMING_TOKENS, plan.sampling.max_new_tokens)
+    plans = [plan.changed(tree=tree, max_new_tokens=tokens) for tree, _ in fits]
     turns = min(TIMING_PROMPTS, len(prompts))  # the rounds take the prompts in turn
 
-    def decode(round_: int, plan: Drafted) -> DecodeStats:  # no longer than the fitting: its context was checked
-        return generate(model, [prompts[round_ % turns]], plan)[1]
+    def decode(round_: int, timed: Plan) -> DecodeStats:  # no longer than the fitting: its context was checked
+        return generate(model, [prompts[round_ % turns]], timed)[1]
 
     times = fastest_steps(decode, plans, TIMING_ROUNDS)
     trees = len(fits) - (fits[-1][0] is None)
     times[:trees] = nondecreasing(times[:trees])  # nested trees, each doing what a smaller one does and more
-    sizes = [tree.size if tree is not None else config.heads - 1 for tree, _ in fits]
+    sizes = [tree.size if tree is not None else plan.heads.heads - 1 for tree, _ in fits]
     return [SizeTrial(n, 1 + expected, ms) for n, (_, expected), ms in zip(sizes, fits, times, strict=True)]
 
 
 def fastest_steps(
-    decode: Callable[[int, Drafted], DecodeStats],
-    plans: list[Drafted],
+    decode: Callable[[int, Plan], DecodeStats],
+    plans: list[Plan],
     rounds: int,
     min_rounds: int | None = None,
     budget_s: float = float("inf"),
@@ -175,10 +176,10 @@ def nondecreasing(values: list[float]) -> list[float]:
     return [total / count for total, count in blocks for _ in range(int(count))]
 
 
-def fitted_tree(loaded, config: Drafted, nodes: int | str, prompts: int = 16, prompt_tokens: int = 64):
+def fitted_tree(loaded, plan: Plan, nodes: int | str, prompts: int = 16, prompt_tokens: int = 64) -> FittedTree:
     """A tree of at most ``nodes`` nodes (or of the fastest size: :data:`FASTEST`) fitted to a loaded checkpoint for
-    decoding with ``config`` (its temperature, top-k, top-p, heads), on held-out documents the benchmarks do not prompt
+    decoding with ``plan`` (its temperature, top-k, top-p, heads), on held-out documents the benchmarks do not prompt
     with (:func:`fit_to_model`; uncompiled, so a fastest fit times uncompiled steps)."""
     held_out = prompts_beyond_the_benchmarks(loaded, prompts, prompt_tokens)
-    settings = replace(config, eos_id=None, compile=False, tree=None, adaptive_drafts=False)
+    settings = plan.changed(eos_id=None, compile=False, tree=None, adaptive_drafts=False)
     return fit_to_model(loaded.model, held_out, nodes, settings)

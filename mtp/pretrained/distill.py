@@ -51,7 +51,7 @@ from mtp.data.prompts import instruction_prompt
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
 from mtp.data.tasks import Task
 from mtp.data.tokenizer import prompt_ids
-from mtp.decode import GenerationConfig, generate
+from mtp.decode import GenerationConfig, Plan, generate
 from mtp.errors import SettingError, UserError, literal
 from mtp.interop.chat import ChatTemplate
 from mtp.model import MTPModel
@@ -418,7 +418,7 @@ def distill(
                 if all(prompt.reply is not None for prompt in batch):  # given replies: nothing to decode
                     outputs = [prompt.reply for prompt in batch]
                 else:
-                    outputs, _ = generate(model, [prompt.ids for prompt in batch], seeded)
+                    outputs, _ = generate(model, [prompt.ids for prompt in batch], Plan(seeded))
                 new = [
                     completion_row(prompt, output, tokenizer, config, settings.end_ids, settings.end_text)
                     for prompt, output in zip(batch, outputs, strict=True)

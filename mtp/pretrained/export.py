@@ -22,7 +22,7 @@ from torch import Tensor
 from mtp.checkpoint.load import load_checkpoint, model_chat
 from mtp.data.prompts import held_out_prompts
 from mtp.data.tokenizer import eot_id
-from mtp.decode import GenerationConfig, generate
+from mtp.decode import GenerationConfig, Plan, generate
 from mtp.errors import UserError
 from mtp.interop.engines import check_carries, eagle3_layout, medusa_layout
 from mtp.interop.hf import INSTALL_HINT, MTP_CONFIG, MTP_FORMAT, MTP_HEADS, read_hf
@@ -176,7 +176,7 @@ def verify_export(checkpoint: str | os.PathLike, out_dir: Path, prompts: int = 8
             tokens = torch.tensor([row])
             diff = max(diff, (original.model.next_token_logits(tokens) - theirs(tokens).logits).abs().max().item())
             prompt = row[:65]
-            expected = generate(original.model, [prompt], greedy)[0][0]
+            expected = generate(original.model, [prompt], Plan(greedy))[0][0]
             got = theirs.generate(torch.tensor([prompt]), max_new_tokens=len(expected), do_sample=False)
             got = got[0, len(prompt) :].tolist()
             equal += sum(a == b for a, b in zip(expected, got, strict=False))  # generate may stop at eos

@@ -16,7 +16,8 @@ from lightning.pytorch.utilities.model_summary.model_summary import _format_summ
 from torch import Tensor
 
 from mtp.checkpoint.format import TASK_CURVE
-from mtp.decode import GenerationConfig, HeadsSettings, generate
+from mtp.decode import GenerationConfig, HeadsSettings
+from mtp.decode.loop import generate_with_heads as generate
 from mtp.errors import UserError
 from mtp.training.parallel import is_sharded
 from mtp.training.task_scores import TASKS, TaskSettings, parse_ops, row_metrics

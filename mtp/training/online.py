@@ -11,7 +11,7 @@ distribution).
 
     online = OnlineHeads(model, OnlineSettings(online=8))
     for prompt in prompts:
-        output, stats = generate(model, [prompt], config, heads=HeadsSettings(heads=4))
+        output, stats = generate(model, [prompt], Plan(config, HeadsSettings(heads=4)))
         online.observe(prompt, output[0])  # may update the heads
 """
 

@@ -29,7 +29,8 @@ from tokenizers import Tokenizer
 import mtp.data.polynomial as polynomial
 from mtp.data.induction import Story, evaluation_stories, story_ids
 from mtp.data.tokenizer import eot_id, prompt_ids
-from mtp.decode import GenerationConfig, HeadsSettings, generate
+from mtp.decode import GenerationConfig, HeadsSettings
+from mtp.decode.loop import generate_with_heads as generate
 from mtp.errors import UserError
 from mtp.model import MTPModel
 

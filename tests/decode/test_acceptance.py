@@ -9,19 +9,11 @@ import math
 import pytest
 import torch
 
-from mtp.decode.acceptance import (
-    Greedy,
-    Lossless,
-    NodeLaws,
-    RandomLayout,
-    TreeVerification,
-    Typical,
-    rule_for,
-)
-from mtp.decode.lookup import LookupDrafter
-from mtp.decode.proposers import proposer_for
-from mtp.decode.sampling import sample_distinct, sample_many, top_tokens
-from mtp.decode.settings import Drafted, GenerationConfig, HeadsSettings
+from mtp.decode.acceptance import Greedy, Lossless, NodeLaws, TreeVerification, Typical, rule_for
+from mtp.decode.heads_proposer import proposer_for
+from mtp.decode.plan import Plan, Proposer
+from mtp.decode.sampling import RandomLayout, sample_distinct, sample_many, top_tokens
+from mtp.decode.settings import GenerationConfig, HeadsSettings
 from mtp.decode.tree import DraftTree
 
 V = 4
@@ -44,14 +36,24 @@ def draws_for(rule, tests: list[float], next_token: float) -> torch.Tensor:
     return draws
 
 
-def sampling(gamma: int = 0, **settings) -> Drafted:
-    return Drafted(**{"temperature": 1.0, "heads": 5, **settings}, gamma=gamma)
+class StandIn(Proposer):
+    """A drafter of ``gamma`` drafts a step that only declares its uniforms (no step is built here)."""
+
+    method, beside_heads = "stand-in", True
+
+    def __init__(self, gamma: int) -> None:
+        self.gamma = gamma
+
+
+def sampling(gamma: int = 0, **settings) -> Plan:
+    """A sampling plan of 5 heads, or of ``settings``, with a drafter of ``gamma`` drafts (0: none)."""
+    return Plan(drafter=StandIn(gamma) if gamma else None).changed(**{"temperature": 1.0, "heads": 5, **settings})
 
 
 def test_the_config_picks_the_rule():
-    assert isinstance(rule_for(Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=5))), Greedy)
+    assert isinstance(rule_for(Plan(GenerationConfig(), heads=HeadsSettings(heads=5))), Greedy)
     assert isinstance(
-        rule_for(Drafted.of(GenerationConfig(acceptance="typical"), heads=HeadsSettings(heads=5))), Greedy
+        rule_for(Plan(GenerationConfig(acceptance="typical"), heads=HeadsSettings(heads=5))), Greedy
     )  # ignores typical
     assert isinstance(rule_for(sampling()), Lossless)
     assert isinstance(rule_for(sampling(acceptance="typical")), Typical)
@@ -71,12 +73,11 @@ LAYOUTS = {  # (tests, heads' chain, drafter, heads' tree): what sampled outputs
 }
 
 
-def layout_of(config: Drafted) -> RandomLayout:
-    """The layout a step of ``config`` uses, made as :func:`~mtp.decode.generate` makes it: of what the rule and the
-    proposer (the heads, a drafter of ``config.gamma``, or both) each declare."""
-    drafter = LookupDrafter(2, V, "cpu", config.gamma) if config.gamma else None
-    proposer = proposer_for(drafter, None, config)  # the heads' proposer keeps its inference form, unread here
-    return rule_for(config, proposer.draws(config)).layout
+def layout_of(plan: Plan) -> RandomLayout:
+    """The layout a step of ``plan`` uses, made as :func:`~mtp.decode.generate` makes it: of what the rule and the
+    proposer (the heads, the plan's drafter, or both) each declare."""
+    proposer = proposer_for(plan, None)  # the heads' proposer keeps its inference form, unread here
+    return rule_for(plan, proposer.draws(plan)).layout
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
@@ -89,7 +90,7 @@ def test_random_layout_gives_every_number_one_use(name):
     used += layout.nodes(draws, 0, layout.tree_nodes)[0].tolist()
     assert sorted(used) == list(range(layout.per_step)), config
     tree = config.step_tree
-    if tree is not None and config.acceptance == "spectr":
+    if tree is not None and config.sampling.acceptance == "spectr":
         assert layout.tests == tree.size  # every node of a depth may be a candidate
 
 
@@ -111,7 +112,7 @@ def greedy_chain(matching: int, live: int = 4) -> tuple[int, int]:
     """Head 1's argmax equals the first ``matching`` drafts, then differs (token after position j: 3 - j % 2)."""
     argmax = [CHAIN[0, j].item() if j < matching else (CHAIN[0, j].item() + 1) % V for j in range(4)] + [2]
     head1 = logits(*[[0.7 if i == t else 0.1 for i in range(V)] for t in argmax])
-    rule = rule_for(Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=5)))
+    rule = rule_for(Plan(GenerationConfig(), heads=HeadsSettings(heads=5)))
     accepted, token = rule.chain(head1, CHAIN, torch.tensor([live]), None, None)
     return accepted.item(), token.item()
 
@@ -227,20 +228,14 @@ def test_top_tokens_are_torch_argmax_the_first_of_equal_maxima(dtype):
 def test_greedy_tree_takes_the_accepted_sibling_and_its_child():
     # head 1 after the root: 2 (node 1 drafted 1: rejected; node 2 drafted 2: accepted), after node 2: 3 (node 4 is 3)
     step = tree_step([0, 1, 2, 0, 3], [one_hot(2), one_hot(0), one_hot(3), one_hot(1), one_hot(1)])
-    depth, token, path = Greedy(Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=3)), None).tree(
-        step, None, None
-    )
+    depth, token, path = Greedy(GenerationConfig(), None).tree(step, None, None)
     assert (depth.item(), token.item(), path[0].tolist()) == (2, 1, [0, 2, 4])
     cut = tree_step([0, 1, 2, 0, 3], [one_hot(2), one_hot(0), one_hot(3), one_hot(1), one_hot(1)], live=1)
-    depth, token, path = Greedy(Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=3)), None).tree(
-        cut, None, None
-    )
+    depth, token, path = Greedy(GenerationConfig(), None).tree(cut, None, None)
     assert (depth.item(), token.item(), path[0].tolist()) == (1, 3, [0, 2, 2])
     # nothing accepted: head 1's token after the root
     none = tree_step([0, 1, 2, 0, 3], [one_hot(3), *[one_hot(0)] * 4])
-    depth, token, path = Greedy(Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=3)), None).tree(
-        none, None, None
-    )
+    depth, token, path = Greedy(GenerationConfig(), None).tree(none, None, None)
     assert (depth.item(), token.item(), path[0].tolist()) == (0, 3, [0, 0, 0])
 
 

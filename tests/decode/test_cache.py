@@ -7,7 +7,8 @@ from mtp.decode import inference as inference_module
 from mtp.decode import packed as packed_module
 from mtp.decode.cache import KVCache
 from mtp.decode.inference import InferenceModel
-from mtp.decode.settings import Drafted, HeadsSettings, StepSettings
+from mtp.decode.plan import Plan
+from mtp.decode.settings import HeadsSettings, StepSettings
 from tests.decode import helpers
 from tests.decode.helpers import HEAD_TYPES
 
@@ -289,9 +290,7 @@ def test_compiled_steps_raise_the_recompile_limit_only_while_they_run(monkeypatc
         generate(
             helpers.tiny_model(),
             [[1, 2, 3]],
-            GenerationConfig(max_new_tokens=4),
-            heads=HeadsSettings(heads=4),
-            step=StepSettings(compile=True),
+            Plan(GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=4), step=StepSettings(compile=True)),
         )
         assert limits and set(limits) == {32}
         assert torch._dynamo.config.recompile_limit == 8
@@ -303,14 +302,12 @@ def test_decoding_compiled_leaves_the_recompile_limit_as_it_was():
 
     before = torch._dynamo.config.recompile_limit
     model = helpers.tiny_model()
-    config = Drafted.of(GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=4))
+    config = Plan(GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=4))
     expected, _ = generate(model, [[1, 2, 3], [4]], config)
     out, _ = generate(
         model,
         [[1, 2, 3], [4]],
-        GenerationConfig(max_new_tokens=4),
-        heads=HeadsSettings(heads=4),
-        step=StepSettings(compile=True),
+        Plan(GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=4), step=StepSettings(compile=True)),
     )
     assert out == expected
     assert torch._dynamo.config.recompile_limit == before

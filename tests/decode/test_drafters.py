@@ -9,10 +9,14 @@ import torch
 
 from mtp.decode import GenerationConfig, generate
 from mtp.decode import acceptance as acceptance_module
-from mtp.decode import proposers as drafters_module
-from mtp.decode.lookup import LookupDrafter
-from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter
-from mtp.decode.settings import Drafted, DraftSettings, HeadsSettings
+from mtp.decode.heads_proposer import HeadsProposer
+from mtp.decode.inference import InferenceModel
+from mtp.decode.methods import prompt_lookup
+from mtp.decode.methods.draft_model import ModelDrafter, draft_model_drafter
+from mtp.decode.methods.layer_skip import layer_skip_drafter
+from mtp.decode.methods.prompt_lookup import LookupDrafter
+from mtp.decode.plan import Plan, Proposer
+from mtp.decode.settings import DraftSettings, HeadsSettings
 from tests.decode.helpers import NEVER, fixed_logits_model, head1_logits, tiny_model, train_on_cycles
 from tests.decode.test_lossless import check_real_model, reference_probs, total_variation, tv_threshold
 from tests.decode.test_tree import partly_trained
@@ -42,14 +46,16 @@ def test_greedy_drafting_equals_autoregressive(method, counting_target):
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 40, (n,), generator=generator).tolist() for n in (5, 2, 9, 3)]
     prompts[2][4:7] = prompts[2][:3]  # a repeated trigram in one prompt, for lookup to find
-    reference, _ = generate(model, prompts, GenerationConfig(48), heads=HeadsSettings(heads=1))
+    reference, _ = generate(model, prompts, Plan(GenerationConfig(48), HeadsSettings(heads=1)))
     drafter = drafter_for(method, model, 40)
     for gamma, decoding in ((4, {}), (3, dict(adaptive_drafts=True))):
-        out, stats = generate(model, prompts, Drafted(48, **decoding), drafter.with_gamma(gamma))
+        out, stats = generate(
+            model, prompts, Plan(drafter=drafter.with_gamma(gamma)).changed(max_new_tokens=48, **decoding)
+        )
         assert out == reference, decoding
         assert 0 < sum(stats.accepted) < sum(stats.drafted)  # drafts pass at some steps, not at all
         assert stats.method == method and f"method={method}" in stats.line()
-    alone, _ = generate(model, prompts[1:2], GenerationConfig(48), drafter.with_gamma(2))
+    alone, _ = generate(model, prompts[1:2], Plan(GenerationConfig(48), drafter=drafter.with_gamma(2)))
     assert alone == reference[1:2]
 
 
@@ -59,11 +65,13 @@ def test_the_target_as_its_own_draft_accepts_every_draft(temperature, counting_t
     cache (a position kept or dropped wrongly at a step's rollback, a ragged row misread) shows as a rejection."""
     model = counting_target
     prompts = [[3, 9, 1, 4, 4], [7], [2, 2, 2, 30, 31, 5, 6, 8, 11]]
-    config = Drafted.of(
-        GenerationConfig(40, temperature, seed=2), drafts=DraftSettings(adaptive_drafts=temperature > 0)
+    config = Plan(
+        GenerationConfig(40, temperature, seed=2),
+        drafter=draft_model_drafter(model, gamma=3),
+        drafts=DraftSettings(adaptive_drafts=temperature > 0),
     )
-    reference, _ = generate(model, prompts, GenerationConfig(40, temperature, seed=2))
-    out, stats = generate(model, prompts, config, draft_model_drafter(model, gamma=3))
+    reference, _ = generate(model, prompts, Plan(GenerationConfig(40, temperature, seed=2)))
+    out, stats = generate(model, prompts, config)
     assert stats.accepted == stats.drafted and stats.drafted[0] > 0
     assert stats.method == "draft"
     if temperature == 0:  # sampled, the drafts come from other draws than autoregressive decoding's tokens
@@ -74,20 +82,20 @@ def test_the_target_as_its_own_draft_accepts_every_draft(temperature, counting_t
 def test_every_proposer_names_its_own_method():
     """The statistics say who drafted: a proposer that does not say so fails, rather than reporting the heads."""
 
-    class Unnamed(drafters_module.Proposer):
+    class Unnamed(Proposer):
         pass
 
     with pytest.raises(AttributeError):
         getattr(Unnamed(), "method")  # noqa: B009  (the attribute access is what is tested)
-    assert (drafters_module.HeadsProposer.method, drafters_module.LookupDrafter.method) == ("heads", "lookup")
+    assert (HeadsProposer.method, LookupDrafter.method) == ("heads", "lookup")
 
 
-class CheckedDrafter(drafters_module.ModelDrafter):
+class CheckedDrafter(ModelDrafter):
     """A draft model's drafter that checks every proposal (sampling at temperature 1) against the draft model's own
     distributions after the row's true sequence and the drafts before, computed by full forwards without a cache."""
 
     def __init__(self, draft):
-        super().__init__(drafters_module.InferenceModel.of(draft, 1))
+        super().__init__(InferenceModel.of(draft, 1))
         self.draft, self.checked = draft, 0
 
     def start(self, prompts, max_len, config=None):
@@ -121,7 +129,9 @@ def test_draft_model_proposals_follow_the_accepted_tokens(counting_target):
     prompts = [[3, 9, 1, 4, 4], [7], [2, 2, 2, 30, 31, 5, 6, 8, 11]]
     for gamma, decoding in ((3, {}), (4, dict(adaptive_drafts=True))):
         drafter.gamma = gamma  # this one drafter counts its checks
-        _, stats = generate(counting_target, prompts, Drafted(30, 1.0, **decoding), drafter)
+        _, stats = generate(
+            counting_target, prompts, Plan(drafter=drafter).changed(max_new_tokens=30, temperature=1.0, **decoding)
+        )
         assert 0 < sum(stats.accepted) < sum(stats.drafted) and drafter.checked > 20
 
 
@@ -156,16 +166,16 @@ def test_bad_drafter_settings_are_refused(counting_target):
     with pytest.raises(ValueError, match="some but not all"):
         layer_skip_drafter(counting_target, frozenset({len(counting_target.layers)}))
     with pytest.raises(ValueError, match="no draft_p_min"):
-        Drafted.of(GenerationConfig(8), heads=HeadsSettings(draft_p_min=0.5), gamma=2)
+        Plan(GenerationConfig(8), heads=HeadsSettings(draft_p_min=0.5), drafter=LookupDrafter(1, 40, "cpu", gamma=2))
     with pytest.raises(ValueError, match="drafts_per_step=2 needs drafts"):
-        generate(counting_target, [[1]], GenerationConfig(8), drafts=DraftSettings(drafts_per_step=2))
+        Plan(GenerationConfig(8), drafts=DraftSettings(drafts_per_step=2))
     with pytest.raises(ValueError, match="gamma=0 must be at least 1 with a drafter"):
-        generate(counting_target, [[1]], GenerationConfig(8), LookupDrafter(1, 40, "cpu", gamma=0))
+        Plan(GenerationConfig(8), drafter=LookupDrafter(1, 40, "cpu", gamma=0))
     with pytest.raises(ValueError, match="ngram"):
         LookupDrafter(0, 40, "cpu")
     short = draft_model_drafter(tiny_model(n_future=1, vocab_size=40, max_seq_len=16))
     with pytest.raises(ValueError, match=r"the draft model's context \(16 tokens\) is below the 2"):
-        generate(counting_target, [list(range(12))], GenerationConfig(8), short.with_gamma(2))
+        generate(counting_target, [list(range(12))], Plan(GenerationConfig(8), drafter=short.with_gamma(2)))
 
 
 # -- lossless sampling: the exact joint of head 1's sampling against many sampled rows
@@ -207,7 +217,9 @@ def check_drafter(
     ``drafter`` from a target of logit ``tables`` (default :func:`target_tables`; head 1's are the target), with more
     GenerationConfig settings ``decoding`` (heads of a hybrid step, several draft sequences)."""
     length = gamma + 2  # the prompt step's token, gamma verified drafts, the token after them
-    config = Drafted(length, temperature, top_p=top_p, seed=seed, gamma=gamma, **decoding)  # the drafter's gamma
+    config = Plan(drafter=drafter.with_gamma(gamma)).changed(
+        max_new_tokens=length, temperature=temperature, top_p=top_p, seed=seed, **decoding
+    )
     tables = target_tables() if tables is None else tables
     step = [reference_probs(tables[0, a], temperature, 0, top_p) for a in range(VOCAB)]
     joint: dict[tuple[int, ...], float] = {}
@@ -221,7 +233,7 @@ def check_drafter(
                 enumerate_from(token, prefix + (token,), p * q)
 
     enumerate_from(PROMPT[-1], (), 1.0)
-    out, stats = generate(fixed_logits_model(tables), [PROMPT] * rows, config, drafter.with_gamma(gamma))
+    out, stats = generate(fixed_logits_model(tables), [PROMPT] * rows, config)
     samples = [tuple(row) for row in out]
     outside = sum(s not in joint for s in samples)
     return total_variation(samples, joint), tv_threshold(joint, rows), outside, stats
@@ -288,10 +300,10 @@ def _wrong_drafting():
             "draft", (acceptance_module, "accept_drafts", lambda u, p, q: u < q)
         ),
         "draft_proposals_of_the_wrong_position": (
-            "draft", (drafters_module.ModelDrafter, "propose", _flipped(drafters_module.ModelDrafter.propose))
+            "draft", (ModelDrafter, "propose", _flipped(ModelDrafter.propose))
         ),
         "lookup_proposal_not_one_hot": (
-            "lookup", (drafters_module.LookupDrafter, "propose", uniform_lookup(drafters_module.LookupDrafter.propose))
+            "lookup", (prompt_lookup.LookupDrafter, "propose", uniform_lookup(LookupDrafter.propose))
         ),
         "lookup_no_residual": (
             "lookup", (acceptance_module, "correction_probs", lambda target, proposal, rejected: target)
@@ -327,11 +339,11 @@ def real_model_drafter(method: str):
 
 @pytest.mark.slow
 def test_layer_skip_with_proposals_of_the_wrong_position_fails_the_real_model_check(monkeypatch):
-    monkeypatch.setattr(drafters_module.ModelDrafter, "propose", _flipped(drafters_module.ModelDrafter.propose))
+    monkeypatch.setattr(ModelDrafter, "propose", _flipped(ModelDrafter.propose))
     model, drafter = real_model_drafter("layerskip")
     with pytest.raises(AssertionError):
-        config = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5)
-        check_real_model(model, config, drafter=drafter.with_gamma(2))
+        config = Plan(GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5), drafter=drafter.with_gamma(2))
+        check_real_model(model, config)
 
 
 @pytest.mark.parametrize(  # a draft model's case with the slow tests: everyday on the fixed tables
@@ -341,6 +353,6 @@ def test_drafted_sampling_lossless_on_real_models(method):
     """Attention everywhere (the target, a random draft model, the target without a block): every context changes the
     logits, so the drafters' caches and the rows' ragged acceptance all matter."""
     model, drafter = real_model_drafter(method)
-    config = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5)
-    stats = check_real_model(model, config, drafter=drafter.with_gamma(2))
+    config = Plan(GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5), drafter=drafter.with_gamma(2))
+    stats = check_real_model(model, config)
     assert 0 < sum(stats.accepted) < sum(stats.drafted)

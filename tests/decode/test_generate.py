@@ -1,11 +1,12 @@
-from dataclasses import fields, replace
+from dataclasses import fields
 
 import pytest
 import torch
 
 from mtp.decode import GenerationConfig, generate
 from mtp.decode.inference import InferenceModel
-from mtp.decode.settings import PARTS, Drafted, DraftSettings, HeadsSettings
+from mtp.decode.plan import Plan
+from mtp.decode.settings import PARTS, DraftSettings, HeadsSettings
 from mtp.decode.tree import DraftTree
 from mtp.errors import SettingError
 from tests.decode.helpers import HEAD_TYPES, fixed_logits_model, head1_logits, tiny_model
@@ -14,7 +15,7 @@ RAGGED = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [3, 3]]
 
 
 def greedy(model, prompts, heads, max_new_tokens=24, **settings):
-    return generate(model, prompts, Drafted(max_new_tokens=max_new_tokens, heads=heads, **settings))
+    return generate(model, prompts, Plan().changed(max_new_tokens=max_new_tokens, heads=heads, **settings))
 
 
 def greedy_without_cache(model, prompt: list[int], max_new_tokens: int) -> list[int]:
@@ -73,11 +74,9 @@ def test_greedy_decoding_with_a_draft_vocabulary_chosen_at_decoding_equals_the_r
 def test_a_draft_vocabulary_at_decoding_is_refused_beside_a_trained_one_or_beyond_the_vocabulary():
     trained = tiny_model(draft_vocab=20).config
     with pytest.raises(SettingError, match="trained to score its 20 most frequent tokens, and draft_first_ids=8 would"):
-        Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=2, draft_first_ids=8)).check_for(trained, [[1]])
+        HeadsSettings(heads=2, draft_first_ids=8).check_for(trained)
     with pytest.raises(SettingError, match="draft_first_ids=40 must be below the vocabulary's 40 tokens"):
-        Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=2, draft_first_ids=40)).check_for(
-            tiny_model().config, [[1]]
-        )
+        Plan(GenerationConfig(), heads=HeadsSettings(heads=2, draft_first_ids=40)).check_for(tiny_model().config, [[1]])
 
 
 @pytest.mark.parametrize(  # linear: fixed-logits tests; causal-shared, medusa and causal alone (~4-5 s each) slow
@@ -115,19 +114,19 @@ def test_greedy_self_speculative_equals_autoregressive_when_drafts_pass_and_fail
 def test_each_row_equals_decoding_it_alone(head_type):
     model = tiny_model(**HEAD_TYPES[head_type])
     for config in (
-        Drafted.of(GenerationConfig(max_new_tokens=15), heads=HeadsSettings(heads=3)),
-        Drafted.of(GenerationConfig(15, temperature=1.0, seed=7), heads=HeadsSettings(heads=3)),
+        Plan(GenerationConfig(max_new_tokens=15), heads=HeadsSettings(heads=3)),
+        Plan(GenerationConfig(15, temperature=1.0, seed=7), heads=HeadsSettings(heads=3)),
     ):
         batch, _ = generate(model, RAGGED, config)
         for row, prompt in enumerate(RAGGED):
-            alone = replace(config, seed=config.seed + row)
+            alone = config.changed(seed=config.sampling.seed + row)
             assert generate(model, [prompt], alone)[0][0] == batch[row]
 
 
 def test_eos_and_length_stop_rows_independently(trained_model):
     reference, _ = greedy(trained_model, [[1, 2], [7, 8]], heads=1, max_new_tokens=12)
     eos = reference[0][4]
-    config = Drafted.of(GenerationConfig(max_new_tokens=12, eos_id=eos), heads=HeadsSettings(heads=4))
+    config = Plan(GenerationConfig(max_new_tokens=12, eos_id=eos), heads=HeadsSettings(heads=4))
     out, stats = generate(trained_model, [[1, 2], [7, 8]], config)
     assert out[0] == reference[0][: reference[0].index(eos)]
     expected_second = reference[1][: reference[1].index(eos)] if eos in reference[1] else reference[1]
@@ -137,12 +136,10 @@ def test_eos_and_length_stop_rows_independently(trained_model):
 
 def test_same_seed_same_output_other_seed_other_output():
     model = tiny_model()
-    config = Drafted.of(
-        GenerationConfig(max_new_tokens=20, temperature=1.0, top_k=20, seed=1), heads=HeadsSettings(heads=4)
-    )
+    config = Plan(GenerationConfig(max_new_tokens=20, temperature=1.0, top_k=20, seed=1), heads=HeadsSettings(heads=4))
     first, _ = generate(model, RAGGED, config)
     assert generate(model, RAGGED, config)[0] == first
-    assert generate(model, RAGGED, replace(config, seed=2))[0] != first
+    assert generate(model, RAGGED, config.changed(seed=2))[0] != first
 
 
 def test_stats_add_up(trained_model):
@@ -271,11 +268,16 @@ def test_generation_config_holds_sampling_and_acceptance_only():
         "typical_delta",
     ]  # fmt: skip
     owned = [f.name for part in PARTS for f in fields(part)]
-    assert len(owned) == len(set(owned)) == len(fields(Drafted)) - 2  # the plan: every part's, gamma, its tree
+    assert len(owned) == len(set(owned))
+    plan = [f.name for f in fields(Plan)]  # its parts, the drafter, and the tree or chain its step verifies
+    assert plan == ["sampling", "heads", "drafter", "drafts", "step", "step_tree"] and len(plan) <= 8
     with pytest.raises(SettingError, match=r"^heads=0 must be at least 1\.$"):
         HeadsSettings(heads=0)
     with pytest.raises(SettingError, match=r"^drafts_per_step=0 must be at least 1\.$"):
         DraftSettings(drafts_per_step=0)
     with pytest.raises(SettingError, match="adaptive_drafts sizes chains; cut a tree with draft_p_min instead"):
-        generate(tiny_model(), [[1]], GenerationConfig(4), heads=HeadsSettings(heads=3, tree=DraftTree.chain(2)),
-                 drafts=DraftSettings(adaptive_drafts=True))  # fmt: skip
+        Plan(
+            GenerationConfig(4),
+            HeadsSettings(heads=3, tree=DraftTree.chain(2)),
+            drafts=DraftSettings(adaptive_drafts=True),
+        )

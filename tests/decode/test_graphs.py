@@ -2,15 +2,14 @@
 on the buffers a graph owns (the same contract as a CUDA graph: inputs read from those buffers only, outputs
 overwritten at each replay). tests/test_gpu.py runs the same promises with real CUDA graphs."""
 
-from dataclasses import replace
-
 import pytest
 import torch
 
 from mtp.decode import GenerationConfig, generate, inference
 from mtp.decode import graphs as graphs_module
 from mtp.decode.inference import InferenceModel
-from mtp.decode.settings import Drafted, HeadsSettings, StepSettings
+from mtp.decode.plan import Plan
+from mtp.decode.settings import HeadsSettings, StepSettings
 from mtp.decode.tree import DraftTree, full_tree
 from mtp.errors import SettingError
 from tests.decode.helpers import tiny_model
@@ -27,15 +26,15 @@ def rerun_on_cpu(monkeypatch):
 
 def decode(model, config, prompts=PROMPTS):
     eager, eager_stats = generate(model, prompts, config)
-    captured, stats = generate(model, prompts, replace(config, cuda_graphs=True))
+    captured, stats = generate(model, prompts, config.changed(cuda_graphs=True))
     return eager, captured, eager_stats, stats
 
 
 def configs(heads: int, tree: DraftTree | None = None) -> list[GenerationConfig]:
     # max_new_tokens 40 crosses span buckets of 8 (set below); rows end at different steps (eos 0 in sampling)
     return [
-        Drafted.of(GenerationConfig(max_new_tokens=40), heads=HeadsSettings(heads=heads, tree=tree)),
-        Drafted.of(
+        Plan(GenerationConfig(max_new_tokens=40), heads=HeadsSettings(heads=heads, tree=tree)),
+        Plan(
             GenerationConfig(max_new_tokens=40, temperature=1.0, seed=3, eos_id=0),
             heads=HeadsSettings(heads=heads, tree=tree),
         ),
@@ -59,17 +58,17 @@ def test_a_second_call_replays_the_first_calls_graphs(rerun_on_cpu):
     """The cache's storage is the form's, so a call on prompts of nearby lengths captures nothing new, and a batch
     that loses rows keeps them in the same storage's first rows: a second call replays every batch size."""
     model = tiny_model(seed=4, vocab_size=24)  # its own: forms (and their graphs) are kept per model
-    config = Drafted.of(
+    config = Plan(
         GenerationConfig(max_new_tokens=12), heads=HeadsSettings(heads=4), step=StepSettings(cuda_graphs=True)
     )
     first, stats = generate(model, PROMPTS[:1], config)
     again, replayed = generate(model, [PROMPTS[0][:2]], config)
     assert stats.captures > 0 and replayed.captures == 0
     assert (
-        again == generate(model, [PROMPTS[0][:2]], GenerationConfig(max_new_tokens=12), heads=HeadsSettings(heads=4))[0]
+        again == generate(model, [PROMPTS[0][:2]], Plan(GenerationConfig(max_new_tokens=12), HeadsSettings(heads=4)))[0]
     )
     graphs = InferenceModel.of(model, 4, cuda_graphs=True).graphs
-    ragged = Drafted.of(
+    ragged = Plan(
         GenerationConfig(max_new_tokens=30, temperature=1.0, eos_id=0, seed=5),
         heads=HeadsSettings(heads=4),
         step=StepSettings(cuda_graphs=True),
@@ -86,9 +85,7 @@ def test_captured_steps_need_a_device_that_captures(trained_model):
         generate(
             trained_model,
             PROMPTS,
-            GenerationConfig(),
-            heads=HeadsSettings(heads=2),
-            step=StepSettings(cuda_graphs=True),
+            Plan(GenerationConfig(), heads=HeadsSettings(heads=2), step=StepSettings(cuda_graphs=True)),
         )
 
 
@@ -112,9 +109,7 @@ def test_graphs_go_with_the_storage_they_replay_on(rerun_on_cpu, monkeypatch):
     """A form keeps the storages of its last KEPT_STORAGES cache shapes; the graphs of one it drops go with it."""
     monkeypatch.setattr(graphs_module, "KEPT_STORAGES", 1)
     model = tiny_model(seed=5, vocab_size=24)
-    config = Drafted.of(
-        GenerationConfig(max_new_tokens=6), heads=HeadsSettings(heads=2), step=StepSettings(cuda_graphs=True)
-    )
+    config = Plan(GenerationConfig(max_new_tokens=6), heads=HeadsSettings(heads=2), step=StepSettings(cuda_graphs=True))
     graphs = InferenceModel.of(model, 2, cuda_graphs=True).graphs
     for batch in (1, 2):
         generate(model, PROMPTS[:batch], config)
@@ -125,9 +120,7 @@ def test_graphs_go_with_the_storage_they_replay_on(rerun_on_cpu, monkeypatch):
 def test_a_second_generate_call_at_the_same_time_is_refused(rerun_on_cpu):
     """Captured steps replay on the form's cache storage: a call while another decodes (a thread) would overwrite it."""
     model = tiny_model(seed=6, vocab_size=24)
-    config = Drafted.of(
-        GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=2), step=StepSettings(cuda_graphs=True)
-    )
+    config = Plan(GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=2), step=StepSettings(cuda_graphs=True))
     graphs = InferenceModel.of(model, 2, cuda_graphs=True).graphs
     graphs.claim()  # as a call running in another thread would
     with pytest.raises(RuntimeError, match="already decoding with cuda_graphs in another generate call"):

@@ -1,13 +1,14 @@
-"""The count of drafting heads a run that does not name one decodes with (mtp.decode.methods.heads): the count with
+"""The count of drafting heads a run that does not name one decodes with (mtp.decode.heads_choice): the count with
 the most expected tokens per millisecond of the acceptances and step times measured, autoregressive decoding where
 the drafts do not pay; and the plans it leaves alone. The command's choice on a checkpoint:
 tests/test_decode_scripts.py."""
 
 import pytest
 
-from mtp.decode.methods import heads
-from mtp.decode.methods.heads import allowed_counts, choose_heads, expected_tokens, heads_plan
-from mtp.decode.settings import Drafted
+from mtp.decode import heads_choice as heads
+from mtp.decode.heads_choice import allowed_counts, choose_heads, decided_heads, expected_tokens
+from mtp.decode.methods import Target
+from mtp.decode.plan import Plan
 
 
 def test_the_count_with_the_most_expected_tokens_per_ms_drafts():
@@ -42,17 +43,17 @@ def test_expected_tokens_sum_the_acceptance_of_each_position_which_is_already_cu
 
 
 def test_only_the_counts_the_plan_allows_are_weighed():
-    assert allowed_counts(Drafted(heads=4)) == [1, 2, 3, 4]
-    assert allowed_counts(Drafted(heads=3, draft_dtype="int8")) == [2, 3]  # int8 drafts need drafts
+    assert allowed_counts(Plan().changed(heads=4)) == [1, 2, 3, 4]
+    assert allowed_counts(Plan().changed(heads=3, draft_dtype="int8")) == [2, 3]  # int8 drafts need drafts
 
 
 @pytest.mark.parametrize(
     ("plan", "choose"),
     [
-        (Drafted(heads=4), False),  # --heads given
-        (Drafted(heads=1), True),  # nothing to choose
-        (Drafted(heads=4, adaptive_drafts=True), True),  # chains sized per step
-        (Drafted(heads=4, draft_p_min=0.3), True),
+        (Plan().changed(heads=4), False),  # --heads given
+        (Plan().changed(heads=1), True),  # nothing to choose
+        (Plan().changed(heads=4, adaptive_drafts=True), True),  # chains sized per step
+        (Plan().changed(heads=4, draft_p_min=0.3), True),
     ],
 )
 def test_plans_that_name_or_size_their_drafts_are_left_as_they_are(plan, choose, monkeypatch):
@@ -61,7 +62,8 @@ def test_plans_that_name_or_size_their_drafts_are_left_as_they_are(plan, choose,
 
     monkeypatch.setattr(heads, "fastest_heads", refuse)
     lines = []
-    assert heads_plan(None, plan, [[1, 2]], choose=choose, log=lines.append) is plan
+    target = Target.of(None, plan, None, log=lines.append)
+    assert decided_heads(target, [[1, 2]], choose=choose) is plan.heads
     assert lines == []
 
 
@@ -73,12 +75,13 @@ def test_each_count_is_timed_interleaved_within_the_budget_and_its_fastest_round
         def __init__(self, ms):
             self.ms_per_forward = ms
 
-    def timed(model, prompts, config):
-        runs.append(config.heads)
-        assert [len(p) for p in prompts] == [heads.TIMING_CONTEXT] and config.max_new_tokens == heads.TIMING_TOKENS
-        return None, Stats(10.0 * config.heads + (5.0 if len(runs) <= 3 else 0.0))  # the first round slower
+    def timed(model, prompts, plan):
+        runs.append(plan.heads.heads)
+        assert [len(p) for p in prompts] == [heads.TIMING_CONTEXT]
+        assert plan.sampling.max_new_tokens == heads.TIMING_TOKENS
+        return None, Stats(10.0 * plan.heads.heads + (5.0 if len(runs) <= 3 else 0.0))  # the first round slower
 
     monkeypatch.setattr(heads, "generate", timed)
     monkeypatch.setattr(heads, "TIMING_BUDGET_S", budget)
-    times = heads.time_heads(None, [list(range(100))], Drafted(heads=3), [1, 2, 3])
+    times = heads.time_heads(None, [list(range(100))], Plan().changed(heads=3), [1, 2, 3])
     assert runs == [1, 2, 3] * rounds and times == {1: 10.0, 2: 20.0, 3: 30.0}

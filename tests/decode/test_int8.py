@@ -10,9 +10,11 @@ import torch
 from mtp.decode import GenerationConfig, generate
 from mtp.decode.inference import ATTENTION, FEED_FORWARD, InferenceModel
 from mtp.decode.int8 import MAX_ROWS, Int8Matrices, Int8Unembedding
-from mtp.decode.lookup import LookupDrafter
-from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter
-from mtp.decode.settings import Drafted, DraftSettings, HeadsSettings
+from mtp.decode.methods.draft_model import draft_model_drafter
+from mtp.decode.methods.layer_skip import layer_skip_drafter
+from mtp.decode.methods.prompt_lookup import LookupDrafter
+from mtp.decode.plan import Plan
+from mtp.decode.settings import DraftSettings, HeadsSettings
 from mtp.errors import SettingError
 from tests.decode.helpers import HEAD_TYPES, tiny_model, train_on_cycles
 from tests.decode.test_generate import RAGGED
@@ -30,7 +32,7 @@ def slow_int8_case(batch: str, head_type: str) -> bool:
 
 
 def autoregressive(model, prompts, max_new_tokens: int) -> list[list[int]]:
-    return generate(model, prompts, GenerationConfig(max_new_tokens))[0]
+    return generate(model, prompts, Plan(GenerationConfig(max_new_tokens)))[0]
 
 
 @pytest.mark.parametrize(  # one prompt alone on the other head types with the slow tests: everyday in ragged batches
@@ -53,12 +55,12 @@ def test_greedy_with_int8_heads_equals_autoregressive(head_type, prompts, traine
     for model in (tiny_model(**HEAD_TYPES[head_type]), trained):
         reference = autoregressive(model, prompts, 30)
         for heads in (2, 4):
-            out, stats = generate(model, prompts, Drafted(30, heads=heads, **INT8))
+            out, stats = generate(model, prompts, Plan().changed(max_new_tokens=30, heads=heads, **INT8))
             assert out == reference, f"heads={heads}"
             assert stats.drafted[0] > 0
     assert stats.acceptance[0] > 0.5  # the trained model: the accepting branch ran
     reduced = tiny_model(draft_vocab=20, **HEAD_TYPES[head_type])
-    out, _ = generate(reduced, prompts, Drafted(30, heads=4, **INT8))
+    out, _ = generate(reduced, prompts, Plan().changed(max_new_tokens=30, heads=4, **INT8))
     assert out == autoregressive(reduced, prompts, 30)
 
 
@@ -82,11 +84,13 @@ def test_greedy_with_an_int8_drafter_equals_autoregressive(method, prompts, coun
     drafter = int8_drafter(method, counting_target)
     for gamma, decoding in ((3, {}), (4, dict(adaptive_drafts=True))):
         drafter.gamma = gamma
-        out, stats = generate(counting_target, prompts, Drafted(40, **decoding, **INT8, gamma=drafter.gamma), drafter)
+        out, stats = generate(
+            counting_target, prompts, Plan(drafter=drafter).changed(max_new_tokens=40, **decoding, **INT8)
+        )
         assert out == reference, decoding
         assert 0 < sum(stats.accepted) < sum(stats.drafted)
     # the same drafter in full precision afterwards: its own form, and the target's, were left as they were
-    out, _ = generate(counting_target, prompts, GenerationConfig(40), drafter.with_gamma(3))
+    out, _ = generate(counting_target, prompts, Plan(GenerationConfig(40), drafter=drafter.with_gamma(3)))
     assert out == reference and autoregressive(counting_target, prompts, 40) == reference
 
 
@@ -96,10 +100,10 @@ def test_int8_sampling_stays_lossless():
     model = tiny_model(n_future=3, vocab_size=4, seed=3)
     with torch.no_grad():
         model.heads.outputs[0].weight.mul_(60)  # peaked distributions, so that drafts disagree with head 1
-    stats = check_real_model(model, Drafted(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **INT8))
+    stats = check_real_model(model, Plan().changed(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **INT8))
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
-    drafted = Drafted(max_new_tokens=4, temperature=1.0, seed=5, **INT8, gamma=2)
-    stats = check_real_model(model, drafted, drafter=layer_skip_drafter(model, frozenset({0}), gamma=2))
+    drafted = Plan(drafter=layer_skip_drafter(model, frozenset({0}), gamma=2))
+    stats = check_real_model(model, drafted.changed(max_new_tokens=4, temperature=1.0, seed=5, **INT8))
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
 
 
@@ -154,7 +158,7 @@ def test_int8_heads_draft_with_int8_weights_and_verify_at_full_precision(head_ty
     assert all(w.dtype == torch.int8 for m in parts for w in m.weights())
     kernels = {m.kernel for m in parts}
     assert kernels == ({"fbgemm"} if head_type == "linear" else {"fbgemm", "weight_only"})  # unembeddings; blocks
-    generate(model, RAGGED, Drafted(8, heads=4, **INT8))
+    generate(model, RAGGED, Plan().changed(max_new_tokens=8, heads=4, **INT8))
     assert calls == parts  # every int8 matrix drafts, and nothing else is int8
 
 
@@ -162,7 +166,7 @@ def test_int8_heads_draft_with_int8_weights_and_verify_at_full_precision(head_ty
 def test_int8_drafters_draft_with_int8_weights_and_leave_the_target_alone(method, counting_target, calls):
     drafter = int8_drafter(method, counting_target)
     drafter.gamma = 3  # this drafter, whose forms are looked at after
-    generate(counting_target, RAGGED, Drafted(8, **INT8, gamma=drafter.gamma), drafter)
+    generate(counting_target, RAGGED, Plan(drafter=drafter).changed(max_new_tokens=8, **INT8))
     parts = int8_parts(drafter.drafting.path, drafter.drafting.head1_output)
     assert len(parts) == 4 * len(drafter.drafting.path) + 1  # q/k/v, output, gate/up, down; the unembedding
     assert calls == parts
@@ -232,22 +236,26 @@ def test_int8_products_are_close_to_float_and_many_rows_multiply_the_float_matri
 
 def test_int8_drafting_is_refused_where_it_means_nothing(counting_target):
     with pytest.raises(SettingError, match="draft_dtype=int8 quantizes the drafts, but heads=1 without a drafter"):
-        generate(counting_target, [[1, 2, 1]], Drafted(8, **INT8))
+        generate(counting_target, [[1, 2, 1]], Plan().changed(max_new_tokens=8, **INT8))
     with pytest.raises(SettingError, match="draft_dtype=int4 must be one of auto, int8"):
-        Drafted.of(GenerationConfig(8), heads=HeadsSettings(heads=2), drafts=DraftSettings(draft_dtype="int4"))
+        Plan(GenerationConfig(8), heads=HeadsSettings(heads=2), drafts=DraftSettings(draft_dtype="int4"))
     with pytest.raises(SettingError, match="prompt lookup drafts without a model"):
-        generate(counting_target, [[1, 2, 1]], Drafted(8, **INT8, gamma=2), LookupDrafter(1, 40, "cpu", gamma=2))
+        generate(
+            counting_target,
+            [[1, 2, 1]],
+            Plan(drafter=LookupDrafter(1, 40, "cpu", gamma=2)).changed(max_new_tokens=8, **INT8),
+        )
     with pytest.raises(SettingError, match="int8 CPU kernels, and the model is on cuda; decode on CPU"):
-        Drafted(8, heads=2, **INT8).check_device(torch.device("cuda"))
-    Drafted(8, heads=2, **INT8).check_device(torch.device("cpu"))
+        Plan().changed(max_new_tokens=8, heads=2, **INT8).check_device(torch.device("cuda"))
+    Plan().changed(max_new_tokens=8, heads=2, **INT8).check_device(torch.device("cpu"))
 
 
 @pytest.mark.slow
 def test_compiled_decoding_with_int8_drafts_equals_autoregressive(counting_target):
     """Compiled, the float blocks run compiled and the int8 ones eager, in one step (heads) or apart (layer skip)."""
     reference = autoregressive(counting_target, RAGGED, 16)
-    out, _ = generate(counting_target, RAGGED, Drafted(16, heads=4, compile=True, **INT8))
+    out, _ = generate(counting_target, RAGGED, Plan().changed(max_new_tokens=16, heads=4, compile=True, **INT8))
     assert out == reference
     drafter = layer_skip_drafter(counting_target, frozenset({1}), compile=True, gamma=3)
-    out, _ = generate(counting_target, RAGGED, Drafted(16, compile=True, **INT8, gamma=drafter.gamma), drafter)
+    out, _ = generate(counting_target, RAGGED, Plan(drafter=drafter).changed(max_new_tokens=16, compile=True, **INT8))
     assert out == reference

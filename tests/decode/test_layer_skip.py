@@ -7,12 +7,12 @@ import torch
 
 from mtp.commands.cli import settings_named_by_flags
 from mtp.decode import GenerationConfig, generate
-from mtp.decode import skip_search as skip_search_module
 from mtp.decode.inference import InferenceModel, skip_label, sublayers_of
 from mtp.decode.methods import layer_skip as drafter_setup
-from mtp.decode.proposers import layer_skip_drafter
-from mtp.decode.settings import Drafted, DraftSettings, HeadsSettings
-from mtp.decode.skip_search import DraftCosts, Trials, search_blocks, search_sublayers
+from mtp.decode.methods import layer_skip as skip_search_module
+from mtp.decode.methods.layer_skip import DraftCosts, Trials, layer_skip_drafter, search_blocks, search_sublayers
+from mtp.decode.plan import Plan
+from mtp.decode.settings import DraftSettings, HeadsSettings
 from mtp.errors import UserError
 from tests.decode.helpers import head1_logits, tiny_model
 from tests.decode.test_lossless import check_real_model
@@ -78,14 +78,16 @@ def test_greedy_sublayer_skip_equals_autoregressive(case, counting_target):
     model = counting_target
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 40, (n,), generator=generator).tolist() for n in (5, 2, 9, 3)]
-    reference, _ = generate(model, prompts, GenerationConfig(40), heads=HeadsSettings(heads=1))
+    reference, _ = generate(model, prompts, Plan(GenerationConfig(40), HeadsSettings(heads=1)))
     drafter = layer_skip_drafter(model, SKIP_SETS[case], gamma=4)
-    out, stats = generate(model, prompts, GenerationConfig(40), drafter)
+    out, stats = generate(model, prompts, Plan(GenerationConfig(40), drafter=drafter))
     assert out == reference
     assert 0 < sum(stats.accepted) < sum(stats.drafted)  # drafts pass at some steps, not at all
     assert stats.method == "layerskip" and stats.method_params["skip"] == skip_label(SKIP_SETS[case])
     alone, _ = generate(
-        model, prompts[2:3], GenerationConfig(40), drafter.with_gamma(3), drafts=DraftSettings(adaptive_drafts=True)
+        model,
+        prompts[2:3],
+        Plan(GenerationConfig(40), drafter=drafter.with_gamma(3), drafts=DraftSettings(adaptive_drafts=True)),
     )
     assert alone == reference[2:3]
 
@@ -103,16 +105,16 @@ def test_sublayer_skip_sampling_lossless_on_a_real_model():
     with torch.no_grad():
         model.heads.outputs[0].weight.mul_(60)  # peaked distributions, so that drafts disagree with the target
     drafter = layer_skip_drafter(model, {(0, "a"), (1, "m")}, gamma=2)
-    stats = check_real_model(model, GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5), drafter=drafter)
+    stats = check_real_model(model, Plan(GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5), drafter=drafter))
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
 
 
 @pytest.mark.slow
 def test_compiled_sublayer_skip_equals_autoregressive(counting_target):
     prompts = [[3, 9, 1, 4, 4], [7]]
-    reference, _ = generate(counting_target, prompts, GenerationConfig(12), heads=HeadsSettings(heads=1))
+    reference, _ = generate(counting_target, prompts, Plan(GenerationConfig(12), HeadsSettings(heads=1)))
     drafter = layer_skip_drafter(counting_target, SKIP_SETS["mixed"], compile=True, gamma=3)
-    out, _ = generate(counting_target, prompts, GenerationConfig(12), drafter)
+    out, _ = generate(counting_target, prompts, Plan(GenerationConfig(12), drafter=drafter))
     assert out == reference
 
 
@@ -144,7 +146,8 @@ def test_skip_sets_parse(text, expected):
     ],
 )  # fmt: skip
 def test_bad_skip_sets_are_one_sentence(text, message):
-    with pytest.raises(UserError, match=__import__("re").escape(message)):
+    """The set's errors name the setting; the commands spell it as their flag."""
+    with pytest.raises(UserError, match=__import__("re").escape(message)), settings_named_by_flags():
         drafter_setup.parse_skip_layers(text, tiny_model())
 
 
@@ -191,10 +194,13 @@ def test_the_sublayer_search_finds_the_same_set_twice_within_its_budget(
     decode_with, call = skip_search_module.decode_with, Trials.__call__
     monkeypatch.setattr(skip_search_module, "decode_with", lambda *args: decoded.append(args[-1]) or decode_with(*args))
     monkeypatch.setattr(Trials, "__call__", lambda self, skip: suggested.append(skip) or call(self, skip))
-    config = Drafted.of(GenerationConfig(8, temperature, seed=7), gamma=3)
+
+    def config(drafter):
+        return Plan(GenerationConfig(8, temperature, seed=7), drafter=drafter)
+
     found, runs = [], []
     for _ in range(2):
-        trials, before = Trials(counting_target, search_prompts, config, COSTS), (len(decoded), len(suggested))
+        trials, before = Trials(counting_target, search_prompts, config, 3, COSTS), (len(decoded), len(suggested))
         result = search_sublayers(trials, budget=12, seconds=600, seed=7, log=lambda line: None)
         assert 1 <= result.evaluated == len(trials.seen) == len(decoded) - before[0] <= 12  # each set decoded once
         times = {skip: trials.time_per_token(trial) for skip, trial in trials.seen.items()}
@@ -208,8 +214,10 @@ def test_the_sublayer_search_finds_the_same_set_twice_within_its_budget(
 
 
 def test_the_block_search_is_greedy_forward_selection(counting_target, search_prompts):
-    config = Drafted.of(GenerationConfig(8), gamma=3)
-    trials = Trials(counting_target, search_prompts, config, COSTS)
+    def config(drafter):
+        return Plan(GenerationConfig(8), drafter=drafter)
+
+    trials = Trials(counting_target, search_prompts, config, 3, COSTS)
     lines = []
     result = search_blocks(trials, seconds=600, log=lines.append)
     blocks = sorted({b for b, _ in result.skip})
@@ -217,7 +225,7 @@ def test_the_block_search_is_greedy_forward_selection(counting_target, search_pr
     first_round = {b: trials.time_per_token(trials({b})) for b in range(3)}
     assert min(first_round.values()) >= trials.time_per_token(result.trial)
     assert len(lines) == len(blocks) + (len(blocks) < 2) and "skip-layers search: skipping" in lines[0]
-    again = search_blocks(Trials(counting_target, search_prompts, config, COSTS), seconds=600, log=lines.append)
+    again = search_blocks(Trials(counting_target, search_prompts, config, 3, COSTS), seconds=600, log=lines.append)
     assert again.skip == result.skip
 
 

@@ -16,8 +16,9 @@ from mtp.decode import GenerationConfig, generate
 from mtp.decode import acceptance as acceptance_module
 from mtp.decode import inference as inference_module
 from mtp.decode import sampling as sampling_module
+from mtp.decode.plan import Plan
 from mtp.decode.sampling import processed_probs
-from mtp.decode.settings import Drafted, DraftSettings, HeadsSettings
+from mtp.decode.settings import DraftSettings, HeadsSettings
 from mtp.decode.tree import DraftTree
 from tests.decode.helpers import HEAD_TYPES, NEVER, fixed_logits_model, head1_logits, tiny_model
 
@@ -62,8 +63,9 @@ def reference_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p:
     return [weights[i] / norm if i in nucleus else 0.0 for i in range(len(scaled))]
 
 
-def exact_joint(tables: torch.Tensor, config: GenerationConfig, length: int) -> dict[tuple[int, ...], float]:
+def exact_joint(tables: torch.Tensor, plan: Plan, length: int) -> dict[tuple[int, ...], float]:
     """Probability of every continuation of ``length`` tokens of PROMPT under autoregressive sampling from head 1."""
+    config = plan.sampling
     step = [reference_probs(tables[0, a], config.temperature, config.top_k, config.top_p) for a in range(VOCAB)]
     joint = {}
     for continuation in itertools.product(range(VOCAB), repeat=length):
@@ -85,9 +87,9 @@ def tv_threshold(joint: dict, n: int, false_alarm: float = FALSE_ALARM) -> float
     return expected + math.sqrt(math.log(1 / false_alarm) / (2 * n))
 
 
-def sample_continuations(model, config: GenerationConfig, n: int) -> list[tuple[int, ...]]:
-    out, stats = generate(model, [PROMPT] * n, config)
-    assert all(len(row) == config.max_new_tokens for row in out)  # no EOS here: every row runs to the budget
+def sample_continuations(model, plan: Plan, n: int) -> list[tuple[int, ...]]:
+    out, stats = generate(model, [PROMPT] * n, plan)
+    assert all(len(row) == plan.sampling.max_new_tokens for row in out)  # no EOS here: every row runs to the budget
     return [tuple(row) for row in out]
 
 
@@ -103,7 +105,9 @@ def check(heads: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1
     """(total variation, threshold, samples outside the target's support) of self-speculative sampling; ``decoding``:
     more GenerationConfig settings (a tree, adaptive drafting, an acceptance rule)."""
     # heads + 1 tokens: the prefill's token, the first verified drafts, and the token after them (bonus or resampled)
-    config = Drafted(heads + 1, temperature, top_k, top_p, heads=heads, seed=seed, **decoding)
+    config = Plan().changed(
+        max_new_tokens=heads + 1, temperature=temperature, top_k=top_k, top_p=top_p, heads=heads, seed=seed, **decoding
+    )
     tables = counting_tables(heads)
     joint = exact_joint(tables, config, heads + 1)
     samples = sample_continuations(fixed_logits_model(tables), config, N_SAMPLES)
@@ -150,7 +154,7 @@ def test_the_fixed_logits_model_gives_its_tables():
 
 
 def test_autoregressive_sampling_passes_the_same_check():
-    config = Drafted.of(GenerationConfig(4, temperature=0.7, top_p=0.9, seed=3), heads=HeadsSettings(heads=1))
+    config = Plan(GenerationConfig(4, temperature=0.7, top_p=0.9, seed=3), heads=HeadsSettings(heads=1))
     joint = exact_joint(counting_tables(1), config, 4)
     samples = sample_continuations(fixed_logits_model(counting_tables(1)), config, N_SAMPLES)
     assert total_variation(samples, joint) < tv_threshold(joint, N_SAMPLES)
@@ -227,15 +231,14 @@ def test_lossless_with_head_blocks(head_type, filters, draft_vocab):
     model = tiny_model(n_future=3, vocab_size=4, seed=3, **settings)
     with torch.no_grad():
         model.heads.outputs[0].weight.mul_(60)  # peaked distributions, so that heads disagree with head 1
-    config = Drafted(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **filters)
+    config = Plan().changed(max_new_tokens=3, temperature=1.0, heads=3, seed=11, **filters)
     check_real_model(model, config)
 
 
-def check_real_model(model, config: GenerationConfig, rows: int = 12_000, drafter=None):
-    """Sample ``rows`` continuations of [1, 2] (drafting with ``drafter`` if given) and check them against the exact
-    joint of head 1's sampling (from full forwards, no cache), enumerated over the model's 4 tokens; returns the
-    decoding statistics."""
-    joint = {}
+def check_real_model(model, plan: Plan, rows: int = 12_000):
+    """Sample ``rows`` continuations of [1, 2] with ``plan`` and check them against the exact joint of head 1's
+    sampling (from full forwards, no cache), enumerated over the model's 4 tokens; returns the decoding statistics."""
+    joint, config = {}, plan.sampling
     with torch.no_grad():
         for continuation in itertools.product(range(4), repeat=config.max_new_tokens):
             logits = head1_logits(model, torch.tensor([[1, 2, *continuation]]))[0]  # head 1, (2 + length, V)
@@ -244,7 +247,7 @@ def check_real_model(model, config: GenerationConfig, rows: int = 12_000, drafte
                 p *= reference_probs(logits[1 + i], config.temperature, config.top_k, config.top_p)[token]
             if p > 0:
                 joint[continuation] = p
-    out, stats = generate(model, [[1, 2]] * rows, config, drafter)
+    out, stats = generate(model, [[1, 2]] * rows, plan)
     samples = [tuple(row) for row in out]
     assert all(s in joint for s in samples)
     assert total_variation(samples, joint) < tv_threshold(joint, rows)
@@ -351,9 +354,9 @@ def test_tree_and_cut_sampling_lossless_with_head_blocks(head_type, decoding):
         if head_type == "medusa":  # heads of their own, head 2 surer than head 3: drafting is cut at either depth
             model.heads.outputs[1].weight.mul_(8)
             model.heads.outputs[2].weight.mul_(4)
-    config = Drafted(max_new_tokens=4, temperature=1.0, heads=3, seed=5, **decoding)
+    config = Plan().changed(max_new_tokens=4, temperature=1.0, heads=3, seed=5, **decoding)
     stats = check_real_model(model, config)
-    if config.draft_p_min:  # the cut happened, at some steps and not at others
+    if config.heads.draft_p_min:  # the cut happened, at some steps and not at others
         assert 0 < stats.drafted[1] < stats.drafted[0] < stats.forwards * 12_000
 
 
@@ -392,9 +395,9 @@ def test_top_p_keeps_a_tie_at_the_nucleus_edge_whole():
 def test_sampled_drafts_come_from_the_law_the_choice_names(choice, device, nucleus):
     """sampled: the heads' law after temperature, top-k and top-p, as the target's; tempered (auto on CPU): after
     temperature and top-k only, so that no nucleus is sorted out."""
-    from mtp.decode.proposers import HeadsProposer
+    from mtp.decode.heads_proposer import HeadsProposer
 
-    config = Drafted.of(
+    config = Plan(
         GenerationConfig(temperature=0.5, top_k=4, top_p=0.6),
         heads=HeadsSettings(heads=3),
         drafts=DraftSettings(draft_choice=choice),
@@ -402,7 +405,7 @@ def test_sampled_drafts_come_from_the_law_the_choice_names(choice, device, nucle
     assert config.proposal_top_p(torch.device(device)) == (0.6 if nucleus else 1.0)
     assert config.proposal_top_p(torch.device(device), heads=False) == (1.0 if choice == "tempered" else 0.6)
     proposer = object.__new__(HeadsProposer)
-    proposer.config = config
+    proposer.plan = config
     logits = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]])
     expected = reference_probs(logits[0], 0.5, 4, 0.6 if choice == "sampled" else 1.0)
     torch.testing.assert_close(proposer.processed(logits)[0].double(), torch.tensor(expected, dtype=torch.float64))

@@ -8,7 +8,8 @@ import torch
 
 from mtp.decode import GenerationConfig, loop, memory, tree_fit
 from mtp.decode.memory import available_bytes, check_step_fits, step_bytes
-from mtp.decode.settings import Drafted, HeadsSettings
+from mtp.decode.plan import Plan
+from mtp.decode.settings import HeadsSettings
 from mtp.decode.tree import full_tree
 from mtp.errors import UserError
 from mtp.model.config import ModelConfig
@@ -36,7 +37,7 @@ def test_the_full_measuring_tree_of_eight_heads_is_refused_in_one_sentence(eight
     message = str(refused.value)
     assert message.startswith("a decoding step over the 21,844-node draft tree at batch 8 needs about ")
     assert "GB (attention over 21,845 positions), more than half of the 18 GB this machine has available" in message
-    assert message.endswith("use a tree of fewer nodes (--tree-nodes / fit_tree.py --nodes) or a smaller batch.")
+    assert message.endswith("use a tree of fewer nodes or a smaller batch.")
     assert "\n" not in message and message.count(". ") == 0
 
 
@@ -77,7 +78,7 @@ def test_fitting_refuses_before_decoding_when_the_measuring_step_does_not_fit(mo
     monkeypatch.setattr(loop.InferenceModel, "of", lambda *args: decoded.append(args))  # what decoding starts with
     with pytest.raises(UserError, match="256-node draft tree at batch 2"):
         tree_fit.fit_to_model(
-            tiny_model(n_future=8), [[1, 2], [3]], 16, Drafted.of(GenerationConfig(8), heads=HeadsSettings(heads=8))
+            tiny_model(n_future=8), [[1, 2], [3]], 16, Plan(GenerationConfig(8), heads=HeadsSettings(heads=8))
         )
     assert not decoded
 
@@ -94,7 +95,7 @@ def test_a_prompts_step_is_sized_by_the_logits_it_reads_its_last_position(monkey
     available = 2 * max(last.total, drafting.total) + 1  # half of it holds the prompts' and the drafting steps
     assert 2 * every.total > available
     monkeypatch.setattr(memory, "available_bytes", lambda device: available)
-    outputs, _ = loop.generate(model, prompts, GenerationConfig(8), heads=HeadsSettings(heads=4))
+    outputs, _ = loop.generate(model, prompts, Plan(GenerationConfig(8), HeadsSettings(heads=4)))
     assert all(len(row) == 8 for row in outputs)
     with pytest.raises(UserError, match=r"over 60 positions per row at batch 8 .*\(logits of 60 positions\)"):
         check_step_fits(model.config, 8, 80, 60, 0, "cpu")  # every position's logits: refused, and said so

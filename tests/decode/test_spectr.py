@@ -4,7 +4,6 @@ outcome forced), greedy output equal to autoregressive output, and sampling with
 with negative controls that must fail the same check."""
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -12,9 +11,11 @@ import torch
 from mtp.decode import GenerationConfig, generate
 from mtp.decode import acceptance as acceptance_module
 from mtp.decode.acceptance import NodeLaws, SpecTr, TreeVerification, rule_for, spectr_residual, spectr_rho
-from mtp.decode.lookup import LookupDrafter
-from mtp.decode.proposers import draft_model_drafter, layer_skip_drafter, staged_drafter
-from mtp.decode.settings import Drafted, DraftSettings, HeadsSettings
+from mtp.decode.methods.draft_model import draft_model_drafter, staged_drafter
+from mtp.decode.methods.layer_skip import layer_skip_drafter
+from mtp.decode.methods.prompt_lookup import LookupDrafter
+from mtp.decode.plan import Plan
+from mtp.decode.settings import DraftSettings, HeadsSettings
 from mtp.decode.tree import DraftTree
 from mtp.errors import SettingError
 from tests.decode.helpers import HEAD_TYPES, fixed_logits_model, tiny_model, train_on_cycles
@@ -77,7 +78,7 @@ def one_hot(token: int) -> list[float]:
 
 def spectr_step(tokens, head1_rows, depth_laws, tests, next_uniform=0.5, live=2):
     rule = rule_for(
-        Drafted.of(GenerationConfig(temperature=1.0, acceptance="spectr"), heads=HeadsSettings(heads=3, tree=TREE))
+        Plan(GenerationConfig(temperature=1.0, acceptance="spectr"), heads=HeadsSettings(heads=3, tree=TREE))
     )
     assert isinstance(rule, SpecTr) and rule.layout.tests == TREE.size
     head1 = torch.tensor(head1_rows).log()[None]
@@ -132,45 +133,46 @@ def test_branches_tree_and_its_chain_order():
     tree = DraftTree.branches([2, 2, 1])
     assert tree.paths == [(0,), (1,), (2,), (0, 0), (1, 0)]
     assert tree.branch_order() == [0, 2, 4, 1, 3]  # chain 0: 0, 1; chain 1: 2, 3; chain 2: 4
-    assert Drafted.of(
+    assert Plan(
         GenerationConfig(), heads=HeadsSettings(heads=4), drafts=DraftSettings(drafts_per_step=3)
     ).step_tree == DraftTree.branches([3, 3, 3])
-    assert Drafted.of(
-        GenerationConfig(), drafts=DraftSettings(drafts_per_step=2), gamma=2
-    ).step_tree == DraftTree.branches([2, 2])
-    assert Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=3), gamma=3).step_tree == DraftTree.branches(
+    model = draft_model_drafter(tiny_model(n_future=1, vocab_size=40))
+    assert Plan(drafter=model.with_gamma(2), drafts=DraftSettings(drafts_per_step=2)).step_tree == DraftTree.branches(
+        [2, 2]
+    )
+    assert Plan(heads=HeadsSettings(heads=3), drafter=model.with_gamma(3)).step_tree == DraftTree.branches(
         [3, 2]
     )  # hybrid: + the heads' chain
-    assert Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=4)).step_tree is None
+    assert Plan(GenerationConfig(), heads=HeadsSettings(heads=4)).step_tree is None
 
 
 def test_bad_settings_of_several_drafts_are_refused():
     with pytest.raises(ValueError, match="drafts_per_step=0 must be at least 1"):
-        Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=3), drafts=DraftSettings(drafts_per_step=0))
-    with pytest.raises(ValueError, match="does not combine with a tree or adaptive_drafts"):
-        Drafted.of(
+        Plan(GenerationConfig(), heads=HeadsSettings(heads=3), drafts=DraftSettings(drafts_per_step=0))
+    with pytest.raises(ValueError, match="does not combine with a tree"):
+        Plan(
             GenerationConfig(),
             heads=HeadsSettings(heads=3, tree=DraftTree.chain(2)),
             drafts=DraftSettings(drafts_per_step=2),
         )
-    with pytest.raises(ValueError, match="does not combine"):
-        Drafted.of(
-            GenerationConfig(),
-            heads=HeadsSettings(heads=3),
-            drafts=DraftSettings(drafts_per_step=2, adaptive_drafts=True),
-        )
+    with pytest.raises(ValueError, match="does not combine with adaptive_drafts"):
+        DraftSettings(drafts_per_step=2, adaptive_drafts=True)
     with pytest.raises(ValueError, match=r"hybrid step \(gamma=2 drafts beside heads=3\) mixes two"):
-        Drafted.of(GenerationConfig(temperature=1.0, acceptance="spectr"), heads=HeadsSettings(heads=3), gamma=2)
+        Plan(
+            GenerationConfig(temperature=1.0, acceptance="spectr"),
+            heads=HeadsSettings(heads=3),
+            drafter=LookupDrafter(1, 40, "cpu", gamma=2),
+        )
     with pytest.raises(ValueError, match="acceptance=other must be one of exact, typical, spectr"):
-        Drafted.of(GenerationConfig(acceptance="other"), heads=HeadsSettings(heads=3))
+        Plan(GenerationConfig(acceptance="other"), heads=HeadsSettings(heads=3))
     with pytest.raises(ValueError, match="draft_choice=top drafts the top-ranked tokens; use draft_choice=auto"):
-        Drafted.of(
+        Plan(
             GenerationConfig(temperature=1.0, acceptance="spectr"),
             heads=HeadsSettings(heads=3),
             drafts=DraftSettings(drafts_per_step=2, draft_choice="top"),
         )
     with pytest.raises(ValueError, match="draft_choice=best must be one of auto, sampled, tempered, top"):
-        Drafted.of(GenerationConfig(), heads=HeadsSettings(heads=3), drafts=DraftSettings(draft_choice="best"))
+        Plan(GenerationConfig(), heads=HeadsSettings(heads=3), drafts=DraftSettings(draft_choice="best"))
 
 
 # -- greedy: every way of drafting several sequences decodes autoregressive decoding's tokens
@@ -185,9 +187,9 @@ PROMPTS = [[3, 9, 1, 4, 4], [7, 30], [2, 2, 2, 30, 31, 5, 6, 8, 11], [5]]
 @pytest.mark.parametrize("head_type", ["transformer", "causal", "medusa"])
 def test_greedy_sequences_of_the_heads_equal_autoregressive(head_type):
     model = partly_trained(head_type)
-    reference, _ = generate(model, PROMPTS, GenerationConfig(24))
+    reference, _ = generate(model, PROMPTS, Plan(GenerationConfig(24)))
     out, stats = generate(
-        model, PROMPTS, GenerationConfig(24), heads=HeadsSettings(heads=4), drafts=DraftSettings(drafts_per_step=3)
+        model, PROMPTS, Plan(GenerationConfig(24), HeadsSettings(heads=4), drafts=DraftSettings(drafts_per_step=3))
     )
     assert out == reference
     assert stats.tree_nodes == 9 and 0 < stats.accepted[-1] < stats.drafted[-1]
@@ -197,13 +199,14 @@ def test_greedy_sequences_of_the_heads_equal_autoregressive(head_type):
 @pytest.mark.parametrize("decoding", [dict(drafts_per_step=3), dict(heads=4), dict(heads=3, drafts_per_step=2)])
 def test_greedy_draft_sequences_and_hybrids_equal_autoregressive(method, decoding, counting_target):
     model = counting_target
-    reference, _ = generate(model, PROMPTS, GenerationConfig(32))
+    reference, _ = generate(model, PROMPTS, Plan(GenerationConfig(32)))
     drafter = drafter_for(method, model, 40).with_gamma(3)
-    out, stats = generate(model, PROMPTS, Drafted(32, **decoding, gamma=drafter.gamma), drafter)
+    plan = Plan(drafter=drafter).changed(max_new_tokens=32, **decoding)
+    out, stats = generate(model, PROMPTS, plan)
     assert out == reference, decoding
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
     assert stats.method == ("hybrid" if decoding.get("heads", 1) > 1 else method)
-    alone, _ = generate(model, PROMPTS[1:2], Drafted(32, **decoding, gamma=drafter.gamma), drafter)
+    alone, _ = generate(model, PROMPTS[1:2], plan)
     assert alone == reference[1:2]
 
 
@@ -212,8 +215,9 @@ def test_greedy_prompt_lookup_beside_the_heads_equals_autoregressive(decoding, c
     model = counting_target
     prompts = [list(p) for p in PROMPTS]
     prompts[2][4:7] = prompts[2][:3]  # a repeated trigram, for lookup to find; rows without a match pad its chain
-    reference, _ = generate(model, prompts, GenerationConfig(32))
-    out, stats = generate(model, prompts, Drafted(32, **decoding, gamma=3), LookupDrafter(2, 40, "cpu", gamma=3))
+    reference, _ = generate(model, prompts, Plan(GenerationConfig(32)))
+    plan = Plan(drafter=LookupDrafter(2, 40, "cpu", gamma=3)).changed(max_new_tokens=32, **decoding)
+    out, stats = generate(model, prompts, plan)
     assert out == reference
     assert stats.method == "hybrid" and stats.method_params["drafter"] == "lookup"
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
@@ -231,11 +235,11 @@ def test_prompt_lookup_beside_the_heads_accepts_where_either_is_right():
     model = fixed_logits_model(tables)
     prompt = [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0]]  # the counting continues, and lookup knows the cycle
     config = GenerationConfig(24)
-    reference, _ = generate(model, prompt, config)
+    reference, _ = generate(model, prompt, Plan(config))
     heads = HeadsSettings(heads=3)
-    heads_alone = generate(model, prompt, config, heads=heads)
-    lookup_alone = generate(model, prompt, config, LookupDrafter(2, vocab, "cpu", gamma=6))
-    hybrid = generate(model, prompt, config, LookupDrafter(2, vocab, "cpu", gamma=6), heads=heads)
+    heads_alone = generate(model, prompt, Plan(config, heads))
+    lookup_alone = generate(model, prompt, Plan(config, drafter=LookupDrafter(2, vocab, "cpu", gamma=6)))
+    hybrid = generate(model, prompt, Plan(config, heads, LookupDrafter(2, vocab, "cpu", gamma=6)))
     assert heads_alone[0] == lookup_alone[0] == hybrid[0] == reference
     assert heads_alone[1].tokens_per_forward < hybrid[1].tokens_per_forward
     assert hybrid[1].accepted[:6] == lookup_alone[1].accepted[:6]  # the lookup chain (6 deep) wins every step
@@ -246,8 +250,8 @@ def test_a_hybrid_accepts_the_heads_drafts_where_the_draft_model_is_wrong(counti
     step accepts the heads' drafts, so it beats the draft model alone."""
     model = counting_target
     draft = draft_model_drafter(tiny_model(n_future=1, vocab_size=40, seed=9), gamma=3)
-    _, alone = generate(model, PROMPTS, GenerationConfig(32), draft)
-    _, hybrid = generate(model, PROMPTS, GenerationConfig(32), draft, heads=HeadsSettings(heads=4))
+    _, alone = generate(model, PROMPTS, Plan(GenerationConfig(32), drafter=draft))
+    _, hybrid = generate(model, PROMPTS, Plan(GenerationConfig(32), HeadsSettings(heads=4), draft))
     assert hybrid.tokens_per_forward > alone.tokens_per_forward + 0.2
 
 
@@ -277,7 +281,7 @@ def test_spectr_accepts_more_tokens_per_forward_with_more_sequences():
     model = fixed_logits_model(counting_tables(3))
 
     def tokens_per_forward(**decoding) -> float:
-        config = Drafted(16, temperature=1.0, heads=3, seed=3, **decoding)
+        config = Plan().changed(max_new_tokens=16, temperature=1.0, heads=3, seed=3, **decoding)
         return generate(model, [[1]] * 2000, config)[1].tokens_per_forward
 
     chain = tokens_per_forward()
@@ -346,16 +350,16 @@ def test_prompt_lookup_beside_the_heads_samples_the_autoregressive_distribution(
 def test_draft_sequences_sharing_their_draws_fail_the_check(monkeypatch):
     """A negative control: every draft sequence drawn with the first sequence's uniforms (so all k are one) but tested
     as k independent candidates."""
-    from mtp.decode import proposers
+    from mtp.decode.methods import draft_model
 
-    chains = proposers.ModelDrafter.draft_chains
+    chains = draft_model.ModelDrafter.draft_chains
 
     def shared(self, gamma, draws):
         if draws is not None:
             draws = draws[:, :gamma].repeat(1, self.branches)
         return chains(self, gamma, draws)
 
-    monkeypatch.setattr(proposers.ModelDrafter, "draft_chains", shared)
+    monkeypatch.setattr(draft_model.ModelDrafter, "draft_chains", shared)
     drafter = draft_model_drafter(fixed_logits_model(draft_tables()))
     tv, threshold, outside, _ = check_drafter(drafter, rows=15_000, drafts_per_step=3, acceptance="spectr")
     assert outside > 0 or tv >= threshold, f"total variation {tv:.4f} < {threshold:.4f}"
@@ -371,7 +375,7 @@ def test_spectr_lossless_with_head_blocks(head_type):
     model = tiny_model(n_future=3, vocab_size=4, seed=3, **HEAD_TYPES[head_type])
     with torch.no_grad():
         model.heads.outputs[0].weight.mul_(60)
-    config = Drafted.of(
+    config = Plan(
         GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5, acceptance="spectr"),
         heads=HeadsSettings(heads=3),
         drafts=DraftSettings(drafts_per_step=3),
@@ -387,8 +391,8 @@ def test_draft_sequences_and_hybrids_lossless_on_real_models(decoding):
     with torch.no_grad():
         model.heads.outputs[0].weight.mul_(60)
     drafter = layer_skip_drafter(model, frozenset({0}), gamma=2)
-    config = Drafted(max_new_tokens=4, temperature=1.0, seed=5, **decoding, gamma=drafter.gamma)
-    stats = check_real_model(model, config, drafter=drafter)
+    config = Plan(drafter=drafter).changed(max_new_tokens=4, temperature=1.0, seed=5, **decoding)
+    stats = check_real_model(model, config)
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
 
 
@@ -408,11 +412,11 @@ def test_staged_drafts_are_the_draft_models_own_greedy_drafts(inner, counting_ta
     the same), in fewer draft forwards (a batch's inner steps last until its slowest row has its drafts); and the
     output is autoregressive decoding's, alone and in a hybrid."""
     model, draft = counting_target, small_drafts[inner]
-    reference, _ = generate(model, PROMPTS, GenerationConfig(32))
+    reference, _ = generate(model, PROMPTS, Plan(GenerationConfig(32)))
     staged = staged_drafter(draft, inner, gamma=4)
-    out, stats = generate(model, PROMPTS, GenerationConfig(32), staged)
+    out, stats = generate(model, PROMPTS, Plan(GenerationConfig(32), drafter=staged))
     assert out == reference
-    _, plain = generate(model, PROMPTS, GenerationConfig(32), draft_model_drafter(draft, gamma=4))
+    _, plain = generate(model, PROMPTS, Plan(GenerationConfig(32), drafter=draft_model_drafter(draft, gamma=4)))
     assert (stats.drafted, stats.accepted) == (plain.drafted, plain.accepted)
     assert stats.method == "staged" and stats.method_params["inner"] == inner
     # the draft's own heads, trained on the same counting, pass often; lookup finds little in counting sequences
@@ -421,9 +425,9 @@ def test_staged_drafts_are_the_draft_models_own_greedy_drafts(inner, counting_ta
         if inner == "heads"
         else stats.draft_forwards <= plain.draft_forwards
     )
-    hybrid, _ = generate(model, PROMPTS, GenerationConfig(32), staged, heads=HeadsSettings(heads=3))
+    hybrid, _ = generate(model, PROMPTS, Plan(GenerationConfig(32), HeadsSettings(heads=3), staged))
     assert hybrid == reference
-    alone, _ = generate(model, PROMPTS[1:2], GenerationConfig(32), staged)
+    alone, _ = generate(model, PROMPTS[1:2], Plan(GenerationConfig(32), drafter=staged))
     assert alone == reference[1:2]
 
 
@@ -431,9 +435,9 @@ def test_a_sampled_staged_draft_whose_lookup_finds_nothing_decodes(small_drafts)
     """Sampling, an inner step after which no row's lookup finds a match (one-token prompts: nothing before the last
     token to match) leaves no inner drafts to verify, and their laws an empty stack: the draft decodes on."""
     draft = small_drafts["lookup"]
-    config = GenerationConfig(8, temperature=1.0)
     for seed in range(3):
-        out, _ = generate(draft, [[1], [2]], replace(config, seed=seed), staged_drafter(draft, "lookup", gamma=3))
+        plan = Plan(GenerationConfig(8, temperature=1.0, seed=seed), drafter=staged_drafter(draft, "lookup", gamma=3))
+        out, _ = generate(draft, [[1], [2]], plan)
         assert [len(row) for row in out] == [8, 8]
 
 
@@ -465,15 +469,15 @@ def test_staged_sampling_has_the_autoregressive_distribution(inner, decoding):
 def test_staged_drafts_verified_against_their_inner_proposals_fail_the_check(monkeypatch):
     """A negative control: the target verifies each staged draft against the law of the draft model one position
     later (a law misaligned with its draft)."""
-    from mtp.decode import proposers
+    from mtp.decode.methods import draft_model
 
-    chains = proposers.StagedDrafter.draft_chains
+    chains = draft_model.StagedDrafter.draft_chains
 
     def misaligned(self, gamma, draws):
         tokens, probs = chains(self, gamma, draws)
         return tokens, probs.roll(1, dims=1) if probs is not None else None
 
-    monkeypatch.setattr(proposers.StagedDrafter, "draft_chains", misaligned)
+    monkeypatch.setattr(draft_model.StagedDrafter, "draft_chains", misaligned)
     drafter = staged_drafter(fixed_logits_model(staged_tables()), "heads")
     tv, threshold, outside, _ = check_drafter(drafter, gamma=3, rows=15_000)
     assert outside > 0 or tv >= threshold, f"total variation {tv:.4f} < {threshold:.4f}"
@@ -486,11 +490,12 @@ def test_int8_draft_sequences_hybrids_and_staged_drafts_equal_autoregressive(dec
     """int8 drafts (the draft model's, its heads' when staged, the target's heads in a hybrid) propose only: greedy
     output stays autoregressive decoding's."""
     model = counting_target
-    reference, _ = generate(model, PROMPTS, GenerationConfig(32))
+    reference, _ = generate(model, PROMPTS, Plan(GenerationConfig(32)))
     staged = decoding.pop("staged", None)
     draft = small_drafts["heads"]
     drafter = staged_drafter(draft, staged, gamma=3) if staged else draft_model_drafter(draft, gamma=3)
-    out, stats = generate(model, PROMPTS, Drafted(32, draft_dtype="int8", **decoding, gamma=drafter.gamma), drafter)
+    plan = Plan(drafter=drafter).changed(max_new_tokens=32, draft_dtype="int8", **decoding)
+    out, stats = generate(model, PROMPTS, plan)
     assert out == reference, decoding
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
 
@@ -498,6 +503,5 @@ def test_int8_draft_sequences_hybrids_and_staged_drafts_equal_autoregressive(dec
 @pytest.mark.parametrize("choice", ["top", "tempered"])
 def test_a_staged_draft_refuses_other_drafts_than_its_own_when_sampling(choice):
     drafter = staged_drafter(fixed_logits_model(staged_tables()), "heads", gamma=3)
-    config = Drafted.of(GenerationConfig(4, temperature=1.0), drafts=DraftSettings(draft_choice=choice))
     with pytest.raises(SettingError, match="a staged draft samples its drafts .* use draft_choice=auto with it"):
-        generate(fixed_logits_model(counting_tables(1)), [[1, 2]], config, drafter)
+        Plan(GenerationConfig(4, temperature=1.0), drafter=drafter, drafts=DraftSettings(draft_choice=choice))

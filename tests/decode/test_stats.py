@@ -3,14 +3,15 @@
 import pytest
 
 from mtp.decode import DecodeStats, GenerationConfig, generate
-from mtp.decode.settings import Drafted, HeadsSettings
+from mtp.decode.plan import Plan
+from mtp.decode.settings import HeadsSettings
 from mtp.decode.tree import DraftTree
 from tests.decode.helpers import tiny_model
 
 
 def test_statistics_of_two_runs_add_up():
     model = tiny_model(4)
-    config = Drafted.of(
+    config = Plan(
         GenerationConfig(max_new_tokens=12), heads=HeadsSettings(heads=4, tree=DraftTree([(0,), (1,), (0, 0)]))
     )
     _, a = generate(model, [[1, 2, 3]], config)
@@ -31,8 +32,8 @@ def test_statistics_of_two_runs_add_up():
 
 def test_statistics_of_different_settings_do_not_add():
     model = tiny_model(4)
-    _, chain = generate(model, [[1, 2]], GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=4))
-    _, autoregressive = generate(model, [[1, 2]], GenerationConfig(max_new_tokens=4))
+    _, chain = generate(model, [[1, 2]], Plan(GenerationConfig(max_new_tokens=4), heads=HeadsSettings(heads=4)))
+    _, autoregressive = generate(model, [[1, 2]], Plan(GenerationConfig(max_new_tokens=4)))
     with pytest.raises(ValueError, match="same settings"):
         chain + autoregressive
 
@@ -47,7 +48,7 @@ def test_statistics_of_different_settings_do_not_add():
     ],
 )
 def test_the_stats_line_names_the_acceptance_rule_that_ran(settings, shown):
-    _, stats = generate(tiny_model(4), [[1, 2, 3]], Drafted(max_new_tokens=4, heads=4, **settings))
+    _, stats = generate(tiny_model(4), [[1, 2, 3]], Plan().changed(max_new_tokens=4, heads=4, **settings))
     assert f" {shown} " in stats.line()
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from mtp.decode import GenerationConfig, generate, inference, tree_fit
-from mtp.decode.settings import Drafted, HeadsSettings
+from mtp.decode.plan import Plan
+from mtp.decode.settings import HeadsSettings
 from mtp.decode.stats import DecodeStats
 from mtp.decode.tree import DraftTree, fit_tree, full_tree, path_counts, ranked_tree, read_tree
 from mtp.errors import UserError
@@ -55,20 +56,20 @@ def test_greedy_tree_decoding_equals_autoregressive(head_type, monkeypatch):
     model = partly_trained(head_type)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 40, (n,), generator=generator).tolist() for n in (5, 2, 9, 3)]
-    reference, _ = generate(model, prompts, GenerationConfig(24), heads=HeadsSettings(heads=1))
+    reference, _ = generate(model, prompts, Plan(GenerationConfig(24), HeadsSettings(heads=1)))
     for decoding in (dict(tree=TREE), dict(tree=TREE, draft_p_min=0.2), dict(adaptive_drafts=True)):
-        out, stats = generate(model, prompts, Drafted(24, heads=4, **decoding))
+        out, stats = generate(model, prompts, Plan().changed(max_new_tokens=24, heads=4, **decoding))
         assert out == reference, decoding
         assert 0 < stats.accepted[-1] < stats.drafted[-1]  # the deepest drafts pass at some steps only
-    alone, _ = generate(model, prompts[1:2], GenerationConfig(24), heads=HeadsSettings(heads=4, tree=TREE))
+    alone, _ = generate(model, prompts[1:2], Plan(GenerationConfig(24), HeadsSettings(heads=4, tree=TREE)))
     assert alone == reference[1:2]
 
 
 def test_typical_acceptance_leaves_greedy_decoding_exact():
     model = partly_trained("transformer")
-    reference, _ = generate(model, [[3, 4, 5]], GenerationConfig(16), heads=HeadsSettings(heads=1))
+    reference, _ = generate(model, [[3, 4, 5]], Plan(GenerationConfig(16), heads=HeadsSettings(heads=1)))
     out, stats = generate(
-        model, [[3, 4, 5]], GenerationConfig(16, acceptance="typical"), heads=HeadsSettings(heads=4, tree=TREE)
+        model, [[3, 4, 5]], Plan(GenerationConfig(16, acceptance="typical"), heads=HeadsSettings(heads=4, tree=TREE))
     )
     assert out == reference
     assert "tree_nodes=11 acceptance=greedy" in stats.line()  # what ran, not what was asked
@@ -140,7 +141,7 @@ def measuring_trees(monkeypatch) -> list[DraftTree]:
     seen = []
 
     def recording(model, prompts, config):
-        seen.append(config.tree)
+        seen.append(config.heads.tree)
         return generate(model, prompts, config)
 
     monkeypatch.setattr(tree_fit, "generate", recording)
@@ -153,7 +154,7 @@ def test_fitting_four_heads_measures_with_the_full_tree(monkeypatch):
         partly_trained("transformer"),
         [[3, 4, 5], [9, 1]],
         6,
-        Drafted.of(GenerationConfig(12), heads=HeadsSettings(heads=4)),
+        Plan(GenerationConfig(12), heads=HeadsSettings(heads=4)),
     )
     assert seen == [full_tree(4, 3)]
     assert 1 <= fitted.tree.size <= 6 and fitted.steps > 0
@@ -163,7 +164,7 @@ def test_fitting_eight_heads_measures_with_a_bounded_tree(monkeypatch):
     seen = measuring_trees(monkeypatch)
     model = tiny_model(n_future=8, vocab_size=40, seed=2)
     fitted = tree_fit.fit_to_model(
-        model, [[3, 4, 5], [9, 1, 7, 2]], 16, Drafted.of(GenerationConfig(8), heads=HeadsSettings(heads=8))
+        model, [[3, 4, 5], [9, 1, 7, 2]], 16, Plan(GenerationConfig(8), heads=HeadsSettings(heads=8))
     )
     assert [t.size for t in seen] == [tree_fit.MEASURE_NODES]  # not 4 + 16 + ... + 4^7 = 21,844
     assert seen[0].depth == 7
@@ -184,11 +185,12 @@ def timed_by(monkeypatch, step_ms) -> list[DraftTree | None]:
     timed = []
 
     def fake(model, prompts, config):
-        if config.tree is not None and config.tree.size > max(tree_fit.FASTEST_SIZES):  # the measuring tree
+        tree = config.heads.tree
+        if tree is not None and tree.size > max(tree_fit.FASTEST_SIZES):  # the measuring tree
             return generate(model, prompts, config)
-        timed.append(config.tree)
-        assert len(prompts) == 1 and config.max_new_tokens == 12  # batch 1, no longer than the fitting's 12 tokens
-        return None, DecodeStats(rows=1, forwards=11, wall_time_s=step_ms(config.tree) / 100, prefill_s=0.0)
+        timed.append(tree)
+        assert len(prompts) == 1 and config.sampling.max_new_tokens == 12  # batch 1, no longer than the fitting's
+        return None, DecodeStats(rows=1, forwards=11, wall_time_s=step_ms(tree) / 100, prefill_s=0.0)
 
     monkeypatch.setattr(tree_fit, "generate", fake)
     return timed
@@ -201,7 +203,7 @@ def test_a_fastest_fit_takes_the_size_with_the_most_expected_tokens_per_ms(monke
     timed = timed_by(monkeypatch, lambda tree: chain_ms if tree is None else 1 + 0.5 * tree.size)
     model, prompts = partly_trained("transformer"), [[3, 4, 5], [9, 1], [7, 7, 2]]
     fitted = tree_fit.fit_to_model(
-        model, prompts, tree_fit.FASTEST, Drafted.of(GenerationConfig(12), heads=HeadsSettings(heads=4))
+        model, prompts, tree_fit.FASTEST, Plan(GenerationConfig(12), heads=HeadsSettings(heads=4))
     )
     sizes = [t.nodes for t in fitted.trials]
     assert sizes == sorted(set(sizes)) and sizes[0] == 1 and len(sizes) > 2
@@ -219,7 +221,7 @@ def test_a_fastest_fit_takes_the_size_with_the_most_expected_tokens_per_ms(monke
 def test_a_fixed_budget_times_nothing(monkeypatch):
     timed = timed_by(monkeypatch, lambda tree: 1.0)
     fitted = tree_fit.fit_to_model(
-        partly_trained("transformer"), [[3, 4, 5]], 4, Drafted.of(GenerationConfig(12), heads=HeadsSettings(heads=4))
+        partly_trained("transformer"), [[3, 4, 5]], 4, Plan(GenerationConfig(12), heads=HeadsSettings(heads=4))
     )
     assert timed == [] and fitted.trials == [] and fitted.chain is None and not fitted.chain_faster
     assert "sizes_tried" not in json.loads(fitted.to_json())
@@ -230,9 +232,9 @@ def test_tree_decoding_with_spans_rounded_up_equals_autoregressive(monkeypatch):
     positions beyond masked whatever they hold (a tree's nodes left behind by the last step among them)."""
     model = partly_trained("transformer")
     prompts = [[5, 6, 7, 8, 9], [2, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
-    reference, _ = generate(model, prompts, GenerationConfig(24), heads=HeadsSettings(heads=1))
+    reference, _ = generate(model, prompts, Plan(GenerationConfig(24), HeadsSettings(heads=1)))
     monkeypatch.setitem(inference.SPAN_MULTIPLE, "cpu", 8)
     for decoding in (dict(heads=1), dict(heads=4), dict(heads=4, tree=TREE)):
-        out, stats = generate(model, prompts, Drafted(24, **decoding))
+        out, stats = generate(model, prompts, Plan().changed(max_new_tokens=24, **decoding))
         assert out == reference, decoding
         assert decoding["heads"] == 1 or stats.accepted[0] > 0

