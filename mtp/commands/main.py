@@ -27,7 +27,6 @@ SUBCOMMANDS = {
     "compare-heads": ("compare_heads", "head types side by side: the checkpoints of one sweep in one table"),
     "fit-tree": ("fit_tree", "fit a draft tree to a checkpoint's own acceptance"),
     "export": ("export", "export a checkpoint as a Hugging Face Llama directory"),
-    "gpu-check": ("gpu_check", "the GPU check kit: the GPU tests and figures in one command"),
     "results-page": ("results_page", "a benchmark's output folder, or a task sweep's, as a page under docs/results/"),
     "heads-curve": ("heads_curve", "what more distilled data and training time buy: benchmarks of heads as a curve"),
     "eval-task": ("eval_task", "score a checkpoint on its synthetic task (polynomial arithmetic): results.json"),
