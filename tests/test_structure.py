@@ -1,7 +1,8 @@
 """The package's parts stay apart: no import circle anywhere in mtp/ (imports inside functions and for type hints
 included), every module importing only its own layer or lower ones (:data:`LAYERS`), no library module reaching up
-into the commands or the benchmarks, no benchmark reaching up into the commands, and nothing in the decoder reaching
-for argument parsing."""
+into the commands or the benchmarks, no benchmark reaching up into the commands; only the commands parse arguments,
+and no code reads a parser's private actions or rewrites sys.argv outside the entry point (commands call each other
+with typed settings); no hand-written module over 600 lines."""
 
 import ast
 from pathlib import Path
@@ -145,11 +146,6 @@ def test_the_benchmarks_do_not_import_the_commands(name):
     assert not reaching_up, f"{name} imports {sorted(reaching_up)}"
 
 
-@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith("mtp.decode")])
-def test_the_decoder_does_not_parse_arguments(name):
-    assert "argparse" not in imports_of(MODULES[name]), f"{name} imports argparse"
-
-
 HEAD_TYPE_OWNERS = ("mtp.model.config", "mtp.model.heads")
 """The modules that may look at a head type's name: the config (which names exist) and the heads (what each is)."""
 
@@ -188,3 +184,73 @@ def test_an_import_inside_a_function_says_why(name):
     """Imports sit at the top unless they are optional or slow to load, and then the code says which."""
     unexplained = [line for line, explained in imports_in_functions(MODULES[name]) if not explained]
     assert not unexplained, f"{MODULES[name]}: imports inside functions without a reason at lines {unexplained}"
+
+
+ARGUMENT_PARSING = "mtp.commands"
+"""The one layer that parses command lines: everything below it takes typed settings."""
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if not n.startswith(ARGUMENT_PARSING)])
+def test_only_the_commands_import_argparse(name):
+    """The library and the benchmarks are driven by typed settings (dataclasses), never by a Namespace."""
+    assert "argparse" not in imports_of(MODULES[name]), f"{name} imports argparse; parse flags in mtp/commands/"
+
+
+ENTRY_POINT = "mtp.commands.main"
+"""The ``mtp`` command, whose subcommands' usage lines name ``mtp SUBCOMMAND``: the one module that sets sys.argv."""
+SOURCES = sorted(
+    [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "scripts").glob("*.py"), *(PACKAGE.parent / "tools").glob("*.py")]
+)
+"""The code: the package, its scripts and the repository's tools (tests may poke at whatever they test)."""
+
+
+def argv_writes_and_action_reads(path: Path) -> list[str]:
+    """Where ``path`` writes ``sys.argv`` (an assignment to it or to an item of it, a call of one of its list methods)
+    or reads a parser's private ``_actions`` (``_option_string_actions`` too), as ``line: what``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            targets = [node.func.value] if node.func.attr in ("append", "extend", "insert", "pop", "clear") else []
+        for target in targets:
+            base = target.value if isinstance(target, ast.Subscript) else target
+            if isinstance(base, ast.Attribute) and base.attr == "argv" and getattr(base.value, "id", None) == "sys":
+                found.append(f"{node.lineno}: writes sys.argv")
+        if isinstance(node, ast.Attribute) and node.attr in ("_actions", "_option_string_actions"):
+            found.append(f"{node.lineno}: reads {node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_no_code_reads_a_parsers_actions_or_writes_sys_argv_outside_the_entry_point(path):
+    """A command calls another through its typed settings, not by rewriting a command line."""
+    found = argv_writes_and_action_reads(path)
+    if path == MODULES[ENTRY_POINT]:
+        found = [f for f in found if not f.endswith("writes sys.argv")]
+    assert not found, f"{path.relative_to(PACKAGE.parent)}: {', '.join(found)}"
+
+
+def test_the_argv_check_finds_a_write_and_a_read(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import sys\nsys.argv = ['x']\nsys.argv[1:] = []\nsys.argv.append('y')\nn = parser._actions\n")
+    assert argv_writes_and_action_reads(module) == [
+        "2: writes sys.argv", "3: writes sys.argv", "4: writes sys.argv", "5: reads _actions"
+    ]  # fmt: skip
+    module.write_text("import sys\nargs = sys.argv[1:]\n")
+    assert argv_writes_and_action_reads(module) == []
+
+
+MOST_LINES = 600
+GENERATED = "do not edit"
+"""What a generated module says of itself (mtp/data/humaneval_fingerprints.py, written by tools/): it is not read."""
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_no_hand_written_module_is_over_600_lines(name):
+    text = MODULES[name].read_text()
+    if GENERATED in (ast.get_docstring(ast.parse(text)) or ""):  # its docstring says it is generated
+        return
+    lines = text.count("\n")
+    assert lines <= MOST_LINES, f"{MODULES[name]}: {lines} lines; split it where its parts meet (at most {MOST_LINES})"

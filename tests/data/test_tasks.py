@@ -10,6 +10,7 @@ import torch
 from mtp.benchmarks.humaneval import chat_prompt
 from mtp.checkpoint.format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
 from mtp.commands import distill as command
+from mtp.commands import distill_prompts as prompts_module
 from mtp.commands.cli import run_script
 from mtp.data.humaneval_fingerprints import ENTRY_POINTS, FINGERPRINTS
 from mtp.data.prompts import HumanEvalProblem
@@ -206,7 +207,7 @@ def test_the_task_order_is_drawn_by_the_seed_from_the_tasks_alone():
 def test_tasks_too_long_for_the_models_context_are_left_out_with_a_note(capsys):
     """A task cannot be shortened as a prompt of one's own file can: it is left out, not the end of the run."""
     prompts = [Prompt(f"p{n}", list(range(n)), f"o{n}") for n in (10, 30, 22)]
-    assert [prompt.origin for prompt in command.fitting_tasks(prompts, 32, 8)] == ["o10", "o22"]
+    assert [prompt.origin for prompt in prompts_module.fitting_tasks(prompts, 32, 8)] == ["o10", "o22"]
     assert capsys.readouterr().out == (
         "note: 1 tasks left out, too long for the model's context of 32 tokens with --new-tokens 8\n"
     )
