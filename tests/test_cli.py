@@ -272,7 +272,10 @@ def test_no_script_edits_sys_path():
 
 
 def test_scripts_are_thin_wrappers_of_the_commands():
+    """Every script but the GPU check kit, a tool of the repository (it runs its tests), not of the package."""
     for path in (ROOT / "scripts").glob("*.py"):
+        if path.name == "gpu_check.py":
+            continue
         assert f"from mtp.commands.{path.stem} import entry_point" in path.read_text(), path
 
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import mtp
@@ -80,6 +81,11 @@ def resolve_prompt_format(prompt_set: str, prompt_format: str, model: str | Path
             prompt_format=prompt_format,
         )
     return "chat" if declared else "raw"
+
+
+def table(head: str, align: str, rows: Iterable[Sequence[str]]) -> str:
+    """A Markdown table: its header line, its alignment line, then a line per row of cells."""
+    return "\n".join([head, align, *("| " + " | ".join(cells) + " |" for cells in rows)])
 
 
 def require_plotting() -> None:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mtp.benchmarks.common import require_plotting, save_figure
+from mtp.benchmarks.common import require_plotting, save_figure, table
 from mtp.checkpoint.format import CHECKPOINT_KEY, read_checkpoint
 from mtp.errors import UserError
 
@@ -156,21 +156,29 @@ def curve_table(points: list[CurvePoint]) -> str:
     """One row per point and method, in order of tokens, then steps. A speed-up is its own benchmark's, against mtp's
     autoregressive decoding in the same run: the points' benchmarks may have run at different times, under different
     loads, so compare speed-ups across points with that in mind."""
-    lines = [
+    head = (
         "| heads | distilled tokens | teacher-forced tokens | distillation min | training steps | training min "
-        "| total min | method | k | tokens/forward | acceptance by draft position | speed-up |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|",
-    ]
-    for point in points:
-        for row in point.rows:
-            acceptance = ", ".join(f"{a:.2f}" for a in row["acceptance"]) or "-"
-            lines.append(
-                f"| {point.head_type} | {point.distilled_tokens:,} | {point.teacher_forced_tokens:,} | "
-                f"{point.distill_minutes:.1f} | {point.step} | {point.train_minutes:.1f} | {point.minutes:.1f} | "
-                f"{row['method']} | {row['heads']} | {row['tokens_per_forward']:.2f} | {acceptance} | "
-                f"{row['speedup']:.2f}x |"
-            )
-    return "\n".join(lines)
+        "| total min | method | k | tokens/forward | acceptance by draft position | speed-up |"
+    )
+    rows = (
+        [
+            point.head_type,
+            f"{point.distilled_tokens:,}",
+            f"{point.teacher_forced_tokens:,}",
+            f"{point.distill_minutes:.1f}",
+            str(point.step),
+            f"{point.train_minutes:.1f}",
+            f"{point.minutes:.1f}",
+            row["method"],
+            str(row["heads"]),
+            f"{row['tokens_per_forward']:.2f}",
+            ", ".join(f"{a:.2f}" for a in row["acceptance"]) or "-",
+            f"{row['speedup']:.2f}x",
+        ]
+        for point in points
+        for row in point.rows
+    )
+    return table(head, "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|", rows)
 
 
 def plot_curve(points: list[CurvePoint], path: Path, title: str) -> None:

@@ -179,6 +179,9 @@ def settings_of(
     variations = variations_of(values)
     variations.check_on(device)
     require_plotting()
+    copied = ("gamma", "prompt_set", "prompts", "prompt_tokens", "fixed_length", "dtype", "repeats", "hf", "hf_static")
+    tools = ("llama_cpp", "llama_cpp_target")
+    paths = {name: Path(values[name]) if values[name] is not None else None for name in tools}
     return DecodeBenchSettings(
         checkpoint=checkpoint,
         out=Path(values["out"]),
@@ -188,25 +191,16 @@ def settings_of(
         methods=chosen,
         sampling=parts["sampling"],
         step=parts["step"],
-        gamma=values["gamma"],
         sequences=sequences,
         method_settings=method_settings,
         method_sweeps=method_sweeps,
         variations=variations,
-        prompt_set=values["prompt_set"],
-        prompts=values["prompts"],
-        prompt_tokens=values["prompt_tokens"],
         prompt_format=prompt_format,
-        fixed_length=values["fixed_length"],
         device=device.type,
-        dtype=values["dtype"],
-        repeats=values["repeats"],
-        hf=values["hf"],
-        hf_static=values["hf_static"],
-        llama_cpp=Path(values["llama_cpp"]) if values["llama_cpp"] is not None else None,
-        llama_cpp_target=Path(values["llama_cpp_target"]) if values["llama_cpp_target"] is not None else None,
         sandbox=sandbox,
         argv=argv,
+        **{name: values[name] for name in copied},
+        **paths,
     )
 
 

@@ -28,6 +28,7 @@ from mtp.benchmarks.common import (
     prompt_problems,
     require_plotting,
     step_in_fresh_process,
+    table,
 )
 from mtp.benchmarks.decode_runs import run
 from mtp.benchmarks.results_page import provenance
@@ -163,25 +164,33 @@ def compare(path: Path, args: argparse.Namespace, sampled: GenerationConfig, dev
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = [
+    head = (
         "| head type | params | step | val loss head 1 | val exp. tokens/fwd | val acceptance by position "
         "| greedy tokens/fwd | greedy acceptance by position | greedy speed-up | sampled tokens/fwd "
-        "| sampled acceptance by position | sampled speed-up | train tokens/s | train peak MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| sampled acceptance by position | sampled speed-up | train tokens/s | train peak MiB |"
+    )
+    return table(head, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", map(_cells, rows))
+
+
+def _cells(r: dict) -> list[str]:
+    v, t, nan = r["validation"], r.get("train", {}), float("nan")
+    trained = t.get("status") == "ok"
+    cells = [
+        r["head_type"],
+        f"{r['parameters'] / 1e6:.2f}M",
+        str(r["global_step"]),
+        f"{v.get('val/loss_head1', nan):.3f}",
+        f"{v.get('val/expected_tokens_per_forward', nan):.2f}",
+        ", ".join(f"{v[k]:.2f}" for k in sorted(v) if k.startswith("val/acceptance_pos")),
     ]
-    for r in rows:
-        v, g, s, t = r["validation"], r["greedy"], r["sampling"], r.get("train", {})
-        nan = float("nan")
-        val_accept = ", ".join(f"{v[k]:.2f}" for k in sorted(v) if k.startswith("val/acceptance_pos"))
-        train = f"{t['tokens_per_s']:,.0f} | {t['peak_memory_bytes'] / MIB:,.0f}" if t.get("status") == "ok" else " | "
-        lines.append(
-            f"| {r['head_type']} | {r['parameters'] / 1e6:.2f}M | {r['global_step']} "
-            f"| {v.get('val/loss_head1', nan):.3f} | {v.get('val/expected_tokens_per_forward', nan):.2f} "
-            f"| {val_accept} | {g['tokens_per_forward']:.2f} | {', '.join(f'{a:.2f}' for a in g['acceptance'])} "
-            f"| {g['speedup']:.2f}x | {s['tokens_per_forward']:.2f} | {', '.join(f'{a:.2f}' for a in s['acceptance'])} "
-            f"| {s['speedup']:.2f}x | {train} |"
-        )
-    return "\n".join(lines)
+    for mode in ("greedy", "sampling"):
+        m = r[mode]
+        cells += [
+            f"{m['tokens_per_forward']:.2f}",
+            ", ".join(f"{a:.2f}" for a in m["acceptance"]),
+            f"{m['speedup']:.2f}x",
+        ]
+    return cells + ([f"{t['tokens_per_s']:,.0f}", f"{t['peak_memory_bytes'] / MIB:,.0f}"] if trained else ["", ""])
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:

@@ -48,18 +48,8 @@ class Form(Protocol):
     graphs: StepGraphs | None
     draft_rows: slice
 
-    def run_blocks(
-        self,
-        w: PackedBlocks,
-        x: Tensor,
-        rotation: Tensor,
-        cache: KVCache,
-        slots: slice,
-        last: Tensor | None = None,
-        feed_forward: bool = True,
-        attention_input: Tensor | None = None,
-        at: tuple[Tensor, int, Tensor] | None = None,
-    ) -> Tensor: ...
+    run_blocks: Callable[..., Tensor]
+    """:meth:`mtp.decode.inference.InferenceModel.run_blocks`."""
 
     def kv_cache(self, slots: int, batch_size: int, max_len: int, storage: Callable | None = None) -> KVCache: ...
 
