@@ -626,14 +626,15 @@ def test_compare_heads_reads_each_checkpoint_once_before_comparing(tiny_checkpoi
 
 @pytest.mark.slow
 def test_bench_decode_rows_of_draft_sequences_hybrids_and_staged_drafts(tiny_checkpoints, tmp_path):
-    """--methods spectr,draft,hybrid,staged: a row per method (and per --sequences), greedy outputs identical to
-    autoregressive decoding, and the plot drawn with every method's marker."""
+    """--methods spectr,draft,draft-spectr,hybrid,staged: a row per method (and per --sequences), greedy outputs
+    identical to autoregressive decoding, and the plot drawn with every method's marker."""
     out = tmp_path / "bench"
     checkpoint = str(tiny_checkpoints["mtp4"])
     command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), checkpoint, "--draft", checkpoint]
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
-    command += ["--modes", "greedy", "--heads", "4", "--methods", "chain,spectr,draft,hybrid,staged", "--repeats", "1"]
-    command += ["--sequences", "2", "--gammas", "2", "--gamma", "2", "--staged", "heads", "--out", str(out)]
+    command += ["--modes", "greedy", "--heads", "4", "--methods", "chain,spectr,draft,draft-spectr,hybrid,staged"]
+    command += ["--repeats", "1", "--sequences", "2", "--gammas", "2", "--gamma", "2", "--staged", "heads"]
+    command += ["--out", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, env=run_env(), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads((out / "results.json").read_text())["results"]

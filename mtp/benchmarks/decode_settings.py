@@ -12,7 +12,7 @@ from mtp.benchmarks.report import CHAIN
 from mtp.decode.graphs import captures_on
 from mtp.decode.methods import BenchRow
 from mtp.decode.plan import Plan
-from mtp.errors import UserError
+from mtp.errors import SettingError
 from mtp.model.config import ModelConfig
 
 STEP_MODES = ("eager", "captured")
@@ -65,27 +65,32 @@ class Variations:
     def check_on(self, device: torch.device) -> None:
         """int8 drafts need the CPU and captured steps CUDA: one sentence where the benchmark runs elsewhere."""
         if "int8" in self.draft_dtypes and device.type != "cpu":
-            raise UserError(
-                f"--draft-dtypes int8 drafts with PyTorch's int8 CPU kernels, and the benchmark runs on {device.type}; "
-                "use --device cpu, or drop int8."
+            raise SettingError(
+                "{draft_dtypes:int8} drafts with PyTorch's int8 CPU kernels, and the benchmark runs on "
+                f"{device.type}; use {{device:cpu}}, or drop int8.",
+                draft_dtypes=self.draft_dtypes,
+                device=device.type,
             )
         if "captured" in self.step_modes and not captures_on(device):
-            raise UserError(
-                f"--step-modes captured replays CUDA graphs, and the benchmark runs on {device.type}; use --device "
-                "cuda on a machine with a GPU, or --step-modes eager."
+            raise SettingError(
+                f"{{step_modes:captured}} replays CUDA graphs, and the benchmark runs on {device.type}; use "
+                "{device:cuda} on a machine with a GPU, or {step_modes:eager}.",
+                step_modes=self.step_modes,
+                device=device.type,
             )
 
     def check_for(self, config: ModelConfig) -> None:
         """Heads trained on a reduced draft vocabulary draft over it alone, and no N may reach past the vocabulary."""
-        vocab, trained = config.vocab_size, config.draft_vocab
-        if trained and max(self.draft_first_ids):
-            raise UserError(
-                f"--draft-first-ids: this checkpoint's heads were trained to score its {trained} most frequent tokens; "
-                "leave --draft-first-ids out."
+        vocab, trained, most = config.vocab_size, config.draft_vocab, max(self.draft_first_ids)
+        if trained and most:
+            raise SettingError(
+                f"{{draft_first_ids:name}}: this checkpoint's heads were trained to score its {trained} most frequent "
+                "tokens; leave {draft_first_ids:name} out.",
+                draft_first_ids=most,
             )
-        if max(self.draft_first_ids) >= vocab:
-            raise UserError(
-                f"--draft-first-ids {max(self.draft_first_ids)}: each must be below the vocabulary's {vocab} tokens."
+        if most >= vocab:
+            raise SettingError(
+                f"{{draft_first_ids}}: each must be below the vocabulary's {vocab} tokens.", draft_first_ids=most
             )
 
 

@@ -177,7 +177,8 @@ def settings_of(
         check_sandbox(sandbox)
     device = pick_device(values["device"])
     variations = variations_of(values)
-    variations.check_on(device)
+    with settings_named_by_flags():
+        variations.check_on(device)
     require_plotting()
     copied = ("gamma", "prompt_set", "prompts", "prompt_tokens", "fixed_length", "dtype", "repeats", "hf", "hf_static")
     tools = ("llama_cpp", "llama_cpp_target")
