@@ -52,6 +52,7 @@ TREE_GREEDY = ("tests/decode/test_tree.py::test_greedy_tree_decoding_equals_auto
 TREE = "tests/decode/test_tree.py"
 HEADS_CHOICE = "tests/decode/test_heads_choice.py"
 CURVE = "tests/test_task_curve.py"
+TP_GRADIENTS = "tests/test_tensor_parallel.py::test_tensor_parallel_gradients_equal_one_process"
 EVAL_TASK = "tests/test_eval_task.py"
 CORPUS_LOSS = f"{EVAL_TASK}::test_a_corpus_model_is_scored_by_its_held_out_loss_as_training_validates_and_by_its_drafts"
 TREE_LOSSLESS = (
@@ -1782,6 +1783,35 @@ MUTATIONS = [
         "clash = sorted(f.name for f in fields(cls.settings) if f.name in taken)",
         "clash = []",
         (f"{METHODS}::test_a_method_whose_name_or_flags_clash_is_refused",),
+    ),
+    # -- tensor parallelism: the vocabulary-parallel loss
+    Mutation(
+        "the vocabulary-parallel log-sum-exp takes each shard's own maximum",
+        "logsumexp",
+        "all_reduce(top, group, dist.ReduceOp.MAX)",
+        "top.clone()",
+        (TP_GRADIENTS,),
+    ),
+    Mutation(
+        "a state's gradient keeps only its process's part of the vocabulary's sum",
+        "_HeadsCrossEntropy.forward",
+        "all_reduce(grad_states[k], part.group)",
+        "grad_states[k]",
+        (TP_GRADIENTS,),
+    ),
+    Mutation(
+        "every process takes its rows for the vocabulary's first ones",
+        "vocab_part",
+        "mesh.get_local_rank() * local.size(0)",
+        "0",
+        (TP_GRADIENTS,),
+    ),
+    Mutation(
+        "the distillation teacher's top k keeps shard-local ids",
+        "top_k",
+        "index = index + part.offset",
+        "index = index + 0",
+        (TP_GRADIENTS,),
     ),
     # -- the experiments: task curves and the evaluation of a corpus model
     Mutation(
