@@ -4,8 +4,8 @@ tokens per second a measured bandwidth allows."""
 import pytest
 
 from mtp.benchmarks.bandwidth import Bandwidth, limits, read_bandwidth, streamed_bytes
-from mtp.model import MTPModel
 from mtp.config import ModelConfig
+from mtp.model import MTPModel
 
 
 def tiny() -> MTPModel:
