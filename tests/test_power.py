@@ -51,6 +51,10 @@ CONCURRENT = "tests/data/test_concurrent_prepare.py"
 TREE_GREEDY = ("tests/decode/test_tree.py::test_greedy_tree_decoding_equals_autoregressive",)
 TREE = "tests/decode/test_tree.py"
 HEADS_CHOICE = "tests/decode/test_heads_choice.py"
+CURVE = "tests/test_task_curve.py"
+TP_GRADIENTS = "tests/test_tensor_parallel.py::test_tensor_parallel_gradients_equal_one_process"
+EVAL_TASK = "tests/test_eval_task.py"
+CORPUS_LOSS = f"{EVAL_TASK}::test_a_corpus_model_is_scored_by_its_held_out_loss_as_training_validates_and_by_its_drafts"
 TREE_LOSSLESS = (
     "tests/decode/test_lossless.py::test_tree_and_adaptive_sampling_have_the_autoregressive_distribution",
     "tests/decode/test_lossless.py::test_tree_and_cut_sampling_lossless_with_head_blocks",
@@ -1779,6 +1783,78 @@ MUTATIONS = [
         "clash = sorted(name for name in flag_fields(cls) if name in taken)",
         "clash = []",
         (f"{METHODS}::test_a_method_whose_name_or_flags_clash_is_refused",),
+    ),
+    # -- tensor parallelism: the vocabulary-parallel loss
+    Mutation(
+        "the vocabulary-parallel log-sum-exp takes each shard's own maximum",
+        "logsumexp",
+        "all_reduce(top, group, dist.ReduceOp.MAX)",
+        "top.clone()",
+        (TP_GRADIENTS,),
+    ),
+    Mutation(
+        "a state's gradient keeps only its process's part of the vocabulary's sum",
+        "_HeadsCrossEntropy.forward",
+        "all_reduce(grad_states[k], part.group)",
+        "grad_states[k]",
+        (TP_GRADIENTS,),
+    ),
+    Mutation(
+        "every process takes its rows for the vocabulary's first ones",
+        "vocab_part",
+        "mesh.get_local_rank() * local.size(0)",
+        "0",
+        (TP_GRADIENTS,),
+    ),
+    Mutation(
+        "the distillation teacher's top k keeps shard-local ids",
+        "top_k",
+        "index = index + part.offset",
+        "index = index + 0",
+        (TP_GRADIENTS,),
+    ),
+    # -- the experiments: task curves and the evaluation of a corpus model
+    Mutation(
+        "the task curve misses the run's last step",
+        "TaskCurve.on_train_batch_end",
+        "due = step % self.every_n_steps == 0 or step == trainer.max_steps",
+        "due = step % self.every_n_steps == 0",
+        (f"{CURVE}::test_the_curve_logs_at_the_asked_steps_and_equals_the_evaluation_of_the_same_checkpoint",),
+    ),
+    Mutation(
+        "a resumed run starts its task curve afresh",
+        "TaskCurve.load_state_dict",
+        "self.points = list(state_dict.get(TASK_CURVE, []))",
+        "self.points = []",
+        (f"{CURVE}::test_a_resumed_run_continues_its_curve",),
+    ),
+    Mutation(
+        "the task curve scores the whole evaluation set, not the subset asked",
+        "TaskCurve.__init__",
+        'TaskSettings(parse_ops(ops, "callbacks.task_curve.ops"), problems, 1, batch_size)',
+        'TaskSettings(parse_ops(ops, "callbacks.task_curve.ops"), None, 1, batch_size)',
+        (f"{CURVE}::test_the_curve_logs_at_the_asked_steps_and_equals_the_evaluation_of_the_same_checkpoint",),
+    ),
+    Mutation(
+        "the held-out loss scores the padding of a short last window",
+        "held_out_loss",
+        "target[row, len(c) - 1 :] = -100",
+        "pass",
+        (CORPUS_LOSS,),
+    ),
+    Mutation(
+        "bits per byte divide by the whole split's bytes whatever was scored",
+        "evaluate_corpus",
+        "scored_bytes = n_bytes * scored / len(ids)",
+        "scored_bytes = n_bytes",
+        ("tests/test_eval_task.py::test_a_corpus_model_drafts_with_every_head_and_bytes_are_bits_per_byte",),
+    ),
+    Mutation(
+        "the evaluation's head 1 reads the last head's state",
+        "MTPModel.next_token_logits",
+        "return self.head_logits(1, self.norm(self._head1(self.trunk(idx))))",
+        "return self.head_logits(1, self.head_states(idx)[-1])",
+        (CORPUS_LOSS,),
     ),
 ]
 

@@ -133,7 +133,7 @@ def test_a_sweep_folder_is_aggregated_over_seeds_and_unfinished_runs_are_left_ou
     assert "| size | ops | domain | n=1 | n=2 |" in tables
     assert "| paper_1m | 1 | in | 70.0% (50.0%-90.0%, 3 seeds) | 100.0% (1 seed) |" in tables
     assert "| paper_1m | 3 | out | 20.0% (10.0%-30.0%, 3 seeds) | 40.0% (1 seed) |" in tables
-    assert "| model=mtp2,seed=1 | paper_1m | 2 | 1 |  |  |  |  | unfinished, has a last.ckpt |" in tables
+    assert "| model=mtp2,seed=1 | paper_1m | 2 | 1 |  |  |  |  |  | unfinished, has a last.ckpt |" in tables
     assert "1 run(s) unfinished, in no average above: run the sweep's command again to resume them." in tables
     assert "Every run's other settings" not in tables  # paths.log_dir says where, not what: not a setting
     header = sweep_provenance(finished, "python scripts/results_page.py SWEEP")
@@ -274,7 +274,7 @@ def test_learning_curves_give_each_runs_best_point_beside_its_last_and_the_budge
     assert "| size | n | seeds | best point (token second) | its step | last point | last step |" in tables
     assert "| paper_1m | 1 | 2 | 35.0% (30.0%-40.0%) | 10, 20 | 25.0% (20.0%-30.0%) | 20 |" in tables
     assert "| paper_1m | 2 | 1 | 50.0% | 10 | 50.0% | 20 |" in tables
-    assert "| model=mtp2,seed=0 | paper_1m | 2 | 0 | 100 | 0.0M | 12 min | 1 | finished |" in tables
+    assert "| model=mtp2,seed=0 | paper_1m | 2 | 0 |  | 100 | 0.0M | 12 min | 1 | finished |" in tables
     assert "Training time of the finished runs in all: 34 min." in tables
     from mtp.benchmarks.task_sweep import curve_groups
 

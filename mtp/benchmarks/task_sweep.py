@@ -259,10 +259,11 @@ def duration(seconds: float | None) -> str:
 
 
 def runs_table(runs: Sequence[SweepRun]) -> str:
-    """Every run with its budget (steps, tokens, training time and threads), and the sweep's training time in all."""
+    """Every run with its parameters (the paper's matching keeps them equal across n) and budget (steps, tokens,
+    training time and threads), and the sweep's training time in all."""
     lines = [
-        "| run | size | n | seed | step | tokens | training time | threads | status |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| run | size | n | seed | parameters | step | tokens | training time | threads | status |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for run in sorted(runs, key=lambda r: str(r.folder)):
         results = run.results or {}
@@ -271,9 +272,10 @@ def runs_table(runs: Sequence[SweepRun]) -> str:
             "finished" if run.results else "unfinished, " + ("has a last.ckpt" if run.checkpoint else "not started")
         )
         n = "" if run.n is None else run.n
+        parameters = f"{results['parameters'] / 1e6:.2f}M" if results.get("parameters") else ""
         lines.append(
-            f"| {run.folder.name} | {run.size} | {n} | {run.seed} | {results.get('step', '')} | {tokens} | "
-            f"{duration(results.get('train_seconds'))} | {results.get('train_threads') or ''} | {status} |"
+            f"| {run.folder.name} | {run.size} | {n} | {run.seed} | {parameters} | {results.get('step', '')} | "
+            f"{tokens} | {duration(results.get('train_seconds'))} | {results.get('train_threads') or ''} | {status} |"
         )
     seconds = [run.results["train_seconds"] for run in runs if run.results and run.results.get("train_seconds")]
     total = f"\n\nTraining time of the finished runs in all: {duration(sum(seconds))}." if seconds else ""

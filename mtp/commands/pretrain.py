@@ -63,10 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     root = checkout_root()
     os.environ.setdefault("PROJECT_ROOT", str(root))
     quiet_library_notices()
-    register_resolver()  # ${reference_model:}: the job reads init_from before train() imports the training stack
-    OmegaConf.register_new_resolver("job_folder", job_folder, replace=True)  # the experiments' hydra.sweep.subdir
     argv = sys.argv[1:] if argv is None else argv
     check_groups_not_nulled(argv, root / "conf")
+    check_launcher_installed(argv)
     with config_errors_raised(), internal_groups_hidden(argv):
         run_hydra(argv, root / "conf")
 
@@ -84,6 +83,26 @@ def run_hydra(argv: list[str], conf: Path) -> None:
         config_path=str(conf),
         config_name="train",
     )
+
+
+SUBMITIT_LAUNCHERS = ("local", "slurm")
+"""The launchers of conf/hydra/launcher/, both Hydra's submitit launcher plugin (the ``cluster`` extra)."""
+CLUSTER_INSTALL = 'pip install -e ".[cluster]"'
+
+
+def check_launcher_installed(overrides: list[str]) -> None:
+    """``hydra/launcher=local`` or ``slurm`` without Hydra's submitit launcher installed: one sentence naming the pip
+    command, before Hydra composes anything."""
+    for override in overrides:
+        group, _, value = override.partition("=")
+        if group.lstrip("+") == "hydra/launcher" and value in SUBMITIT_LAUNCHERS:
+            try:
+                import hydra_plugins.hydra_submitit_launcher  # noqa: F401  (optional: the cluster extra)
+            except ImportError:
+                raise UserError(
+                    f"{override} runs the sweep's jobs through Hydra's submitit launcher, which is not installed; "
+                    f"install it with {CLUSTER_INSTALL} (or pip install hydra-submitit-launcher)."
+                ) from None
 
 
 def check_groups_not_nulled(overrides: list[str], conf: Path) -> None:
@@ -220,6 +239,12 @@ def job_folder(overrides: str) -> str:
     if len(name) > JOB_FOLDER_LENGTH:
         name = f"{name[: JOB_FOLDER_LENGTH - 9]}_{hashlib.sha256(overrides.encode()).hexdigest()[:8]}"
     return name or "defaults"
+
+
+# The resolvers the configs use, registered when this module is imported: by the command, and by a sweep job that a
+# launcher runs in a process of its own (hydra/launcher=local, slurm), which imports its task function from here.
+register_resolver()  # ${reference_model:}: the job reads init_from before train() imports the training stack
+OmegaConf.register_new_resolver("job_folder", job_folder, replace=True)  # the experiments' hydra.sweep.subdir
 
 
 def train_in_run_dir(cfg: DictConfig) -> None:

@@ -200,9 +200,14 @@ class MTPDataModule(L.LightningDataModule):
         return DataLoader(windows, batch_size=self.batch_size, sampler=sampler, **self._loader_settings())
 
     def _process_share(self) -> tuple[int, int]:
-        """(rank, world size) of this process; every loader gives each process its own share."""
+        """(rank, number) of this process's share of the data: every loader gives each share its own batches. A
+        process's global rank among all of them, except where Lightning's strategy says otherwise (tensor
+        parallelism: the processes of a tensor-parallel group read the same batches, one share)."""
         if self.trainer is None:
             return 0, 1
+        kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None)
+        if kwargs:
+            return kwargs["rank"], kwargs["num_replicas"]
         return self.trainer.global_rank, self.trainer.world_size
 
     def _loader_settings(self) -> dict[str, Any]:

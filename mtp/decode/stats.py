@@ -35,7 +35,7 @@ class DecodeStats:
     """The rule that ran (:attr:`mtp.decode.acceptance.Rule.name`): ``greedy`` at temperature 0, whatever
     ``acceptance`` asked; ``exact`` (lossless sampling) or ``typical`` otherwise."""
     method: str = "heads"
-    """Who drafts (:attr:`mtp.decode.proposers.Proposer.method`): the target's heads (``heads``), a draft model
+    """Who drafts (:attr:`mtp.decode.plan.Proposer.method`): the target's heads (``heads``), a draft model
     (``draft``), layer skip (``layerskip``), prompt lookup (``lookup``)."""
     method_params: dict[str, str] = field(default_factory=dict)
     draft_s: float = 0.0

@@ -85,6 +85,9 @@ class Heads(nn.Module):
     not_a_llama: ClassVar[str] = ""
     """Why head k >= 2's path is not a Llama (the trunk, at most one block, the norm, an unembedding); empty when it
     is one (what Hugging Face export and import can carry as a plain model)."""
+    not_split: ClassVar[str] = ""
+    """Why heads of this type cannot be split by tensor parallelism (``trainer=tp``); empty when their blocks split as
+    the trunk's do and every other part of theirs stays whole on each process."""
 
     outputs: nn.ModuleList
 
@@ -335,6 +338,7 @@ class Eagle3Heads(Heads):
     conditions_on_tokens = True
     own_unembeddings = True
     not_a_llama = "is EAGLE-3's layer on three trunk layers' states and the token before"
+    not_split = "read three trunk layers' inputs and draft over their own vocabulary"
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)

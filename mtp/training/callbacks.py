@@ -19,7 +19,7 @@ from mtp.checkpoint.format import TASK_CURVE
 from mtp.decode import GenerationConfig, HeadsSettings
 from mtp.decode.loop import generate_with_heads as generate
 from mtp.errors import UserError
-from mtp.training.parallel import is_sharded
+from mtp.training.parallel import data_parallel_size, is_sharded
 from mtp.training.task_scores import TASKS, TaskSettings, parse_ops, row_metrics
 
 log = logging.getLogger(__name__)
@@ -289,7 +289,7 @@ class TaskCurve(L.Callback):
                 f"count the data keeps for evaluation (data.source.eval_problems); use at most {available}."
             )
         accumulate = trainer.accumulate_grad_batches
-        self._tokens_per_step = datamodule.batch_size * datamodule.seq_len * trainer.world_size * accumulate
+        self._tokens_per_step = datamodule.batch_size * datamodule.seq_len * data_parallel_size(trainer) * accumulate
         if is_sharded(pl_module.model):
             log.warning(
                 "callbacks=task_curve: the model is sharded (FSDP2), so no process can score it alone: no curve."

@@ -28,11 +28,12 @@ from mtp.training.loss import (
     head_logits,
     mtp_loss,
     split_window,
+    unembed,
     window_states,
 )
 from mtp.training.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.training.optim import OptimConfig, parameter_groups, warmup_cosine
-from mtp.training.parallel import parallelize
+from mtp.training.parallel import data_parallel_size, parallelize
 from mtp.training.trunk_cache import TrunkCache
 
 
@@ -127,29 +128,35 @@ class MTPLitModule(L.LightningModule):
         if self._parallelized:  # Lightning calls this again for every later fit/validate on the same module
             return
         self._parallelized = True
-        mesh, mp_policy = self._sharding()
+        mesh, tp_mesh, mp_policy = self._sharding()
         parallelize(
             self.model,
             activation_checkpointing=self.activation_checkpointing,
             compile=self.compile_blocks,
             mesh=mesh,
             mp_policy=mp_policy,
+            tp_mesh=tp_mesh,
         )
 
-    def _sharding(self) -> tuple[Any, Any]:
-        """(mesh, mixed-precision policy) for FSDP2 under ModelParallelStrategy, else (None, None): the strategy's
-        data-parallel mesh (mtp.training.strategy.FullyShardedStrategy puts every process there; mtp uses no tensor
-        parallelism), and bf16 parameters with fp32 gradient reduction when the trainer's precision plugin computes
-        in bf16 (``bf16-mixed``, ``bf16-true``)."""
+    def _sharding(self) -> tuple[Any, Any, Any]:
+        """(FSDP2 mesh, tensor-parallel mesh, mixed-precision policy) under ModelParallelStrategy, else (None, None,
+        None): the strategy's data-parallel mesh (every process with ``trainer=fsdp``; None where tensor parallelism
+        leaves one process in it), its tensor-parallel mesh when larger than one process (``trainer=tp``:
+        mtp.training.strategy.MeshStrategy), and bf16 parameters with fp32 gradient reduction when the trainer's
+        precision plugin computes in bf16 (``bf16-mixed``, ``bf16-true``)."""
         if not isinstance(self.trainer.strategy, ModelParallelStrategy):
-            return None, None
+            return None, None, None
         from torch.distributed.fsdp import MixedPrecisionPolicy  # distributed: imported only for a sharded run
 
-        mesh = self.device_mesh["data_parallel"]
+        mesh, tp_mesh = self.device_mesh["data_parallel"], self.device_mesh["tensor_parallel"]
+        if tp_mesh.size() == 1:
+            tp_mesh = None
+        elif mesh.size() == 1:  # tensor parallelism alone: nothing to shard over
+            mesh = None
         plugin = self.trainer.precision_plugin
         if isinstance(plugin, MixedPrecision | HalfPrecision) and plugin.precision in ("bf16-mixed", "bf16-true"):
-            return mesh, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        return mesh, None
+            return mesh, tp_mesh, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return mesh, tp_mesh, None
 
     def check_vocab_size(self, vocab_size: int) -> None:
         """The tokenizer's ids must all fit the model's embedding."""
@@ -214,7 +221,7 @@ class MTPLitModule(L.LightningModule):
             following[j - 1, :, : T - j + 1] = head1[:, j - 1 :]
         states = self.model.head_states(inputs, following=following)
         heads = range(2, self.n_future + 1)
-        return [head1] + [self.model.head_tokens(k, self.model.head_logits(k, states[k - 1]).argmax(-1)) for k in heads]
+        return [head1] + [self.model.head_tokens(k, unembed(self.model, k, states[k - 1]).argmax(-1)) for k in heads]
 
     def on_validation_epoch_end(self) -> None:
         # exp of head 1's token-weighted mean loss: the perplexity of its logits, without a second pass over them
@@ -292,7 +299,7 @@ class MTPLitModule(L.LightningModule):
         seq_len = getattr(self.trainer.datamodule, "seq_len", None)
         if batch_size is None or seq_len is None:
             return None
-        return batch_size * seq_len * self.trainer.world_size * self.trainer.accumulate_grad_batches
+        return batch_size * seq_len * data_parallel_size(self.trainer) * self.trainer.accumulate_grad_batches
 
     @property
     def flops_per_batch(self) -> int | None:

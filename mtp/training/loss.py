@@ -25,6 +25,11 @@ O(V + n d) per token, plus K indices and probabilities per position and head.
 Head blocks keep their activations until the backward, as every block of a next-token model does; since
 mtpN has as many blocks as mtp1, that costs no more than mtp1. What n heads add is n hidden states of
 width d per token, never n vocabulary-sized logits.
+
+Under tensor parallelism (``trainer=tp``) each unembedding is split by vocabulary across the tensor-parallel group:
+the Function scores this process's rows and all-reduces the log-sum-exps, target logits and state gradients across
+the group (:mod:`mtp.training.vocab_parallel`), so the peak per process is O(V / tp + n d) per token. Validation and
+the naive form read the whole weight (gathered), one head's logits at a time, as on one process.
 """
 
 from __future__ import annotations
@@ -41,6 +46,18 @@ from mtp.errors import UserError
 from mtp.model.config import ModelConfig, stored_loss_settings
 from mtp.model.heads import HEADS
 from mtp.model.transformer import IGNORE, MTPModel
+from mtp.training.vocab_parallel import (
+    VocabPart,
+    all_reduce,
+    gather,
+    is_split,
+    logsumexp,
+    scatter_add,
+    target_logits,
+    top_k,
+    vocab_part,
+    whole,
+)
 
 LOSS_MODES = ("sequential", "naive")
 HEAD_LOSSES = ("ce", "distill", "ce+distill")
@@ -248,17 +265,18 @@ class Teacher:
 
     @classmethod
     @torch.no_grad()
-    def of_head1(cls, model: MTPModel, state: Tensor, top_k: int, temperature: float, chunk: int = 0) -> Teacher:
-        """The teacher from head 1's normed state (B, T, d)."""
+    def of_head1(cls, model: MTPModel, state: Tensor, top_k_count: int, temperature: float, chunk: int = 0) -> Teacher:
+        """The teacher from head 1's normed state (B, T, d): its ``top_k_count`` most probable tokens."""
         vocab = model.head_vocab(2) if model.config.n_future > 1 else None
         weight = model.unembedding(1).weight
         weight = weight if vocab is None else weight[vocab]  # head 1's scores of the tokens a draft head scores
+        part = vocab_part(weight)  # this process's rows, under tensor parallelism
         positions = state.size(1)
         step = chunk if chunk > 0 else positions
         tokens, probs = [], []
         for start in range(0, positions, step):
-            logits = F.linear(state[:, start : start + step], weight).float() / temperature
-            top, index = logits.topk(min(top_k, logits.size(-1)), dim=-1)
+            logits = F.linear(state[:, start : start + step], part.weight).float() / temperature
+            top, index = top_k(logits, top_k_count, part)
             tokens.append(index)
             probs.append(top.softmax(dim=-1))  # softmax over the top K: the top K's probabilities, renormalised
             del logits
@@ -336,7 +354,14 @@ def head_logits(model: MTPModel, states: list[Tensor], targets: Tensor) -> Itera
     autograd Function, in chunks of positions, computing the gradients as it goes.
     """
     for k, state in enumerate(states, start=1):
-        yield k, model.head_logits(k, state), model.head_targets(k, targets[k - 1])
+        yield k, unembed(model, k, state), model.head_targets(k, targets[k - 1])
+
+
+def unembed(model: MTPModel, k: int, state: Tensor) -> Tensor:
+    """Head k's logits (..., V or K) of its normed state: :meth:`MTPModel.head_logits`, with the whole weight on every
+    process where tensor parallelism split it (gathered)."""
+    weight = model.head_weight(k)
+    return F.linear(state, whole(weight)) if is_split(weight) else model.head_logits(k, state)
 
 
 def _per_head(losses: Tensor, heads: list[int], n: int) -> Tensor:
@@ -353,7 +378,7 @@ def naive_loss(
     teachers = head_teachers(model, states, heads, settings)
     losses = []
     for k in heads:
-        logits = model.head_logits(k, states[k - 1])
+        logits = unembed(model, k, states[k - 1])
         loss = cross_entropy(logits, model.head_targets(k, targets[k - 1])) if uses_ce(settings, k) else 0.0
         losses.append(loss + distill_loss(logits, teachers[k]) if k in teachers else loss)
     losses = torch.stack(losses)
@@ -376,21 +401,23 @@ def sequential_loss(
         key = (id(model.unembedding(k)), model.head_vocab(k) is not None)  # modules, not parameters: FSDP swaps those
         if key not in position:
             position[key] = len(scored)
-            scored.append(model.head_weight(k))
+            scored.append(vocab_part(model.head_weight(k)))  # this process's rows, under tensor parallelism
         which.append(position[key])
     head_targets = torch.stack([model.head_targets(k, targets[k - 1]) for k in heads])
     head_states = [states[k - 1] for k in heads]
     teachers = head_teachers(model, states, heads, settings, chunk)
     terms = [(uses_ce(settings, k), teachers.get(k)) for k in heads]
-    settings = (head_targets, [weights[k - 1] for k in heads], which, chunk, len(heads), terms)
-    total, losses = _HeadsCrossEntropy.apply(*settings, *head_states, *scored)
+    shards = [(part.offset, part.group) for part in scored]
+    settings = (head_targets, [weights[k - 1] for k in heads], which, chunk, len(heads), terms, shards)
+    total, losses = _HeadsCrossEntropy.apply(*settings, *head_states, *[part.weight for part in scored])
     return LossOutput(total, _per_head(losses, heads, len(states)), heads)
 
 
 class _HeadsCrossEntropy(torch.autograd.Function):
     """sum_k weight_k * CE(state_k @ W_k^T, targets_k), computing its gradients piece by piece in the forward.
 
-    Inputs after the settings: the n head states (B, T, d) and the distinct unembedding weights (V, d);
+    Inputs after the settings: the n head states (B, T, d) and the distinct unembedding weights (V, d), or this
+    process's rows of each (V / tp, d) where ``shards`` gives their (first vocabulary id, tensor-parallel group);
     ``which[k]`` picks head k+1's weight; ``terms[k]`` is (whether its loss has the cross-entropy term, its
     :class:`Teacher` or None), the distillation term adding T^2 KL(teacher || softmax(logits / T)). Ops run under
     the caller's autocast, like the autograd graph they replace: the matmuls in the autocast dtype, the softmax in
@@ -398,14 +425,16 @@ class _HeadsCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, targets, weights, which, chunk, n_heads, terms, *tensors):
+    def forward(ctx, targets, weights, which, chunk, n_heads, terms, shards, *tensors):
         states, unembeddings = tensors[:n_heads], tensors[n_heads:]
-        needs_grad = ctx.needs_input_grad[6:]
+        parts = [VocabPart(weight, *shard) for weight, shard in zip(unembeddings, shards, strict=True)]
+        needs_grad = ctx.needs_input_grad[7:]
         grad_states = [torch.empty_like(s) if needs_grad[k] else None for k, s in enumerate(states)]
         grad_weights = [torch.zeros_like(w) if needs_grad[n_heads + i] else None for i, w in enumerate(unembeddings)]
         losses = []
         for k, state in enumerate(states):
             weight, index = unembeddings[which[k]], which[k]
+            part = parts[index]
             ce, teacher = terms[k]  # the cross-entropy term or not; the distillation term's teacher or None
             T = state.size(1)
             step = chunk if chunk > 0 else T
@@ -425,23 +454,25 @@ class _HeadsCrossEntropy(torch.autograd.Function):
                 logits = logits.float()
                 grad_logits = None
                 if teacher is not None:
-                    part = slice(start, start + step)
-                    tokens, probs, entropy = teacher.tokens[:, part], teacher.probs[:, part], teacher.entropy[:, part]
-                    log_q = (logits / t).log_softmax(dim=-1)
+                    span = slice(start, start + step)
+                    tokens, probs, entropy = teacher.tokens[:, span], teacher.probs[:, span], teacher.entropy[:, span]
+                    scaled = logits / t
+                    log_q = scaled.log_softmax(dim=-1) if part.group is None else scaled - logsumexp(scaled, part.group)
                     taught = probs.sum(dim=-1, keepdim=True) > 0  # (B, c, 1): the last k - 1 positions have no teacher
-                    cross = -(probs * log_q.gather(-1, tokens)).sum(dim=-1, keepdim=True)
+                    cross = -(probs * gather(log_q, tokens, part)).sum(dim=-1, keepdim=True)
                     distill_sum += ((cross - entropy[..., None]) * taught).sum()
-                    grad_logits = log_q.exp_().scatter_add_(-1, tokens, -probs).mul_(taught * distill_scale)
+                    grad_logits = scatter_add(log_q.exp_(), tokens, -probs, part).mul_(taught * distill_scale)
+                    del scaled
                     del log_q
                 if ce:
                     piece_targets = targets[k][:, start : start + step, None]  # (B, c, 1)
                     valid = piece_targets != IGNORE  # tokens outside a reduced draft vocabulary count for nothing
                     piece_targets = piece_targets.clamp(min=0)
-                    log_norm = logits.logsumexp(dim=-1, keepdim=True)  # (B, c, 1)
-                    loss_sum += ((log_norm - logits.gather(-1, piece_targets)) * valid).sum()
+                    log_norm = logsumexp(logits, part.group)  # (B, c, 1)
+                    loss_sum += ((log_norm - target_logits(logits, piece_targets, part)) * valid).sum()
                     # d(scale * CE)/d logits = scale * (softmax - one_hot(target)), built in place of the logits
                     grad_ce = logits.sub_(log_norm).exp_()
-                    grad_ce.scatter_add_(-1, piece_targets, torch.full_like(log_norm, -1.0)).mul_(valid * scale)
+                    scatter_add(grad_ce, piece_targets, torch.full_like(log_norm, -1.0), part).mul_(valid * scale)
                     grad_logits = grad_ce if grad_logits is None else grad_logits.add_(grad_ce)
                     del grad_ce
                 grad_logits = grad_logits.to(compute_dtype)
@@ -450,6 +481,8 @@ class _HeadsCrossEntropy(torch.autograd.Function):
                 if grad_weights[index] is not None:
                     grad_weights[index] += torch.einsum("bcv,bcd->vd", grad_logits, piece)
                 del logits, grad_logits
+            if grad_states[k] is not None:  # each process's part of the vocabulary gave a part of the sum
+                all_reduce(grad_states[k], part.group)
             loss = loss_sum / counted if ce else loss_sum
             losses.append(loss + t * t * distill_sum / distill_counted if teacher is not None else loss)
         per_head = torch.stack(losses)
@@ -468,7 +501,7 @@ class _HeadsCrossEntropy(torch.autograd.Function):
         for g in grads:
             if g is not None:
                 g.mul_(grad_total.to(g.dtype))  # the loss scale: 1, 1/accumulation, or AMP's scale
-        return (None, None, None, None, None, None, *grads)
+        return (None, None, None, None, None, None, None, *grads)
 
 
 def window_states(

@@ -35,6 +35,8 @@ from mtp.pretrained.reference import register_resolver
 from mtp.training.callbacks import ResumableCheckpoint
 from mtp.training.lit import MTPLitModule
 from mtp.training.loss import LossConfig
+from mtp.training.parallel import check_tensor_parallel
+from mtp.training.strategy import MeshStrategy
 
 register_resolver()  # ${reference_model:}, for a config composed without the pretrain command
 log = logging.getLogger(__name__)  # under Hydra: the console and the run folder's <task>.log (conf/hydra/default.yaml)
@@ -83,6 +85,8 @@ def build(
         logger=loggers or False,
         plugins=[AtomicCheckpointIO()],
     )
+    if isinstance(trainer.strategy, MeshStrategy):  # a model tensor parallelism cannot split: said before any data
+        check_tensor_parallel(module.model.config, trainer.strategy.tensor_parallel_size, type(module.model.heads))
     return datamodule, module, trainer
 
 
