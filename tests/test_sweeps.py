@@ -48,6 +48,12 @@ def test_task_experiments_score_their_final_checkpoint_and_sweep_into_a_stable_f
     assert compose_train([]).eval_task is None  # other runs score nothing after training
 
 
+def test_a_list_of_operation_counts_in_the_config_reads_as_the_flag_reads_its_text():
+    """``eval_task.ops=[1,6]`` (a list, as Hydra reads the override) is ``--ops 1,6``."""
+    cfg = compose_train(["experiment=paper_polynomial", "eval_task.ops=[1,6]"])
+    assert eval_task.settings_of_config("last.ckpt", node_values(cfg.eval_task)).task.ops == [1, 6]
+
+
 def test_a_bad_evaluation_setting_is_caught_before_training():
     with pytest.raises(UserError, match="--ops 11 is outside the operation counts the generator supports"):
         eval_task.checked_args(["last.ckpt", "--ops", "11"])

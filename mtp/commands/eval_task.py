@@ -86,7 +86,8 @@ def settings_of(values: Mapping[str, Any], argv: list[str] | None = None) -> Eva
     bad setting before it trains)."""
     args = argparse.Namespace(**values)
     require_at_least(args, 1, "problems", "heads", "batch_size", "windows", "prompts", "prompt_tokens", "new_tokens")
-    task = TaskSettings(parse_ops(str(args.ops)), args.problems, args.heads or 1, args.batch_size)
+    ops = ",".join(map(str, args.ops)) if isinstance(args.ops, list | tuple) else str(args.ops)  # a config's [1, 6]
+    task = TaskSettings(parse_ops(ops), args.problems, args.heads or 1, args.batch_size)
     corpus = CorpusSettings(
         args.windows, args.prompts, args.prompt_tokens, args.new_tokens, args.heads, args.batch_size
     )
