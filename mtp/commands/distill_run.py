@@ -55,4 +55,4 @@ class DistillRun:
         if isinstance(self.prompt_tokens, list | tuple):
             self.prompt_tokens = ",".join(map(str, self.prompt_tokens))
         self.prompt_tokens = str(self.prompt_tokens)
-        self.max_minutes = self.max_minutes or 0.0  # a config's null: no time budget
+        self.max_minutes = float(self.max_minutes or 0.0)  # a config's null: no time budget; its 8: 8.0
