@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from mtp.benchmarks.decode_bench import benchmarked
 from mtp.checkpoint.format import read_checkpoint
+from mtp.checkpoint.load import load_checkpoint
 from mtp.decode import heads_choice as heads
-from mtp.decode.methods import layer_skip
+from mtp.decode.methods import Target, layer_skip
 from mtp.decode.plan import Plan
 from mtp.decode.settings import GenerationConfig, HeadsSettings
 from mtp.errors import UserError
@@ -479,11 +482,13 @@ def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeyp
         [str(tiny_checkpoints["mtp4"]), "--methods", "layerskip", "--skip-layers", "auto", "3a", "--skip-sublayers"]
         + ["--search-trials", "3", "--gamma", "2"]
     )
-    loaded = bench.load_checkpoint(args.checkpoint, bench.pick_device("cpu"), "float32")
-    variants = bench.method_configs(args, loaded, Plan(GenerationConfig(8), heads=HeadsSettings(heads=4)), "greedy")
-    params = [drafter.params() for method, _, drafter in variants if method == "layerskip"]
+    loaded = load_checkpoint(args.checkpoint, torch.device("cpu"), "float32")
+    chain = Plan(GenerationConfig(8), heads=HeadsSettings(heads=4))
+    (method,) = benchmarked(args)
+    rows = method.rows(Target.of(loaded, chain, torch.device("cpu"), gamma=args.gamma), "greedy", args.methods)
+    params = [row.plan.drafter.params() for row in rows if row.label == "layerskip"]
     assert [p.get("search") for p in params] == ["blocks", "sublayers", None] and params[2]["skip"] == "3a"
-    assert all(drafter.gamma == 2 and config.heads == 1 for _, config, drafter in variants)
+    assert all(row.plan.drafter.gamma == 2 and row.plan.heads.heads == 1 for row in rows)
     with pytest.raises(UserError, match="--skip-sublayers chooses how --skip-layers auto searches"):
         bench.checked_args(
             [str(tiny_checkpoints["mtp4"]), "--methods", "layerskip", "--skip-layers", "3a", "--skip-sublayers"]

@@ -195,7 +195,7 @@ def test_trainer_tp_trains_as_one_process_does_and_its_checkpoints_decode_the_sa
     process would): after 4 steps its weights are one process's to fp32 rounding, in the sharded checkpoint folder
     and in the full file alike, and both greedy-decode the tokens the one-process model does."""
     from mtp.checkpoint.load import load_checkpoint
-    from mtp.decode import GenerationConfig, HeadsSettings, generate
+    from mtp.decode import GenerationConfig, HeadsSettings, Plan, generate
     from tests.test_scripts import pretrain, tiny_data
 
     common = [*tiny_data(corpus_dir, shared_cache), "model=mtp2", "trainer.accelerator=cpu", "trainer.max_steps=4",
@@ -215,9 +215,9 @@ def test_trainer_tp_trains_as_one_process_does_and_its_checkpoints_decode_the_sa
         models[name] = load_checkpoint(checkpoint, "cpu", "float32").model
     expected = models["one"].state_dict()
     prompts = [[0, 5, 9, 2], [0, 7]]
-    tokens, _ = generate(models["one"], prompts, GenerationConfig(max_new_tokens=12), heads=HeadsSettings(heads=2))
+    tokens, _ = generate(models["one"], prompts, Plan(GenerationConfig(max_new_tokens=12), HeadsSettings(heads=2)))
     for name in ("split", "split-full"):
         for key, tensor in models[name].state_dict().items():
             torch.testing.assert_close(tensor, expected[key], rtol=1e-4, atol=1e-5, msg=f"{name}: {key}")
-        split_tokens, _ = generate(models[name], prompts, GenerationConfig(max_new_tokens=12))
+        split_tokens, _ = generate(models[name], prompts, Plan(GenerationConfig(max_new_tokens=12)))
         assert split_tokens == tokens, name

@@ -158,7 +158,7 @@ def settings_of(
     sequences = listed(values["sequences"], list[int], "sequences")
     method_settings, method_sweeps = {}, {}
     for method in REGISTRY.values():
-        method_settings[method.name], method_sweeps[method.name] = bench_settings_of(values, method)
+        method_settings[method.name], method_sweeps[method.name] = bench_settings_of(values, method, chosen)
     for method in drafters():  # a method benchmarked needs what selects it (a draft model's --draft, say)
         needing = [name for name in method.names() if name in chosen]
         if needing and getattr(method_settings[method.name], method.selected_by) is None:

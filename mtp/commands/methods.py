@@ -64,11 +64,13 @@ def add_bench_flags(parser: argparse.ArgumentParser, method: type[DecodingMethod
         add_settings(group, method.sweep)
 
 
-def bench_settings_of(values: Mapping[str, Any], method: type[DecodingMethod]) -> tuple[object, object | None]:
+def bench_settings_of(
+    values: Mapping[str, Any], method: type[DecodingMethod], chosen: list[str]
+) -> tuple[object, object | None]:
     """A method's settings and sweep on bench_decode, of its flags' values by name (``values``: the parsed flags, or a
     config's keys, whose list values may be comma-separated text), each checked by its class, errors named by the
-    flags; a drafter's settings of its flags there (:meth:`~mtp.decode.methods.DecodingMethod.bench_settings`), the
-    heads' of the decoding flags."""
+    flags; a drafter's settings of its flags there (:meth:`~mtp.decode.methods.DecodingMethod.bench_settings`, told
+    whether ``chosen``, the --methods entries, benchmark it), the heads' of the decoding flags."""
     sweep = None
     if method.sweep is not None:
         hints = typing.get_type_hints(method.sweep)
@@ -81,4 +83,5 @@ def bench_settings_of(values: Mapping[str, Any], method: type[DecodingMethod]) -
         return settings_from(argparse.Namespace(**values), method.settings), sweep
     names = [f.name for f in fields(method.settings) if f.name not in swept(method)]
     with settings_named_by_flags():
-        return method.bench_settings({name: values[name] for name in names}, sweep), sweep
+        rows = sweep if set(method.names()) & set(chosen) else None
+        return method.bench_settings({name: values[name] for name in names}, rows), sweep

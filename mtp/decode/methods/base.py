@@ -114,9 +114,9 @@ class DecodingMethod:
         return cls.labels or (cls.name,)
 
     @classmethod
-    def bench_settings(cls, values: dict[str, object], sweep: object) -> object:
+    def bench_settings(cls, values: dict[str, object], sweep: object | None) -> object:
         """Its settings on bench_decode, of the values of their flags there (each setting a sweep field takes the flag
-        of has none: its value is the method's to derive from ``sweep``)."""
+        of has none: its value is the method's to derive from ``sweep``; None: its rows are not benchmarked)."""
         return cls.settings(**values)
 
     def __init__(self, options: object, sweep: object | None = None) -> None:

@@ -489,10 +489,11 @@ class LayerSkip(DecodingMethod):
     beside_heads = True
 
     @classmethod
-    def bench_settings(cls, values: dict[str, object], sweep: LayerSkipSweep) -> LayerSkipSettings:
+    def bench_settings(cls, values: dict[str, object], sweep: LayerSkipSweep | None) -> LayerSkipSettings:
         """On a benchmark the sets are the sweep's; the setting ``skip_layers`` is auto where one is searched (the
-        search's own settings need it), else the first."""
-        sets = sweep.skip_layers
+        search's own settings need it), else the first; None where its rows are not benchmarked (a search's settings
+        then ask for them)."""
+        sets = sweep.skip_layers if sweep is not None else [None]
         return cls.settings(**values, skip_layers="auto" if "auto" in sets else sets[0])
 
     def proposer(self, target: Target) -> Proposer:
