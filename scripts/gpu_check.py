@@ -35,7 +35,11 @@ Steps, each writing under --out:
      itself on 2,000 problems per operation count, then its page (scripts/results_page.py). --paper-minutes M
      limits the sweep's training to M minutes in all (M/9 a run); a rerun of the kit continues the sweep: finished
      runs are skipped, stopped ones resume                                              -> paper/, paper.md, paper.png
-  9. summary.md: every target with its measured figure and whether it was met, the default run's data and final
+  9. tensor parallelism on two GPUs (needs 2; smoke: two CPU processes): the default mtp4 trained 200 steps with
+     trainer=tp trainer.devices=2, then bench_train's per-process peak memory of the sequential loss's step at
+     TP=1 and TP=2, V=32k and 128k (target: TP=2 / TP=1 <= 0.6 at V=128k, the logits split two ways)
+                                                                                      -> tp/, tp.txt, bench_train_tp/
+ 10. summary.md: every target with its measured figure and whether it was met, the default run's data and final
      validation, and each step's seconds.
 """
 
@@ -60,7 +64,7 @@ from mtp.commands.cli import checkout_root, run_script
 from mtp.errors import UserError
 from mtp.pretrained.reference import reference_model
 
-STEPS = ("tests", "p1", "p2", "pretrain", "decode", "compiled", "heads", "eagle3", "paper")
+STEPS = ("tests", "p1", "p2", "pretrain", "decode", "compiled", "heads", "eagle3", "paper", "tp")
 """The kit's steps in the order they run (--steps picks some: a device lease may not hold them all)."""
 NOT_RUN = "not run (--steps)"
 TARGET = 1.05
@@ -98,6 +102,14 @@ P2 = ["--vocab", "8192", "--n", "1,4", "--modes", "sequential", "--d-model", "20
 P2 += ["--n-heads", "16", "--n-kv-heads", "8", "--seq-len", "2048", "--batch-size", "8"]
 SMOKE_BENCH = ["--vocab", "512", "--n", "1,4", "--d-model", "64", "--n-layers", "6", "--n-heads", "4", "--n-kv-heads"]
 SMOKE_BENCH += ["2", "--seq-len", "32", "--batch-size", "2", "--steps", "1", "--warmup", "1"]
+TP_TARGET = 0.6  # per-process peak memory of the loss's step at TP=2 over TP=1, V=128k: the logits split two ways
+TP_RUN = ["model=mtp4", "trainer=tp", "trainer.devices=2", "trainer.max_steps=200", "trainer.enable_progress_bar=false"]
+TP_BENCH = ["--tensor-parallel", "1,2", "--vocab", "32768,131072", "--n", "1,4", "--modes", "sequential"]
+SMOKE_TP = ["size=tiny", "trainer.accelerator=cpu", "trainer.precision=32-true", "trainer.max_steps=2"]
+SMOKE_TP += ["trainer.val_check_interval=2", "trainer.limit_val_batches=1"]
+SMOKE_TP_BENCH = ["--tensor-parallel", "1,2", "--vocab", "512", "--n", "1,2", "--d-model", "64", "--n-layers", "4"]
+SMOKE_TP_BENCH += ["--n-heads", "4", "--n-kv-heads", "2", "--seq-len", "32", "--batch-size", "2", "--steps", "1"]
+SMOKE_TP_BENCH += ["--warmup", "1"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -393,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
             paper_failed |= run(script("results_page.py") + [str(out / "paper"), "--out", str(page)], out / "page.txt")
         paper_line = ("FAILED; " if paper_failed else "") + paper_figures(out / "paper", page)
 
+    tp_line, tp_failed = NOT_RUN, 0
+    if "tp" in steps:
+        tp_line, tp_failed = tensor_parallel_step(out, device, smoke)
+
     def train_ratio(step: str, folder: Path, key: str) -> float | None:  # this run's figure: an earlier run's is not
         results = folder / "results.json"
         return ratio(results, "sequential", key) if step in steps and results.is_file() else None
@@ -427,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         f"- heads recipe (experiment=pretrained_heads_gpu), HumanEval, greedy, batch 1: {heads_line}",
         f"- EAGLE-3 recipe (experiment=pretrained_heads_eagle3_gpu), HumanEval, greedy, batch 1: {eagle3_line}",
         f"- the paper's polynomial sweep at 10M (n=1,2,4, seeds 0,1,2), scored per operation count: {paper_line}",
+        f"- tensor parallelism (trainer=tp, 2 GPUs), per-process peak memory of the loss's step TP=2 / TP=1 at "
+        f"V=128k: {tp_line}",
         "",
     ]
     trained = training_lines(out / "pretrain.txt") if "pretrain" in steps and args.checkpoint is None else []
@@ -434,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["The default run (scripts/pretrain.py model=mtp4 trainer=gpu):", ""]
         lines += [f"    {line}" for line in trained] + [""]
     lines += ["Seconds per step: " + ", ".join(f"{name} {seconds:.0f}" for name, seconds in WALL.items()), ""]
-    tables = ("bench_train_memory", "bench_train_time", "bench_decode", "bench_decode_compiled")
+    tables = ("bench_train_memory", "bench_train_time", "bench_decode", "bench_decode_compiled", "bench_train_tp")
     for table in (out / name / "results.md" for name in tables):
         if table.is_file():
             lines += [table.read_text(), ""]
@@ -448,8 +466,33 @@ def main(argv: list[str] | None = None) -> int:
         and heads_failed == 0
         and eagle3_failed == 0
         and paper_failed == 0
+        and tp_failed == 0
         else 1
     )
+
+
+def tensor_parallel_step(out: Path, device: list[str], smoke: bool) -> tuple[str, int]:
+    """The default mtp4 split across two GPUs (trainer=tp: a short run), then the per-process peak memory of the
+    sequential loss's step at TP=1 and TP=2 (bench_train --tensor-parallel 1,2); a smoke run does both on two CPU
+    processes at toy sizes. The summary's line, and whether a step failed."""
+    gpus = torch.cuda.device_count()
+    if not smoke and gpus < 2:
+        return f"not run (it needs 2 GPUs; this machine has {gpus})", 0
+    run_dir, bench = out / "tp", out / "bench_train_tp"
+    shutil.rmtree(bench, ignore_errors=True)  # a figure in the summary is this run's or none
+    overrides = TP_RUN + [f"hydra.run.dir={run_dir}"] + (SMOKE_TP if smoke else [])
+    failed = run(script("pretrain.py") + overrides, out / "tp.txt")
+    settings = SMOKE_TP_BENCH if smoke else TP_BENCH
+    failed |= run(script("bench_train.py") + device + settings + ["--out", str(bench)], out / "bench_train_tp.txt")
+    results = bench / "results.json"
+    if not results.is_file():
+        return "FAILED; see tp.txt and bench_train_tp.txt", failed or 1
+    rows = [r for r in json.loads(results.read_text())["results"] if r["status"] == "ok"]
+    largest = max(r["vocab_size"] for r in rows)
+    split = [r["memory_ratio_to_tp1"] for r in rows if r["vocab_size"] == largest and r["tensor_parallel"] == 2]
+    ratio = max((r for r in split if r is not None), default=None)
+    trained = "trainer=tp run " + ("FAILED (tp.txt)" if failed else "passed")
+    return f"{trained}; {verdict(ratio, TP_TARGET)} (V={largest})", failed
 
 
 def entry_point() -> NoReturn:

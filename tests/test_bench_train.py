@@ -65,3 +65,34 @@ def test_bad_arguments_are_one_sentence(args, message):
         timeout=60,
     )
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_split_step_reports_its_memory_per_process_beside_one_processs(tmp_path):
+    """--tensor-parallel 1,2: every step also split across two gloo processes; the rows say the split, each split
+    row's memory beside the same step's on one process, and the table gets their columns."""
+    out = tmp_path / "tp"
+    command = [sys.executable, str(ROOT / "scripts" / "bench_train.py"), "--tensor-parallel", "1,2", "--vocab", "512",
+               "--n", "1,2", "--modes", "sequential", "--d-model", "64", "--n-layers", "4", "--n-heads", "4",
+               "--n-kv-heads", "2", "--seq-len", "32", "--batch-size", "2", "--steps", "1", "--warmup", "1",
+               "--out", str(out)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert sorted((r["tensor_parallel"], r["n_future"]) for r in rows) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    for row in rows:
+        assert row["status"] == "ok" and row["memory_ratio_to_tp1"] > 0
+        assert (row["memory_ratio_to_tp1"] == 1.0) == (row["tensor_parallel"] == 1)
+    assert (
+        "| vocab | loss | TP | n | peak memory (MiB) | memory / n=1 | memory / TP=1 |"
+        in (out / "results.md").read_text()
+    )
+
+
+def test_a_model_the_processes_cannot_split_is_one_sentence():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_train.py"), "--tensor-parallel", "2", "--vocab", "513",
+         "--quick"],
+        capture_output=True, text=True, env=ENV, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0 and "model.vocab_size=513 is not divisible by" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -140,7 +140,7 @@ def test_gpu_check_kit_runs_every_step_in_smoke_mode(tiny_checkpoints, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = (out / "summary.md").read_text()
     assert "gpu tests: skipped (no CUDA device)" in summary or "gpu tests: passed" in summary
-    assert summary.count("x (met") + summary.count("x (missed") == 3  # P1, P2, decoding (compiled: not in smoke)
+    assert summary.count("x (met") + summary.count("x (missed") == 4  # P1, P2, decoding, TP (compiled: not in smoke)
     assert "Seconds per step: pytest " in summary and " bench_decode " in summary and " heads " in summary
     for table in ("bench_train_memory/results.md", "bench_train_time/results.md", "bench_decode/results.md"):
         assert (out / table).is_file()
@@ -155,3 +155,6 @@ def test_gpu_check_kit_runs_every_step_in_smoke_mode(tiny_checkpoints, tmp_path)
     # the paper's sweep at toy size, and its page beside the summary
     assert "scored per operation count: paper.md (2 of 2 runs scored, at step 2)" in summary
     assert (out / "paper.md").is_file() and (out / "paper.png").is_file()
+    # tensor parallelism on two CPU processes: the split run and the memory per process against one process's
+    assert re.search(r"TP=2 / TP=1 at V=128k: trainer=tp run passed; \d\.\d{3}x \((met|missed)", summary)
+    assert (out / "bench_train_tp" / "results.md").is_file()

@@ -33,10 +33,20 @@ MIB = 2**20
 
 
 def add_ratios_to_n1(rows: list[dict[str, Any]]) -> None:
-    """Give each row memory and time ratios to the n_future=1 row of the same vocabulary and loss mode."""
-    base = {(r["vocab_size"], r["loss"]): r for r in rows if r["n_future"] == 1 and r["status"] == "ok"}
+    """Give each row memory and time ratios to the n_future=1 row of the same vocabulary, loss mode and tensor-parallel
+    size, and (a split step's) its memory's ratio to the same step on one process."""
+
+    def key(r: dict[str, Any]) -> tuple:
+        return r["vocab_size"], r["loss"], r.get("tensor_parallel", 1)
+
+    base = {key(r): r for r in rows if r["n_future"] == 1 and r["status"] == "ok"}
+    whole = {(r["vocab_size"], r["loss"], r["n_future"]): r for r in rows
+             if r.get("tensor_parallel", 1) == 1 and r["status"] == "ok"}  # fmt: skip
     for row in rows:
-        ref = base.get((row["vocab_size"], row["loss"]))
+        one = whole.get((row["vocab_size"], row["loss"], row["n_future"]))
+        ok = row["status"] == "ok" and one is not None
+        row["memory_ratio_to_tp1"] = row["peak_memory_bytes"] / one["peak_memory_bytes"] if ok else None
+        ref = base.get(key(row))
         if row["status"] != "ok" or ref is None:
             row["memory_ratio_to_n1"] = row["time_ratio_to_n1"] = None
             continue
@@ -45,18 +55,28 @@ def add_ratios_to_n1(rows: list[dict[str, Any]]) -> None:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """One row per step measured; with split steps (tensor parallelism), their size and memory per process beside its
+    ratio to the same step on one process."""
+    split = any(r.get("tensor_parallel", 1) > 1 for r in rows)
     lines = [
-        "| vocab | loss | n | peak memory (MiB) | memory / n=1 | step (ms) | time / n=1 | tokens/s |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in sorted(rows, key=lambda r: (r["vocab_size"], r["loss"], r["n_future"])):
+        "| vocab | loss | " + ("TP | " if split else "") + "n | peak memory (MiB) | memory / n=1 | "
+        + ("memory / TP=1 | " if split else "") + "step (ms) | time / n=1 | tokens/s |",
+        "|---:|---|" + ("---:|" if split else "") + "---:|---:|---:|" + ("---:|" if split else "") + "---:|---:|---:|",
+    ]  # fmt: skip
+    order = sorted(rows, key=lambda r: (r["vocab_size"], r["loss"], r.get("tensor_parallel", 1), r["n_future"]))
+    for r in order:
+        tp = f"{r.get('tensor_parallel', 1)} | " if split else ""
         if r["status"] != "ok":
-            lines.append(f"| {r['vocab_size']} | {r['loss']} | {r['n_future']} | {r['status']} | | | | |")
+            lines.append(
+                f"| {r['vocab_size']} | {r['loss']} | {tp}{r['n_future']} | {r['status']} |"
+                + " |" * (5 if split else 4)
+            )
             continue
+        to_tp1 = f"{_ratio(r.get('memory_ratio_to_tp1'))} | " if split else ""
         lines.append(
-            f"| {r['vocab_size']} | {r['loss']} | {r['n_future']} | {r['peak_memory_bytes'] / MIB:,.0f} | "
-            f"{_ratio(r['memory_ratio_to_n1'])} | {r['step_time_s'] * 1000:,.0f} | {_ratio(r['time_ratio_to_n1'])} | "
-            f"{r['tokens_per_s']:,.0f} |"
+            f"| {r['vocab_size']} | {r['loss']} | {tp}{r['n_future']} | {r['peak_memory_bytes'] / MIB:,.0f} | "
+            f"{_ratio(r['memory_ratio_to_n1'])} | {to_tp1}{r['step_time_s'] * 1000:,.0f} | "
+            f"{_ratio(r['time_ratio_to_n1'])} | {r['tokens_per_s']:,.0f} |"
         )
     return "\n".join(lines)
 
@@ -75,10 +95,12 @@ def plot_memory(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     fig, (memory_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
     vocabs = sorted({r["vocab_size"] for r in rows})
     colors = dict(zip(vocabs, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
-    for (vocab, mode), series in _series(rows).items():
+    for (vocab, mode, tp), series in _series(rows).items():
         ns = [r["n_future"] for r in series]
-        style = dict(color=colors[vocab], linestyle="-" if mode == "sequential" else "--", marker="o")
-        label = f"{mode}, V={vocab}"
+        style = dict(
+            color=colors[vocab], linestyle="-" if mode == "sequential" else "--", marker="o" if tp == 1 else "s"
+        )
+        label = f"{mode}, V={vocab}" + (f", TP={tp} (per process)" if tp > 1 else "")
         memory_ax.plot(ns, [r["peak_memory_bytes"] / MIB for r in series], label=label, **style)
         time_ax.plot(ns, [r["step_time_s"] * 1000 for r in series], label=label, **style)
     for ax, ylabel in ((memory_ax, "peak memory of a training step (MiB)"), (time_ax, "median step time (ms)")):
@@ -93,11 +115,11 @@ def plot_memory(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     save_figure(fig, title, path)
 
 
-def _series(rows: list[dict[str, Any]]) -> dict[tuple[int, str], list[dict[str, Any]]]:
-    series: dict[tuple[int, str], list[dict[str, Any]]] = {}
+def _series(rows: list[dict[str, Any]]) -> dict[tuple[int, str, int], list[dict[str, Any]]]:
+    series: dict[tuple[int, str, int], list[dict[str, Any]]] = {}
     for r in sorted(rows, key=lambda r: r["n_future"]):
         if r["status"] == "ok":
-            series.setdefault((r["vocab_size"], r["loss"]), []).append(r)
+            series.setdefault((r["vocab_size"], r["loss"], r.get("tensor_parallel", 1)), []).append(r)
     return series
 
 

@@ -6,6 +6,11 @@ Run as ``python -m mtp.benchmarks.train_step '<json spec>'``; prints one JSON li
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` minus the memory allocated after the model
 was built; on CPU the process's peak resident set (``ru_maxrss``) minus its resident set after the
 model was built. Both therefore count activations, logits, gradients and optimizer state.
+
+With ``tensor_parallel`` > 1 the step runs split across that many processes (started here: gloo on CPU, NCCL on
+CUDA, every process reading the same batch), the model split as ``trainer=tp`` splits it
+(:func:`mtp.training.parallel.apply_tp`); each process measures its own peak and the row reports the largest (memory
+per process) and the slowest step.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,6 +51,8 @@ class StepSpec:
     activation_checkpointing: bool = False
     compile: bool = False
     seed: int = 0
+    tensor_parallel: int = 1
+    """Processes the step is split across (tensor parallelism); 1: one process."""
 
     def model_config(self) -> ModelConfig:
         """The model this step trains: :attr:`model` with a context of ``seq_len``."""
@@ -89,14 +97,17 @@ def peak_resident_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def measure(spec: StepSpec) -> dict:
+def measure(spec: StepSpec, tp_mesh: Any = None) -> dict:
+    """The step of ``spec`` in this process (split over ``tp_mesh`` when given: one process of the group)."""
+    if spec.tensor_parallel > 1 and tp_mesh is None:
+        return measure_split(spec)
     torch.manual_seed(spec.seed)
     device = torch.device(spec.device)
     cuda = device.type == "cuda"
     config, loss_settings = spec.model_config(), spec.loss
     loss_settings.check_model(config)
     model = MTPModel(config).to(device)
-    parallelize(model, activation_checkpointing=spec.activation_checkpointing, compile=spec.compile)
+    parallelize(model, activation_checkpointing=spec.activation_checkpointing, compile=spec.compile, tp_mesh=tp_mesh)
     optimizer = torch.optim.AdamW(parameter_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.95), fused=cuda)
     window = torch.randint(0, config.vocab_size, (spec.batch_size, spec.seq_len + config.n_future), device=device)
 
@@ -135,6 +146,46 @@ def measure(spec: StepSpec) -> dict:
         "tokens_per_s": spec.batch_size * spec.seq_len / step_time,
         "status": "ok",
     }
+
+
+def measure_split(spec: StepSpec) -> dict:
+    """The step split across ``spec.tensor_parallel`` processes started here, each measuring itself: the largest
+    peak and the slowest step of them."""
+    import tempfile  # the split step only
+
+    import torch.multiprocessing as mp  # distributed: the split step only
+
+    with tempfile.TemporaryDirectory() as folder:
+        mp.spawn(_measure_rank, args=(spec.to_json(), folder), nprocs=spec.tensor_parallel)
+        ranks = [json.loads((Path(folder) / f"rank{r}.json").read_text()) for r in range(spec.tensor_parallel)]
+    if any(rank["status"] != "ok" for rank in ranks):
+        return next(rank for rank in ranks if rank["status"] != "ok")
+    slowest = max(ranks, key=lambda rank: rank["step_time_s"])
+    return {**slowest, "peak_memory_bytes": max(rank["peak_memory_bytes"] for rank in ranks),
+            "parameters": ranks[0]["parameters"]}  # fmt: skip
+
+
+def _measure_rank(rank: int, spec_json: str, folder: str) -> None:
+    """One process of a split step: its share of the threads, the group, the measurement into ``folder``."""
+    import torch.distributed as dist  # distributed: the split step only
+    from torch.distributed.device_mesh import init_device_mesh
+
+    spec = StepSpec.from_json(spec_json)
+    cuda = spec.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(max(1, torch.get_num_threads() // spec.tensor_parallel))
+    init = f"file://{folder}/init"
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=spec.tensor_parallel)
+    mesh = init_device_mesh("cuda" if cuda else "cpu", (spec.tensor_parallel,))
+    try:
+        result = measure(spec, tp_mesh=mesh)
+    except torch.OutOfMemoryError:
+        result = {**spec.row(), "status": "out of memory"}
+    (Path(folder) / f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
     python scripts/bench_train.py                 # full grid, sized for the device it runs on
     python scripts/bench_train.py --quick         # tiny grid, under a minute on CPU
     python scripts/bench_train.py --device cuda --d-model 2048 --n-layers 16 --seq-len 4096
+    python scripts/bench_train.py --tensor-parallel 1,2 --vocab 32768,131072 --modes sequential   # per process
 
 Every configuration runs in a fresh process (see mtp/benchmarks/train_step.py). Writes results.json,
 results.md (Markdown table with ratios to n=1) and memory.png to --out.
@@ -11,6 +12,7 @@ results.md (Markdown table with ratios to n=1) and memory.png to --out.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 from pathlib import Path
@@ -24,7 +26,9 @@ from mtp.benchmarks.results_page import provenance
 from mtp.benchmarks.train_step import StepSpec
 from mtp.commands.cli import add_device_flag, int_list, pick_device, run_script
 from mtp.model.config import HEAD_TYPES, ModelConfig
+from mtp.model.heads import HEADS
 from mtp.training.loss import HEAD_LOSSES, LossConfig
+from mtp.training.parallel import check_tensor_parallel
 
 # Defaults per device: a CPU grid small enough for a laptop; a GPU one large enough to keep a large GPU busy.
 DEFAULTS = {
@@ -50,6 +54,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in backward")
     parser.add_argument("--compile", action="store_true", help="torch.compile each block (warm-up steps compile)")
+    parser.add_argument(
+        "--tensor-parallel",
+        type=int_list,
+        default=[1],
+        help="processes to split each step across (tensor parallelism, as trainer=tp), comma-separated; the memory "
+        "is per process (default 1)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny grid (n 1,2; vocab 256,2048) for a smoke test")
     parser.add_argument("--out", type=Path, default=Path("results") / "bench_train")
     args = parser.parse_args(argv)
@@ -88,22 +99,24 @@ def main(argv: list[str] | None = None) -> None:
     require_plotting()
     args.out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the benchmark runs
     rows, loss_chunk = [], args.loss_chunk
-    for vocab in args.vocab:
-        for mode in args.modes:
-            for n in args.n:
-                spec = StepSpec(
-                    ModelConfig(vocab_size=vocab, n_future=n, head_type=args.head_type, **args.model_sizes),
-                    LossConfig(mode, loss_chunk=loss_chunk if mode == "sequential" else 0, head_loss=args.head_loss),
-                    device=args.device,
-                    bf16=args.bf16,
-                    activation_checkpointing=args.activation_checkpointing,
-                    compile=args.compile,
-                    **args.step_shape,
-                )
-                row = step_in_fresh_process(spec)
-                rows.append(row)
-                shown = f"{row['peak_memory_bytes'] / 2**20:,.0f} MiB, {row['step_time_s'] * 1000:,.0f} ms"
-                print(f"V={vocab:>6} {mode:>10} n={n}: {shown if row['status'] == 'ok' else row['status']}", flush=True)
+    for vocab, mode, tp, n in itertools.product(args.vocab, args.modes, args.tensor_parallel, args.n):
+        spec = StepSpec(
+            ModelConfig(vocab_size=vocab, n_future=n, head_type=args.head_type, **args.model_sizes),
+            LossConfig(mode, loss_chunk=loss_chunk if mode == "sequential" else 0, head_loss=args.head_loss),
+            device=args.device,
+            bf16=args.bf16,
+            activation_checkpointing=args.activation_checkpointing,
+            compile=args.compile,
+            tensor_parallel=tp,
+            **args.step_shape,
+        )
+        if tp > 1:  # one sentence, before any process starts, for a model the processes cannot split
+            check_tensor_parallel(spec.model_config(), tp, HEADS[args.head_type])
+        row = step_in_fresh_process(spec)
+        rows.append(row)
+        shown = f"{row['peak_memory_bytes'] / 2**20:,.0f} MiB, {row['step_time_s'] * 1000:,.0f} ms"
+        split = f" TP={tp}" if tp > 1 else ""
+        print(f"V={vocab:>6} {mode:>10}{split} n={n}: {shown if row['status'] == 'ok' else row['status']}", flush=True)
     add_ratios_to_n1(rows)
     s = args.sizes
     setup = {
@@ -124,7 +137,9 @@ def main(argv: list[str] | None = None) -> None:
         + (f", head_loss={args.head_loss}" if args.head_loss != "ce" else "")
         + (", activation checkpointing" if args.activation_checkpointing else "")
         + (", compiled blocks" if args.compile else "")
-    )
+        + (f", tensor parallel {'/'.join(map(str, args.tensor_parallel))} (memory per process)"
+           if args.tensor_parallel != [1] else "")
+    )  # fmt: skip
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else None
     write_results(args.out, rows, setup, title, provenance(argv, gpu))
     print(f"\n{title}\n\n{markdown_table(rows)}\n\nwrote {args.out}/results.json, results.md, memory.png")
