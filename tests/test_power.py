@@ -1786,7 +1786,7 @@ MUTATIONS = [
     ),
     # -- tensor parallelism: the vocabulary-parallel loss
     Mutation(
-        "the vocabulary-parallel log-sum-exp takes each shard's own maximum",
+        "the vocabulary-parallel log-sum-exp takes each shard's own for the whole vocabulary's",
         "logsumexp",
         "all_reduce(top, group, dist.ReduceOp.MAX)",
         "top.clone()",

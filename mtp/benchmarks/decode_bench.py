@@ -30,6 +30,7 @@ from mtp.benchmarks.report import (
     plot_decode,
 )
 from mtp.benchmarks.results_page import provenance
+from mtp.benchmarks.vllm_peer import VllmPeer, vllm_table
 from mtp.checkpoint.load import LoadedCheckpoint, load_checkpoint, model_chat
 from mtp.data.prompts import HumanEvalProblem
 from mtp.decode import DecodeStats
@@ -38,6 +39,7 @@ from mtp.decode.methods import REGISTRY, BenchRow, DecodingMethod, Target
 from mtp.decode.plan import Plan, check_context
 from mtp.decode.settings import GenerationConfig, StepSettings
 from mtp.interop.chat import ChatTemplate, ModelChat
+from mtp.interop.engines import carries
 
 
 @dataclass
@@ -85,6 +87,8 @@ class DecodeBenchSettings:
     llama_cpp: Path | None
     """The folder of llama.cpp's tools (None: no llama.cpp)."""
     llama_cpp_target: Path | None
+    vllm: Path | None
+    """The python of vLLM's own environment (tools/vllm_cpu.sh), checked to import vLLM (None: no vLLM)."""
     sandbox: str
     """Where HumanEval's tests run: jail, or guards."""
     argv: list[str] | None = None
@@ -172,12 +176,23 @@ class DecodeBench:
         if cpp is not None:  # mtp autoregressive decoding's replies as text, as llama.cpp prints its own
             replies = [(self.loaded.tokenizer.decode(out, skip_special_tokens=True), len(out)) for out in reference]
             cpp_results = cpp.compare(replies)
+        vllm_results = self.vllm().compare(reference) if options.vllm is not None else None
         if scorer is not None:
             print(
                 f"HumanEval: ran the tests of {len(scorer.evaluations)} distinct output set(s) of {len(prompts)} "
                 "problems"
             )
-        self.write(rows, hf_results, cpp_results, reference, scorer, labels)
+        self.write(rows, hf_results, cpp_results, reference, scorer, labels, vllm_results)
+
+    def vllm(self) -> VllmPeer:
+        """vLLM (--vllm) on the same prompts and threads: plain, and the checkpoint's draft heads where vLLM runs them
+        (EAGLE-3, Medusa) at the chain's k."""
+        config = self.loaded.config
+        method = next((layout for layout in ("eagle3", "medusa") if carries(config, layout)), None)
+        return VllmPeer(
+            self.options.vllm, self.options.checkpoint, method, self.heads, self.prompts,
+            self.options.max_new_tokens, self.end_of_turn, self.options.out / "vllm", torch.get_num_threads(),
+        )  # fmt: skip
 
     def peers(self) -> tuple[HFPeer | None, LlamaCppPeer | None]:
         """Hugging Face generate (--hf) and llama.cpp (--llama-cpp) on the same prompts, warmed up; None where not
@@ -248,6 +263,7 @@ class DecodeBench:
         reference: list[list[int]] | None,
         scorer: HumanEvalScorer | None,
         labels: RowLabels,
+        vllm: dict | None = None,
     ) -> None:
         """results.json, results.md and decode.png in --out, and the tables printed."""
         out, on_cuda = self.options.out, next(self.loaded.model.parameters()).device.type == "cuda"
@@ -255,7 +271,8 @@ class DecodeBench:
         setup = self.setup(device_name, scorer is not None and bool(scorer.evaluations))
         title = self.title(setup)
         run_provenance = provenance(self.options.argv, torch.cuda.get_device_name() if on_cuda else None)
-        results = {"provenance": run_provenance, "setup": setup, "results": rows, "hf": hf, "llama_cpp": cpp}
+        results = {"provenance": run_provenance, "setup": setup, "results": rows, "hf": hf, "llama_cpp": cpp,
+                   "vllm": vllm}  # fmt: skip
         if self.problems is not None and reference is not None:  # what the exact methods complete, for the outcomes
             results["humaneval_completions"] = {
                 name: scorer.completion(prompt, output)
@@ -263,13 +280,15 @@ class DecodeBench:
             }
         (out / "results.json").write_text(json.dumps(results, indent=2))
         table = decode_table(rows) + (f"\n\n{peer_table(hf)}" if hf else "")
+        greedy1 = [
+            r
+            for r in rows
+            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, CHAIN, "auto")
+        ]
         if cpp is not None:
-            greedy1 = [
-                r
-                for r in rows
-                if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, CHAIN, "auto")
-            ]
             table += f"\n\n{llama_cpp_table(cpp, greedy1)}"
+        if vllm is not None:
+            table += f"\n\n{vllm_table(vllm, greedy1)}"
         if any(r["cuda_graphs"] for r in rows):
             table += f"\n\n{captured_summary(rows)}"
         if reference is not None:

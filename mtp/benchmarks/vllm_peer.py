@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -130,13 +131,16 @@ def run_vllm(
     draft: Path | None = None,
     method: str | None = None,
     k: int = 0,
+    stop_token_ids: list[int] | None = None,
     max_model_len: int = 2048,
     timeout: int = 3600,
 ) -> VllmRun:
-    """vLLM's greedy decoding of ``prompts`` (token ids) on ``target``, with ``draft`` proposing ``k`` tokens a step
-    when given, on ``threads`` CPU threads, in a child process of ``python``."""
+    """vLLM's greedy decoding of ``prompts`` (token ids), one at a time, on ``target``, with ``draft`` proposing ``k``
+    tokens a step when given, stopping at ``stop_token_ids`` or after ``max_tokens``, on ``threads`` CPU threads, in a
+    child process of ``python``."""
     spec: dict[str, Any] = {"model": str(target), "prompts": prompts, "max_tokens": max_tokens,
-                            "max_model_len": max_model_len, "dtype": "float32"}  # fmt: skip
+                            "max_model_len": max_model_len, "dtype": "float32", "stop_token_ids": stop_token_ids or [],
+                            "ignore_eos": bool(stop_token_ids), "batch_one": True}  # fmt: skip
     if draft is not None:
         spec["speculative_config"] = {"method": DRAFT_METHODS[method], "model": str(draft), "num_speculative_tokens": k}
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
@@ -154,3 +158,152 @@ def run_vllm(
     if "error" in out:
         return VllmRun(label, error=out["error"])
     return VllmRun(label, out["tokens"], out["wall_s"], out["generated"], out["counters"])
+
+
+TARGET_FILES = (
+    "config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+)  # fmt: skip
+"""What vLLM reads of a Hugging Face Llama directory: an export's other files (mtp's own heads beside head 1's path,
+``mtp_heads.safetensors``) it would try to load as the model's weights."""
+
+
+def check_target(target: Path) -> None:
+    """One sentence where vLLM would misread ``target``: a weights file beside the model's that vLLM would load as the
+    model's (an mtp export keeps its other heads in ``mtp_heads.safetensors``)."""
+    extra = sorted(p.name for p in Path(target).glob("*.safetensors") if not p.name.startswith("model"))
+    if extra:
+        raise UserError(
+            f"{target} holds {', '.join(extra)} beside the model's weights, which vLLM would load as the model's; "
+            "give vLLM a folder with the Llama's files only (the benchmark's --vllm exports one)."
+        )
+
+
+def vllm_target(checkpoint: Path, folder: Path) -> Path:
+    """The checkpoint's head 1 path as a Hugging Face Llama directory vLLM reads (its other heads left out), in
+    ``folder`` (exported once; an export already there is reused)."""
+    from mtp.pretrained.export import export_hf  # the exporter: only when vLLM runs
+
+    target = folder / "target"
+    if not (target / "model.safetensors").is_file() and not (target / "model.safetensors.index.json").is_file():
+        exported = folder / "target-export"
+        export_hf(checkpoint, exported, force=True)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in TARGET_FILES:
+            if (exported / name).is_file():
+                (exported / name).replace(target / name)
+        for shard in exported.glob("model-*.safetensors"):
+            shard.replace(target / shard.name)
+        shutil.rmtree(exported, ignore_errors=True)
+    check_target(target)
+    return target
+
+
+def vllm_draft(checkpoint: Path, method: str, folder: Path) -> Path:
+    """The checkpoint's draft heads in vLLM's ``method`` layout (eagle3, medusa), in ``folder`` (exported once)."""
+    from mtp.pretrained.export import export_draft  # the exporter: only when vLLM runs
+
+    draft = folder / method
+    if not (draft / "model.safetensors").is_file():
+        export_draft(checkpoint, draft, method, force=True)
+    return draft
+
+
+def strip_stop(tokens: list[int], stop: int | None) -> list[int]:
+    """A reply without the stop token that ended it (vLLM keeps it in its tokens, as mtp's decoders do too)."""
+    return tokens[:-1] if stop is not None and tokens and tokens[-1] == stop else tokens
+
+
+@dataclass
+class VllmPeer:
+    """vLLM beside mtp's decoders (bench_decode --vllm): plain decoding and, where the checkpoint's heads are a draft
+    vLLM runs (EAGLE-3 at each k of the benchmark's chain above 1; Medusa), speculative decoding, greedy and one
+    prompt at a time on the same prompts and threads. vLLM starts in minutes, not seconds, so each setting runs once,
+    after mtp's rounds, an unmeasured prompt first; its replies are compared with vLLM's plain ones and with mtp
+    autoregressive decoding's."""
+
+    python: Path
+    checkpoint: Path
+    method: str | None
+    heads: list[int]
+    prompts: list[list[int]]
+    max_new_tokens: int
+    stop: int | None
+    folder: Path
+    threads: int
+
+    def run(self) -> list[VllmRun]:
+        """Every setting's run: plain first, then the draft at each k."""
+        target = vllm_target(self.checkpoint, self.folder)
+        runs = [self.decode("vLLM plain", target)]
+        if self.method is not None:
+            draft = vllm_draft(self.checkpoint, self.method, self.folder)
+            check_draft(target, draft, self.method)
+            for k in self.heads:
+                if k > 1:
+                    runs.append(self.decode(f"vLLM {self.method} (k={k})", target, draft, k - 1))
+        return runs
+
+    def decode(self, label: str, target: Path, draft: Path | None = None, drafts: int = 0) -> VllmRun:
+        print(f"vLLM: {label} ...", flush=True)
+        stops = [self.stop] if self.stop is not None else None
+        return run_vllm(self.python, label, target, self.prompts, self.max_new_tokens, self.threads, draft,
+                        self.method, drafts, stops)  # fmt: skip
+
+    def compare(self, reference: list[list[int]] | None) -> dict[str, Any]:
+        """Run every setting and compare: each run's replies against vLLM plain's and against mtp autoregressive
+        decoding's (``reference``), the first differing token of each prompt that differs."""
+        runs = self.run()
+        plain = runs[0]
+        rows = []
+        for run in runs:
+            row = run.to_dict()
+            if run.error is None and plain.error is None:
+                row["same_as_plain"] = sum(
+                    strip_stop(a, self.stop) == strip_stop(b, self.stop)
+                    for a, b in zip(run.tokens, plain.tokens, strict=True)
+                )
+            if run.error is None and reference is not None:
+                ours = [strip_stop(t, self.stop) for t in reference]
+                theirs = [strip_stop(t, self.stop) for t in run.tokens]
+                row["same_as_mtp"] = sum(a == b for a, b in zip(ours, theirs, strict=True))
+                row["divergences"] = [
+                    {"prompt": i, "token": j}
+                    for i, (a, b) in enumerate(zip(ours, theirs, strict=True))
+                    if a != b
+                    for j in [next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))]
+                ]
+            rows.append(row)
+        return {"threads": self.threads, "prompts": len(self.prompts), "method": self.method, "rows": rows}
+
+
+def vllm_table(peer: dict[str, Any], mtp_rows: list[dict]) -> str:
+    """vLLM's rows beside mtp's greedy batch-1 rows of the same prompts: tokens/s, tokens per step, the draft's
+    acceptance by position (vLLM's counters), and the replies equal to vLLM plain's and to mtp's."""
+    lines = [
+        f"| greedy, batch 1, {peer['threads']} threads | tokens/s | tokens/step | acceptance by position | "
+        "against vLLM plain | same replies as vLLM plain | same replies as mtp autoregressive |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
+    rows = peer["rows"]
+    plain = rows[0]["tokens_per_s"] if rows[0]["error"] is None else None
+    for row in rows:
+        if row["error"] is not None:
+            lines.append(f"| {row['label']} | refused: {row['error'][:200]} | | | | | |")
+            continue
+        speedup = f"{row['tokens_per_s'] / plain:.2f}x" if plain else ""
+        acceptance = ", ".join(f"{a:.2f}" for a in row["acceptance"])
+        same_plain = f"{row.get('same_as_plain', '')}/{peer['prompts']}" if "same_as_plain" in row else ""
+        same_mtp = f"{row.get('same_as_mtp', '')}/{peer['prompts']}" if "same_as_mtp" in row else ""
+        lines.append(
+            f"| {row['label']} | {row['tokens_per_s']:.1f} | {row['tokens_per_step']:.2f} | {acceptance} | {speedup} | "
+            f"{same_plain} | {same_mtp} |"
+        )
+    for row in mtp_rows:
+        name = "mtp autoregressive" if row["heads"] == 1 else f"mtp {row['method']} (k={row['heads']})"
+        speedup = f"{row['tokens_per_s'] / plain:.2f}x" if plain else ""
+        acceptance = ", ".join(f"{a:.2f}" for a in row.get("acceptance", []))
+        lines.append(
+            f"| {name} | {row['tokens_per_s']:.1f} | {row['tokens_per_forward']:.2f} | {acceptance} | {speedup} | | |"
+        )
+    return "\n".join(lines)

@@ -4,10 +4,12 @@
     VENV/bin/python mtp/benchmarks/vllm_runner.py SPEC.json OUT.json
 
 SPEC.json: ``{"model": HF_DIR, "speculative_config": {...} or null, "prompts": [[token ids], ...], "max_tokens": N,
-"max_model_len": L, "dtype": "float32"}``. Every prompt is given as token ids (vLLM's ``TokensPrompt``), so vLLM reads
-the tokens mtp's decoders read; decoding is greedy (temperature 0), without stopping at end-of-text when ``ignore_eos``.
-The prompts are decoded once unmeasured (vLLM's first steps compile and allocate), then once more, timed: tokens per
-second over the second pass's wall time. OUT.json: each prompt's generated token ids, the wall time, the tokens, and
+"stop_token_ids": [...], "max_model_len": L, "dtype": "float32", "batch_one": true}``. Every prompt is given as token
+ids (vLLM's ``TokensPrompt``), so vLLM reads the tokens mtp's decoders read; decoding is greedy (temperature 0),
+stopping at ``stop_token_ids`` (and at end-of-text unless ``ignore_eos``). The first prompt is decoded once unmeasured
+(vLLM's first steps compile and allocate), then every prompt is decoded, timed: one at a time with ``batch_one`` (a
+batch of one, as the benchmark's peers compare), else all in one call; tokens per second over the summed wall time.
+OUT.json: each prompt's generated token ids, the wall time, the tokens, and
 vLLM's speculative-decoding counters from ``LLM.get_metrics()`` (drafts, draft tokens, accepted tokens and accepted
 tokens per draft position), or an ``error`` with vLLM's message when it refused the model.
 
@@ -53,13 +55,22 @@ def run(spec: dict) -> dict:
         disable_log_stats=False,
         enforce_eager=spec.get("enforce_eager", False),
     )
-    params = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=spec.get("ignore_eos", False))
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=spec["max_tokens"],
+        ignore_eos=spec.get("ignore_eos", False),
+        stop_token_ids=spec.get("stop_token_ids") or None,
+    )
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
-    llm.generate(prompts, params, use_tqdm=False)  # warm-up: compiled steps and allocations, unmeasured
+    # batch 1: one prompt a call, as the peers' comparison decodes; otherwise every prompt in one call
+    batches = [[prompt] for prompt in prompts] if spec.get("batch_one", True) else [prompts]
+    llm.generate(batches[0], params, use_tqdm=False)  # warm-up: compiled steps and allocations, unmeasured
     before = counters(llm)
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    wall = time.perf_counter() - start
+    outputs, wall = [], 0.0
+    for batch in batches:
+        start = time.perf_counter()
+        outputs += llm.generate(batch, params, use_tqdm=False)
+        wall += time.perf_counter() - start
     after = counters(llm)
     spec_counters = {
         name: [a - b for a, b in zip(value, before.get(name, [0] * len(value)), strict=False)]

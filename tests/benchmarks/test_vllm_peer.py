@@ -66,3 +66,70 @@ def test_a_vllm_that_stops_without_output_is_reported_not_raised(tmp_path, monke
     monkeypatch.setattr(vllm_peer, "RUNNER", script)
     run = vllm_peer.run_vllm(sys.executable, "plain", tmp_path, [[1]], 4, threads=1)
     assert run.error == "vLLM stopped (exit 3): RuntimeError: no CPU backend"
+
+
+def test_bench_decode_checks_its_vllm_flags_before_loading_anything(tmp_path):
+    from mtp.commands import bench_decode
+
+    missing = tmp_path / "no-venv" / "bin" / "python"
+    with pytest.raises(UserError, match=r"^--vllm runs vLLM from a virtual environment of its own, and there is none"):
+        bench_decode.checked_args(["x.ckpt", "--vllm", "--vllm-python", str(missing)])
+    with pytest.raises(UserError, match=r"^--vllm-python names the environment vLLM runs in; add --vllm.$"):
+        bench_decode.checked_args(["x.ckpt", "--vllm-python", str(missing)])
+    with pytest.raises(UserError, match=r"^--vllm compares with greedy decoding at batch size 1"):
+        bench_decode.checked_args(["x.ckpt", "--vllm", "--modes", "sampling"])
+
+
+def test_a_target_folder_with_mtps_heads_beside_it_is_refused_before_vllm_starts(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "mtp_heads.safetensors").write_bytes(b"")
+    with pytest.raises(
+        UserError, match=r"holds mtp_heads.safetensors beside the model's weights, which vLLM would load"
+    ):
+        vllm_peer.check_target(tmp_path)
+    (tmp_path / "mtp_heads.safetensors").unlink()
+    vllm_peer.check_target(tmp_path)
+
+
+def test_the_table_puts_vllms_rows_beside_mtps():
+    peer = {"threads": 2, "prompts": 4, "method": "eagle3", "rows": [
+        {"label": "vLLM plain", "tokens_per_s": 20.0, "tokens_per_step": 1.0, "acceptance": [], "error": None,
+         "same_as_plain": 4, "same_as_mtp": 3},
+        {"label": "vLLM eagle3 (k=2)", "tokens_per_s": 25.0, "tokens_per_step": 1.4, "acceptance": [0.4],
+         "error": None, "same_as_plain": 4, "same_as_mtp": 3},
+        {"label": "vLLM eagle3 (k=3)", "error": "ValueError: no"}]}  # fmt: skip
+    mtp = [{"heads": 1, "method": "chain", "tokens_per_s": 30.0, "tokens_per_forward": 1.0, "acceptance": []}]
+    table = vllm_peer.vllm_table(peer, mtp)
+    assert "| vLLM eagle3 (k=2) | 25.0 | 1.40 | 0.40 | 1.25x | 4/4 | 3/4 |" in table
+    assert "| vLLM eagle3 (k=3) | refused: ValueError: no |" in table and "| mtp autoregressive | 30.0 |" in table
+
+
+@pytest.mark.slow
+def test_vllm_decodes_an_eagle3_export_as_its_plain_decoding(tmp_path):
+    """Where tools/vllm_cpu.sh installed vLLM: a tiny model with eagle3 heads, exported, decoded by vLLM plainly and
+    with the draft: the same tokens."""
+    python = vllm_peer.default_python()
+    if not python.is_file():
+        pytest.skip("vLLM is not installed (tools/vllm_cpu.sh); CI cannot afford it")
+    pytest.importorskip("transformers")
+    import torch
+
+    from mtp.checkpoint.format import CHECKPOINT_FORMAT, CHECKPOINT_KEY
+    from mtp.data.tokenizer import byte_tokenizer
+    from mtp.model import MTPModel
+    from mtp.model.config import ModelConfig
+
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=320, d_model=128, n_layers=8, n_heads=2, n_kv_heads=1, n_future=3,
+                         head_type="eagle3")  # fmt: skip
+    model = MTPModel(config)
+    checkpoint = tmp_path / "tiny.ckpt"
+    meta = {"format": CHECKPOINT_FORMAT, "model_config": config.to_dict(), "tokenizer": byte_tokenizer().to_str()}
+    torch.save({CHECKPOINT_KEY: meta, "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}},
+               checkpoint)  # fmt: skip
+    prompts = [[256, 100, 101, 102], [256, 50, 60]]
+    peer = vllm_peer.VllmPeer(python, checkpoint, "eagle3", [1, 3], prompts, 12, None, tmp_path / "vllm", 1)
+    result = peer.compare(None)
+    plain, drafted = result["rows"]
+    assert plain["error"] is None and drafted["error"] is None, (plain["error"], drafted["error"])
+    assert drafted["same_as_plain"] == 2 and drafted["counters"].get("spec_decode_num_drafts", 0) > 0
