@@ -21,13 +21,13 @@ SPEC.loader.exec_module(gpu_check)
 
 def test_gpu_check_steps_are_checked_before_anything_runs(tmp_path):
     with pytest.raises(
-        UserError, match="--steps p3: name steps among tests,p1,p2,pretrain,decode,compiled,heads,eagle3,paper"
+        UserError, match="--steps p3: name steps among tests,p1,p2,pretrain,decode,compiled,heads,eagle3,paper,tp"
     ):
         gpu_check.parse_args(["--smoke", "--steps", "tests,p3"])
     with pytest.raises(UserError, match="decodes without training a checkpoint; add pretrain to --steps or pass"):
         gpu_check.parse_args(["--smoke", "--steps", "tests,decode"])
     assert gpu_check.parse_args(["--smoke", "--steps", " p2 ,tests"]).steps == ["p2", "tests"]
-    every = ["tests", "p1", "p2", "pretrain", "decode", "compiled", "heads", "eagle3", "paper"]
+    every = ["tests", "p1", "p2", "pretrain", "decode", "compiled", "heads", "eagle3", "paper", "tp"]
     assert gpu_check.parse_args(["--smoke"]).steps == every
     with pytest.raises(UserError, match="--smoke --steps heads starts from the kit's trained checkpoint; add pretrain"):
         gpu_check.parse_args(["--smoke", "--steps", "heads"])
