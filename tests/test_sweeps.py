@@ -309,6 +309,16 @@ def fake_corpus_job(sweep: Path, size: str, n: int, seed: int, loss: float, toke
     (job / "eval_task" / "results.json").write_text(json.dumps(results))
 
 
+def test_one_seed_is_not_called_apart_from_another(tmp_path):
+    sweep = tmp_path / "size_trend"
+    fake_corpus_job(sweep, "l6_1m", 1, 0, 3.0, 1.0, 1_000_000)
+    fake_corpus_job(sweep, "l6_1m", 4, 0, 3.4, 1.8, 1_000_000)
+    fake_corpus_job(sweep, "l6_1m", 4, 1, 3.5, 1.8, 1_000_000)
+    finished, _ = read_sweep([sweep])
+    (line,) = [line for line in sweep_tables(finished, []).splitlines() if line.startswith("| l6_")]
+    assert "| +0.450 (one seed) |" in line and "apart" not in line
+
+
 def test_a_corpus_sweep_gives_loss_by_size_and_n_its_difference_to_one_head_and_the_drafts(tmp_path):
     sweep = tmp_path / "size_trend"
     for seed, (one, four) in enumerate([(3.0, 3.4), (3.2, 3.5)]):  # 1M: n=4 worse beyond the seeds' spread
@@ -327,6 +337,8 @@ def test_a_corpus_sweep_gives_loss_by_size_and_n_its_difference_to_one_head_and_
         "| l6_10m | 10.00M | 0.0M | 2/2 | 2.600 (2.500-2.700) | 2.575 (2.550-2.600) | -0.025 (ranges overlap) | "
         "1.300 (1.250-1.350) | 1.288 (1.275-1.300) | 2.20 (2.20-2.20) |",
     ]
+    table = tables[tables.index("| size |") :].split("\n\n")[0].splitlines()
+    assert len({line.count("|") for line in table}) == 1  # the alignment row has a cell for every column
     assert sweep_title(finished) == "Next-token loss and drafts, a sweep: l6_1m, l6_10m; n = 1, 4; seeds 0, 1"
     pytest.importorskip("matplotlib")
     from mtp.commands import results_page

@@ -366,7 +366,7 @@ def corpus_groups(finished: Sequence[SweepRun]) -> dict[tuple, list[SweepRun]]:
 def corpus_tables(finished: Sequence[SweepRun]) -> str:
     """Head 1's held-out loss (nats per token), bits per byte and the tokens per forward of greedy self-speculative
     decoding with every head, by size and n; the loss's difference to n=1 beside it, and whether the seeds' ranges
-    overlap."""
+    overlap (where each side has two seeds or more)."""
     groups = corpus_groups(finished)
     sizes = size_order(finished)
     ns = sorted({run.n for run in finished})
@@ -393,7 +393,7 @@ def corpus_tables(finished: Sequence[SweepRun]) -> str:
             + " | ".join(f"n={n} - n=1" for n in ns if n != 1) + " | "
             + " | ".join(f"bits/byte n={n}" for n in ns) + " | "
             + " | ".join(f"tokens/forward n={n}" for n in ns if n != 1) + " |",
-            "|---|---:|---:|---:|" + "---:|" * (len(ns) * 3 - 2 * (1 in ns)),
+            "|---|---:|---:|---:|" + "---:|" * (len(ns) * 4 - 2 * (1 in ns)),
         ]  # fmt: skip
         for size in sizes:
             by_n = {n: groups.get((setting, size, n), []) for n in ns}
@@ -412,7 +412,10 @@ def corpus_tables(finished: Sequence[SweepRun]) -> str:
                     continue
                 gap = statistics.fmean(losses[n]) - statistics.fmean(losses[1])
                 apart = max(losses[n]) < min(losses[1]) or min(losses[n]) > max(losses[1])
-                cells.append(f"{gap:+.3f} ({'ranges apart' if apart else 'ranges overlap'})")
+                if min(len(losses[n]), len(losses[1])) < 2:  # one seed has no range to be apart from
+                    cells.append(f"{gap:+.3f} (one seed)")
+                else:
+                    cells.append(f"{gap:+.3f} ({'ranges apart' if apart else 'ranges overlap'})")
             cells += [spread([metric(r, "bits_per_byte") for r in by_n[n]], forms["bits_per_byte"]) if by_n[n]
                       else "" for n in ns]  # fmt: skip
             cells += [spread([metric(r, "tpf") for r in by_n[n]], forms["tpf"]) if by_n[n] else ""
