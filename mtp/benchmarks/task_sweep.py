@@ -535,15 +535,15 @@ def plot_curves(finished: Sequence[SweepRun], path: Path, title: str) -> None:
     sizes = [size for size in size_order(finished) if any(g.size == size for g in groups)]
     labels = setting_labels({g.setting for g in groups})[1]
     styles = ["-", "--", ":", "-."]
-    # the runs as configured drawn solid, each size's other settings (a control) in a style of their own
-    variants = sorted({(sizes.index(g.size), bool(g.setting), g.setting) for g in groups})
+    # per size, the runs as configured (the empty setting, sorted first) solid, other settings (a control) their own
+    variants = sorted({(sizes.index(g.size), g.setting) for g in groups})
     for group in groups:
         tokens, means, lows, highs = group.band()
         xs = [t / 1e6 for t in tokens]
         color = colors[ns.index(group.n) % len(colors)]
         label = f"n={group.n}, {group.size}" + (f", {labels[group.setting]}" if len(labels) > 1 else "")
         label += f" ({len(group.runs)} seeds)" if len(group.runs) > 1 else ""
-        style = styles[variants.index((sizes.index(group.size), bool(group.setting), group.setting)) % 4]
+        style = styles[variants.index((sizes.index(group.size), group.setting)) % 4]
         ax.plot(xs, means, color=color, linestyle=style, label=label)
         ax.fill_between(xs, lows, highs, color=color, alpha=0.15)
     ax.set_xlabel("tokens trained (millions)")
