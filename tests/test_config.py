@@ -46,6 +46,12 @@ def test_derived_values():
             "head_type='transformer'; set model.head_type=eagle3 or drop model.eagle3_layers.$",
         ),
         ({"head_type": "eagle3", "share_depth": True}, "share_depth=true applies to causal heads only"),
+        ({"head_type": "causal", "causal_first_token": "drop"}, "causal_first_token='drop' is not one of keep, zero"),
+        (
+            {"causal_first_token": "zero"},
+            r"^model.causal_first_token=zero applies to causal heads only, not head_type='transformer'; set "
+            r"model.head_type=causal or drop model.causal_first_token.$",
+        ),
     ],
 )
 def test_bad_values_name_the_problem(kwargs, message):
@@ -168,6 +174,7 @@ def test_every_model_preset_composes_to_its_recorded_settings(preset):
         "norm_eps": 1e-5,
         "head_type": head_type,
         "share_depth": False,
+        "causal_first_token": "keep",
         "medusa_layers": 1,
         "draft_vocab": 0,
         **({"eagle3_layers": None} if head_type == "eagle3" else {}),

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mtp.errors import UserError
 from mtp.model import MTPModel
 from mtp.model.config import ModelConfig
 from mtp.model.transformer import IGNORE
@@ -408,3 +409,52 @@ def test_answers_only_loss_is_the_cross_entropy_of_the_answers():
         assert out.per_head[k - 1].item() == pytest.approx(expected.item(), rel=1e-5)
     naive = mtp_loss(model, window, LossConfig(mode="naive"), answers=(5, 9))
     assert naive.total.item() == pytest.approx(out.total.item(), rel=1e-5)
+
+
+def one_head_twin(model: MTPModel) -> MTPModel:
+    """The one-head model of ``model``'s trunk, head 1 and shared parts, with its weights: what next-token training
+    alone has to train."""
+    config = model.config
+    settings = {f: getattr(config, f) for f in ("vocab_size", "d_model", "n_heads", "n_kv_heads", "head_type")}
+    twin = MTPModel(ModelConfig(**settings, n_future=1, n_layers=config.n_layer_blocks))
+    own = model.state_dict()
+    twin.load_state_dict({name: own[name] for name in twin.state_dict()})
+    return twin
+
+
+@pytest.mark.parametrize("mode", ["sequential", "naive"])
+@pytest.mark.parametrize("head_type", ["transformer", "causal", "causal-shared", "linear", "medusa", "eagle3"])
+def test_detached_heads_leave_every_one_head_parameter_its_next_token_gradient(mode, head_type):
+    """loss.detach_heads: every parameter a one-head model also has (trunk, head 1's block, embedding, shared norm,
+    head 1's unembedding) gets exactly the one-head model's gradient, while heads 2..n still train their own."""
+    settings = {"head_type": head_type, **HEAD_TYPES[head_type]}
+    model = perturbed(make_model(3, **settings))
+    window = torch.randint(0, 97, (2, 16 + 3), generator=torch.Generator().manual_seed(1))
+    twin = one_head_twin(model)
+    _, expected = gradients(twin, window[:, :-2], mode)  # the same 16 inputs, head 1's targets
+    _, detached = gradients(model, window, mode, loss_weights=[1.0, 0.7, 0.4], detach_heads=True)
+    _, attached = gradients(model, window, mode, loss_weights=[1.0, 0.7, 0.4])
+    for name, grad in expected.items():
+        torch.testing.assert_close(detached[name], grad, rtol=1e-6, atol=1e-9, msg=f"{name} moved by heads 2..n")
+    own = [name for name in detached if name not in expected]
+    assert own and all(detached[name].abs().sum() > 0 for name in own)  # the heads still learn
+    trunk = "layers.0.attention.wq.weight"
+    assert not torch.allclose(attached[trunk], expected[trunk])  # without the switch heads 2..n move the trunk too
+
+
+@pytest.mark.parametrize("head_type", HEAD_TYPES)
+def test_detached_heads_sequential_gradients_equal_naive(head_type):
+    settings = {"head_type": head_type, **HEAD_TYPES[head_type], "draft_vocab": 40}
+    model = with_draft_vocab(perturbed(make_model(4, **settings)))
+    window = torch.randint(0, 97, (3, 16 + 4))
+    loss = {"loss_weights": [1.0, 0.5, 0.3, 0.2], "loss_chunk": 5, "detach_heads": True}
+    naive, naive_grads = gradients(model, window, "naive", **loss)
+    sequential, sequential_grads = gradients(model, window, "sequential", **loss)
+    torch.testing.assert_close(sequential.total, naive.total, rtol=1e-5, atol=0)
+    for name, grad in naive_grads.items():
+        torch.testing.assert_close(sequential_grads[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_detach_heads_on_one_head_is_one_sentence():
+    with pytest.raises(UserError, match=r"loss.detach_heads=true .* model.n_future=1 has no such head"):
+        LossConfig(detach_heads=True).check_model(ModelConfig(n_future=1))

@@ -72,10 +72,12 @@ def test_grouped_query_attention_matches_repeated_heads():
     torch.testing.assert_close(attention(x, cos, sin), attention.wo(y.transpose(1, 2).reshape(2, 5, 32)))
 
 
-def test_causal_heads_follow_deepseek_v3():
+@pytest.mark.parametrize("first_token", ["keep", "zero"])
+def test_causal_heads_follow_deepseek_v3(first_token):
     """h_k = Block_k(W_k [RMSNorm(Emb(t_{i+k-1})); RMSNorm(h_{k-1})]), written out by hand; logits through the shared
-    norm and unembedding."""
-    model = MTPModel(tiny(n_future=3, head_type="causal")).double()
+    norm and unembedding. With ``causal_first_token=zero`` the embedding read at position 0 is a zero vector (vLLM's
+    MiMo layer)."""
+    model = MTPModel(tiny(n_future=3, head_type="causal", causal_first_token=first_token)).double()
     with torch.no_grad():
         for module in model.heads.inputs:  # norm weights away from 1, so that swapped norms show
             module.enorm.weight.uniform_(0.5, 1.5)
@@ -94,6 +96,8 @@ def test_causal_heads_follow_deepseek_v3():
         for k in (2, 3):
             module, block = model.heads.inputs[k - 2], model.heads.layers[k - 2]
             embedded = model.tok_embeddings(following[k - 2])
+            if first_token == "zero":
+                embedded[:, 0] = 0
             w = module.eh_proj.weight
             mixed = rms(embedded, module.enorm.weight) @ w[:, :d].T + rms(hidden, module.hnorm.weight) @ w[:, d:].T
             hidden = block(mixed, cos, sin)

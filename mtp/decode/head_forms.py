@@ -194,6 +194,7 @@ class CausalChain(HeadForm):
             return (module.eh_proj.weight * norms).T.contiguous()
 
         depths = range(2, form.heads + 1)
+        self.zero_first_token = config.causal_first_token == "zero"
         self.blocks = [pack(model.heads.block(k), pack_block) for k in depths]
         self.inputs: list[Tensor | Int8Matrices] = [pack(model.heads.causal_input(k), pack_input) for k in depths]
 
@@ -229,6 +230,8 @@ class CausalChain(HeadForm):
             tokens = stream.gather(1, (positions + k - 1 - held[:, None]).clamp(max=stream.size(1) - 1))
             previous = chain.hidden[k - 2][rows, positions]  # h_{k-1}, (B, width, d)
             embedded = F.embedding(tokens, form.embeddings)
+            if self.zero_first_token:  # position 0 reads no token, as in training (model.causal_first_token=zero)
+                embedded = embedded.masked_fill((positions == 0)[..., None], 0.0)
             d = (embedded.size(-1),)
             x = torch.cat([F.rms_norm(embedded, d, eps=eps), F.rms_norm(previous, d, eps=eps)], dim=-1)
             projection = self.inputs[k - 2]

@@ -23,6 +23,9 @@ def head_blocks(head_type: str, n_future: int, share_depth: bool) -> int:
     return 1 if share_depth or head_type == "eagle3" else n_future - 1
 
 
+CAUSAL_FIRST_TOKENS = ("keep", "zero")
+"""What a causal depth reads as the token at position 0 (:attr:`ModelConfig.causal_first_token`)."""
+
 EAGLE3_FEATURES = 3
 """Trunk layers an EAGLE-3 draft reads (low, middle, high): what its ``fc`` (3d -> d) and the engines expect."""
 
@@ -54,6 +57,10 @@ class ModelConfig:
     'medusa' (residual MLPs), 'eagle3' (EAGLE-3: one layer on three trunk layers' states, applied recursively)."""
     share_depth: bool = False
     """Causal heads only: one module applied at every depth (decoding may then draft beyond n_future)."""
+    causal_first_token: str = "keep"
+    """Causal heads only: what a depth reads as the token at position 0 (:data:`CAUSAL_FIRST_TOKENS`): 'keep' its
+    embedding, or 'zero' a zero vector there, as vLLM's MiMo MTP layer does (it masks the token input at position 0),
+    so that a model trained with it drafts in vLLM exactly as in mtp (``scripts/export.py --format mimo``)."""
     medusa_layers: int = 1
     """Medusa heads only: residual blocks per head."""
     eagle3_layers: list[int] | None = None
@@ -175,6 +182,15 @@ class ModelConfig:
             raise UserError(
                 f"model.share_depth=true applies to causal heads only, not head_type={self.head_type!r}; "
                 "set model.head_type=causal or drop model.share_depth."
+            )
+        if self.causal_first_token not in CAUSAL_FIRST_TOKENS:
+            raise UserError(
+                f"model.causal_first_token={self.causal_first_token!r} is not one of {', '.join(CAUSAL_FIRST_TOKENS)}."
+            )
+        if self.causal_first_token != "keep" and self.head_type != "causal":
+            raise UserError(
+                f"model.causal_first_token={self.causal_first_token} applies to causal heads only, not "
+                f"head_type={self.head_type!r}; set model.head_type=causal or drop model.causal_first_token."
             )
         if self.medusa_layers < 1:
             raise UserError(f"model.medusa_layers={self.medusa_layers} must be at least 1.")

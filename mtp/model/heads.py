@@ -56,10 +56,10 @@ class HeadInputs:
     features: Tensor | None
     """(B, T, F d) the inputs of the trunk layers the type reads (:attr:`mtp.model.config.ModelConfig.feature_layers`),
     concatenated; None for types that read none."""
-    norm: nn.Module
-    """The shared final norm."""
-    embed: nn.Embedding
-    """The token embedding."""
+    norm: Callable[[Tensor], Tensor]
+    """The shared final norm (its module, or the same computation through no gradient to its weight)."""
+    embed: Callable[[Tensor], Tensor]
+    """The token embedding: token ids (B, T) -> (B, T, d)."""
     rope: tuple[Tensor, Tensor]
     """The model's rotary tables (cos, sin), (max_seq_len, head_dim / 2) each."""
     following: Tensor | None
@@ -189,6 +189,7 @@ class CausalHeads(Heads):
         self.layers = nn.ModuleList(Block(config) for _ in range(config.head_blocks))
         self.outputs = unembeddings(config, 1)
         self.inputs = nn.ModuleList(CausalInput(config) for _ in range(config.head_blocks))
+        self.zero_first_token = config.causal_first_token == "zero"
 
     def block(self, k: int) -> Block:
         """Depth k's block (k >= 2); with ``share_depth`` the one shared block, whatever k."""
@@ -211,7 +212,11 @@ class CausalHeads(Heads):
         hidden, states = x.head1, [x.norm(x.head1)]
         for k in range(2, self.n_future + 1):  # depth k reads depth k-1's hidden state and the embedding of t+k-1
             tokens = following[k - 2] if reads is None else reads(k, states[-1], following[k - 2])
-            hidden = self.block(k)(self.causal_input(k)(x.embed(tokens), hidden), *rotary)
+            embedded = x.embed(tokens)  # (B, T, d)
+            if self.zero_first_token:  # position 0 reads no token (vLLM's MiMo layer masks it)
+                first = torch.arange(embedded.size(1), device=embedded.device)[:, None] == 0  # (T, 1)
+                embedded = embedded.masked_fill(first, 0.0)
+            hidden = self.block(k)(self.causal_input(k)(embedded, hidden), *rotary)
             states.append(x.norm(hidden))
         return states
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mtp.model.blocks import Block, RMSNorm, rotary_tables
+from mtp.model.blocks import Block, RMSNorm, rms_norm, rotary_tables
 from mtp.model.config import ModelConfig
 from mtp.model.heads import HEADS, HeadInputs, Heads, current_names
 
@@ -161,7 +161,12 @@ class MTPModel(nn.Module):
         return full.index_copy_(-1, vocab, logits)
 
     def head_states(
-        self, idx: Tensor, following: Tensor | None = None, trunk: Tensor | None = None, draft_rate: float = 0.0
+        self,
+        idx: Tensor,
+        following: Tensor | None = None,
+        trunk: Tensor | None = None,
+        draft_rate: float = 0.0,
+        detach_heads: bool = False,
     ) -> list[Tensor]:
         """What each head's unembedding reads: its hidden state after the shared norm, n_future x (B, T, d_model).
 
@@ -170,7 +175,9 @@ class MTPModel(nn.Module):
         :meth:`trunk_features`' output for ``idx``, when the caller has it already (a frozen trunk's, kept from an
         earlier epoch). ``draft_rate``: the fraction of positions where causal depth k reads depth k-1's draft instead
         of ``following``'s token (0: the true tokens, evaluation's; 1: drafts everywhere; training passes
-        :attr:`~mtp.training.loss.LossConfig.draft_rate`).
+        :attr:`~mtp.training.loss.LossConfig.draft_rate`). ``detach_heads``: heads 2..n read the trunk's states, the
+        embedding and the shared norm through no gradient (:attr:`~mtp.training.loss.LossConfig.detach_heads`), so
+        that their losses train only their own parameters; head 1's state keeps its graph.
 
         Training and evaluation call the model through this one method (the unembedding comes after, one head
         at a time), so a wrapper that hooks a forward method (FSDP2's ``register_fsdp_forward_method``) needs
@@ -183,7 +190,15 @@ class MTPModel(nn.Module):
         reads = partial(self.drafted_inputs, draft_rate) if draft_rate > 0 else None
         layers = features[..., :-d] if self.config.feature_layers else None
         rope = (self.rope_cos, self.rope_sin)
-        return self.heads.states(HeadInputs(z, head1, layers, self.norm, self.tok_embeddings, rope, following, reads))
+        if not detach_heads:
+            return self.heads.states(
+                HeadInputs(z, head1, layers, self.norm, self.tok_embeddings, rope, following, reads)
+            )
+        norm = partial(rms_norm, weight=self.norm.weight.detach(), eps=self.norm.eps)
+        embed = partial(F.embedding, weight=self.tok_embeddings.weight.detach())
+        layers = layers.detach() if layers is not None else None
+        inputs = HeadInputs(z.detach(), head1.detach(), layers, norm, embed, rope, following, reads)
+        return [self.norm(head1), *self.heads.states(inputs)[1:]]
 
     def next_token_logits(self, idx: Tensor) -> Tensor:
         """Head 1's logits alone, (B, T, vocab_size): the model's next-token prediction, which reads no following

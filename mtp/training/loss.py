@@ -98,6 +98,11 @@ class LossConfig:
     """The head weights at the end of a 'steps' or 'linear' schedule (one per head)."""
     loss_weights_switch: float = 0.7
     """'steps' schedule: the fraction of training steps after which ``loss_weights_final`` applies."""
+    detach_heads: bool = False
+    """Heads 2..n's losses train only the heads' own parameters: they read the trunk's states, the embedding, the shared
+    norm and a shared unembedding through no gradient, so every parameter a one-head model also has gets exactly
+    head 1's gradient (torchtitan's ``detach_heads``): fine-tuning a model's built-in MTP layer beside its trunk without
+    the layer's loss moving the trunk."""
     answers_after: str | None = None
     """Score only each document's answer: the tokens after this text (one token of the tokenizer), up to and with the
     end-of-text that closes the document (``=`` for ``data=polynomial``: ``<problem>=<answer>``); every head's target
@@ -196,6 +201,11 @@ class LossConfig:
                     f"loss.{name} has {len(weights)} entries but model.n_future={model.n_future}; give one weight per "
                     "head."
                 )
+        if self.detach_heads and model.n_future == 1:
+            raise UserError(
+                "loss.detach_heads=true keeps heads 2..n's losses out of the trunk, and model.n_future=1 has no such "
+                "head; drop loss.detach_heads or set model.n_future > 1."
+            )
         if self.causal_inputs != "true" and not HEADS[model.head_type].conditions_on_tokens:
             raise UserError(
                 f"loss.causal_inputs={self.causal_inputs} applies to causal and eagle3 heads only (they read the "
@@ -357,11 +367,20 @@ def head_logits(model: MTPModel, states: list[Tensor], targets: Tensor) -> Itera
         yield k, unembed(model, k, state), model.head_targets(k, targets[k - 1])
 
 
-def unembed(model: MTPModel, k: int, state: Tensor) -> Tensor:
+def unembed(model: MTPModel, k: int, state: Tensor, detach_heads: bool = False) -> Tensor:
     """Head k's logits (..., V or K) of its normed state: :meth:`MTPModel.head_logits`, with the whole weight on every
-    process where tensor parallelism split it (gathered)."""
+    process where tensor parallelism split it (gathered); through no gradient to head 1's unembedding where head k
+    shares it and ``detach_heads`` (:attr:`LossConfig.detach_heads`)."""
     weight = model.head_weight(k)
-    return F.linear(state, whole(weight)) if is_split(weight) else model.head_logits(k, state)
+    weight = whole(weight) if is_split(weight) else weight
+    return F.linear(state, weight.detach() if detached_unembedding(model, k, detach_heads) else weight)
+
+
+def detached_unembedding(model: MTPModel, k: int, detach_heads: bool) -> bool:
+    """Whether head k's loss reaches its unembedding through no gradient: under ``detach_heads``, a head k >= 2 that
+    scores with head 1's unembedding (shared by transformer and causal heads; medusa, linear and EAGLE-3 drafts train
+    their own)."""
+    return detach_heads and k > 1 and model.unembedding(k) is model.unembedding(1)
 
 
 def _per_head(losses: Tensor, heads: list[int], n: int) -> Tensor:
@@ -378,7 +397,7 @@ def naive_loss(
     teachers = head_teachers(model, states, heads, settings)
     losses = []
     for k in heads:
-        logits = unembed(model, k, states[k - 1])
+        logits = unembed(model, k, states[k - 1], settings.detach_heads)
         loss = cross_entropy(logits, model.head_targets(k, targets[k - 1])) if uses_ce(settings, k) else 0.0
         losses.append(loss + distill_loss(logits, teachers[k]) if k in teachers else loss)
     losses = torch.stack(losses)
@@ -395,13 +414,15 @@ def sequential_loss(
     heads = trained_heads(model, states)
     # the distinct matrices the heads score with: one per unembedding module and vocabulary (the rows of a reduced
     # draft vocabulary are gathered once, by ordinary autograd, which carries their gradient back to the module's)
-    position: dict[tuple[int, bool], int] = {}
+    position: dict[tuple[int, bool, bool], int] = {}
     scored, which = [], []
     for k in heads:
-        key = (id(model.unembedding(k)), model.head_vocab(k) is not None)  # modules, not parameters: FSDP swaps those
+        detached = detached_unembedding(model, k, settings.detach_heads)
+        key = (id(model.unembedding(k)), model.head_vocab(k) is not None, detached)  # modules: FSDP swaps parameters
         if key not in position:
             position[key] = len(scored)
-            scored.append(vocab_part(model.head_weight(k)))  # this process's rows, under tensor parallelism
+            weight = model.head_weight(k)
+            scored.append(vocab_part(weight.detach() if detached else weight))  # this process's rows, under TP
         which.append(position[key])
     head_targets = torch.stack([model.head_targets(k, targets[k - 1]) for k in heads])
     head_states = [states[k - 1] for k in heads]
@@ -505,18 +526,23 @@ class _HeadsCrossEntropy(torch.autograd.Function):
 
 
 def window_states(
-    model: MTPModel, window: Tensor, trunk: Callable[[Tensor], Tensor] | None = None, draft_rate: float = 0.0
+    model: MTPModel,
+    window: Tensor,
+    trunk: Callable[[Tensor], Tensor] | None = None,
+    draft_rate: float = 0.0,
+    detach_heads: bool = False,
 ) -> tuple[list[Tensor], Tensor]:
     """Every head's normed state (n x (B, T, d)) over a window's inputs, and the targets (n, B, T).
 
     Causal heads condition on the tokens before the one they predict, head k at t on token t + k - 1: the true ones,
     or at a ``draft_rate`` fraction of positions the earlier depth's drafts (training's choice,
     :attr:`mtp.training.loss.LossConfig.draft_rate`). ``trunk(inputs)``: the trunk's output from elsewhere
-    (:class:`mtp.training.trunk_cache.TrunkCache`); default: the model's.
+    (:class:`mtp.training.trunk_cache.TrunkCache`); default: the model's. ``detach_heads``: heads 2..n's states
+    through no gradient to what head 1 also reads (:attr:`LossConfig.detach_heads`).
     """
     inputs, targets = split_window(window, model.config.n_future)
     trunk_output = trunk(inputs) if trunk else None
-    return model.head_states(inputs, targets[:-1], trunk_output, draft_rate), targets
+    return model.head_states(inputs, targets[:-1], trunk_output, draft_rate, detach_heads), targets
 
 
 def mtp_loss(
@@ -533,7 +559,7 @@ def mtp_loss(
     its schedule's, :meth:`mtp.training.loss.LossConfig.weights_at`); with ``answers`` (the token ids of
     ``settings.answers_after`` and of end-of-text), only answers' tokens are scored (:func:`answer_targets`)."""
     settings = settings or LossConfig()
-    states, targets = window_states(model, window, trunk, settings.draft_rate)
+    states, targets = window_states(model, window, trunk, settings.draft_rate, settings.detach_heads)
     if answers is not None:
         targets = answer_targets(window, targets, *answers)
     weights = settings.weights(model.config.n_future) if weights is None else weights

@@ -67,19 +67,23 @@ def full_forward(model, tokens, length):
     return model(tokens[:, :length], following=following)
 
 
+CACHED_CASES = {**HEAD_TYPES, "causal-zero-first": {"head_type": "causal", "causal_first_token": "zero"}}
+"""Every head type, and causal depths that read no token at position 0 (row 2's first step drafts from there)."""
+
+
 @pytest.mark.parametrize(
     ("head_type", "compile", "draft_vocab"),
     [
-        *((name, False, 0) for name in HEAD_TYPES),
+        *((name, False, 0) for name in CACHED_CASES),
         *((name, False, 24) for name in HEAD_TYPES),
         pytest.param("transformer", True, 0, marks=pytest.mark.slow),
     ],
-    ids=[*HEAD_TYPES, *(f"{name}-draft-vocab" for name in HEAD_TYPES), "transformer-compiled"],
+    ids=[*CACHED_CASES, *(f"{name}-draft-vocab" for name in HEAD_TYPES), "transformer-compiled"],
 )
 def test_cached_steps_equal_the_full_forward_for_ragged_rows(head_type, compile, draft_vocab):
     """Head 1's logits at every position of a step, the draft heads' at each row's last accepted one; with a reduced
     draft vocabulary, theirs are -inf outside it, as the full forward's are."""
-    model = tiny_model(draft_vocab=draft_vocab, **HEAD_TYPES[head_type])
+    model = tiny_model(draft_vocab=draft_vocab, **CACHED_CASES[head_type])
     tokens = torch.randint(0, 40, (3, 18), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         full = full_forward(model, tokens, 14)  # (4, 3, 14, 40)
