@@ -42,6 +42,7 @@ GREEDY_EXACT = (  # greedy decoding against the cache-free reference (not the fi
 CACHE = "tests/decode/test_cache.py"
 EAGLE3_BY_HAND = "tests/test_model.py::test_eagle3_heads_draft_as_eagle3_decodes"
 ENGINES = "tests/interop/test_engines.py"
+MIMO = "tests/interop/test_mimo.py"
 REFERENCE = "tests/interop/test_llama_reference.py"
 MODEL = "tests/test_model.py"
 LEGACY = "tests/test_legacy_checkpoints.py"
@@ -616,8 +617,8 @@ MUTATIONS = [
     ),
     Mutation(
         "RMSNorm forgets its weight",
-        "RMSNorm.forward",
-        "return normed.type_as(x) * self.weight",
+        "rms_norm",
+        "return normed.type_as(x) * weight",
         "return normed.type_as(x)",
         (REFERENCE,),
     ),
@@ -680,8 +681,8 @@ MUTATIONS = [
     Mutation(
         "causal heads condition on their own target",
         "window_states",
-        "model.head_states(inputs, targets[:-1], trunk_output, draft_rate)",
-        "model.head_states(inputs, targets[1:], trunk_output, draft_rate)",
+        "model.head_states(inputs, targets[:-1], trunk_output, draft_rate, detach_heads)",
+        "model.head_states(inputs, targets[1:], trunk_output, draft_rate, detach_heads)",
         (f"{LOSS}::test_no_head_sees_its_target",),
     ),
     Mutation(
@@ -767,6 +768,48 @@ MUTATIONS = [
         'tensors["token_map"] = vocab.long()',
         "pass",
         (ENGINES,),
+    ),
+    Mutation(
+        "the MiMo export's input_proj keeps eh_proj's order (embedding first) where vLLM reads the hidden state first",
+        "mimo_layout",
+        "torch.cat([eh_proj[:, d:], eh_proj[:, :d]], dim=1)  # [hidden; embedding]",
+        "eh_proj",
+        (MIMO,),
+    ),
+    Mutation(
+        "the MiMo export leaves out the MTP layer's zero q/k/v biases",
+        "mimo_layout",
+        '        tensors[f"{MTP_LAYER}{bias}"] = _zero_bias(tensors, f"{MTP_LAYER}{bias}")',
+        "        pass",
+        (MIMO,),
+    ),
+    Mutation(
+        "causal depths read the token at position 0 under causal_first_token=zero (vLLM's MiMo layer zeroes it)",
+        "CausalHeads.states",
+        "            if self.zero_first_token:",
+        "            if False:",
+        (MIMO, MODEL),
+    ),
+    Mutation(
+        "a causal draft reads the token at position 0 under causal_first_token=zero, as training does not",
+        "CausalChain.draft",
+        "            if self.zero_first_token:",
+        "            if False:",
+        (CACHE,),
+    ),
+    Mutation(
+        "detached heads still train the shared norm",
+        "MTPModel.head_states",
+        "norm = partial(rms_norm, weight=self.norm.weight.detach(), eps=self.norm.eps)",
+        "norm = self.norm",
+        (LOSS,),
+    ),
+    Mutation(
+        "detached heads still train the unembedding they share with head 1",
+        "detached_unembedding",
+        "return detach_heads and k > 1 and model.unembedding(k) is model.unembedding(1)",
+        "return False",
+        (LOSS,),
     ),
     Mutation(
         "a causal draft conditions on the token one position early",

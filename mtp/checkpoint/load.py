@@ -23,7 +23,7 @@ from mtp.checkpoint.format import (
     training_seconds,
 )
 from mtp.errors import UserError, first_line
-from mtp.interop import ModelFiles, gguf, hf, meta
+from mtp.interop import ModelFiles, gguf, hf, meta, mimo
 from mtp.interop import tokenizer as foreign_tokenizer
 from mtp.interop.chat import ModelChat, gguf_chat, hf_chat
 from mtp.model import MTPModel
@@ -123,8 +123,8 @@ def _load_sharded_weights(path: Path, model: MTPModel) -> None:
 
 
 def foreign_format(path: str | os.PathLike) -> str | None:
-    """``"hf"`` or ``"meta"`` for a directory in one of those layouts, ``"gguf"`` for a GGUF file; None for anything
-    else."""
+    """``"hf"``, ``"mimo"`` (a Hugging Face folder of MiMo's architecture, :mod:`mtp.interop.mimo`) or ``"meta"`` for
+    a directory in one of those layouts, ``"gguf"`` for a GGUF file; None for anything else."""
     path = Path(path)
     if path.is_file():
         return "gguf" if gguf.is_gguf(path) else None
@@ -133,7 +133,10 @@ def foreign_format(path: str | os.PathLike) -> str | None:
     if (path / "params.json").is_file():
         return "meta"
     if (path / "config.json").is_file():
-        return "hf"
+        try:
+            return "mimo" if mimo.is_mimo(hf.read_json(path / "config.json")) else "hf"
+        except UserError:  # unreadable: reading it as a Llama says why
+            return "hf"
     return None
 
 
@@ -145,6 +148,8 @@ def read_foreign(path: str | os.PathLike) -> ModelFiles:
         return meta.read_meta(Path(path))
     if kind == "hf":
         return hf.read_hf(Path(path))
+    if kind == "mimo":
+        return mimo.read_mimo(Path(path))
     if kind == "gguf":
         return gguf.read_gguf(Path(path))
     raise ValueError(f"{path} is neither a Hugging Face nor a Meta directory nor a GGUF file")
@@ -157,6 +162,8 @@ def read_foreign_config(path: str | os.PathLike) -> ModelConfig:
         return meta.read_meta_config(Path(path))
     if kind == "hf":
         return hf.read_hf_config(Path(path))
+    if kind == "mimo":
+        return mimo.read_mimo_config(Path(path))
     if kind == "gguf":
         return gguf.read_gguf_config(Path(path))
     raise ValueError(f"{path} is neither a Hugging Face nor a Meta directory nor a GGUF file")
@@ -193,7 +200,7 @@ def model_chat(path: str | os.PathLike, tokenizer: Tokenizer | None = None) -> M
     kind = foreign_format(path)
     if kind == "gguf":
         return gguf_chat(path, tokenizer)
-    if kind == "hf":
+    if kind in ("hf", "mimo"):
         return hf_chat(path)
     if kind is None and is_model(path) and path.exists():
         return ModelChat.from_dict(read_checkpoint(path, mmap=path.is_file())[CHECKPOINT_KEY].get("chat"))

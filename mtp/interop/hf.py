@@ -42,7 +42,7 @@ def read_hf(path: Path) -> ModelFiles:
     """A Hugging Face Llama directory as an mtp model: head 1's path from the Llama weights, the other heads
     from ``mtp_heads.safetensors`` when ``mtp_config.json`` names them (else a one-head model)."""
     config = read_hf_config(path)
-    hf = _read_json(path / "config.json")
+    hf = read_json(path / "config.json")
     tensors = read_tensors(path)
     if "lm_head.weight" not in tensors and hf.get("tie_word_embeddings") and "model.embed_tokens.weight" in tensors:
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()  # mtp's unembedding is its own
@@ -64,7 +64,7 @@ def read_hf(path: Path) -> ModelFiles:
 def read_hf_config(path: Path) -> ModelConfig:
     """The mtp config of a Hugging Face Llama directory (``config.json``, and ``mtp_config.json`` if present), without
     reading its weights."""
-    hf = _read_json(path / "config.json")
+    hf = read_json(path / "config.json")
     try:
         check_llama(hf, path)
         return _model_config(hf, path)
@@ -77,7 +77,9 @@ def check_llama(hf: dict[str, Any], path: Path) -> None:
     architecture = (hf.get("architectures") or [None])[0]
     if hf.get("model_type") != "llama" or architecture not in (None, "LlamaForCausalLM"):
         name = architecture or hf.get("model_type") or "unknown"
-        raise UserError(f"{path} holds a {name} model; mtp imports LlamaForCausalLM (model_type llama) only.")
+        raise UserError(
+            f"{path} holds a {name} model; mtp imports LlamaForCausalLM (model_type llama) and MiMoForCausalLM only."
+        )
     rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}  # transformers 4 / 5 spell it differently
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     heads, width = hf["num_attention_heads"], hf["hidden_size"]
@@ -112,7 +114,7 @@ def _model_config(hf: dict[str, Any], path: Path) -> ModelConfig:
     )
     if not (path / MTP_CONFIG).is_file():
         return derived
-    meta = _read_json(path / MTP_CONFIG)
+    meta = read_json(path / MTP_CONFIG)
     if meta.get("format") != MTP_FORMAT or meta.get("head_path") != 1:
         raise UserError(
             f"{path / MTP_CONFIG} has format {meta.get('format')} and head path {meta.get('head_path')}; this mtp "
@@ -136,7 +138,7 @@ def read_tensors(path: Path) -> dict[str, Tensor]:
         ("pytorch_model.bin.index.json", "pytorch_model.bin"),
     ):
         if (path / index_name).is_file():
-            files = sorted(set(_read_json(path / index_name).get("weight_map", {}).values()))
+            files = sorted(set(read_json(path / index_name).get("weight_map", {}).values()))
             break
         if (path / single).is_file():
             files = [single]
@@ -169,7 +171,7 @@ def _load_bin(file: Path) -> dict[str, Tensor]:
         raise UserError(f"{file} is damaged or not a PyTorch weights file ({first_line(err)}).") from err
 
 
-def _read_json(file: Path) -> dict[str, Any]:
+def read_json(file: Path) -> dict[str, Any]:
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:

@@ -27,6 +27,7 @@ from mtp.errors import UserError
 from mtp.interop.engines import check_carries, eagle3_layout, medusa_layout
 from mtp.interop.hf import INSTALL_HINT, MTP_CONFIG, MTP_FORMAT, MTP_HEADS, read_hf
 from mtp.interop.llama import head_path_names, llama_config
+from mtp.interop.mimo import mimo_layout
 from mtp.model.config import ModelConfig
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -37,6 +38,8 @@ class Exported:
     directory: Path
     files: dict[str, int]
     """Every file written and its size in bytes."""
+    note: str = ""
+    """What a user of the export should know (said once by the command); empty when nothing."""
 
 
 def export_hf(
@@ -118,6 +121,72 @@ def export_draft(
         (partial / "config.json").write_text(json.dumps(settings, indent=2) + "\n")
 
     return Exported(out_dir, _write_into_place(out_dir, write))
+
+
+MIMO_README = """# {name}: an mtp model in MiMo's layout
+
+Written by mtp (`scripts/export.py CKPT OUT --format mimo`) from a model with {heads} causal heads. vLLM runs it with
+its own MTP layer drafting:
+
+```python
+from vllm import LLM
+llm = LLM("{name}", speculative_config={{"method": "mtp", "num_speculative_tokens": 1}})
+```
+
+- The trunk is a Qwen2 model (`MiMoForCausalLM`, `model_type` qwen2) whose q/k/v biases are zero; head 1 is its
+  next-token head.
+- `model.mtp_layers.0` is the model's depth 2 (the head that predicts the token after next). {beyond}
+- vLLM zeroes the token the MTP layer reads at position 0. {first_token}
+- `init_from=` and `scripts/decode.py` read this folder back into mtp as a causal-head model of two heads.
+"""
+
+
+def export_mimo(
+    checkpoint: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    force: bool = False,
+    max_shard_size: str = "5GB",
+    dtype: str = "float32",
+) -> Exported:
+    """Write ``checkpoint`` (causal heads) as a MiMo folder (:mod:`mtp.interop.mimo`): config.json, the trunk and
+    depth 2 in safetensors, the tokenizer, generation_config.json and a README. A model of another head type, of one
+    head or of a reduced draft vocabulary is refused in one sentence; nothing is left half-written."""
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir, force)
+    cast = export_dtype(dtype)
+    shard_bytes = parse_size(max_shard_size)
+    safetensors_torch, transformers = _interop_packages("exporting to the mimo layout")
+    loaded = load_checkpoint(checkpoint, "cpu", "float32")
+    config = loaded.config
+    tensors, settings = mimo_layout(loaded.model)  # refuses what the layout cannot carry
+    tensors = {name: t.to(cast).detach().contiguous().clone() for name, t in tensors.items()}
+    beyond = (
+        f"Depths 3..{config.n_future} are not written: vLLM reads one MTP layer and reuses it for further drafts."
+        if config.n_future > 2
+        else ""
+    )
+    zero = config.causal_first_token == "zero"
+    first_token = (
+        "The model was trained so (model.causal_first_token=zero): vLLM's drafts are mtp's."
+        if zero
+        else "The model was trained reading the token there (model.causal_first_token=keep), so a draft from position "
+        "0 may differ from mtp's; the output does not, since the target verifies every draft."
+    )
+    readme = MIMO_README.format(name=out_dir.name, heads=config.n_future, beyond=beyond, first_token=first_token)
+
+    def write(partial: Path) -> None:
+        _write_weights(partial, tensors, shard_bytes, safetensors_torch)
+        eot = _write_tokenizer(partial, loaded.tokenizer, config, transformers, model_chat(checkpoint).template)
+        hf_config = {**settings, "bos_token_id": eot, "eos_token_id": eot, "torch_dtype": dtype}
+        (partial / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        transformers.GenerationConfig(bos_token_id=eot, eos_token_id=eot).save_pretrained(partial)
+        (partial / "README.md").write_text(readme)
+
+    note = "" if zero else (
+        "note: the model reads the token at position 0 (model.causal_first_token=keep) where vLLM zeroes it, so "
+        "vLLM's drafts from there may differ from mtp's; train with model.causal_first_token=zero for the same drafts."
+    )  # fmt: skip
+    return Exported(out_dir, _write_into_place(out_dir, write), note)
 
 
 def _write_into_place(out_dir: Path, write) -> dict[str, int]:
