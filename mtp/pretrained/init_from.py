@@ -154,6 +154,9 @@ def settings_from_checkpoint(path: str | Path, settings: dict[str, Any], explici
     for name in CONTEXT_SETTINGS:
         if name not in explicit:
             settings = {**settings, name: getattr(trained, name)}
+    if "causal_first_token" not in explicit and settings.get("head_type") == trained.head_type:
+        # heads of the checkpoint's type carry over: what they were trained to read at position 0 comes with them
+        settings = {**settings, "causal_first_token": trained.causal_first_token}
     return settings
 
 

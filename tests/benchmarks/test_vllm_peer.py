@@ -68,6 +68,28 @@ def test_a_vllm_that_stops_without_output_is_reported_not_raised(tmp_path, monke
     assert run.error == "vLLM stopped (exit 3): RuntimeError: no CPU backend"
 
 
+@pytest.mark.parametrize(
+    ("method", "draft", "expected"),
+    [
+        ("mimo", None, {"method": "mtp", "num_speculative_tokens": 1}),
+        ("eagle3", "DRAFT", {"method": "eagle3", "model": "DRAFT", "num_speculative_tokens": 1}),
+        (None, None, None),
+    ],
+)
+def test_vllm_is_asked_for_the_draft_the_checkpoint_carries(tmp_path, monkeypatch, method, draft, expected):
+    """A MiMo folder drafts with its own MTP layer (method mtp, no draft folder); an EAGLE-3 draft is its own folder;
+    plain decoding asks for none."""
+    script = tmp_path / "runner.py"
+    script.write_text(
+        "import json, sys\nspec = json.load(open(sys.argv[1]))\n"
+        "asked = {'asked': spec.get('speculative_config')}\n"
+        "json.dump({'tokens': [], 'wall_s': 1.0, 'generated': 0, 'counters': asked}, open(sys.argv[2], 'w'))\n"
+    )
+    monkeypatch.setattr(vllm_peer, "RUNNER", script)
+    run = vllm_peer.run_vllm(sys.executable, "x", tmp_path, [[1]], 4, 1, draft, method, 1 if method else 0)
+    assert run.error is None and run.counters["asked"] == expected
+
+
 def test_bench_decode_checks_its_vllm_flags_before_loading_anything(tmp_path):
     from mtp.commands import bench_decode
 
@@ -133,3 +155,39 @@ def test_vllm_decodes_an_eagle3_export_as_its_plain_decoding(tmp_path):
     plain, drafted = result["rows"]
     assert plain["error"] is None and drafted["error"] is None, (plain["error"], drafted["error"])
     assert drafted["same_as_plain"] == 2 and drafted["counters"].get("spec_decode_num_drafts", 0) > 0
+
+
+@pytest.mark.slow
+def test_vllm_drafts_with_a_mimo_exports_own_layer_as_mtp_does(tmp_path):
+    """Where tools/vllm_cpu.sh installed vLLM: a small causal-head model (head size 64, which vLLM's CPU attention
+    takes) trained on counting to draft well, with causal_first_token=zero, exported as MiMo and decoded by vLLM
+    plainly and with its own MTP layer (method mtp): the same tokens as plain and as mtp's autoregressive decoding,
+    and as many drafts accepted as mtp's own decoder accepts with depth 2 on the same prompts."""
+    python = vllm_peer.default_python()
+    if not python.is_file():
+        pytest.skip("vLLM is not installed (tools/vllm_cpu.sh); CI cannot afford it")
+    pytest.importorskip("transformers")
+    import torch
+
+    from mtp.decode import Plan, generate
+    from mtp.model import MTPModel
+    from mtp.model.config import ModelConfig
+    from tests.decode.helpers import train_on_cycles
+    from tests.interop.test_engines import checkpoint_of
+
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=320, d_model=128, n_layers=4, n_heads=2, n_kv_heads=2, n_future=2,
+                         head_type="causal", causal_first_token="zero")  # fmt: skip
+    model = train_on_cycles(MTPModel(config), steps=60)
+    checkpoint = checkpoint_of(model, tmp_path / "tiny.ckpt")
+    prompts = [[100, 101, 102, 103], [7], [50, 51, 52, 60, 61]]
+    reference, _ = generate(model, prompts, Plan().changed(max_new_tokens=16, heads=1))
+    _, drafted = generate(model, prompts, Plan().changed(max_new_tokens=16, heads=2))
+    peer = vllm_peer.VllmPeer(python, checkpoint, "mimo", [1, 2], prompts, 16, None, tmp_path / "vllm", 1)
+    result = peer.compare(reference)
+    plain, mtp_layer = result["rows"]
+    assert plain["error"] is None and mtp_layer["error"] is None, (plain["error"], mtp_layer["error"])
+    assert plain["same_as_mtp"] == mtp_layer["same_as_plain"] == mtp_layer["same_as_mtp"] == len(prompts)
+    counters = mtp_layer["counters"]
+    assert counters["spec_decode_num_drafts"] > 0
+    assert counters["spec_decode_num_accepted_tokens"] == drafted.accepted[0], (counters, drafted.accepted)
