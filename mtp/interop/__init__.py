@@ -5,6 +5,8 @@ Models come in from two kinds of directory and one kind of file besides mtp's ow
 - a Hugging Face Llama directory (``config.json`` + safetensors or ``pytorch_model.bin``): its next-token path
   becomes the trunk and head 1; ``mtp_heads.safetensors`` + ``mtp_config.json``, if present (written by
   ``scripts/export.py``), add the other heads (:mod:`mtp.interop.hf`);
+- a MiMo folder (``config.json`` of ``MiMoForCausalLM``: a Qwen2 trunk and one MTP layer, as vLLM serves it): a
+  causal-head model of two heads (:mod:`mtp.interop.mimo`, which also writes one);
 - a Meta multi-token directory (``params.json`` + ``consolidated.00.pth``, ``n_future_tokens`` heads)
   (:mod:`mtp.interop.meta`);
 - a GGUF file of the Llama architecture (llama.cpp's format, quantized or not) (:mod:`mtp.interop.gguf`).
