@@ -229,3 +229,16 @@ def test_a_folder_mtp_cannot_compute_is_one_sentence(tmp_path):
     lost = edited(exported(model, tmp_path / "e"), {"model.mtp_layers.0.input_proj.weight": None})
     with pytest.raises(UserError, match=r"lacks tensor model.mtp_layers.0.input_proj.weight"):
         load_checkpoint(lost)
+
+
+def test_init_from_a_mimo_folder_keeps_what_its_layer_reads_at_position_0(tmp_path):
+    """init_from= takes the folder's causal_first_token for heads of its type unless the command line sets it; heads
+    of another type start anew and read what they are told."""
+    from mtp.pretrained.init_from import settings_from_checkpoint
+
+    folder = exported(causal_model(first_token="zero"), tmp_path)
+    causal = {"head_type": "causal", "n_future": 2}
+    assert settings_from_checkpoint(folder, causal, set())["causal_first_token"] == "zero"
+    told = settings_from_checkpoint(folder, {**causal, "causal_first_token": "keep"}, {"causal_first_token"})
+    assert told["causal_first_token"] == "keep"
+    assert "causal_first_token" not in settings_from_checkpoint(folder, {"head_type": "transformer"}, set())
