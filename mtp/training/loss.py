@@ -372,8 +372,10 @@ def unembed(model: MTPModel, k: int, state: Tensor, detach_heads: bool = False) 
     process where tensor parallelism split it (gathered); through no gradient to head 1's unembedding where head k
     shares it and ``detach_heads`` (:attr:`LossConfig.detach_heads`)."""
     weight = model.head_weight(k)
-    weight = whole(weight) if is_split(weight) else weight
-    return F.linear(state, weight.detach() if detached_unembedding(model, k, detach_heads) else weight)
+    detached = detached_unembedding(model, k, detach_heads)
+    if is_split(weight):
+        return F.linear(state, whole(weight).detach() if detached else whole(weight))
+    return F.linear(state, weight.detach()) if detached else model.head_logits(k, state)
 
 
 def detached_unembedding(model: MTPModel, k: int, detach_heads: bool) -> bool:
