@@ -72,7 +72,7 @@ def test_bad_values_name_the_problem(kwargs, message):
         ({"loss_weights_schedule": "cosine"}, "loss.loss_weights_schedule='cosine' is not one of"),
         ({"loss_weights_schedule": "steps"}, r"set loss.loss_weights_final .*\[1.0,0.1,0.1,0.1\]"),
         ({"loss_weights_schedule": "steps", "loss_weights": [1.0, 0.3]}, r"e.g. \[1.0,0.1\]"),
-        ({"loss_weights_final": [1.0, 0.1, 0.1, 0.1]}, "read only by a schedule"),
+        ({"loss_weights_final": [1.0, 0.1, 0.1, 0.1]}, "read only by the steps and linear schedules"),
         ({"loss_chunk": -1}, "loss.loss_chunk=-1 must be 0"),
     ],
 )

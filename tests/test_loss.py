@@ -458,3 +458,110 @@ def test_detached_heads_sequential_gradients_equal_naive(head_type):
 def test_detach_heads_on_one_head_is_one_sentence():
     with pytest.raises(UserError, match=r"loss.detach_heads=true .* model.n_future=1 has no such head"):
         LossConfig(detach_heads=True).check_model(ModelConfig(n_future=1))
+
+
+@pytest.mark.parametrize(
+    ("schedule", "expected"),
+    [
+        # n = 4: the run in four equal parts, heads added (forward) or removed (reverse) one at a time
+        ("forward", {0.0: [1, 0, 0, 0], 0.249: [1, 0, 0, 0], 0.25: [1, 0.5, 0, 0], 0.5: [1, 0.5, 0.4, 0],
+                     0.74: [1, 0.5, 0.4, 0], 0.75: [1, 0.5, 0.4, 0.3], 1.0: [1, 0.5, 0.4, 0.3]}),
+        ("reverse", {0.0: [1, 0.5, 0.4, 0.3], 0.249: [1, 0.5, 0.4, 0.3], 0.25: [1, 0.5, 0.4, 0], 0.5: [1, 0.5, 0, 0],
+                     0.75: [1, 0, 0, 0], 1.0: [1, 0, 0, 0]}),
+    ],
+)  # fmt: skip
+def test_curricula_add_or_remove_one_head_in_each_equal_part_of_training(schedule, expected):
+    curriculum = LossConfig(loss_weights=[1, 0.5, 0.4, 0.3], loss_weights_schedule=schedule)
+    for progress, weights in expected.items():
+        assert curriculum.weights_at(progress, 4) == weights, progress
+    two = LossConfig(loss_weights_schedule=schedule)  # n = 2: halves
+    assert [two.weights_at(p, 2) for p in (0.0, 0.49, 0.5)] == (
+        [[1, 0], [1, 0], [1, 1]] if schedule == "forward" else [[1, 1], [1, 1], [1, 0]]
+    )
+
+
+def test_a_curriculum_step_trains_the_heads_of_its_part(tmp_path):
+    """Through training itself: in the first quarter of a forward curriculum over four heads only head 1's loss
+    moves the trunk (the step's gradient equals head 1's alone), in the last every head's does."""
+    model = make_model(4)
+    window = torch.randint(0, 97, (2, 16 + 4), generator=torch.Generator().manual_seed(3))
+    curriculum = LossConfig(loss_weights_schedule="forward")
+    early = mtp_loss(model, window, curriculum, weights=curriculum.weights_at(0.1, 4))
+    alone = mtp_loss(model, window, LossConfig(loss_weights=[1, 0, 0, 0]))
+    torch.testing.assert_close(early.total, alone.total)
+    late = mtp_loss(model, window, curriculum, weights=curriculum.weights_at(0.9, 4))
+    torch.testing.assert_close(late.total, late.per_head.sum())
+
+
+def reference_head1_targets(model, window, k, weights):
+    """Head 1's loss against tokens t+1..t+k by hand: log-softmax of its logits at each position, the token j ahead
+    where the window holds it, each term's mean over its positions, weighted."""
+    T = window.size(1) - model.n_future
+    with torch.no_grad():
+        log_probs = F.log_softmax(model.next_token_logits(window[:, :T]).double(), dim=-1)  # (B, T, V)
+    total = 0.0
+    for j in range(1, k + 1):
+        span = min(T, window.size(1) - j)
+        target = window[:, j : j + span]
+        total += weights[j - 1] * -log_probs[:, :span].gather(-1, target[..., None]).mean()
+    return total
+
+
+@pytest.mark.parametrize("n_future", [1, 2])
+def test_head1_targets_equal_a_hand_computation(n_future):
+    """MTP without extra heads: head 1's logits scored against the next k tokens, the last positions counting only
+    the tokens the window holds; head 2 keeps its own term."""
+    model = make_model(n_future)
+    window = torch.randint(0, 97, (2, 12 + n_future), generator=torch.Generator().manual_seed(4))
+    settings = LossConfig(head1_targets=4, head1_target_weights=[1.0, 0.5, 0.25, 0.125])
+    with torch.no_grad():
+        out = mtp_loss(model, window, settings)
+    expected = reference_head1_targets(model, window, 4, [1.0, 0.5, 0.25, 0.125])
+    if n_future == 2:
+        expected = expected + out.per_head[1].double()
+    torch.testing.assert_close(out.total.double(), expected, rtol=1e-5, atol=1e-6)
+    alone = reference_head1_targets(model, window, 1, [1.0])
+    torch.testing.assert_close(out.per_head[0].double(), alone, rtol=1e-5, atol=1e-6)  # the logged loss: t+1's
+
+
+@pytest.mark.parametrize("draft_vocab", [0, 40])
+@pytest.mark.parametrize("n_future", [1, 3])
+def test_head1_targets_sequential_gradients_equal_naive(n_future, draft_vocab):
+    if draft_vocab and n_future == 1:
+        pytest.skip("a reduced draft vocabulary needs draft heads")
+    model = with_draft_vocab(make_model(n_future, draft_vocab=draft_vocab))
+    window = torch.randint(0, 97, (3, 16 + n_future))
+    loss = {"head1_targets": 3, "head1_target_weights": [0.8, 0.5, 0.2], "loss_chunk": 5}
+    naive, naive_grads = gradients(model, window, "naive", scale=0.5, **loss)
+    sequential, sequential_grads = gradients(model, window, "sequential", scale=0.5, **loss)
+    torch.testing.assert_close(sequential.total, naive.total, rtol=1e-5, atol=0)
+    torch.testing.assert_close(sequential.head1_future, naive.head1_future, rtol=1e-5, atol=0)
+    for name, grad in naive_grads.items():
+        relative = (sequential_grads[name] - grad).norm() / grad.norm()
+        assert relative < 1e-5, f"{name}: relative difference {relative:.2e}"
+
+
+def test_head1_target_weights_decay_to_next_token_prediction():
+    settings = LossConfig(head1_targets=3)
+    assert settings.head1_weights_at(0.0) == [1.0, 0.5, 0.25]
+    assert settings.head1_weights_at(0.5) == [1.0, 0.25, 0.125]
+    assert settings.head1_weights_at(1.0) == [1.0, 0.0, 0.0]
+    assert LossConfig().head1_weights_at(0.3) is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "model", "message"),
+    [
+        ({"loss_weights_schedule": "forward"}, 1, r"forward adds or removes heads 2..n .* model.n_future=1 has none"),
+        ({"loss_weights_schedule": "reverse"}, 1, r"reverse adds or removes heads"),
+        ({"loss_weights_schedule": "forward", "loss_weights": [1.0, 1.0]}, 4, r"has 2 entries but model.n_future=4"),
+        ({"head1_targets": 1}, 1, r"^loss.head1_targets=1 scores head 1 against tokens t\+1..t\+k and needs k >= 2"),
+        ({"head1_targets": 3, "head1_target_weights": [1.0, 0.5]}, 1, r"has 2 entries but loss.head1_targets=3"),
+        ({"head1_target_weights": [1.0, 0.5]}, 1, r"read only with loss.head1_targets; set loss.head1_targets to 2"),
+        ({"head1_targets": 2, "answers_after": "="}, 1, r"loss.answers_after scores answers alone; drop one"),
+        ({"loss_weights_schedule": "forward", "loss_weights_final": [1.0, 0.1]}, 2, r"not loss.loss_weights_sch"),
+    ],
+)
+def test_bad_lever_settings_are_one_sentence(settings, model, message):
+    with pytest.raises(UserError, match=message):
+        LossConfig(**settings).check_model(ModelConfig(n_future=model, n_layers=6))

@@ -812,6 +812,34 @@ MUTATIONS = [
         (LOSS,),
     ),
     Mutation(
+        "a forward curriculum trains one head fewer than its part of the run",
+        "LossConfig.weights_at",
+        'trained = part + 1 if self.loss_weights_schedule == "forward" else n_future - part',
+        'trained = part if self.loss_weights_schedule == "forward" else n_future - part',
+        (LOSS,),
+    ),
+    Mutation(
+        "a curriculum's parts are n - 1, not n, equal parts of the run",
+        "LossConfig.weights_at",
+        "part = min(int(min(max(progress, 0.0), 1.0) * n_future), n_future - 1)",
+        "part = min(int(min(max(progress, 0.0), 1.0) * (n_future - 1)), n_future - 1)",
+        (LOSS,),
+    ),
+    Mutation(
+        "head 1's targets after the next are taken one token early",
+        "Head1Targets.of_window",
+        "targets[j - 2, :, :span] = window[:, j : j + span]",
+        "targets[j - 2, :, :span] = window[:, j - 1 : j - 1 + span]",
+        (LOSS,),
+    ),
+    Mutation(
+        "the sequential loss's gradient of head 1's later targets leaves out their softmax part",
+        "_HeadsCrossEntropy.forward",
+        "grad_ce.mul_(shares.sum(dim=-1, keepdim=True))",
+        "grad_ce.mul_(shares[..., :1])",
+        (LOSS,),
+    ),
+    Mutation(
         "a causal draft conditions on the token one position early",
         "CausalChain.draft",
         "(positions + k - 1 - held[:, None])",
@@ -931,8 +959,8 @@ MUTATIONS = [
     Mutation(
         "the sequential gradients ignore the head weights",
         "_HeadsCrossEntropy.forward",
-        "scale = weights[k] / counted",
-        "scale = 1.0 / counted",
+        "scale = weights[k] * relative / counted",
+        "scale = relative / counted",
         (LOSS,),
     ),
     Mutation(

@@ -52,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--head-loss", choices=HEAD_LOSSES, default="ce", help="what heads 2..n learn from (loss.head_loss)"
     )
+    parser.add_argument(
+        "--head1-targets",
+        type=int,
+        default=None,
+        help="head 1 also scored against tokens t+2..t+K (loss.head1_targets: MTP without extra heads)",
+    )
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in backward")
     parser.add_argument("--compile", action="store_true", help="torch.compile each block (warm-up steps compile)")
     parser.add_argument(
@@ -102,7 +108,12 @@ def main(argv: list[str] | None = None) -> None:
     for vocab, mode, tp, n in itertools.product(args.vocab, args.modes, args.tensor_parallel, args.n):
         spec = StepSpec(
             ModelConfig(vocab_size=vocab, n_future=n, head_type=args.head_type, **args.model_sizes),
-            LossConfig(mode, loss_chunk=loss_chunk if mode == "sequential" else 0, head_loss=args.head_loss),
+            LossConfig(
+                mode,
+                loss_chunk=loss_chunk if mode == "sequential" else 0,
+                head_loss=args.head_loss,
+                head1_targets=args.head1_targets,
+            ),
             device=args.device,
             bf16=args.bf16,
             activation_checkpointing=args.activation_checkpointing,
@@ -126,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         "head_type": args.head_type,
         "loss_chunk": args.loss_chunk,
         "head_loss": args.head_loss,
+        "head1_targets": args.head1_targets,
         "activation_checkpointing": args.activation_checkpointing,
         "compile": args.compile,
         **s,
@@ -135,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         f"(all heads included), {args.head_type} heads, batch {s['batch_size']} x {s['seq_len']} tokens"
         + (f", loss_chunk={args.loss_chunk}" if args.loss_chunk else "")
         + (f", head_loss={args.head_loss}" if args.head_loss != "ce" else "")
+        + (f", head 1 scored against t+1..t+{args.head1_targets}" if args.head1_targets else "")
         + (", activation checkpointing" if args.activation_checkpointing else "")
         + (", compiled blocks" if args.compile else "")
         + (f", tensor parallel {'/'.join(map(str, args.tensor_parallel))} (memory per process)"

@@ -168,23 +168,32 @@ class MTPLitModule(L.LightningModule):
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         weights = self.head_weights()
+        head1_weights = self.loss.head1_weights_at(self.progress()) if self.loss.head1_targets else None
         out = mtp_loss(
-            self.model, batch, self.loss, trunk=self.trunk_cache, weights=weights, answers=self.answer_tokens
-        )
+            self.model, batch, self.loss, trunk=self.trunk_cache, weights=weights, answers=self.answer_tokens,
+            head1_weights=head1_weights,
+        )  # fmt: skip
         self.log("train/loss", out.total, prog_bar=True)
         for k in out.heads:  # a head with nothing to train is not computed (a frozen head 1: see trained_heads)
             self.log(f"train/loss_head{k}", out.per_head[k - 1])
             if self.loss.loss_weights_schedule != "constant":
                 self.log(f"train/weight_head{k}", weights[k - 1])
+        if out.head1_future is not None:  # head 1 against tokens t+2..t+k (loss.head1_targets)
+            for j, (loss, weight) in enumerate(zip(out.head1_future, head1_weights[1:], strict=True), start=2):
+                self.log(f"train/loss_head1_t{j}", loss)
+                self.log(f"train/weight_head1_t{j}", weight)
         return out.total
 
+    def progress(self) -> float:
+        """This step's place in the run: the optimizer steps taken over the steps the run will take (what the
+        learning-rate schedule reads too)."""
+        return self.trainer.global_step / max(1, self.trainer.estimated_stepping_batches)
+
     def head_weights(self) -> list[float]:
-        """The head weights of this step under ``loss.loss_weights_schedule``: its place in the run is the optimizer
-        steps taken over the steps the run will take (what the learning-rate schedule reads too)."""
+        """The head weights of this step under ``loss.loss_weights_schedule`` (:meth:`progress`)."""
         if self.loss.loss_weights_schedule == "constant":
             return self.loss.weights(self.n_future)
-        total = self.trainer.estimated_stepping_batches
-        return self.loss.weights_at(self.trainer.global_step / max(1, total), self.n_future)
+        return self.loss.weights_at(self.progress(), self.n_future)
 
     def on_train_epoch_end(self) -> None:
         if self.trunk_cache is not None and self.trainer.world_size == 1:  # processes would share one file

@@ -62,7 +62,9 @@ from mtp.training.vocab_parallel import (
 LOSS_MODES = ("sequential", "naive")
 HEAD_LOSSES = ("ce", "distill", "ce+distill")
 CAUSAL_INPUTS = ("true", "drafts", "mixed")
-WEIGHT_SCHEDULES = ("constant", "steps", "linear")
+WEIGHT_SCHEDULES = ("constant", "steps", "linear", "forward", "reverse")
+CURRICULA = ("forward", "reverse")
+"""The schedules that add or remove heads one at a time in equal parts of training (Aynetdinov & Akbik 2025)."""
 
 
 @dataclass
@@ -93,7 +95,10 @@ class LossConfig:
     loss_weights_schedule: str = "constant"
     """How the head weights move over training (:data:`WEIGHT_SCHEDULES`): 'constant' (``loss_weights`` throughout),
     'steps' (``loss_weights`` until ``loss_weights_switch`` of the run, then ``loss_weights_final``: DeepSeek-V3's
-    lambda 0.3 -> 0.1), 'linear' (from ``loss_weights`` to ``loss_weights_final`` over the run)."""
+    lambda 0.3 -> 0.1), 'linear' (from ``loss_weights`` to ``loss_weights_final`` over the run), 'forward' (a
+    curriculum: the run in n equal parts, part i training heads 1..i at their ``loss_weights``, the others at 0: next-
+    token prediction first, then one head more each part) or 'reverse' (part i training heads 1..n-i+1: every head
+    first, then one head fewer each part, next-token prediction alone last)."""
     loss_weights_final: list[float] | None = None
     """The head weights at the end of a 'steps' or 'linear' schedule (one per head)."""
     loss_weights_switch: float = 0.7
@@ -103,6 +108,14 @@ class LossConfig:
     norm and a shared unembedding through no gradient, so every parameter a one-head model also has gets exactly
     head 1's gradient (torchtitan's ``detach_heads``): fine-tuning a model's built-in MTP layer beside its trunk without
     the layer's loss moving the trunk."""
+    head1_targets: int | None = None
+    """MTP without extra heads (modded-nanogpt's record): head 1's logits at position t are also scored against tokens
+    t+2..t+k (k = this), the term of token t+j weighted ``head1_target_weights[j-1]`` at the start of the run and
+    decaying linearly to 0 at its end (next-token prediction alone). Costs what next-token training costs: the logits
+    are computed once. None: off."""
+    head1_target_weights: list[float] | None = None
+    """The weights of head 1's targets t+1..t+k at the start of the run (``head1_targets`` of them; the first, the next
+    token's, never decays); None: 1, 1/2, 1/4, ... ."""
     answers_after: str | None = None
     """Score only each document's answer: the tokens after this text (one token of the tokenizer), up to and with the
     end-of-text that closes the document (``=`` for ``data=polynomial``: ``<problem>=<answer>``); every head's target
@@ -122,7 +135,7 @@ class LossConfig:
             )
         if values.get("causal_inputs") is True:  # loss.causal_inputs=true on Hydra's command line is a boolean
             values = {**values, "causal_inputs": "true"}
-        lists = ("loss_weights", "loss_weights_final")
+        lists = ("loss_weights", "loss_weights_final", "head1_target_weights")
         return cls(**{k: (list(v) if k in lists and v is not None else v) for k, v in values.items()})
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,11 +154,24 @@ class LossConfig:
         """The head weights at a fraction ``progress`` (0..1) of training, under ``loss_weights_schedule``."""
         if self.loss_weights_schedule == "constant":
             return self.weights(n_future)
+        if self.loss_weights_schedule in CURRICULA:
+            part = min(int(min(max(progress, 0.0), 1.0) * n_future), n_future - 1)  # 0..n-1: n equal parts
+            trained = part + 1 if self.loss_weights_schedule == "forward" else n_future - part
+            return [w if k < trained else 0.0 for k, w in enumerate(self.weights(n_future))]
         start, final = self.weights(n_future), list(self.loss_weights_final)
         if self.loss_weights_schedule == "steps":
             return final if progress >= self.loss_weights_switch else start
         progress = min(max(progress, 0.0), 1.0)
         return [a + (b - a) * progress for a, b in zip(start, final, strict=True)]
+
+    def head1_weights_at(self, progress: float) -> list[float] | None:
+        """The weights of head 1's targets t+1..t+k at a fraction ``progress`` (0..1) of training (``head1_targets``):
+        the next token's as given, the others decayed linearly from theirs to 0 over the run; None when off."""
+        if self.head1_targets is None:
+            return None
+        start = self.head1_target_weights or [2.0**-j for j in range(self.head1_targets)]
+        left = 1.0 - min(max(progress, 0.0), 1.0)
+        return [start[0]] + [w * left for w in start[1:]]
 
     @property
     def draft_rate(self) -> float:
@@ -162,10 +188,31 @@ class LossConfig:
         ):
             if value not in allowed:
                 raise UserError(f"loss.{name}={value!r} is not one of {', '.join(allowed)}.")
-        for name in ("loss_weights", "loss_weights_final"):
+        for name in ("loss_weights", "loss_weights_final", "head1_target_weights"):
             weights = getattr(self, name)
             if weights is not None and (any(w < 0 for w in weights) or sum(weights) <= 0):
                 raise UserError(f"loss.{name} must be non-negative with a positive sum.")
+        if self.head1_targets is not None and self.head1_targets < 2:
+            raise UserError(
+                f"loss.head1_targets={self.head1_targets} scores head 1 against tokens t+1..t+k and needs k >= 2 "
+                "(4: the next four tokens); set null for next-token prediction alone."
+            )
+        if self.head1_target_weights is not None:
+            if self.head1_targets is None:
+                raise UserError(
+                    "loss.head1_target_weights is read only with loss.head1_targets; set loss.head1_targets to "
+                    f"{len(self.head1_target_weights)}, or drop loss.head1_target_weights."
+                )
+            if len(self.head1_target_weights) != self.head1_targets:
+                raise UserError(
+                    f"loss.head1_target_weights has {len(self.head1_target_weights)} entries but "
+                    f"loss.head1_targets={self.head1_targets}; give one weight per target token (t+1..t+k)."
+                )
+        if self.head1_targets is not None and self.answers_after is not None:
+            raise UserError(
+                "loss.head1_targets scores head 1 against the tokens after the next, across answers, and "
+                "loss.answers_after scores answers alone; drop one of them."
+            )
         if self.answers_after == "":
             raise UserError(
                 "loss.answers_after is empty; give the text that precedes each answer, or null for every token."
@@ -176,12 +223,14 @@ class LossConfig:
             raise UserError(f"loss.distill_temperature={self.distill_temperature} must be positive (1.0: as is).")
         if not 0 <= self.causal_draft_rate <= 1:
             raise UserError(f"loss.causal_draft_rate={self.causal_draft_rate} must lie between 0 and 1.")
-        if self.loss_weights_schedule == "constant" and self.loss_weights_final is not None:
+        ends = self.loss_weights_schedule in ("steps", "linear")
+        if not ends and self.loss_weights_final is not None:
             raise UserError(
-                "loss.loss_weights_final is read only by a schedule; set loss.loss_weights_schedule=steps or "
+                f"loss.loss_weights_final is read only by the steps and linear schedules, not "
+                f"loss.loss_weights_schedule={self.loss_weights_schedule}; set loss.loss_weights_schedule=steps or "
                 "linear, or drop loss.loss_weights_final."
             )
-        if self.loss_weights_schedule != "constant" and self.loss_weights_final is None:
+        if ends and self.loss_weights_final is None:
             example = ",".join(["1.0"] + ["0.1"] * (len(self.loss_weights or [1.0] * 4) - 1))
             raise UserError(
                 f"loss.loss_weights_schedule={self.loss_weights_schedule} needs the weights to end at: set "
@@ -194,6 +243,12 @@ class LossConfig:
 
     def check_model(self, model: ModelConfig) -> None:
         """The checks that need the model's settings too: one weight per head, drafted inputs for causal heads only."""
+        if self.loss_weights_schedule in CURRICULA and model.n_future == 1:
+            raise UserError(
+                f"loss.loss_weights_schedule={self.loss_weights_schedule} adds or removes heads 2..n over training, "
+                "and model.n_future=1 has none; train more heads (model=mtp4) or set loss.loss_weights_schedule="
+                "constant."
+            )
         for name in ("loss_weights", "loss_weights_final"):
             weights = getattr(self, name)
             if weights is not None and len(weights) != model.n_future:
@@ -222,6 +277,30 @@ class LossOutput:
     """Unweighted mean cross-entropy of each head, (n_future,), detached; nan for a head not computed."""
     heads: list[int]
     """The heads computed (1-based): in training, those with a gradient to give (:func:`trained_heads`)."""
+    head1_future: Tensor | None = None
+    """Under ``loss.head1_targets``: head 1's unweighted mean cross-entropy against tokens t+2..t+k, (k - 1,),
+    detached (its next-token one is ``per_head[0]``); None otherwise."""
+
+
+@dataclass
+class Head1Targets:
+    """Head 1 scored against tokens after the next too (:attr:`LossConfig.head1_targets`): the targets and their
+    weights, relative to head 1's."""
+
+    targets: Tensor
+    """(k - 1, B, T): token t + j at position t for j = 2..k; IGNORE where it lies past the window."""
+    weights: list[float]
+    """k weights: the next token's term, then those of tokens t+2..t+k (:meth:`LossConfig.head1_weights_at`)."""
+
+    @classmethod
+    def of_window(cls, window: Tensor, seq_len: int, weights: list[float]) -> Head1Targets:
+        """Head 1's targets after the next in a window (B, seq_len + n_future) of ``len(weights)`` targets."""
+        targets = window.new_full((len(weights) - 1, window.size(0), seq_len), IGNORE)
+        for j in range(2, len(weights) + 1):
+            span = min(seq_len, window.size(1) - j)  # positions whose token t + j lies in the window
+            if span > 0:
+                targets[j - 2, :, :span] = window[:, j : j + span]
+        return cls(targets, list(weights))
 
 
 def split_window(window: Tensor, n_future: int) -> tuple[Tensor, Tensor]:
@@ -392,26 +471,43 @@ def _per_head(losses: Tensor, heads: list[int], n: int) -> Tensor:
 
 
 def naive_loss(
-    model: MTPModel, states: list[Tensor], targets: Tensor, weights: list[float], settings: LossConfig
+    model: MTPModel,
+    states: list[Tensor],
+    targets: Tensor,
+    weights: list[float],
+    settings: LossConfig,
+    head1: Head1Targets | None = None,
 ) -> LossOutput:
-    """Every head's logits at once, through plain autograd (what heads 2..n learn from: ``settings``)."""
+    """Every head's logits at once, through plain autograd (what heads 2..n learn from: ``settings``; head 1's targets
+    after the next: ``head1``)."""
     heads = trained_heads(model, states)
     teachers = head_teachers(model, states, heads, settings)
-    losses = []
+    losses, future, total = [], None, 0.0
     for k in heads:
         logits = unembed(model, k, states[k - 1], settings.detach_heads)
         loss = cross_entropy(logits, model.head_targets(k, targets[k - 1])) if uses_ce(settings, k) else 0.0
         losses.append(loss + distill_loss(logits, teachers[k]) if k in teachers else loss)
+        if k == 1 and head1 is not None:
+            future = torch.stack([cross_entropy(logits, model.head_targets(1, t)) for t in head1.targets])
+            total = weights[0] * (future * future.new_tensor(head1.weights[1:])).sum()
     losses = torch.stack(losses)
-    total = (losses * losses.new_tensor([weights[k - 1] for k in heads])).sum()
-    return LossOutput(total, _per_head(losses.detach(), heads, len(states)), heads)
+    scaled = [weights[k - 1] * (head1.weights[0] if k == 1 and head1 is not None else 1.0) for k in heads]
+    total = total + (losses * losses.new_tensor(scaled)).sum()
+    future = future.detach() if future is not None else None
+    return LossOutput(total, _per_head(losses.detach(), heads, len(states)), heads, future)
 
 
 def sequential_loss(
-    model: MTPModel, states: list[Tensor], targets: Tensor, weights: list[float], settings: LossConfig
+    model: MTPModel,
+    states: list[Tensor],
+    targets: Tensor,
+    weights: list[float],
+    settings: LossConfig,
+    head1: Head1Targets | None = None,
 ) -> LossOutput:
     """The same loss as :func:`naive_loss`, with at most one head's (or one chunk's: ``settings.loss_chunk``
-    positions) logits alive at a time."""
+    positions) logits alive at a time; head 1's targets after the next (``head1``) are scored on its logits in the
+    same pass."""
     chunk = settings.loss_chunk
     heads = trained_heads(model, states)
     # the distinct matrices the heads score with: one per unembedding module and vocabulary (the rows of a reduced
@@ -431,9 +527,13 @@ def sequential_loss(
     teachers = head_teachers(model, states, heads, settings, chunk)
     terms = [(uses_ce(settings, k), teachers.get(k)) for k in heads]
     shards = [(part.offset, part.group) for part in scored]
-    settings = (head_targets, [weights[k - 1] for k in heads], which, chunk, len(heads), terms, shards)
-    total, losses = _HeadsCrossEntropy.apply(*settings, *head_states, *[part.weight for part in scored])
-    return LossOutput(total, _per_head(losses, heads, len(states)), heads)
+    future = None
+    if head1 is not None and 1 in heads:
+        future = (heads.index(1), model.head_targets(1, head1.targets), head1.weights)
+    settings = (head_targets, [weights[k - 1] for k in heads], which, chunk, len(heads), terms, shards, future)
+    total, losses, future_losses = _HeadsCrossEntropy.apply(*settings, *head_states, *[p.weight for p in scored])
+    future_losses = future_losses if future is not None else None
+    return LossOutput(total, _per_head(losses, heads, len(states)), heads, future_losses)
 
 
 class _HeadsCrossEntropy(torch.autograd.Function):
@@ -442,16 +542,20 @@ class _HeadsCrossEntropy(torch.autograd.Function):
     Inputs after the settings: the n head states (B, T, d) and the distinct unembedding weights (V, d), or this
     process's rows of each (V / tp, d) where ``shards`` gives their (first vocabulary id, tensor-parallel group);
     ``which[k]`` picks head k+1's weight; ``terms[k]`` is (whether its loss has the cross-entropy term, its
-    :class:`Teacher` or None), the distillation term adding T^2 KL(teacher || softmax(logits / T)). Ops run under
+    :class:`Teacher` or None), the distillation term adding T^2 KL(teacher || softmax(logits / T)). ``future``: None,
+    or (the index of head 1 among the states, its targets after the next (m, B, T), the k = m + 1 weights of its
+    terms relative to its own), which adds sum_j w_j CE(logits_1, targets_j) on the same logits. Ops run under
     the caller's autocast, like the autograd graph they replace: the matmuls in the autocast dtype, the softmax in
     fp32; the weight gradients accumulate in the weights' dtype over heads and chunks.
     """
 
     @staticmethod
-    def forward(ctx, targets, weights, which, chunk, n_heads, terms, shards, *tensors):
+    def forward(ctx, targets, weights, which, chunk, n_heads, terms, shards, future, *tensors):
         states, unembeddings = tensors[:n_heads], tensors[n_heads:]
         parts = [VocabPart(weight, *shard) for weight, shard in zip(unembeddings, shards, strict=True)]
-        needs_grad = ctx.needs_input_grad[7:]
+        needs_grad = ctx.needs_input_grad[8:]
+        total = states[0].new_zeros((), dtype=torch.float32)
+        future_losses = states[0].new_zeros((0,), dtype=torch.float32)
         grad_states = [torch.empty_like(s) if needs_grad[k] else None for k, s in enumerate(states)]
         grad_weights = [torch.zeros_like(w) if needs_grad[n_heads + i] else None for i, w in enumerate(unembeddings)]
         losses = []
@@ -463,7 +567,15 @@ class _HeadsCrossEntropy(torch.autograd.Function):
             step = chunk if chunk > 0 else T
             loss_sum = state.new_zeros((), dtype=torch.float32)
             counted = (targets[k] != IGNORE).sum().clamp(min=1)  # a tensor: no device sync
-            scale = weights[k] / counted
+            relative = future[2][0] if future is not None and future[0] == k else 1.0
+            scale = weights[k] * relative / counted
+            extra = None  # head 1's targets after the next: (m, B, T), their counts (m,) and gradient scales (m,)
+            if future is not None and future[0] == k:
+                extra_targets = future[1]
+                extra_counted = (extra_targets != IGNORE).sum(dim=(1, 2)).clamp(min=1)
+                extra_scale = weights[k] * extra_counted.new_tensor(future[2][1:], dtype=torch.float32) / extra_counted
+                extra = (extra_targets.permute(1, 2, 0), extra_counted, extra_scale)  # targets as (B, T, m)
+                extra_sums = extra_scale.new_zeros(extra_targets.size(0))
             if teacher is not None:
                 distill_sum = state.new_zeros((), dtype=torch.float32)
                 distill_counted = teacher.valid.sum().clamp(min=1)
@@ -493,9 +605,19 @@ class _HeadsCrossEntropy(torch.autograd.Function):
                     piece_targets = piece_targets.clamp(min=0)
                     log_norm = logsumexp(logits, part.group)  # (B, c, 1)
                     loss_sum += ((log_norm - target_logits(logits, piece_targets, part)) * valid).sum()
+                    if extra is not None:  # the same logits' log-probabilities of tokens t+2..t+k
+                        later = extra[0][:, start : start + step]  # (B, c, m)
+                        later_valid = later != IGNORE
+                        later = later.clamp(min=0)
+                        extra_sums += ((log_norm - target_logits(logits, later, part)) * later_valid).sum(dim=(0, 1))
                     # d(scale * CE)/d logits = scale * (softmax - one_hot(target)), built in place of the logits
                     grad_ce = logits.sub_(log_norm).exp_()
-                    scatter_add(grad_ce, piece_targets, torch.full_like(log_norm, -1.0), part).mul_(valid * scale)
+                    if extra is None:
+                        scatter_add(grad_ce, piece_targets, torch.full_like(log_norm, -1.0), part).mul_(valid * scale)
+                    else:  # sum_j scale_j (softmax - one_hot(target_j)) over the next token and the later ones
+                        shares = torch.cat([valid * scale, later_valid * extra[2]], dim=-1)  # (B, c, 1 + m)
+                        grad_ce.mul_(shares.sum(dim=-1, keepdim=True))
+                        scatter_add(grad_ce, torch.cat([piece_targets, later], dim=-1), -shares, part)
                     grad_logits = grad_ce if grad_logits is None else grad_logits.add_(grad_ce)
                     del grad_ce
                 grad_logits = grad_logits.to(compute_dtype)
@@ -508,23 +630,26 @@ class _HeadsCrossEntropy(torch.autograd.Function):
                 all_reduce(grad_states[k], part.group)
             loss = loss_sum / counted if ce else loss_sum
             losses.append(loss + t * t * distill_sum / distill_counted if teacher is not None else loss)
+            total = total + weights[k] * relative * losses[-1]
+            if extra is not None:
+                future_losses = extra_sums / extra[1]
+                total = total + (future_losses * extra[2] * extra[1]).sum()  # weights[k] w_j CE_j
         per_head = torch.stack(losses)
-        total = (per_head * per_head.new_tensor(weights)).sum()
         # Plain attributes, not saved tensors: backward hands them to autograd and drops its own reference, so
         # AccumulateGrad can adopt them without a copy (a training step runs backward once).
         ctx.stored_grads = [*grad_states, *grad_weights]
-        ctx.mark_non_differentiable(per_head)
-        return total, per_head
+        ctx.mark_non_differentiable(per_head, future_losses)
+        return total, per_head, future_losses
 
     @staticmethod
-    def backward(ctx, grad_total: Tensor, _grad_per_head: Tensor):
+    def backward(ctx, grad_total: Tensor, _grad_per_head: Tensor, _grad_future: Tensor):
         assert hasattr(ctx, "stored_grads"), "the sequential loss supports one backward per forward"
         grads = ctx.stored_grads
         del ctx.stored_grads
         for g in grads:
             if g is not None:
                 g.mul_(grad_total.to(g.dtype))  # the loss scale: 1, 1/accumulation, or AMP's scale
-        return (None, None, None, None, None, None, None, *grads)
+        return (None, None, None, None, None, None, None, None, *grads)
 
 
 def window_states(
@@ -554,17 +679,24 @@ def mtp_loss(
     trunk: Callable[[Tensor], Tensor] | None = None,
     weights: list[float] | None = None,
     answers: tuple[int, int] | None = None,
+    head1_weights: list[float] | None = None,
 ) -> LossOutput:
     """Training loss of a token window (B, seq_len + n_future) under ``settings`` (default: :class:`LossConfig`'s
     defaults; outside autograd always the naive form); the trunk's output from ``trunk(inputs)`` if given (see
     :func:`window_states`); the head weights ``weights`` (default: the settings' ``loss_weights``; training passes
     its schedule's, :meth:`mtp.training.loss.LossConfig.weights_at`); with ``answers`` (the token ids of
-    ``settings.answers_after`` and of end-of-text), only answers' tokens are scored (:func:`answer_targets`)."""
+    ``settings.answers_after`` and of end-of-text), only answers' tokens are scored (:func:`answer_targets`). Under
+    ``settings.head1_targets`` head 1 is also scored against the tokens after the next, weighted ``head1_weights``
+    (default: the run's start, :meth:`LossConfig.head1_weights_at`)."""
     settings = settings or LossConfig()
     states, targets = window_states(model, window, trunk, settings.draft_rate, settings.detach_heads)
     if answers is not None:
         targets = answer_targets(window, targets, *answers)
     weights = settings.weights(model.config.n_future) if weights is None else weights
+    head1 = None
+    if settings.head1_targets is not None:
+        head1_weights = settings.head1_weights_at(0.0) if head1_weights is None else head1_weights
+        head1 = Head1Targets.of_window(window, targets.size(2), head1_weights)
     if settings.mode == "naive" or not torch.is_grad_enabled():
-        return naive_loss(model, states, targets, weights, settings)
-    return sequential_loss(model, states, targets, weights, settings)
+        return naive_loss(model, states, targets, weights, settings, head1)
+    return sequential_loss(model, states, targets, weights, settings, head1)
