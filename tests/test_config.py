@@ -229,3 +229,12 @@ def test_a_config_group_set_to_null_is_one_sentence_naming_hydras_way_to_drop_it
         check_groups_not_nulled(["model=mtp1", "logger=null"], ROOT / "conf")
     check_groups_not_nulled(["trainer.max_steps=null", "model=mtp1", "~logger"], ROOT / "conf")  # settings may be null
     assert "logger" not in compose_train(["~logger"]) and "tensorboard" in str(compose_train([]).logger)
+
+
+def test_deepseek_v3s_weights_are_a_loss_option():
+    """loss=deepseek_v3: heads 2..4 at 0.3, then 0.1 after 0.68 of the run; every other loss setting at its default."""
+    loss = LossConfig.from_dict(OmegaConf.to_container(compose_train(["loss=deepseek_v3"]).loss, resolve=True))
+    assert loss.weights_at(0.5, 4) == [1.0, 0.3, 0.3, 0.3] and loss.weights_at(0.7, 4) == [1.0, 0.1, 0.1, 0.1]
+    defaults = LossConfig().to_dict()
+    changed = {"loss_weights", "loss_weights_schedule", "loss_weights_final", "loss_weights_switch"}
+    assert {name for name, value in loss.to_dict().items() if defaults[name] != value} == changed
