@@ -242,3 +242,23 @@ def test_init_from_a_mimo_folder_keeps_what_its_layer_reads_at_position_0(tmp_pa
     told = settings_from_checkpoint(folder, {**causal, "causal_first_token": "keep"}, {"causal_first_token"})
     assert told["causal_first_token"] == "keep"
     assert "causal_first_token" not in settings_from_checkpoint(folder, {"head_type": "transformer"}, set())
+
+
+def test_a_pretrained_causal_model_fine_tunes_with_its_mtp_layer_from_a_mimo_folder(make_cfg, tmp_path):
+    """The documented round: pretrain with causal heads read as vLLM reads them, export as MiMo, fine-tune from the
+    folder with experiment=mtp_layer (the layer's loss kept out of the trunk), export again."""
+    from mtp.checkpoint.load import load_checkpoint as load
+    from mtp.training.train import train
+
+    first = make_cfg("causal2", ["model.causal_first_token=zero"])
+    train(first)
+    folder = tmp_path / "mimo"
+    export_mimo(Path(first.paths.output_dir) / "checkpoints" / "last.ckpt", folder)
+    tuned = make_cfg("causal2", ["experiment=mtp_layer", f"init_from={folder}", "trainer.max_steps=2"])
+    tuned.paths.output_dir = str(tmp_path / "tuned")
+    train(tuned)
+    checkpoint = Path(tuned.paths.output_dir) / "checkpoints" / "last.ckpt"
+    loaded = load(checkpoint)
+    assert loaded.config.causal_first_token == "zero" and loaded.loss_settings["detach_heads"] is True
+    export_mimo(checkpoint, tmp_path / "again")
+    assert (tmp_path / "again" / "model.safetensors").is_file()
