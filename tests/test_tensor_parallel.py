@@ -19,7 +19,7 @@ from mtp.model.config import ModelConfig
 from mtp.model.heads import HEADS
 from mtp.training import loss as loss_module
 from mtp.training.loss import LossConfig, mtp_loss
-from mtp.training.parallel import check_tensor_parallel, is_sharded, parallelize
+from mtp.training.parallel import check_tensor_parallel, check_tensor_parallel_loss, is_sharded, parallelize
 
 HEAD_TYPES = {
     "transformer": {"head_type": "transformer"},
@@ -171,6 +171,13 @@ def test_a_model_tensor_parallelism_cannot_split_is_one_sentence(settings, tp, m
         check_tensor_parallel(model_config, tp, HEADS[model_config.head_type])
     assert str(caught.value).count(". ") == 0 and str(caught.value).endswith(".")
     check_tensor_parallel(model_config, 1, HEADS[model_config.head_type])  # one process splits nothing
+
+
+def test_detached_heads_under_tensor_parallelism_are_one_sentence():
+    with pytest.raises(UserError, match=r"^loss.detach_heads=true is not computed under trainer.strategy.tensor_par"):
+        check_tensor_parallel_loss(True, 2)
+    check_tensor_parallel_loss(True, 1)
+    check_tensor_parallel_loss(False, 2)
 
 
 def test_a_bad_tensor_parallel_size_is_one_sentence(tmp_path):

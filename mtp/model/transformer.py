@@ -195,7 +195,10 @@ class MTPModel(nn.Module):
                 HeadInputs(z, head1, layers, self.norm, self.tok_embeddings, rope, following, reads)
             )
         norm = partial(rms_norm, weight=self.norm.weight.detach(), eps=self.norm.eps)
-        embed = partial(F.embedding, weight=self.tok_embeddings.weight.detach())
+
+        def embed(tokens: Tensor) -> Tensor:  # the lookup's output reads only the weight: no gradient reaches it
+            return self.tok_embeddings(tokens).detach()
+
         layers = layers.detach() if layers is not None else None
         inputs = HeadInputs(z.detach(), head1.detach(), layers, norm, embed, rope, following, reads)
         return [self.norm(head1), *self.heads.states(inputs)[1:]]

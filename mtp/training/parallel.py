@@ -82,6 +82,16 @@ def check_tensor_parallel(config: ModelConfig, tp: int, heads_class: type) -> No
             )
 
 
+def check_tensor_parallel_loss(detach_heads: bool, tp: int) -> None:
+    """A UserError of one sentence for a loss setting tensor parallelism does not compute: detached heads (their
+    inputs read the shared norm's weight outside its module, which the split wraps)."""
+    if tp > 1 and detach_heads:
+        raise UserError(
+            f"loss.detach_heads=true is not computed under {TP_SETTING}={tp}; fine-tune on one process or with "
+            "trainer=fsdp, or drop loss.detach_heads."
+        )
+
+
 def apply_tp(model: MTPModel, mesh: Any) -> None:
     """Megatron-style tensor parallelism over a 1-D mesh (torchtitan's ``apply_tp``, without sequence parallelism).
 

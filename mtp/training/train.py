@@ -35,7 +35,7 @@ from mtp.pretrained.reference import register_resolver
 from mtp.training.callbacks import ResumableCheckpoint
 from mtp.training.lit import MTPLitModule
 from mtp.training.loss import LossConfig
-from mtp.training.parallel import check_tensor_parallel
+from mtp.training.parallel import check_tensor_parallel, check_tensor_parallel_loss
 from mtp.training.strategy import MeshStrategy
 
 register_resolver()  # ${reference_model:}, for a config composed without the pretrain command
@@ -87,6 +87,7 @@ def build(
     )
     if isinstance(trainer.strategy, MeshStrategy):  # a model tensor parallelism cannot split: said before any data
         check_tensor_parallel(module.model.config, trainer.strategy.tensor_parallel_size, type(module.model.heads))
+        check_tensor_parallel_loss(module.loss.detach_heads, trainer.strategy.tensor_parallel_size)
     return datamodule, module, trainer
 
 
