@@ -56,11 +56,9 @@ def export_hf(
     a failure leaves nothing half-written; an existing non-empty ``out_dir`` is replaced only with ``force``.
     """
     out_dir = Path(out_dir)
-    check_output_dir(out_dir, force)
-    cast = export_dtype(dtype)
-    shard_bytes = parse_size(max_shard_size)
-    safetensors_torch, transformers = _interop_packages("exporting to Hugging Face")
-    loaded = load_checkpoint(checkpoint, "cpu", "float32")
+    cast, shard_bytes, (safetensors_torch, transformers), loaded = _start_export(
+        checkpoint, out_dir, force, dtype, max_shard_size, "exporting to Hugging Face"
+    )
     config, model = loaded.config, loaded.model
     names = head_path_names(config, head)  # refuses heads that are not a Llama
     weights = model.state_dict()
@@ -152,11 +150,9 @@ def export_mimo(
     depth 2 in safetensors, the tokenizer, generation_config.json and a README. A model of another head type, of one
     head or of a reduced draft vocabulary is refused in one sentence; nothing is left half-written."""
     out_dir = Path(out_dir)
-    check_output_dir(out_dir, force)
-    cast = export_dtype(dtype)
-    shard_bytes = parse_size(max_shard_size)
-    safetensors_torch, transformers = _interop_packages("exporting to the mimo layout")
-    loaded = load_checkpoint(checkpoint, "cpu", "float32")
+    cast, shard_bytes, (safetensors_torch, transformers), loaded = _start_export(
+        checkpoint, out_dir, force, dtype, max_shard_size, "exporting to the mimo layout"
+    )
     config = loaded.config
     tensors, settings = mimo_layout(loaded.model)  # refuses what the layout cannot carry
     tensors = {name: t.to(cast).detach().contiguous().clone() for name, t in tensors.items()}
@@ -187,6 +183,16 @@ def export_mimo(
         "vLLM's drafts from there may differ from mtp's; train with model.causal_first_token=zero for the same drafts."
     )  # fmt: skip
     return Exported(out_dir, _write_into_place(out_dir, write), note)
+
+
+def _start_export(checkpoint, out_dir: Path, force: bool, dtype: str, max_shard_size: str, task: str):
+    """What a Hugging Face folder's export starts from, every setting checked before the checkpoint is read: the
+    dtype to write, the shard size in bytes, the interop packages (safetensors.torch, transformers) and the loaded
+    checkpoint (float32, on the CPU)."""
+    check_output_dir(out_dir, force)
+    cast, shard_bytes = export_dtype(dtype), parse_size(max_shard_size)
+    packages = _interop_packages(task)
+    return cast, shard_bytes, packages, load_checkpoint(checkpoint, "cpu", "float32")
 
 
 def _write_into_place(out_dir: Path, write) -> dict[str, int]:
