@@ -9,7 +9,7 @@ from omegaconf.errors import MissingMandatoryValue
 from mtp.commands.pretrain import check_groups_not_nulled, config_error_sentence
 from mtp.errors import UserError
 from mtp.model.config import ModelConfig, stored_model_config
-from mtp.training.loss import LossConfig
+from mtp.training.loss_config import LossConfig
 
 
 def test_derived_values():

@@ -599,7 +599,7 @@ def test_compare_heads_times_the_checkpoints_own_model(model, loss):
 
     from mtp.model import MTPModel
     from mtp.model.config import ModelConfig
-    from mtp.training.loss import LossConfig
+    from mtp.training.loss_config import LossConfig
 
     compare_heads = load_script("compare_heads")
     config = ModelConfig(vocab_size=64, d_model=32, n_layers=6, n_heads=4, n_kv_heads=2, max_seq_len=64, **model)

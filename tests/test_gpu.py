@@ -15,7 +15,8 @@ from mtp.decode.settings import HeadsSettings, StepSettings
 from mtp.decode.tree import full_tree
 from mtp.model import MTPModel
 from mtp.model.config import ModelConfig
-from mtp.training.loss import LossConfig, mtp_loss
+from mtp.training.loss import mtp_loss
+from mtp.training.loss_config import LossConfig
 from mtp.training.parallel import parallelize
 from mtp.training.train import train
 from tests.decode.helpers import tiny_model

@@ -22,7 +22,7 @@ from mtp.model import MTPModel
 from mtp.model.config import HEAD_TYPES, stored_model_config
 from mtp.model.heads import HEADS, current_names, legacy_name
 from mtp.pretrained.init_from import Start, start_config
-from mtp.training.loss import LossConfig
+from mtp.training.loss_config import LossConfig
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
 NAMES = sorted(p.stem for p in LEGACY.glob("*.ckpt"))

@@ -9,7 +9,8 @@ from mtp.errors import UserError
 from mtp.model import MTPModel
 from mtp.model.config import ModelConfig
 from mtp.model.transformer import IGNORE
-from mtp.training.loss import LossConfig, answer_targets, head_logits, mtp_loss, split_window, window_states
+from mtp.training.loss import answer_targets, head_logits, mtp_loss, split_window, window_states
+from mtp.training.loss_config import LossConfig
 
 
 def make_model(n_future=4, seed=0, **kwargs) -> MTPModel:

@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 
 from mtp.model import MTPModel
 from mtp.model.config import ModelConfig
-from mtp.training.loss import LossConfig, mtp_loss
+from mtp.training.loss import mtp_loss
+from mtp.training.loss_config import LossConfig
 from mtp.training.parallel import parallelize
 
 WORLD = 2

@@ -66,7 +66,7 @@ def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
 ROOT_MODULES = {"errors", "files"}
 """The modules at the package root, beside ``__init__``: what every layer uses. Everything else sits in the folder of
 its layer (model, checkpoint, training, pretrained, data, decode, interop, commands, benchmarks), its settings too
-(the model's in mtp/model/config.py, the loss's in mtp/training/loss.py)."""
+(the model's in mtp/model/config.py, the loss's in mtp/training/loss_config.py)."""
 
 
 def test_the_package_root_holds_only_what_every_layer_uses():

@@ -18,7 +18,8 @@ from mtp.model import MTPModel
 from mtp.model.config import ModelConfig
 from mtp.model.heads import HEADS
 from mtp.training import loss as loss_module
-from mtp.training.loss import LossConfig, mtp_loss
+from mtp.training.loss import mtp_loss
+from mtp.training.loss_config import LossConfig
 from mtp.training.parallel import check_tensor_parallel, check_tensor_parallel_loss, is_sharded, parallelize
 
 HEAD_TYPES = {

@@ -25,7 +25,8 @@ from mtp.model import MTPModel
 from mtp.model.config import ModelConfig
 from mtp.model.transformer import IGNORE
 from mtp.training.lit import MTPLitModule
-from mtp.training.loss import LossConfig, answer_targets, mtp_loss, split_window
+from mtp.training.loss import answer_targets, mtp_loss, split_window
+from mtp.training.loss_config import LossConfig
 from mtp.training.optim import OptimConfig, parameter_groups, warmup_cosine
 from mtp.training.train import instantiate_group, metric_order, train
 

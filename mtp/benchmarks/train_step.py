@@ -28,7 +28,8 @@ import torch
 
 from mtp.model import MTPModel
 from mtp.model.config import ModelConfig
-from mtp.training.loss import LossConfig, mtp_loss
+from mtp.training.loss import mtp_loss
+from mtp.training.loss_config import LossConfig
 from mtp.training.optim import parameter_groups
 from mtp.training.parallel import parallelize
 

@@ -43,7 +43,8 @@ class LoadedCheckpoint:
     """The training data's source and validation fraction (empty for checkpoints that predate it)."""
     loss_settings: dict[str, Any] = field(default_factory=dict)
     """The loss settings the model trained with, as stored (:func:`~mtp.model.config.stored_loss_settings`; the
-    training layer's :class:`~mtp.training.loss.LossConfig` reads them); empty for a model from another format."""
+    training layer's :class:`~mtp.training.loss_config.LossConfig` reads them); empty for a model from another
+    format."""
     curve: list[dict[str, Any]] = field(default_factory=list)
     """The task curve its training recorded (``callbacks=task_curve``; empty without one)."""
     train_seconds: float | None = None

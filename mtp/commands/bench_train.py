@@ -27,7 +27,7 @@ from mtp.benchmarks.train_step import StepSpec
 from mtp.commands.cli import add_device_flag, int_list, pick_device, run_script
 from mtp.model.config import HEAD_TYPES, ModelConfig
 from mtp.model.heads import HEADS
-from mtp.training.loss import HEAD_LOSSES, LossConfig
+from mtp.training.loss_config import HEAD_LOSSES, LossConfig
 from mtp.training.parallel import check_tensor_parallel
 
 # Defaults per device: a CPU grid small enough for a laptop; a GPU one large enough to keep a large GPU busy.

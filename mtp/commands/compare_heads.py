@@ -49,7 +49,7 @@ from mtp.commands.cli import (
 from mtp.decode import GenerationConfig, HeadsSettings, Plan
 from mtp.errors import UserError
 from mtp.model.config import ModelConfig
-from mtp.training.loss import LossConfig
+from mtp.training.loss_config import LossConfig
 
 MIB = 2**20
 

@@ -1,7 +1,8 @@
 """The settings of an MTP model (:class:`ModelConfig`): every size and switch of it, what a checkpoint needs to rebuild
-it, validated on construction. How a model trains has its own settings (:class:`mtp.training.loss.LossConfig`, the
-Hydra config's ``loss`` group); checkpoints written before the two were apart kept those among the model's, and
-:func:`stored_model_config` and :func:`stored_loss_settings` read both layouts.
+it, validated on construction. How a model trains has its own settings
+(:class:`mtp.training.loss_config.LossConfig`, the Hydra config's ``loss`` group); checkpoints written before the two
+were apart kept those among the model's, and :func:`stored_model_config` and :func:`stored_loss_settings` read both
+layouts.
 """
 
 from __future__ import annotations
@@ -229,8 +230,8 @@ FORMER_LOSS_SETTINGS = {
     },
 }  # fmt: skip
 """The loss settings a model config held before the loss had its own (checkpoints written then keep them there), by
-their name now in :class:`mtp.training.loss.LossConfig` (``loss`` became ``mode``). A record of that layout, so it
-never grows: a loss setting added since was never a model setting."""
+their name now in :class:`mtp.training.loss_config.LossConfig` (``loss`` became ``mode``). A record of that layout,
+so it never grows: a loss setting added since was never a model setting."""
 
 
 def stored_loss_settings(model: dict[str, Any], loss: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -175,9 +175,10 @@ class MTPModel(nn.Module):
         :meth:`trunk_features`' output for ``idx``, when the caller has it already (a frozen trunk's, kept from an
         earlier epoch). ``draft_rate``: the fraction of positions where causal depth k reads depth k-1's draft instead
         of ``following``'s token (0: the true tokens, evaluation's; 1: drafts everywhere; training passes
-        :attr:`~mtp.training.loss.LossConfig.draft_rate`). ``detach_heads``: heads 2..n read the trunk's states, the
-        embedding and the shared norm through no gradient (:attr:`~mtp.training.loss.LossConfig.detach_heads`), so
-        that their losses train only their own parameters; head 1's state keeps its graph.
+        :attr:`~mtp.training.loss_config.LossConfig.draft_rate`). ``detach_heads``: heads 2..n read the trunk's
+        states, the embedding and the shared norm through no gradient
+        (:attr:`~mtp.training.loss_config.LossConfig.detach_heads`), so that their losses train only their own
+        parameters; head 1's state keeps its graph.
 
         Training and evaluation call the model through this one method (the unembedding comes after, one head
         at a time), so a wrapper that hooks a forward method (FSDP2's ``register_fsdp_forward_method``) needs
@@ -214,7 +215,7 @@ class MTPModel(nn.Module):
 
     def drafted_inputs(self, rate: float, k: int, state: Tensor, true: Tensor) -> Tensor:
         """The tokens causal depth k reads in training at a draft ``rate``
-        (:attr:`~mtp.training.loss.LossConfig.draft_rate`): depth k-1's argmax (what greedy decoding feeds it; no
+        (:attr:`~mtp.training.loss_config.LossConfig.draft_rate`): depth k-1's argmax (what greedy decoding feeds it; no
         gradient flows through the choice) at every position (rate 1: loss.causal_inputs=drafts), or at a ``rate``
         fraction of positions drawn at random and ``true`` (B, T) elsewhere (loss.causal_inputs=mixed). ``state``:
         depth k-1's normed state (B, T, d)."""

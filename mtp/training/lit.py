@@ -21,16 +21,8 @@ from mtp.data.tokenizer import eot_id
 from mtp.errors import UserError
 from mtp.interop.chat import ModelChat
 from mtp.model.transformer import IGNORE, MTPModel
-from mtp.training.loss import (
-    LossConfig,
-    answer_targets,
-    cross_entropy,
-    head_logits,
-    mtp_loss,
-    split_window,
-    unembed,
-    window_states,
-)
+from mtp.training.loss import answer_targets, cross_entropy, head_logits, mtp_loss, split_window, unembed, window_states
+from mtp.training.loss_config import LossConfig
 from mtp.training.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.training.optim import OptimConfig, parameter_groups, warmup_cosine
 from mtp.training.parallel import data_parallel_size, parallelize
@@ -40,8 +32,8 @@ from mtp.training.trunk_cache import TrunkCache
 class MTPLitModule(L.LightningModule):
     """Training of the MTP model ``model`` (built, and grown from ``init_from`` and frozen if asked, where the run is
     assembled: :func:`mtp.training.train.build`); the rest of the settings come from the config's ``module`` node:
-    ``loss`` (:class:`mtp.training.loss.LossConfig`'s settings, the config's ``loss`` group, checked against the model's
-    here) and ``optim`` (:class:`mtp.training.optim.OptimConfig`'s).
+    ``loss`` (:class:`mtp.training.loss_config.LossConfig`'s settings, the config's ``loss`` group, checked against
+    the model's here) and ``optim`` (:class:`mtp.training.optim.OptimConfig`'s).
 
     ``draft_tokens_loaded``: the reduced draft vocabulary came with the model's checkpoint (else the data chooses it).
     With the trunk frozen, ``trunk_cache_gb`` keeps up to that many GiB of the trunk's outputs of training windows, so

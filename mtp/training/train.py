@@ -34,7 +34,7 @@ from mtp.pretrained.init_from import Start, check_freeze, freeze, settings_from_
 from mtp.pretrained.reference import register_resolver
 from mtp.training.callbacks import ResumableCheckpoint
 from mtp.training.lit import MTPLitModule
-from mtp.training.loss import LossConfig
+from mtp.training.loss_config import LossConfig
 from mtp.training.parallel import check_tensor_parallel, check_tensor_parallel_loss
 from mtp.training.strategy import MeshStrategy
 

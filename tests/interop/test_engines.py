@@ -16,7 +16,7 @@ from mtp.interop.engines import EAGLE3_ARCHITECTURE
 from mtp.model import MTPModel
 from mtp.model.config import ModelConfig
 from mtp.pretrained.export import export_draft
-from mtp.training.loss import LossConfig
+from mtp.training.loss_config import LossConfig
 
 safetensors_torch = pytest.importorskip("safetensors.torch", reason="exports need safetensors: pip install -e '.[hf]'")
 pytest.importorskip("transformers", reason="exports need transformers: pip install -e '.[hf]'")
