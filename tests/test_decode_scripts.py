@@ -190,6 +190,11 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
             "--draft-first-ids -3 must be 0 (every token) or positive.",
         ),
         (["--prompt-lookup", "2", "--draft-dtype", "int8"], "prompt lookup drafts without a model; leave --draft"),
+        (
+            ["--self-speculative", "--quantize", "int8", "--draft-dtype", "int8"],
+            "--quantize int8 quantizes every matrix, the drafts' included, and --draft-dtype int8 quantizes the drafts "
+            "alone; leave --draft-dtype auto with it.",
+        ),
     ],
 )
 def test_bad_flags_are_one_sentence(tiny_checkpoints, args, message):
@@ -306,6 +311,18 @@ def test_int8_drafts_decode_what_autoregressive_decoding_does(tiny_checkpoints, 
         stats = stats_of(out)
         assert "outputs_match=yes" in out and stats["method"] == method, drafting
         assert 0 < float(stats["draft_share"]) < 1
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_quantized_targets_decode_what_their_own_autoregressive_decoding_does(tiny_checkpoints, precision, capsys):
+    checkpoint = str(tiny_checkpoints["mtp4"])
+    argv = [checkpoint, "--compare", "--prompt", "def f(", "--max-new-tokens", "24", "--quantize", precision]
+    for drafting, method in ((["--self-speculative"], "heads"), (["--draft", checkpoint, "--gamma", "3"], "draft")):
+        assert decode.main([*argv, *drafting]) == 0
+        out = capsys.readouterr().out
+        stats = stats_of(out)
+        assert "outputs_match=yes" in out and stats["method"] == method and stats["quantize"] == precision, drafting
+        assert re.search(r"float_outputs_match=(yes|no)", out), out  # measured against the float weights, not assumed
 
 
 def test_a_draft_on_another_tokenizer_is_refused(tiny_checkpoints, tmp_path):
