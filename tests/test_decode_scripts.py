@@ -465,6 +465,39 @@ def test_bench_decode_puts_drafts_over_the_first_token_ids_beside_the_full_vocab
     assert "chain (drafts over the first 16 ids)" in (out / "results.md").read_text()
 
 
+@pytest.mark.slow
+def test_bench_decode_puts_quantized_targets_beside_float_ones_and_counts_their_agreement(tiny_checkpoints, tmp_path):
+    out = tmp_path / "bench"
+    flags = ["--modes", "greedy", "--methods", "draft", "--quantize", "none,int8,int4"]
+    rows = small_bench(tiny_checkpoints["mtp4"], out, *flags)
+    settings = sorted((r["method"], r["heads"], r["quantize"]) for r in rows)
+    assert settings == sorted((m, k, q) for q in ("none", "int8", "int4") for m, k in (("chain", 1), ("chain", 3),
+                              ("draft", 1)))  # fmt: skip
+    for r in rows:
+        assert r["identical_outputs"] == r["prompts"] == 2  # greedy: exact against its own precision's k=1
+        assert ("identical_to_float" in r) == (r["quantize"] != "none")  # measured against float k=1, not assumed
+        if r["quantize"] != "none":
+            assert 0 <= r["identical_to_float"] <= 2
+        if (r["method"], r["heads"]) == ("chain", 1):
+            assert r["speedup"] == 1.0  # its own precision's autoregressive decoding is the baseline
+    table = (out / "results.md").read_text()
+    assert "| same tokens as float k=1 |" in table and "chain (int4 weights)" in table
+    assert "draft (gamma 2, int8 weights)" in table
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("int8", "--quantize int8: none (the baseline rows) and any of int8, int4."),
+        ("none,int3", "--quantize none,int3: none (the baseline rows) and any of int8, int4."),
+    ],
+)
+def test_bench_decode_refuses_precisions_without_the_baseline_or_unknown(tiny_checkpoints, given, message):
+    bench = load_script("bench_decode")
+    with pytest.raises(UserError, match=re.escape(message)):
+        bench.checked_args([str(tiny_checkpoints["mtp4"]), "--quantize", given])
+
+
 @pytest.mark.parametrize("given", ["1024", "0,-5", "0,many"])
 def test_bench_decode_refuses_draft_vocabularies_without_the_baseline_or_not_counts(tiny_checkpoints, given, capsys):
     bench = load_script("bench_decode")
