@@ -14,14 +14,16 @@ its own input row alone, so a step verifying k rows gives each row what a step o
 output at each precision equals that precision's own autoregressive output. It is not float32's: how often it is the
 same is measured per run (bench_decode's rows), never assumed.
 
-Why these kernels: timed against float32 (``F.linear``) on SmolLM2's shapes (a 1536 x 576 layer, the 49,152 x 576
-unembedding) at one row and at four, they were the fastest of the candidates at both row counts: int8 weights with
-bfloat16 rows through ``_weight_int8pack_mm`` (with float32 rows it has no fast path and is several times slower than
-float32), int4 through ``_weight_int4pack_mm_for_cpu`` with bfloat16 rows (float32 rows: far slower again); a
-multiply-and-sum over the dequantized weights compiled by Inductor ran as fast at one row but several times slower at
-four; torchao 0.18's ``Int8WeightOnlyConfig`` computes ``mm(x, int8.to(x.dtype)) * scale`` on CPU, converting the
-whole matrix at every call (slower than float32 eager, and compiled slower than ``_weight_int8pack_mm``), and its CPU
-int4 layout is gone in 0.18. So no extra package is needed.
+Why these kernels (``python -m mtp.commands.int8_kernels --shapes smollm2 --rows 1,4`` reruns the comparison): on
+SmolLM2's shapes, each matrix streamed from beyond the caches, they were the only candidates faster than float32 at
+one row and at four on every shape: int8 weights with bfloat16 rows through ``_weight_int8pack_mm`` (with float32
+rows it has no fast path and is several times slower than float32), int4 through ``_weight_int4pack_mm_for_cpu`` with
+bfloat16 rows (float32 rows: far slower again). A multiply-and-sum over the dequantized int8 weights compiled by
+Inductor was faster still at one row on the largest matrices but slower than float32 at four, and choosing a kernel
+by row count would make a row's rounding depend on how many rows its step verifies, which greedy exactness forbids.
+torchao 0.18's ``Int8WeightOnlyConfig`` computes ``mm(x, int8.to(x.dtype)) * scale`` on CPU, converting the whole
+matrix at every call (slower than float32 eager; compiled, slower than ``_weight_int8pack_mm``), and 0.18 has no CPU
+int4 layout any more. So no extra package is needed.
 
 The kernels' limits, checked where a plan is made (:func:`check_quantizable`) before any weight is converted: CPU
 only; a float32 or bfloat16 model; for int4, every matrix's input width a multiple of :data:`GROUP_SIZE` (the model's

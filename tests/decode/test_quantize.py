@@ -3,6 +3,7 @@ model quantized weight-only; greedy output at each precision equals that precisi
 verifying and drafting forwards read the same quantized weights, the products are close to float's, and a setting the
 kernels do not take is one sentence before any weight is converted."""
 
+import copy
 import functools
 import re
 
@@ -68,6 +69,15 @@ def test_greedy_with_a_quantized_drafter_equals_that_precisions_autoregressive(m
     assert out == reference
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
     assert drafter.drafting.quantize == precision  # the drafter drafted with its quantized form
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_bfloat16_model_quantized_decodes_its_own_autoregressive_tokens(precision, trained_model):
+    model = copy.deepcopy(trained_model).to(torch.bfloat16)
+    model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()  # as the loader keeps them
+    reference = autoregressive(model, RAGGED, 24, precision)
+    out, stats = generate(model, RAGGED, Plan().changed(max_new_tokens=24, heads=4, quantize=precision))
+    assert out == reference and sum(stats.accepted) > 0
 
 
 def quantized_parts(form) -> list:
