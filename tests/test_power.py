@@ -1209,6 +1209,13 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "a quantized target's heads draft with their float weights",
+        "InferenceModel._all_in.quantize",
+        "                form.drafter = self.drafter.to_precision(form, precision)",
+        "                form.drafter = self.drafter",
+        (f"{QUANTIZE}::test_verifying_and_drafting_read_the_same_quantized_weights",),
+    ),
+    Mutation(
         "a draft model beside a quantized target drafts with its float weights",
         "ModelDrafter.start",
         "            self.drafting = self.form.quantized(quantize)",
