@@ -190,6 +190,11 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
             "--draft-first-ids -3 must be 0 (every token) or positive.",
         ),
         (["--prompt-lookup", "2", "--draft-dtype", "int8"], "prompt lookup drafts without a model; leave --draft"),
+        (
+            ["--self-speculative", "--quantize", "int8", "--draft-dtype", "int8"],
+            "--quantize int8 quantizes every matrix, the drafts' included, and --draft-dtype int8 quantizes the drafts "
+            "alone; leave --draft-dtype auto with it.",
+        ),
     ],
 )
 def test_bad_flags_are_one_sentence(tiny_checkpoints, args, message):
@@ -306,6 +311,18 @@ def test_int8_drafts_decode_what_autoregressive_decoding_does(tiny_checkpoints, 
         stats = stats_of(out)
         assert "outputs_match=yes" in out and stats["method"] == method, drafting
         assert 0 < float(stats["draft_share"]) < 1
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_quantized_targets_decode_what_their_own_autoregressive_decoding_does(tiny_checkpoints, precision, capsys):
+    checkpoint = str(tiny_checkpoints["mtp4"])
+    argv = [checkpoint, "--compare", "--prompt", "def f(", "--max-new-tokens", "24", "--quantize", precision]
+    for drafting, method in ((["--self-speculative"], "heads"), (["--draft", checkpoint, "--gamma", "3"], "draft")):
+        assert decode.main([*argv, *drafting]) == 0
+        out = capsys.readouterr().out
+        stats = stats_of(out)
+        assert "outputs_match=yes" in out and stats["method"] == method and stats["quantize"] == precision, drafting
+        assert re.search(r"float_outputs_match=(yes|no)", out), out  # measured against the float weights, not assumed
 
 
 def test_a_draft_on_another_tokenizer_is_refused(tiny_checkpoints, tmp_path):
@@ -446,6 +463,39 @@ def test_bench_decode_puts_drafts_over_the_first_token_ids_beside_the_full_vocab
     assert settings == [("chain", 1, 0), ("chain", 3, 0), ("chain", 3, 16)]  # k=1 drafts nothing: no twin
     assert all(r["identical_outputs"] == r["prompts"] == 2 for r in rows)  # greedy: exact whatever the drafts score
     assert "chain (drafts over the first 16 ids)" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_bench_decode_puts_quantized_targets_beside_float_ones_and_counts_their_agreement(tiny_checkpoints, tmp_path):
+    out = tmp_path / "bench"
+    flags = ["--modes", "greedy", "--methods", "draft", "--quantize", "none,int8,int4"]
+    rows = small_bench(tiny_checkpoints["mtp4"], out, *flags)
+    settings = sorted((r["method"], r["heads"], r["quantize"]) for r in rows)
+    assert settings == sorted((m, k, q) for q in ("none", "int8", "int4") for m, k in (("chain", 1), ("chain", 3),
+                              ("draft", 1)))  # fmt: skip
+    for r in rows:
+        assert r["identical_outputs"] == r["prompts"] == 2  # greedy: exact against its own precision's k=1
+        assert ("identical_to_float" in r) == (r["quantize"] != "none")  # measured against float k=1, not assumed
+        if r["quantize"] != "none":
+            assert 0 <= r["identical_to_float"] <= 2
+        if (r["method"], r["heads"]) == ("chain", 1):
+            assert r["speedup"] == 1.0  # its own precision's autoregressive decoding is the baseline
+    table = (out / "results.md").read_text()
+    assert "| same tokens as float k=1 |" in table and "chain (int4 weights)" in table
+    assert "draft (gamma 2, int8 weights)" in table
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("int8", "--quantize int8: none (the baseline rows) and any of int8, int4."),
+        ("none,int3", "--quantize none,int3: none (the baseline rows) and any of int8, int4."),
+    ],
+)
+def test_bench_decode_refuses_precisions_without_the_baseline_or_unknown(tiny_checkpoints, given, message):
+    bench = load_script("bench_decode")
+    with pytest.raises(UserError, match=re.escape(message)):
+        bench.checked_args([str(tiny_checkpoints["mtp4"]), "--quantize", given])
 
 
 @pytest.mark.parametrize("given", ["1024", "0,-5", "0,many"])

@@ -65,6 +65,7 @@ DRAFTERS = "tests/decode/test_drafters.py"
 DRAFTER_CACHE = (f"{DRAFTERS}::test_draft_model_proposals_follow_the_accepted_tokens",)
 DRAFTED_LOSSLESS = f"{DRAFTERS}::test_drafted_sampling_has_the_autoregressive_distribution"
 INT8 = "tests/decode/test_int8.py"
+QUANTIZE = "tests/decode/test_quantize.py"
 LAYER_SKIP = "tests/decode/test_layer_skip.py"
 SUBLAYER_LOGITS = (f"{LAYER_SKIP}::test_sublayer_draft_logits_equal_the_modules_with_those_sublayers_skipped",)
 SUBLAYER_SEARCH = f"{LAYER_SKIP}::test_the_sublayer_search_finds_the_same_set_twice_within_its_budget"
@@ -1145,8 +1146,8 @@ MUTATIONS = [
     Mutation(
         "int8 drafts: head 1's unembedding quantized along with the draft heads' (they share it)",
         "InferenceModel.with_int8_drafts.quantize",
-        "form.draft_output = self.draft_output.int8()",
-        "form.draft_output = form.head1_output = self.draft_output.int8()",
+        "form.draft_output = self.draft_output.to_precision(INT8_DRAFTS)",
+        "form.draft_output = form.head1_output = self.draft_output.to_precision(INT8_DRAFTS)",
         (
             f"{INT8}::test_greedy_with_int8_heads_equals_autoregressive",
             f"{INT8}::test_int8_draft_logits_are_close_to_full_precision",
@@ -1186,6 +1187,55 @@ MUTATIONS = [
         "    predicted = ()",
         ("tests/test_decode_scripts.py::test_bench_decode_writes_results",),
     ),
+    # -- quantized targets
+    Mutation(
+        "a quantized target verifies with its float path while its heads draft quantized",
+        "InferenceModel._all_in.quantize",
+        "form.path = [blocks.to_precision(precision) for blocks in self.path]",
+        "form.path = self.path",
+        (
+            f"{QUANTIZE}::test_greedy_with_quantized_heads_equals_that_precisions_autoregressive",
+            f"{QUANTIZE}::test_verifying_and_drafting_read_the_same_quantized_weights",
+        ),
+    ),
+    Mutation(
+        "a quantized target's head 1 unembeds with the float weights",
+        "InferenceModel._all_in.quantize",
+        "form.head1_output = self.head1_output.to_precision(precision)",
+        "form.head1_output = self.head1_output",
+        (
+            f"{QUANTIZE}::test_greedy_with_quantized_heads_equals_that_precisions_autoregressive",
+            f"{QUANTIZE}::test_verifying_and_drafting_read_the_same_quantized_weights",
+        ),
+    ),
+    Mutation(
+        "a quantized target's heads draft with their float weights",
+        "InferenceModel._all_in.quantize",
+        "                form.drafter = self.drafter.to_precision(form, precision)",
+        "                form.drafter = self.drafter",
+        (f"{QUANTIZE}::test_verifying_and_drafting_read_the_same_quantized_weights",),
+    ),
+    Mutation(
+        "a draft model beside a quantized target drafts with its float weights",
+        "ModelDrafter.start",
+        "            self.drafting = self.form.quantized(quantize)",
+        "            self.drafting = self.form",
+        (f"{QUANTIZE}::test_greedy_with_a_quantized_drafter_equals_that_precisions_autoregressive",),
+    ),
+    Mutation(
+        "quantize's limits checked only once the weights are converted",
+        "_Run.__init__",
+        "        plan.check_weights(model.config, device, model.tok_embeddings.weight.dtype)\n",
+        "",
+        (f"{QUANTIZE}::test_quantize_where_the_kernels_do_not_run_is_one_sentence_before_any_weight_is_converted",),
+    ),
+    Mutation(
+        "quantize's limits checked on the target but not on its draft model",
+        "Plan.check_weights",
+        "            self.drafter.check_weights(self)",
+        "            pass",
+        (f"{QUANTIZE}::test_quantize_where_the_kernels_do_not_run_is_one_sentence_before_any_weight_is_converted",),
+    ),
     # -- layer skip over sublayers, and its searches
     Mutation(
         "a sublayer draft skips the MLP where attention was asked, and the attention where the MLP was",
@@ -1211,7 +1261,7 @@ MUTATIONS = [
     Mutation(
         "an int8 layer-skip draft keeps its blocks in float",
         "SkippingForm.__init__",
-        "self.path.append(blocks.in_int8() if int8 else blocks)",
+        "self.path.append(blocks.to_precision(precision) if precision else blocks)",
         "self.path.append(blocks)",
         (f"{INT8}::test_int8_drafters_draft_with_int8_weights_and_leave_the_target_alone",),
     ),
@@ -1529,8 +1579,8 @@ MUTATIONS = [
     Mutation(
         "a packed block's attention output added as x @ W though its matrices are packed",
         "block_step",
-        "    if isinstance(w.wo, (Int8Matrices, PackedMatrices)) or w.by_weight:",
-        "    if isinstance(w.wo, Int8Matrices) or w.by_weight:",
+        "    if isinstance(w.wo, OWN_PRODUCTS) or w.by_weight:",
+        "    if isinstance(w.wo, (Int8Matrices, QuantizedMatrices)) or w.by_weight:",
         ("tests/decode/test_cache.py::test_cached_steps_equal_the_full_forward_in_every_block_layout",),
     ),
     Mutation(

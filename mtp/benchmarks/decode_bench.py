@@ -286,7 +286,8 @@ class DecodeBench:
         greedy1 = [
             r
             for r in rows
-            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, CHAIN, "auto")
+            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"], r["quantize"])
+            == ("greedy", 1, CHAIN, "auto", "none")
         ]
         if cpp is not None:
             table += f"\n\n{llama_cpp_table(cpp, greedy1)}"
@@ -346,15 +347,15 @@ def time_rounds(
 
 def result_rows(settings: list[BenchSetting], timings: list[Timing], predicted: set[str]) -> list[dict]:
     """A row per setting (:func:`result_row`) with its speed-up and forward cost against k = 1 of the same mode, batch
-    size and step mode; Leviathan et al.'s predicted speed-up on the rows labelled in ``predicted``; an int8 row's
-    draft time per step against its float twin's."""
+    size, step mode and precision; Leviathan et al.'s predicted speed-up on the rows labelled in ``predicted``; an int8
+    drafts row's draft time per step against its float twin's."""
     rows = [result_row(s, t.best, t.captures, t.capture_s) for s, t in zip(settings, timings, strict=True)]
     for setting, row in zip(settings, rows, strict=True):
         baseline = next(
             r
             for r in rows
-            if (r["mode"], r["batch_size"], r["heads"], r["method"], r["cuda_graphs"])
-            == (row["mode"], row["batch_size"], 1, CHAIN, row["cuda_graphs"])
+            if (r["mode"], r["batch_size"], r["heads"], r["method"], r["cuda_graphs"], r["quantize"])
+            == (row["mode"], row["batch_size"], 1, CHAIN, row["cuda_graphs"], row["quantize"])
         )
         row["speedup"] = row["tokens_per_s"] / baseline["tokens_per_s"]
         row["forward_cost"] = row["ms_per_forward"] / baseline["ms_per_forward"]
@@ -374,17 +375,30 @@ def check_outputs(
     rows: list[dict],
     scorer: HumanEvalScorer | None,
 ) -> list[list[int]] | None:
-    """Every greedy batch-1 row's outputs checked against mtp autoregressive decoding's (identical prompts, and pass@1
-    with a ``scorer``), where each parts from them with how near the tie was there, and a captured row's against its
-    eager twin's; autoregressive decoding's outputs returned (None: no greedy batch-1 row)."""
+    """Every greedy batch-1 row's outputs checked against mtp autoregressive decoding's at the same precision
+    (identical prompts, and pass@1 with a ``scorer``), where each parts from them with how near the tie was there, a
+    quantized row's also against autoregressive decoding's with the model's own weights (``identical_to_float``:
+    measured, never assumed), and a captured row's against its eager twin's; autoregressive decoding's outputs with
+    the model's own weights returned (None: no greedy batch-1 row)."""
     checked = [i for i, setting in enumerate(settings) if setting.checked]
     if not checked:
         return None
-    autoregressive = next(i for i in checked if (settings[i].method, settings[i].plan.heads.heads) == (CHAIN, 1))
-    reference = timings[autoregressive].outputs
+
+    def autoregressive(quantize: str) -> list[list[int]]:
+        return next(
+            timings[i].outputs
+            for i in checked
+            if (settings[i].method, settings[i].plan.heads.heads, settings[i].plan.step.quantize)
+            == (CHAIN, 1, quantize)
+        )
+
+    float_reference = autoregressive("none")
     for i in checked:
-        outputs = timings[i].outputs
+        outputs, quantize = timings[i].outputs, settings[i].plan.step.quantize
+        reference = autoregressive(quantize)
         rows[i].update(output_checks(outputs, reference, scorer))
+        if quantize != "none":
+            rows[i]["identical_to_float"] = sum(a == b for a, b in zip(outputs, float_reference, strict=True))
         rows[i]["parted"] = [  # where its tokens leave autoregressive decoding's, and how near the tie was there
             {"prompt": p, "token": j, "top2_margin": top2_margin(model, prompts[p], reference[p][:j])}
             for p, j in first_divergence(outputs, reference)
@@ -392,7 +406,7 @@ def check_outputs(
         if settings[i].plan.step.cuda_graphs:  # captured steps against the same setting's eager ones, token for token
             eager = timings[settings.index(settings[i].twin(cuda_graphs=False))].outputs
             rows[i]["identical_to_eager"] = sum(a == b for a, b in zip(outputs, eager, strict=True))
-    return reference
+    return float_reference
 
 
 def predicted_speedup(row: dict, baseline: dict) -> float:
@@ -433,6 +447,7 @@ def result_row(setting: BenchSetting, stats: DecodeStats, captures=0, capture_s=
         "draft_ms_per_forward": 1000 * stats.draft_s / stats.draft_forwards if stats.draft_forwards else 0.0,
         "acceptance_rate": sum(stats.accepted) / sum(stats.drafted) if sum(stats.drafted) else 0.0,
         "cuda_graphs": plan.step.cuda_graphs,
+        "quantize": plan.step.quantize,
         "captures": captures,
         "capture_s": capture_s,
     }
@@ -461,7 +476,7 @@ def run_decode_bench(settings: DecodeBenchSettings) -> None:
     gammas = [method.most_drafts(settings.gamma) for method in methods if method.selected_by is not None]
     if gammas:
         check_context(loaded.config, prompts, settings.max_new_tokens, max(gammas))
-    settings.variations.check_for(loaded.config)
+    settings.variations.check_for(loaded.config, device, next(loaded.model.parameters()).dtype)
 
     def method_rows(mode_chain: Plan, mode: str) -> list[BenchRow]:
         """The rows of the methods other than the chain, at its largest k, for one mode: the heads' variants' (their

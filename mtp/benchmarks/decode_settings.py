@@ -1,10 +1,11 @@
 """What the decoding benchmark times: its settings (a mode, a batch size, a method's row), each beside its twins in the
-other draft dtypes, draft vocabularies, step modes and draft choices asked for (:class:`Variations`)."""
+other draft dtypes, draft vocabularies, quantized precisions, step modes and draft choices asked for
+(:class:`Variations`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -12,6 +13,7 @@ from mtp.benchmarks.report import CHAIN
 from mtp.decode.graphs import captures_on
 from mtp.decode.methods import BenchRow
 from mtp.decode.plan import Plan
+from mtp.decode.settings import StepSettings
 from mtp.errors import SettingError
 from mtp.model.config import ModelConfig
 
@@ -61,9 +63,27 @@ class Variations:
     """eager and/or captured (CUDA graphs), every setting in each."""
     draft_choices: list[str]
     """How sampling's drafts from a model are chosen (auto, sampled, tempered, top)."""
+    quantize: list[str] = field(default_factory=lambda: ["none"])
+    """The target's precisions (none: its own weights; int8, int4: quantized weight-only, its drafts' too), every
+    setting in each whose drafts are not int8 drafts already."""
 
     def check_on(self, device: torch.device) -> None:
-        """int8 drafts need the CPU and captured steps CUDA: one sentence where the benchmark runs elsewhere."""
+        """int8 drafts and quantized targets need the CPU and captured steps CUDA: one sentence where the benchmark runs
+        elsewhere."""
+        quantized = [q for q in self.quantize if q != "none"]
+        if quantized and device.type != "cpu":
+            raise SettingError(
+                f"{{quantize}} runs PyTorch's weight-only CPU kernels, and the benchmark runs on {device.type}; use "
+                "{device:cpu}, or {quantize:none}.",
+                quantize=",".join(self.quantize),
+                device=device.type,
+            )
+        if quantized and "captured" in self.step_modes:
+            raise SettingError(
+                "{quantize} runs on CPU and {step_modes:captured} on CUDA; time them in separate runs.",
+                quantize=",".join(self.quantize),
+                step_modes=",".join(self.step_modes),
+            )
         if "int8" in self.draft_dtypes and device.type != "cpu":
             raise SettingError(
                 "{draft_dtypes:int8} drafts with PyTorch's int8 CPU kernels, and the benchmark runs on "
@@ -79,8 +99,12 @@ class Variations:
                 device=device.type,
             )
 
-    def check_for(self, config: ModelConfig) -> None:
-        """Heads trained on a reduced draft vocabulary draft over it alone, and no N may reach past the vocabulary."""
+    def check_for(self, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+        """Heads trained on a reduced draft vocabulary draft over it alone, no N may reach past the vocabulary, and each
+        precision of ``quantize`` runs on the model (``config`` in ``dtype`` on ``device``: one sentence naming what is
+        supported where not, before any weight is converted)."""
+        for quantize in self.quantize:
+            StepSettings(quantize=quantize).check_model(config, device, dtype)
         vocab, trained, most = config.vocab_size, config.draft_vocab, max(self.draft_first_ids)
         if trained and most:
             raise SettingError(
@@ -114,6 +138,7 @@ def bench_settings(
             entries += [BenchSetting(mode, batch_size, *row) for row in rows]
             entries = in_draft_dtypes(entries, variations.draft_dtypes)
             entries = in_draft_first_ids(entries, variations.draft_first_ids)
+            entries = in_precisions(entries, variations.quantize)
             entries = in_step_modes(entries, variations.step_modes)
             if mode == "sampling":
                 entries = in_draft_choices(entries, variations.draft_choices)
@@ -129,6 +154,17 @@ def in_draft_dtypes(settings: list[BenchSetting], draft_dtypes: list[str]) -> li
         out.append(setting)
         if setting.drafts_from_a_model:
             out += [setting.twin(draft_dtype=d) for d in draft_dtypes if d != setting.plan.drafts.draft_dtype]
+    return out
+
+
+def in_precisions(settings: list[BenchSetting], quantize: list[str]) -> list[BenchSetting]:
+    """``settings`` (every one at the model's own weights, its drafts at theirs or int8), then each precision of
+    ``quantize`` other than none: the settings again with the target quantized, drafts and drafter included (an int8
+    drafts row has no quantized twin: its drafts are the quantized target's)."""
+    out = list(settings)
+    for precision in quantize:
+        if precision != "none":
+            out += [s.twin(quantize=precision) for s in settings if s.plan.drafts.draft_dtype == "auto"]
     return out
 
 

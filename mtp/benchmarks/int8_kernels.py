@@ -1,5 +1,6 @@
-"""The int8 kernels PyTorch has on CPU against the float32 products the decoder runs, at a decoding step's shapes: the
-measurement that chose :mod:`mtp.decode.int8`'s kernel.
+"""The int8 and int4 kernels PyTorch has on CPU against the float32 products the decoder runs, at a decoding step's
+shapes: the measurement that chose :mod:`mtp.decode.int8`'s kernels and :mod:`mtp.decode.quantize`'s (a quantized
+target's, which must be fast at one row and at a verifying step's few).
 
     python -m mtp.commands.int8_kernels [--rows 1,3,8,32] [--threads 1] [--shapes default|smollm2|all]
 
@@ -18,6 +19,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from mtp.decode.quantize import GROUP_SIZE, int4_groups
 
 SHAPES = {
     "default": [("192 -> 320 (q/k/v)", 192, 320), ("192 -> 1024 (gate/up)", 192, 1024),
@@ -43,8 +46,15 @@ def _prepared(weight: Tensor) -> dict[str, object]:
             torch.backends.quantized.engine = engine
             packed[engine] = torch.ops.quantized.linear_prepack(quantized, None)
     torch.backends.quantized.engine = previous
+    int4, int4_scales = int4_groups(weight)
     return {"W": weight, "WT": weight.T.contiguous(), "int8": int8, "scales": scales, "int8T": int8.T.contiguous(),
-            "packed": packed}  # fmt: skip
+            "packed": packed, "int4": int4, "int4_scales": int4_scales}  # fmt: skip
+
+
+@torch.compile(dynamic=True)
+def _compiled_int8_sum(x: Tensor, int8: Tensor, scales: Tensor) -> Tensor:
+    """x (rows, in) times int8 (out, in) dequantized inside one compiled multiply-and-sum (Inductor's own loop)."""
+    return (x[:, None, :] * int8.float()).sum(-1) * scales
 
 
 def _int_mm(x: Tensor, m: dict) -> Tensor:  # rows quantized by hand, int8 x int8 -> int32
@@ -62,6 +72,13 @@ CANDIDATES: dict[str, Callable[[Tensor, dict], Tensor]] = {
         x.bfloat16(), m["int8"], m["scales"].bfloat16()
     ).float(),
     "_int_mm (rows quantized)": _int_mm,
+    "int8 multiply-and-sum (compiled)": lambda x, m: _compiled_int8_sum(x, m["int8"], m["scales"]),
+    "_weight_int4pack_mm_for_cpu": lambda x, m: torch.ops.aten._weight_int4pack_mm_for_cpu(
+        x, m["int4"], GROUP_SIZE, m["int4_scales"].float()
+    ),
+    "_weight_int4pack_mm_for_cpu (bf16 x)": lambda x, m: torch.ops.aten._weight_int4pack_mm_for_cpu(
+        x.bfloat16(), m["int4"], GROUP_SIZE, m["int4_scales"]
+    ).float(),
 }
 """Each candidate's product x (rows, in) @ W^T, W (out, in), from its layout of W."""
 

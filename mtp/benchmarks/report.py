@@ -138,7 +138,7 @@ def write_results(
 
 def method_label(r: dict[str, Any]) -> str:
     """A row's method with its parameters: 'chain', 'tree (16 nodes)', 'draft (gamma 4)', 'layerskip (gamma 4, skip
-    2,5)', 'lookup (gamma 4, ngram 3)', 'chain (int8 drafts)'."""
+    2,5)', 'lookup (gamma 4, ngram 3)', 'chain (int8 drafts)', 'chain (int4 weights)'."""
     method = r.get("method", CHAIN)
     params = [f"{r['sequences']} sequences"] if r.get("sequences", 1) > 1 else []
     params += [f"{r['tree_nodes']} nodes"] if r.get("tree_nodes") and not params else []
@@ -146,6 +146,7 @@ def method_label(r: dict[str, Any]) -> str:
     params += [f"{key} {value}" for key, value in r.get("drafter", {}).items() if key != "gamma"]
     params += ["lossy"] if r.get("lossy") else []
     params += [f"{r['draft_dtype']} drafts"] if r.get("draft_dtype", "auto") != "auto" else []
+    params += [f"{r['quantize']} weights"] if r.get("quantize", "none") != "none" else []
     params += [f"{r['draft_choice']} drafts"] if r.get("draft_choice", "auto") != "auto" else []
     params += [f"drafts over the first {r['draft_first_ids']} ids"] if r.get("draft_first_ids") else []
     params += ["CUDA graphs"] if r.get("cuda_graphs") else []
@@ -167,15 +168,19 @@ def same_cell(checks: dict[str, Any]) -> str:
 
 def decode_table(rows: list[dict[str, Any]]) -> str:
     """One line per row; with output checks (greedy, batch 1), the prompts whose tokens equal autoregressive
-    decoding's, and with HumanEval prompts, pass@1. The draft side's time per step (a drafter's proposals, or the
-    heads' part of a step) is shown with its ratio to the same setting's float drafts on an int8 row."""
+    decoding's (at the row's precision), with quantized rows the prompts whose tokens equal autoregressive decoding's
+    with the model's own weights, and with HumanEval prompts, pass@1. The draft side's time per step (a drafter's
+    proposals, or the heads' part of a step) is shown with its ratio to the same setting's float drafts on an int8
+    row."""
     same = any("identical_outputs" in r for r in rows)
+    as_float = any("identical_to_float" in r for r in rows)
     scored = any("pass_at_1" in r for r in rows)
-    extra_head = (" same tokens as k=1 |" if same else "") + (" pass@1 |" if scored else "")
+    extra_head = (" same tokens as k=1 |" if same else "") + (" same tokens as float k=1 |" if as_float else "")
+    extra_head += " pass@1 |" if scored else ""
     lines = [
         "| mode | batch | method | k | tokens/forward | acceptance by draft position / depth | ms/forward "
         "| forward cost / k=1 | draft share | draft ms/step | tokens/s | speed-up | predicted |" + extra_head,
-        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (same + scored),
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (same + as_float + scored),
     ]
     for r in rows:
         accept = ", ".join(f"{a:.2f}" for a in r["acceptance"]) or "-"
@@ -184,7 +189,9 @@ def decode_table(rows: list[dict[str, Any]]) -> str:
         draft_ms = f"{r['draft_ms_per_step']:.3f}" if drafts and "draft_ms_per_step" in r else ""
         draft_ms += f" ({r['draft_time_vs_auto']:.2f}x)" if "draft_time_vs_auto" in r else ""
         predicted = f"{r['predicted_speedup']:.2f}x" if "predicted_speedup" in r else ""
-        extra = (f" {same_cell(r)} |" if same else "") + (f" {pass_cell(r)} |" if scored else "")
+        float_cell = f"{r['identical_to_float']}/{r['prompts']}" if "identical_to_float" in r else ""
+        extra = (f" {same_cell(r)} |" if same else "") + (f" {float_cell} |" if as_float else "")
+        extra += f" {pass_cell(r)} |" if scored else ""
         lines.append(
             f"| {r['mode']} | {r['batch_size']} | {method_label(r)} | {r['heads']} | {r['tokens_per_forward']:.2f} | "
             f"{accept} | {r['ms_per_forward']:.2f} | {r['forward_cost']:.2f}x | {share} | {draft_ms} | "

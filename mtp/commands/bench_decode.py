@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for method in REGISTRY.values():  # each method's own flags: a drafter's settings, every method's sweep
         add_bench_flags(parser, method)
-    add_variation_flags(parser)  # --draft-dtypes, --step-modes, --draft-first-ids, --draft-choices
+    add_variation_flags(parser)  # --draft-dtypes, --quantize, --step-modes, --draft-first-ids, --draft-choices
     add_renamed_flag(parser, "--draft-vocabs", "--draft-first-ids")
     add_prompt_set_flags(parser)
     add_prompt_format_flag(parser)

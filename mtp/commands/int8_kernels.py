@@ -1,5 +1,6 @@
-"""The int8 kernels PyTorch has on CPU against the float32 products the decoder runs, at a decoding step's shapes
-(:mod:`mtp.benchmarks.int8_kernels`): the measurement that chose :mod:`mtp.decode.int8`'s kernel.
+"""The int8 and int4 kernels PyTorch has on CPU against the float32 products the decoder runs, at a decoding step's
+shapes (:mod:`mtp.benchmarks.int8_kernels`): the measurement that chose :mod:`mtp.decode.int8`'s kernels and
+:mod:`mtp.decode.quantize`'s.
 
     python -m mtp.commands.int8_kernels [--rows 1,3,8,32] [--threads 1] [--shapes default|smollm2|all]
 

@@ -26,8 +26,7 @@ from torch import Tensor
 
 from mtp.decode.cache import ChainCache, KVCache
 from mtp.decode.graphs import StepGraphs
-from mtp.decode.int8 import Int8Matrices
-from mtp.decode.packed import PackedBlocks, Unembedding, product
+from mtp.decode.packed import OWN_PRODUCTS, PackedBlocks, Unembedding, matrices_in, product
 from mtp.model import MTPModel
 from mtp.model.config import ModelConfig
 from mtp.model.heads import CausalHeads, Eagle3Heads, Heads, LinearHeads, MedusaHeads, ParallelHeads
@@ -65,7 +64,7 @@ class HeadForm:
     """Slots the heads' blocks take in the form's cache, after the path's."""
     own_output = False
     """The heads unembed with matrices of their own (else with the form's ``draft_output``, head 1's or its rows of a
-    reduced draft vocabulary, which int8 drafts quantize)."""
+    reduced draft vocabulary, which the form quantizes with them)."""
 
     def __init__(self, model: MTPModel, form: Form) -> None:
         self.form = form
@@ -79,8 +78,10 @@ class HeadForm:
     def prepare(self, cache: KVCache, batch_size: int, max_len: int) -> None:
         """Add what the heads keep beside the form's new ``cache`` (rolled back and trimmed with it)."""
 
-    def in_int8(self, form: Form) -> HeadForm:
-        """These heads with int8 matrices, drafting for ``form`` (:meth:`InferenceModel.with_int8_drafts`)."""
+    def to_precision(self, form: Form, precision: str) -> HeadForm:
+        """These heads with their matrices in ``precision`` (:func:`mtp.decode.packed.matrices_in`: int8 drafts, or a
+        quantized target's int8 or int4), drafting for ``form`` (:meth:`InferenceModel.with_int8_drafts`,
+        :meth:`InferenceModel.quantized`)."""
         raise NotImplementedError
 
     def draft(
@@ -107,10 +108,9 @@ class ParallelBlocks(HeadForm):
         self.cache_slots = form.heads - 1
         self.slots = slice(len(model.layers), len(model.layers) + form.heads - 1)
 
-    def in_int8(self, form: Form) -> ParallelBlocks:
-        """These heads with int8 blocks, drafting for ``form``."""
+    def to_precision(self, form: Form, precision: str) -> ParallelBlocks:
         quantized = copy.copy(self)
-        quantized.form, quantized.blocks = form, self.blocks.in_int8()
+        quantized.form, quantized.blocks = form, self.blocks.to_precision(precision)
         return quantized
 
     def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
@@ -147,12 +147,11 @@ class Unembeddings(HeadForm):
         else:
             self.outputs = torch.stack([(model.head_weight(k)[form.draft_rows] * final_norm).T for k in heads])
 
-    def in_int8(self, form: Form) -> Unembeddings:
-        """These heads with int8 residual layers and outputs, drafting for ``form``."""
+    def to_precision(self, form: Form, precision: str) -> Unembeddings:
         quantized = copy.copy(self)
-        quantized.form, quantized.outputs = form, Int8Matrices(self.outputs, "fbgemm")  # unembeddings: see int8.py
+        quantized.form, quantized.outputs = form, matrices_in(precision, self.outputs, unembedding=True)
         if self.residual is not None:
-            quantized.residual = [Int8Matrices(weight) for weight in self.residual]
+            quantized.residual = [matrices_in(precision, weight) for weight in self.residual]
         return quantized
 
     def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
@@ -196,15 +195,15 @@ class CausalChain(HeadForm):
         depths = range(2, form.heads + 1)
         self.zero_first_token = config.causal_first_token == "zero"
         self.blocks = [pack(model.heads.block(k), pack_block) for k in depths]
-        self.inputs: list[Tensor | Int8Matrices] = [pack(model.heads.causal_input(k), pack_input) for k in depths]
+        self.inputs: list = [pack(model.heads.causal_input(k), pack_input) for k in depths]  # or quantized stacks
 
-    def in_int8(self, form: Form) -> CausalChain:
-        """These depths with int8 blocks and input matrices (a shared depth's quantized once), drafting for ``form``."""
+    def to_precision(self, form: Form, precision: str) -> CausalChain:
+        """These depths in ``precision`` (a shared depth's quantized once), drafting for ``form``."""
         quantized = copy.copy(self)
-        quantized.form, quantized.blocks = form, [blocks.in_int8() for blocks in self.blocks]
+        quantized.form, quantized.blocks = form, [blocks.to_precision(precision) for blocks in self.blocks]
         inputs = {id(matrix): matrix for matrix in self.inputs}
-        int8 = {key: Int8Matrices(matrix[None]) for key, matrix in inputs.items()}  # (1, 2d, d): one matrix
-        quantized.inputs = [int8[id(matrix)] for matrix in self.inputs]
+        converted = {key: matrices_in(precision, matrix[None]) for key, matrix in inputs.items()}  # (1, 2d, d)
+        quantized.inputs = [converted[id(matrix)] for matrix in self.inputs]
         return quantized
 
     def prepare(self, cache: KVCache, batch_size: int, max_len: int) -> None:
@@ -235,7 +234,7 @@ class CausalChain(HeadForm):
             d = (embedded.size(-1),)
             x = torch.cat([F.rms_norm(embedded, d, eps=eps), F.rms_norm(previous, d, eps=eps)], dim=-1)
             projection = self.inputs[k - 2]
-            if isinstance(projection, Int8Matrices):
+            if isinstance(projection, OWN_PRODUCTS):
                 x = projection(x[None])[0]  # (B, width, d)
             else:
                 x = torch.matmul(x, projection)  # (B, width, d)
@@ -279,16 +278,16 @@ class Eagle3Chain(HeadForm):
         super().__init__(model, form)
         config, heads = model.config, model.heads
         self.slot = slice(len(model.layers), len(model.layers) + 1)
-        self.fc: Tensor | Int8Matrices = heads.fc.weight.T.contiguous()  # (3d, d)
+        self.fc = heads.fc.weight.T.contiguous()  # (3d, d), or a quantized stack of it
         # its split norm's weights folded into q/k/v as any block's norm is (the layer is named as a Block is)
         self.layer = PackedBlocks([heads.layer], config.n_heads, config.n_kv_heads)
         self.output = Unembedding(model.head_weight(2)[form.draft_rows] * heads.norm.weight)  # its own norm folded in
 
-    def in_int8(self, form: Form) -> Eagle3Chain:
-        """This layer, its fc and its unembedding in int8, drafting for ``form``."""
+    def to_precision(self, form: Form, precision: str) -> Eagle3Chain:
+        """This layer, its fc and its unembedding in ``precision``, drafting for ``form``."""
         quantized = copy.copy(self)
-        quantized.form, quantized.layer = form, self.layer.in_int8()
-        quantized.fc, quantized.output = Int8Matrices(self.fc[None]), self.output.int8()
+        quantized.form, quantized.layer = form, self.layer.to_precision(precision)
+        quantized.fc, quantized.output = matrices_in(precision, self.fc[None]), self.output.to_precision(precision)
         return quantized
 
     def draft(self, hidden, cache, last, inputs, next_token, choose) -> Tensor:
@@ -323,7 +322,7 @@ class Eagle3Chain(HeadForm):
         rows = torch.arange(inputs.size(0), device=inputs.device)
         after = torch.cat([inputs[:, 1:], inputs[:, -1:]], dim=1)  # the last position's is never read
         after[rows, last] = next_token
-        if isinstance(self.fc, Int8Matrices):
+        if isinstance(self.fc, OWN_PRODUCTS):
             fused = self.fc(hidden[None])[0]  # (B, S, d)
         else:
             fused = torch.matmul(hidden, self.fc)

@@ -7,7 +7,9 @@ layout that reads the weights fastest), and the draft heads as their type's form
 With int8 drafts (``draft_dtype="int8"``, CPU), the draft side multiplies int8 copies of its matrices
 (:mod:`mtp.decode.int8`): the draft heads' and their unembedding (:meth:`InferenceModel.with_int8_drafts`, which
 shares the verification path and head 1's unembedding, at full precision), or a drafter's whole form
-(:meth:`InferenceModel.int8_drafter`).
+(:meth:`InferenceModel.int8_drafter`). A quantized target (``quantize="int8"`` or ``"int4"``, CPU) multiplies
+quantized copies of every matrix, the path's, head 1's and the draft heads' (:meth:`InferenceModel.quantized`,
+:mod:`mtp.decode.quantize`), so that its verifying and drafting forwards read the same weights.
 
 One step is split where verification sits: :meth:`InferenceModel.verify` runs the trunk and head 1 over the
 step's positions and returns head 1's logits there (and what the draft heads read); the caller picks each row's last
@@ -36,6 +38,7 @@ from mtp.decode.head_forms import Chooser, HeadForm, head_form
 from mtp.decode.packed import (
     BY_INPUT,
     BY_WEIGHT,
+    INT8_DRAFTS,
     MKL_PACKED,
     PackedBlocks,
     Unembedding,
@@ -45,6 +48,7 @@ from mtp.decode.packed import (
     compiled_step,
     feed_forward_step,
 )
+from mtp.decode.quantize import Quantize
 from mtp.decode.settings import DraftDtype
 from mtp.decode.tree import DraftTree
 from mtp.model import MTPModel
@@ -144,7 +148,8 @@ class InferenceModel:
         self.block_indices: dict[int, Tensor] = {}  # blocks -> (blocks, 1, 1) index of a block_step's cache slots
         self.block_step = compiled_block_step() if compile else block_step
         self.draft_dtype: DraftDtype = "auto"
-        self._variants: dict[str, InferenceModel] = {}  # the int8 forms derived from this one, built once
+        self.quantize: Quantize = "none"
+        self._variants: dict[str, InferenceModel] = {}  # the quantized forms derived from this one, built once
         # heads 2..k as their type's form, and the path depths whose outputs they read (blocks applied: the trunk
         # output for parallel head blocks, the path's output for causal heads and those whose every block is trunk)
         self.drafter: HeadForm | None = head_form(model, self) if heads > 1 else None
@@ -159,16 +164,18 @@ class InferenceModel:
         draft_dtype: DraftDtype = "auto",
         draft_first_ids: int = 0,
         cuda_graphs: bool = False,
+        quantize: Quantize = "none",
     ) -> InferenceModel:
-        """The inference form of ``model`` for ``heads`` heads, its draft heads in ``draft_dtype`` scoring the first
+        """The inference form of ``model`` for ``heads`` heads, its weights quantized to ``quantize`` (none: the
+        model's own; :meth:`quantized`), its draft heads in ``draft_dtype`` scoring the first
         ``draft_first_ids`` token ids (0: a trained draft vocabulary, or every token): built once, reused while the
         weights (and buffers, such as a reduced draft vocabulary) stay the same, so repeated ``generate`` calls pay
         neither the packing nor a recompile. The model says when they change (:attr:`MTPModel.weights_version`: a
         state dict loaded, or :meth:`MTPModel.weights_changed`, which whoever writes them in place calls: the training
         module after each optimizer step, the online updates after theirs); a tensor moved to another device or dtype
-        is seen here. An int8 form is derived from the full-precision one (:meth:`with_int8_drafts`), whose
-        verification path it shares. With ``cuda_graphs`` its steps are captured (:mod:`mtp.decode.graphs`), and the
-        graphs kept with the form."""
+        is seen here. An int8-drafts form is derived from the full-precision one (:meth:`with_int8_drafts`), whose
+        verification path it shares; so is a quantized one, built once too. With ``cuda_graphs`` its steps are
+        captured (:mod:`mtp.decode.graphs`), and the graphs kept with the form."""
         placed = tuple((t.device, t.dtype) for t in (*model.parameters(), *model.buffers()))
         weights = (model.weights_version, placed)
         built = _built.setdefault(model, {})
@@ -176,6 +183,8 @@ class InferenceModel:
         if key not in built or built[key][0] != weights:
             built[key] = (weights, cls(model, heads, compile, draft_first_ids, cuda_graphs))
         form = built[key][1]
+        if quantize != "none":
+            form = form.quantized(quantize)
         return form if draft_dtype == "auto" else form.with_int8_drafts()
 
     def _variant(self, name: str, build: Callable[[InferenceModel], None]) -> InferenceModel:
@@ -195,27 +204,42 @@ class InferenceModel:
         def quantize(form: InferenceModel) -> None:
             form.draft_dtype = "int8"
             if not self.drafter.own_output:  # linear and medusa heads unembed with their own outputs
-                form.draft_output = self.draft_output.int8()
-            form.drafter = self.drafter.in_int8(form)
+                form.draft_output = self.draft_output.to_precision(INT8_DRAFTS)
+            form.drafter = self.drafter.to_precision(form, INT8_DRAFTS)
 
-        return self._variant("int8 drafts", quantize)
+        return self._variant("int8 draft heads", quantize)
 
     def int8_drafter(self) -> InferenceModel:
         """This form, a drafter's (a draft model's, or the target's with blocks skipped), with its path's blocks and
         head 1's unembedding in int8 (on CPU; each packed block quantized once, whichever forms share it), and its own
         draft heads too when it has some (a staged draft's). Its head 1 is then no longer the model's: a form that only
         drafts."""
+        return self._all_in(INT8_DRAFTS)
+
+    def quantized(self, precision: Quantize) -> InferenceModel:
+        """This form with every matrix quantized weight-only to ``precision`` (int8 or int4, CPU:
+        :mod:`mtp.decode.quantize`): the path's blocks, head 1's unembedding, the draft heads' and their unembedding,
+        each packed block quantized once whichever forms share it. Its verifying and drafting forwards read the same
+        quantized weights, so its greedy output is its own autoregressive output (this form with one head), not the
+        float model's."""
+        return self._all_in(precision)
+
+    def _all_in(self, precision: str) -> InferenceModel:
+        """This form with every matrix in ``precision`` (:func:`mtp.decode.packed.matrices_in`), built once."""
 
         def quantize(form: InferenceModel) -> None:
-            form.draft_dtype = "int8"
-            form.path = [blocks.in_int8() for blocks in self.path]
-            form.head1_output = self.head1_output.int8()
+            if precision == INT8_DRAFTS:
+                form.draft_dtype = "int8"
+            else:
+                form.quantize = precision
+            form.path = [blocks.to_precision(precision) for blocks in self.path]
+            form.head1_output = self.head1_output.to_precision(precision)
             shared = self.draft_output is self.head1_output  # no reduced draft vocabulary
-            form.draft_output = form.head1_output if shared else self.draft_output.int8()
-            if self.drafter is not None:  # a staged draft's heads, which verify nothing either
-                form.drafter = self.drafter.in_int8(form)
+            form.draft_output = form.head1_output if shared else self.draft_output.to_precision(precision)
+            if self.drafter is not None:  # the heads (a staged draft's verify nothing either)
+                form.drafter = self.drafter.to_precision(form, precision)
 
-        return self._variant("int8 drafter", quantize)
+        return self._variant(precision, quantize)
 
     def skipping(self, skip: Iterable[int | Sublayer]) -> SkippingForm:
         """This form without the path's sublayers in ``skip`` (whole blocks by index, or (block, ATTENTION or
@@ -343,7 +367,7 @@ class InferenceModel:
         at: tuple[Tensor, int, Tensor] | None = None,
     ) -> Tensor:
         """:func:`~mtp.decode.packed.block_step` on these blocks' slice of ``cache`` (compiled when this form is, unless
-        the blocks are int8: torch.compile does not see into the quantized operators), at the positions the cache's
+        the blocks are quantized: torch.compile does not see into the quantized operators), at the positions the cache's
         step began, or ``at``: (positions (B, S), span, mask (B, 1, S, span)) of the caller's."""
         if self.compiled:  # not a view: a view's base would enter dynamo's guards and cause needless recompiles
             x = x.detach()
@@ -356,12 +380,12 @@ class InferenceModel:
         where = (self.block_indices[blocks], rows[None], positions[None])
         keys, values = cache.keys[slots], cache.values[slots]
         rows = x.size(1) * x.size(2)
-        layout = self.block_layout(rows, x.dtype) if not w.int8 and x.device.type == "cpu" else BY_INPUT
+        layout = self.block_layout(rows, x.dtype) if not w.quantized and x.device.type == "cpu" else BY_INPUT
         if layout == BY_WEIGHT:
             w = w.weight_major()
         elif layout == MKL_PACKED:
             w = w.packed_for(rows)
-        step = block_step if w.int8 or w.packed_rows else self.block_step  # compile sees into neither operator
+        step = block_step if w.quantized or w.packed_rows else self.block_step  # compile sees into neither operator
         return step(x, w, rotation, keys, values, where, span, mask, self.eps, last, feed_forward, attention_input)
 
     def block_layout(self, rows: int, dtype: torch.dtype) -> int:
@@ -373,34 +397,43 @@ class SkippingForm:
     """A layer-skip draft (Draft & Verify): the target form's head 1 on its path without some sublayers, no draft heads,
     on a cache of its own. A block whose attention is skipped runs only its MLP residual and holds no cache slot; one
     whose MLP is skipped runs its attention residual only (its keys and values still go to the draft's cache); a block
-    skipped whole is not run. It drafts as a drafter's form does (``verify``, ``new_cache``, ``int8_drafter``) with the
-    target's packed weights and steps (compiled ones included), which it holds, not copies."""
+    skipped whole is not run. It drafts as a drafter's form does (``verify``, ``new_cache``, ``int8_drafter``,
+    ``quantized``) with the target's packed weights and steps (compiled ones included), which it holds, not copies."""
 
     heads, drafter, graphs = 1, None, None  # head 1 only; never captured (its steps are the drafter's, not verified)
 
-    def __init__(self, target: InferenceModel, skip: frozenset[Sublayer], int8: bool = False) -> None:
+    def __init__(self, target: InferenceModel, skip: frozenset[Sublayer], precision: str | None = None) -> None:
         self.target, self.skip = target, skip
         self.config, self.embeddings, self.vocab_size = target.config, target.embeddings, target.vocab_size
-        self.draft_dtype: DraftDtype = "int8" if int8 else "auto"
-        self.head1_output = target.head1_output.int8() if int8 else target.head1_output
+        self.draft_dtype: DraftDtype = "int8" if precision == INT8_DRAFTS else "auto"
+        self.quantize: Quantize = precision if precision in ("int8", "int4") else "none"
+        self.head1_output = target.head1_output.to_precision(precision) if precision else target.head1_output
         self.path: list[PackedBlocks] = []  # the blocks that run, whole or in part
         self.sublayers: list[tuple[slice | None, bool]] = []  # of each: its cache slot (None: no attention), its MLP
         self.attending = 0  # blocks that run attention: the cache's slots
         for i, blocks in enumerate(target.path):
             attention, feed_forward = (i, ATTENTION) not in skip, (i, FEED_FORWARD) not in skip
             if attention or feed_forward:
-                self.path.append(blocks.in_int8() if int8 else blocks)
+                self.path.append(blocks.to_precision(precision) if precision else blocks)
                 self.sublayers.append((slice(self.attending, self.attending + 1) if attention else None, feed_forward))
                 self.attending += attention
         self.feed_forward_step = compiled_step(feed_forward_step) if target.compiled else feed_forward_step
-        self._int8: SkippingForm | None = None
+        self._variants: dict[str, SkippingForm] = {}  # precision -> this draft in it
 
     def int8_drafter(self) -> SkippingForm:
         """This draft with its blocks and head 1's unembedding in int8 (CPU), built once: see
         :meth:`InferenceModel.int8_drafter`."""
-        if self._int8 is None:
-            self._int8 = self if self.draft_dtype == "int8" else SkippingForm(self.target, self.skip, int8=True)
-        return self._int8
+        return self._in(INT8_DRAFTS)
+
+    def quantized(self, precision: Quantize) -> SkippingForm:
+        """This draft with its blocks and head 1's unembedding quantized to ``precision``, built once: the target's
+        quantized weights (:meth:`InferenceModel.quantized`), skipped as this draft skips them."""
+        return self._in(precision)
+
+    def _in(self, precision: str) -> SkippingForm:
+        if precision not in self._variants:
+            self._variants[precision] = SkippingForm(self.target, self.skip, precision)
+        return self._variants[precision]
 
     @property
     def path_slots(self) -> slice:
@@ -422,7 +455,7 @@ class SkippingForm:
         x = F.embedding(tokens, self.embeddings)[None]  # (1, B, S, d)
         for blocks, (slots, feed_forward) in zip(self.path, self.sublayers, strict=True):
             if slots is None:
-                step = feed_forward_step if blocks.int8 else self.feed_forward_step
+                step = feed_forward_step if blocks.quantized else self.feed_forward_step
                 x = step(x.detach() if compiled else x, blocks, target.eps)
             else:
                 x = target.run_blocks(blocks, x, rotation, cache, slots, feed_forward=feed_forward)

@@ -73,6 +73,14 @@ def _full_input_range() -> bool:
     return bool(is_vnni()) if is_vnni is not None else False
 
 
+def per_channel_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """A matrix (out, in) as int8 (out, in) and one float32 scale per output channel (out,): its largest magnitude /
+    127, so that the matrix is about int8 * scale[:, None]."""
+    weight = weight.float()
+    scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127  # a zero row keeps a valid scale
+    return torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous(), scales
+
+
 class Int8Matrices:
     """A stack of matrices (blocks, in, out), as the packed inference form keeps them, in int8 with per-output-channel
     scales, multiplied by ``kernel``: ``self(x)`` for x (blocks, ..., in) is each block's x @ matrix, (blocks, ...,
@@ -84,9 +92,8 @@ class Int8Matrices:
         self.full, self.kernel, self.max_rows = stacked, kernel, MAX_ROWS[kernel]
         self.int8, self.scales = [], []  # per block: (out, in) int8, (out,) float32
         for matrix in stacked:
-            weight = matrix.T.float()  # (out, in)
-            scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127  # a zero row keeps a valid scale
-            self.int8.append(torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous())
+            int8, scales = per_channel_int8(matrix.T)
+            self.int8.append(int8)
             self.scales.append(scales)
         if kernel == "weight_only":
             self.bf16_scales = [scales.bfloat16() for scales in self.scales]

@@ -105,6 +105,7 @@ class _Run:
         plan.check_for(model.config, prompts)
         device, tree = next(model.parameters()).device, plan.step_tree
         plan.check_device(device)
+        plan.check_weights(model.config, device, model.tok_embeddings.weight.dtype)
         longest, nodes = max(map(len, prompts)), tree.size if tree is not None else 0
         max_len = plan.cache_length(longest)
         dtype = model.tok_embeddings.weight.dtype
@@ -113,8 +114,9 @@ class _Run:
         check_step_fits(model.config, len(prompts), max_len, longest, 0, device, dtype, logit_positions=1)
         heads, step = plan.heads, plan.step
         self.inference = InferenceModel.of(
-            model, plan.heads_packed, step.compile, plan.heads_dtype, heads.draft_first_ids, step.cuda_graphs
-        )
+            model, plan.heads_packed, step.compile, plan.heads_dtype, heads.draft_first_ids, step.cuda_graphs,
+            step.quantize,
+        )  # fmt: skip
         self.proposer = proposer = proposer_for(plan, self.inference)
         rule = rule_for(plan, proposer.draws(plan))  # its uniforms laid out beside the proposer's
         proposer.lay_out(rule.layout)

@@ -31,7 +31,20 @@ from torch import Tensor
 
 from mtp.decode.int8 import Int8Matrices, Int8Unembedding
 from mtp.decode.memory import available_bytes
+from mtp.decode.quantize import QuantizedMatrices, QuantizedUnembedding
 from mtp.model.blocks import Block
+
+INT8_DRAFTS = "int8-drafts"
+"""The precision of int8 drafts (:mod:`mtp.decode.int8`: the draft side only, float matrices past a few rows), beside a
+quantized target's ``int8`` and ``int4`` (:mod:`mtp.decode.quantize`: every matrix, every call)."""
+
+
+def matrices_in(precision: str, stacked: Tensor, unembedding: bool = False) -> Int8Matrices | QuantizedMatrices:
+    """A stack of matrices (blocks, in, out) in ``precision``: :data:`INT8_DRAFTS` (fbgemm's kernel for
+    ``unembedding`` matrices, see :mod:`mtp.decode.int8`), or a quantized target's int8 or int4."""
+    if precision == INT8_DRAFTS:
+        return Int8Matrices(stacked, "fbgemm" if unembedding else "weight_only")
+    return QuantizedMatrices(stacked, precision)
 
 
 def rotary_permutation(head_dim: int) -> Tensor:
@@ -60,15 +73,18 @@ class Unembedding:
     def __init__(self, weight: Tensor) -> None:
         self.weight = weight
         self.transposed = weight.T.contiguous() if weight.device.type == "cpu" else None
-        self._int8: Int8Unembedding | None = None
+        self._quantized: dict[str, Int8Unembedding | QuantizedUnembedding] = {}  # precision -> a quantized copy
         self._packed: dict[int, Tensor] = {}  # rows -> the weight packed by MKL for them, the most recently used last
         self._room: bool | None = None  # whether the packed copies fit in memory (:meth:`packs`)
 
-    def int8(self) -> Int8Unembedding:
-        """An int8 copy, for drafting (made once: forms that share this unembedding share it)."""
-        if self._int8 is None:
-            self._int8 = Int8Unembedding(self.weight)
-        return self._int8
+    def to_precision(self, precision: str) -> Int8Unembedding | QuantizedUnembedding:
+        """A copy in ``precision`` (:data:`INT8_DRAFTS`, int8 or int4), made once per precision: forms that share this
+        unembedding share it."""
+        if precision not in self._quantized:
+            int8_drafts = precision == INT8_DRAFTS
+            made = Int8Unembedding(self.weight) if int8_drafts else QuantizedUnembedding(self.weight, precision)
+            self._quantized[precision] = made
+        return self._quantized[precision]
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.transposed is None:
@@ -180,7 +196,7 @@ class PackedBlocks:
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.grouped = n_heads != n_kv_heads  # grouped-query attention
         self.q_width, self.kv_width = n_heads * head_dim, n_kv_heads * head_dim
-        self.int8, self._int8 = False, None
+        self.quantized, self._quantized = False, {}  # int8 or int4 matrices; precision -> such a copy
         self.by_weight, self._by_weight = False, None  # products as W @ x^T (each matrix stored (out, in))
         self.packed_rows = 0  # > 0: these matrices are MKL-packed for that many rows
         self._packed: dict[int, PackedBlocks] = {}  # rows -> such a copy, the most recently used last
@@ -188,7 +204,7 @@ class PackedBlocks:
     def weight_major(self) -> PackedBlocks:
         """A copy of these blocks whose matrices are stored (out, in), multiplied as W @ x^T (:func:`product`), which
         CPU BLAS streams faster than x @ W at a few rows on some CPUs (:meth:`InferenceModel.block_layout`); made once
-        and shared like :meth:`in_int8`'s."""
+        and shared like :meth:`to_precision`'s."""
         if self._by_weight is None:
             self._by_weight = self._with(lambda m: m.transpose(1, 2).contiguous(), by_weight=True)
         return self._by_weight
@@ -203,19 +219,20 @@ class PackedBlocks:
 
         return recently_used(self._packed, rows, packed)
 
-    def in_int8(self) -> PackedBlocks:
-        """A copy of these blocks with int8 matrices, for drafting (made once: forms that share these blocks, such as
-        a layer-skip form and its target, share it); these blocks are left as they are."""
-        if self._int8 is None:
-            self._int8 = self._with(Int8Matrices, int8=True)
-        return self._int8
+    def to_precision(self, precision: str) -> PackedBlocks:
+        """A copy of these blocks with their matrices in ``precision`` (:func:`matrices_in`), made once per precision:
+        forms that share these blocks, such as a layer-skip form and its target, share it; these blocks are left as
+        they are."""
+        if precision not in self._quantized:
+            self._quantized[precision] = self._with(lambda m: matrices_in(precision, m), quantized=True)
+        return self._quantized[precision]
 
     def _with(self, convert: Callable[[Tensor], Any], **flags: Any) -> PackedBlocks:
         """A copy of these blocks with each matrix converted and ``flags`` set, holding none of their derived copies."""
         other = copy.copy(self)
         for name in ("qkv", "wo", "gate_up", "down"):
             setattr(other, name, convert(getattr(self, name)))
-        other._by_weight, other._int8, other._packed = None, None, {}
+        other._by_weight, other._quantized, other._packed = None, {}, {}
         for name, value in flags.items():
             setattr(other, name, value)
         return other
@@ -281,7 +298,7 @@ def block_step(
     )
     y = y.view(h, B, w.n_heads, S, w.head_dim).transpose(2, 3)  # (h, B, S, n_heads, head_dim)
     x, y = x.reshape(h, B * S, d), y.reshape(h, B * S, w.q_width)
-    if isinstance(w.wo, (Int8Matrices, PackedMatrices)) or w.by_weight:
+    if isinstance(w.wo, OWN_PRODUCTS) or w.by_weight:
         x = x + product(y, w.wo, w.by_weight)  # x + attention
     else:
         x = torch.baddbmm(x, y, w.wo)
@@ -350,8 +367,14 @@ class PackedMatrices:
         return outs[0][None] if len(outs) == 1 else torch.stack(outs)
 
 
-def product(x: Tensor, weight: Tensor | Int8Matrices | PackedMatrices, by_weight: bool = False) -> Tensor:
-    """x (h, M, in) @ weight (h, in, out): one ``bmm``, or each matrix's product of an int8 or packed stack;
+OWN_PRODUCTS = (Int8Matrices, QuantizedMatrices, PackedMatrices)
+"""Stacks of matrices that multiply x themselves (``stack(x)``), rather than through ``bmm``."""
+
+
+def product(
+    x: Tensor, weight: Tensor | Int8Matrices | QuantizedMatrices | PackedMatrices, by_weight: bool = False
+) -> Tensor:
+    """x (h, M, in) @ weight (h, in, out): one ``bmm``, or each matrix's product of a quantized or packed stack;
     ``by_weight``: weight stored (h, out, in), the product taken as weight @ x^T and returned as (h, M, out) rows.
     A single row is multiplied as two (:func:`paired`): BLAS takes a one-column weight @ x^T as a matrix-vector
     product, which some BLAS libraries run far slower than the same matrix times two columns (the weight, read once
@@ -361,7 +384,7 @@ def product(x: Tensor, weight: Tensor | Int8Matrices | PackedMatrices, by_weight
     Inductor lowers a ``bmm`` of one row (or one column) on CPU to a loop of its own instead of the BLAS call, which
     made SmolLM2's compiled one-row step about twice the eager one's time on 2 cores; ``baddbmm`` stays the BLAS
     call."""
-    if isinstance(weight, (Int8Matrices, PackedMatrices)):
+    if isinstance(weight, OWN_PRODUCTS):
         return weight(x)
     rows = x.size(1)
     a, b = (weight, paired(x).transpose(1, 2)) if by_weight else (x, weight)
@@ -403,7 +426,7 @@ def block_layout(path: list[PackedBlocks], rows: int, dtype: torch.dtype) -> int
     key = ("blocks", tuple(first.gate_up.shape[1:]), len(path), timed, dtype)
     if key in _LAYOUTS:
         return _LAYOUTS[key]
-    packed = [blocks for blocks in path if not blocks.int8]
+    packed = [blocks for blocks in path if not blocks.quantized]
     copy_bytes = sum(m.numel() * m.element_size() for b in packed for m in (b.qkv, b.wo, b.gate_up, b.down))
     available = available_bytes(torch.device("cpu"))
     if available is not None and copy_bytes > available // 4:  # no room for another copy of the weights

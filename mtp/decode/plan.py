@@ -131,6 +131,11 @@ class Proposer:
         """A :class:`~mtp.errors.SettingError` where ``plan``'s other parts ask what this proposer cannot do (prompt
         lookup: several drafts per step); :class:`Plan` asks when it is made."""
 
+    def check_weights(self, plan: Plan) -> None:
+        """A :class:`~mtp.errors.SettingError` where the model it drafts with cannot take ``plan``'s ``quantize``
+        (:meth:`~mtp.decode.settings.StepSettings.check_model`), asked before any weight is converted; nothing
+        without a model of its own."""
+
     def start(self, prompts: list[list[int]], max_len: int, plan: Plan | None = None) -> None:
         """``plan`` (None: greedy) sets how drafts are made: sampled from their proposals or top-ranked."""
         self.plan = plan
@@ -214,6 +219,13 @@ class Plan:
                 "heads or a drafter, or leave {draft_dtype:auto}.",
                 draft_dtype=drafts.draft_dtype,
                 heads=heads.heads,
+            )
+        if drafts.draft_dtype != "auto" and self.step.quantize != "none":
+            raise SettingError(
+                "{quantize} quantizes every matrix, the drafts' included, and {draft_dtype} quantizes the drafts "
+                "alone; leave {draft_dtype:auto} with it.",
+                quantize=self.step.quantize,
+                draft_dtype=drafts.draft_dtype,
             )
         if self.drafter is not None and (heads.tree is not None or heads.draft_p_min > 0):
             raise SettingError(
@@ -301,6 +313,14 @@ class Plan:
         :meth:`DraftSettings.check_device`)."""
         self.step.check_device(device)
         self.drafts.check_device(device)
+
+    def check_weights(self, model: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+        """Whether the step's ``quantize`` runs on the target (``model`` in ``dtype`` on ``device``) and on the
+        drafter's model, if it has one: a SettingError naming what is supported if not, before any weight is
+        converted (:meth:`StepSettings.check_model`)."""
+        self.step.check_model(model, device, dtype)
+        if self.drafter is not None:
+            self.drafter.check_weights(self)
 
     def draft_tree(self) -> DraftTree | None:
         """The tree a step verifies: the heads' ``tree``; else, with ``drafts_per_step`` k > 1, k chains of the

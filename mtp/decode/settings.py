@@ -18,6 +18,7 @@ from typing import Literal, get_args
 import torch
 
 from mtp.decode.graphs import captures_on
+from mtp.decode.quantize import QUANTIZE, Quantize, check_quantizable
 from mtp.decode.tree import DraftTree
 from mtp.errors import SettingError
 from mtp.model.config import ModelConfig
@@ -196,13 +197,28 @@ class DraftSettings:
 
 @dataclass
 class StepSettings:
-    """How a decoding step runs; outputs equal the eager step's either way."""
+    """How a decoding step runs: compiled or captured (outputs equal the eager step's either way), and the precision
+    of the weights it multiplies."""
 
     compile: bool = False
     """torch.compile the step (the first call compiles; outputs equal eager ones)."""
     cuda_graphs: bool = False
     """Capture each step shape as a CUDA graph and replay it: one launch a step instead of one per kernel (CUDA; the
     first step of each shape captures, timed apart; outputs equal eager ones)."""
+    quantize: Quantize = "none"
+    """int8 or int4: every matrix of the model, its heads and a draft model quantized weight-only (CPU; float32 or
+    bfloat16 models; int4 needs widths that are multiples of 32), verifying and drafting with the same weights; greedy
+    output equals that precision's own autoregressive output, which may differ from the float model's. none: the
+    model's own weights."""
+
+    def __post_init__(self) -> None:
+        if self.quantize not in QUANTIZE:
+            raise SettingError(f"{{quantize}} must be one of {', '.join(QUANTIZE)}.", quantize=self.quantize)
+
+    def check_model(self, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+        """Whether ``quantize`` runs on a model of ``config`` in ``dtype`` on ``device``: one SettingError naming what
+        is supported if not (:func:`mtp.decode.quantize.check_quantizable`), before any weight is converted."""
+        check_quantizable(self.quantize, config, device, dtype)
 
     def check_device(self, device: torch.device) -> None:
         """Captured steps run only on CUDA (:mod:`mtp.decode.graphs`)."""

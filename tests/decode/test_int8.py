@@ -124,7 +124,7 @@ def int8_parts(*objects) -> set[Int8Matrices]:
                 visit(item)
         elif hasattr(thing, "__dict__") and not isinstance(thing, torch.Tensor | InferenceModel):
             for name, value in vars(thing).items():
-                if name != "_int8":  # a float part's memo of its int8 copy
+                if name != "_quantized":  # a float part's memo of its quantized copies
                     visit(value)
 
     for thing in objects:
@@ -152,7 +152,7 @@ def test_int8_heads_draft_with_int8_weights_and_verify_at_full_precision(head_ty
     full, int8 = InferenceModel.of(model, 4), InferenceModel.of(model, 4, draft_dtype="int8")
     assert int8 is InferenceModel.of(model, 4, draft_dtype="int8") and int8.draft_dtype == "int8"
     assert int8.path is full.path and int8.head1_output is full.head1_output  # the verification, shared and float
-    assert all(not blocks.int8 and blocks.qkv.dtype == torch.float32 for blocks in int8.path)
+    assert all(not blocks.quantized and blocks.qkv.dtype == torch.float32 for blocks in int8.path)
     parts = int8_parts(int8.drafter, int8.draft_output)
     assert parts and not int8_parts(full.drafter, full.draft_output, full.path, full.head1_output)
     assert all(w.dtype == torch.int8 for m in parts for w in m.weights())

@@ -7,7 +7,8 @@ heads), and beside the target's heads (hybrid): its proposers and its method.
   reads what it has not seen (the token after them) at the start of its next proposal. Sampling with lossless
   acceptance, each draft is drawn from the draft's processed distribution p (temperature and top-k as the target's,
   top-p unless ``draft_choice="tempered"``) and p is returned with it; otherwise the top-ranked tokens are drafted.
-  With ``draft_dtype="int8"`` the form computes with int8 matrices (:mod:`mtp.decode.int8`). Layer skip drafts with
+  With ``draft_dtype="int8"`` the form computes with int8 matrices (:mod:`mtp.decode.int8`), with ``quantize`` with
+  the target's quantized ones (:mod:`mtp.decode.quantize`). Layer skip drafts with
   the same class on the target's own form (:mod:`mtp.decode.methods.layer_skip`).
 - :class:`StagedDrafter` (:class:`StagedLookup`, :class:`StagedHeads`): the draft model's own drafts decoded
   speculatively.
@@ -67,7 +68,11 @@ class ModelDrafter(Proposer):
                 max_new_tokens=plan.sampling.max_new_tokens if plan is not None else None,
             )
         int8 = plan is not None and plan.drafts.draft_dtype == "int8"
-        self.drafting = self.form.int8_drafter() if int8 else self.form
+        quantize = plan.step.quantize if plan is not None else "none"
+        if quantize != "none":  # the target's precision, drafts included
+            self.drafting = self.form.quantized(quantize)
+        else:
+            self.drafting = self.form.int8_drafter() if int8 else self.form
         self.cache = self.drafting.new_cache(len(prompts), max_len)
         self.unread = [list(p) for p in prompts]  # tokens of each row not in the cache yet
         self.held = [0] * len(prompts)  # cache positions that hold accepted tokens
@@ -77,6 +82,10 @@ class ModelDrafter(Proposer):
         # a step that verifies a tree (k chains, or a hybrid's) keeps none of the drafts read: which chain the accepted
         # tokens came from is not known here
         self.tree = plan.step_tree if plan is not None else None
+
+    def check_weights(self, plan: Plan) -> None:
+        form = self.form
+        plan.step.check_model(form.config, form.embeddings.device, form.embeddings.dtype)
 
     def advance(self, accepted: list[int], emitted: list[list[int]]) -> None:
         # the drafts read that the target accepted stay
