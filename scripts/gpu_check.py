@@ -96,7 +96,7 @@ PAPER = ["experiment=paper_polynomial", "trainer=gpu", "trainer.enable_progress_
 SMOKE_PAPER = ["data.source.problems=600", "data.seq_len=64", "data.batch_size=4"]
 SMOKE_PAPER += ["data.val_fraction=0.1", "trainer.accelerator=cpu", "trainer.precision=32-true", "trainer.max_steps=2"]
 SMOKE_PAPER += ["trainer.val_check_interval=2", "trainer.limit_val_batches=1", "optim.warmup_steps=1"]
-SMOKE_PAPER += ["eval_task.problems=2", "eval_task.ops=[1,6]"]
+SMOKE_PAPER += ["eval_task.problems=2", "eval_task.ops=[1,6]", "paths.results_dir=null"]  # toy runs: kept nowhere
 P1 = ["--vocab", "32768", "--n", "1,4", "--modes", "sequential,naive"]
 P2 = ["--vocab", "8192", "--n", "1,4", "--modes", "sequential", "--d-model", "2048", "--n-layers", "24"]
 P2 += ["--n-heads", "16", "--n-kv-heads", "8", "--seq-len", "2048", "--batch-size", "8"]

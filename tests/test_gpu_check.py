@@ -61,7 +61,7 @@ def test_gpu_check_runs_the_papers_10m_polynomial_sweep_within_its_minutes(tmp_p
     unlimited = gpu_check.paper_sweep(gpu_check.parse_args(["--steps", "paper"]), tmp_path)
     assert not [override for override in unlimited if "max_time" in override]
     smoke = gpu_check.paper_sweep(gpu_check.parse_args(["--smoke", "--steps", "paper"]), tmp_path)
-    assert {"size=tiny", "model=mtp1,mtp2", "seed=0", "trainer.accelerator=cpu"} <= set(smoke)
+    assert {"size=tiny", "model=mtp1,mtp2", "seed=0", "trainer.accelerator=cpu", "paths.results_dir=null"} <= set(smoke)
     assert gpu_check.paper_figures(tmp_path / "absent", tmp_path / "paper.md") == "no run finished (see paper.txt)"
 
 

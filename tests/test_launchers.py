@@ -56,7 +56,8 @@ def test_a_bad_max_parallel_is_one_sentence():
 
 def sweep_command(sweep: Path, cache: Path, *extra: str) -> list[str]:
     return [sys.executable, str(ROOT / "scripts" / "pretrain.py"), "-m", f"paths.log_dir={sweep.parent / 'logs'}",
-            f"hydra.sweep.dir={sweep}", f"data.cache_dir={cache}", *TINY_SWEEP, *extra]  # fmt: skip
+            f"hydra.sweep.dir={sweep}", f"paths.results_dir={sweep.parent / 'results'}", f"data.cache_dir={cache}",
+            *TINY_SWEEP, *extra]  # fmt: skip
 
 
 def environment() -> dict[str, str]:

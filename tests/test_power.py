@@ -53,6 +53,7 @@ TREE_GREEDY = ("tests/decode/test_tree.py::test_greedy_tree_decoding_equals_auto
 TREE = "tests/decode/test_tree.py"
 HEADS_CHOICE = "tests/decode/test_heads_choice.py"
 CURVE = "tests/test_task_curve.py"
+SWEEPS = "tests/test_sweeps.py"
 TP_GRADIENTS = "tests/test_tensor_parallel.py::test_tensor_parallel_gradients_equal_one_process"
 EVAL_TASK = "tests/test_eval_task.py"
 CORPUS_LOSS = f"{EVAL_TASK}::test_a_corpus_model_is_scored_by_its_held_out_loss_as_training_validates_and_by_its_drafts"
@@ -1976,6 +1977,38 @@ MUTATIONS = [
         "return self.head_logits(1, self.norm(self._head1(self.trunk(idx))))",
         "return self.head_logits(1, self.head_states(idx)[-1])",
         (CORPUS_LOSS,),
+    ),
+    # -- results that last: each finished job's summary, committed; pages from them; reruns skip them
+    Mutation(
+        "a rerun ignores the summaries kept in the results folder and trains the job again",
+        "continue_sweep_job",
+        "if summary is not None and summary.exists():",
+        "if False:",
+        (f"{SWEEPS}::test_a_rerun_skips_a_job_whose_summary_is_kept_and_runs_one_without",),
+    ),
+    Mutation(
+        "a finished sweep job keeps no summary",
+        "train_in_run_dir",
+        "if score_trained(bench, evaluation) and summary is not None:",
+        "if score_trained(bench, evaluation) and False:",
+        (f"{SWEEPS}::test_a_sweep_job_keeps_its_summary_once_scored_and_a_rerun_elsewhere_does_not_train_it",),
+    ),
+    Mutation(
+        "a page from the summaries groups a control with the runs as configured",
+        "settings_run",
+        'others = sorted(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in apart)',
+        "others = []",
+        (
+            f"{SWEEPS}::test_a_page_made_from_the_kept_summaries_equals_the_page_made_from_the_job_folders",
+            f"{SWEEPS}::test_runs_of_other_settings_are_not_averaged_together",
+        ),  # fmt: skip
+    ),
+    Mutation(
+        "a summary folder without its results.json is passed over, not refused",
+        "job_folders",
+        "if path.is_dir() and not hidden and not has_subfolders(path):",
+        "if (path / SUMMARY).is_file() and not hidden:",
+        (f"{SWEEPS}::test_a_bad_summary_is_one_sentence_naming_the_file_and_the_fix",),
     ),
 ]
 

@@ -4,15 +4,28 @@ resumes the others), and a sweep folder becomes a page with the seeds' spread.""
 import json
 import logging
 import os
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
-from mtp.benchmarks.task_sweep import aggregate, read_sweep, size_order, sweep_provenance, sweep_tables, sweep_title
+from mtp.benchmarks.task_sweep import (
+    aggregate,
+    read_summary,
+    read_sweep,
+    size_order,
+    summary_job,
+    sweep_provenance,
+    sweep_tables,
+    sweep_title,
+    write_summary,
+)
 from mtp.commands import eval_task
 from mtp.commands.pretrain import SWEEP_JOB, continue_sweep_job, job_folder, node_values
 from mtp.errors import UserError
@@ -205,17 +218,18 @@ def test_the_page_command_writes_the_page_and_its_plot_or_says_the_folder_has_no
 
 @pytest.mark.slow
 def test_a_tiny_sweep_scores_itself_continues_and_makes_its_page(tmp_path, shared_cache):
-    """The chain as a user runs it: a sweep of two jobs into a folder of the user's choice, each scoring itself; its
-    rerun skips both; its page averages them."""
+    """The chain as a user runs it: a sweep of two jobs into a folder of the user's choice, each scoring itself and
+    keeping its summary; its rerun skips both; its page averages them, and the page made from the summaries alone is
+    the same; a job whose summary is gone is skipped by its folder's score and keeps its summary again."""
     from tests.test_scripts import pretrain
 
-    sweep = tmp_path / "my_sweep"
+    sweep, kept = tmp_path / "my_sweep", tmp_path / "results"
     overrides = [
         "experiment=paper_polynomial", "model=mtp1,mtp2", "seed=0", "size=tiny", "data.source.problems=600",
         f"data.cache_dir={shared_cache}", "data.seq_len=64", "data.batch_size=4", "data.val_fraction=0.1",
         "trainer.accelerator=cpu", "trainer.max_steps=2", "trainer.val_check_interval=2",
         "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "optim.warmup_steps=1",
-        "eval_task.problems=2", "eval_task.ops=[1,6]", f"hydra.sweep.dir={sweep}",
+        "eval_task.problems=2", "eval_task.ops=[1,6]", f"hydra.sweep.dir={sweep}", f"paths.results_dir={kept}",
     ]  # fmt: skip
     first = pretrain(*overrides, tmp_path=tmp_path, multirun=True)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -226,17 +240,34 @@ def test_a_tiny_sweep_scores_itself_continues_and_makes_its_page(tmp_path, share
         results = json.loads((sweep / job / "eval_task" / "results.json").read_text())
         assert [(r["ops"], r["problems"]) for r in results["rows"]] == [(1, 2), (6, 2)] and results["step"] == 2
         assert results["provenance"]["command"].startswith("python scripts/pretrain.py -m paths.log_dir=")
+        summary = json.loads((kept / "paper_polynomial" / job / "results.json").read_text())
+        assert [path.name for path in (kept / "paper_polynomial" / job).iterdir()] == ["results.json"]
+        assert {k: summary[k] for k in results} == results  # the scores, budget and provenance, as scored
+        assert summary["job"]["name"] == job and summary["job"]["choices"] == {"size": "tiny"}
+        assert summary["config"]["trainer"]["max_steps"] == 2 and "${" not in json.dumps(summary["config"])
+        assert {"train_seconds", "train_threads", "tokens", "step"} <= set(summary)
+        assert {"date", "commit", "machine", "torch", "command"} <= set(summary["provenance"])
     again = pretrain(*overrides, tmp_path=tmp_path, multirun=True)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("finished earlier (its eval_task/results.json is there); skipping it") == 2
+    assert again.stdout.count(f"its summary is kept in {kept / 'paper_polynomial'}/") == 2
     assert "Trainer.fit" not in again.stdout + again.stderr
-    out = tmp_path / "page.md"
-    made = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "results_page.py"), str(sweep), "--out", str(out)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr[-3000:]
-    assert "| tiny | 6 | out |" in out.read_text() and out.with_suffix(".png").is_file()
+    pages = []
+    for folder in (sweep, kept / "paper_polynomial"):
+        out = tmp_path / "page.md"
+        made = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "results_page.py"), str(folder), "--out", str(out)],
+            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr[-3000:]
+        assert "| tiny | 6 | out |" in out.read_text() and out.with_suffix(".png").is_file()
+        pages.append([line for line in out.read_text().splitlines() if "scripts/results_page.py" not in line])
+    assert pages[0] == pages[1]  # but for the page's own command, which names the folder it read
+    shutil.rmtree(kept / "paper_polynomial" / jobs[0])  # its summary gone: the job folder's score keeps it again
+    third = pretrain(*overrides, tmp_path=tmp_path, multirun=True)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "finished earlier (its eval_task/results.json is there); skipping it" in third.stdout
+    assert (kept / "paper_polynomial" / jobs[0] / "results.json").is_file()
+    assert "Trainer.fit" not in third.stdout + third.stderr
 
 
 def test_only_the_first_process_of_a_multi_device_run_scores_the_trained_checkpoint(monkeypatch):
@@ -346,3 +377,146 @@ def test_a_corpus_sweep_gives_loss_by_size_and_n_its_difference_to_one_head_and_
     out = tmp_path / "trend.md"
     results_page.main([str(sweep), "--out", str(out)])
     assert (tmp_path / "trend.png").stat().st_size > 1000 and not (tmp_path / "trend-curves.png").exists()
+
+
+# -- results that last: each finished job's summary, kept in the repository's results folder
+
+
+def keep(job: Path, results_dir: Path, experiment: str = "paper_polynomial") -> Path:
+    """A fake job's summary as a finished sweep job keeps it (mtp.commands.pretrain.keep_summary)."""
+    hydra = OmegaConf.load(job / ".hydra" / "hydra.yaml").hydra
+    overrides = list(OmegaConf.load(job / ".hydra" / "overrides.yaml"))
+    excluded = list(hydra.job.config.override_dirname.exclude_keys)
+    settings = ",".join(o for o in overrides if o.split("=")[0] not in excluded)
+    summary = summary_job(experiment, job.name, settings, overrides, hydra.runtime.choices, excluded)
+    config = OmegaConf.to_container(OmegaConf.load(job / ".hydra" / "config.yaml"))
+    results = json.loads((job / "eval_task" / "results.json").read_text())
+    return write_summary(results_dir / experiment / job.name, results, config, summary)
+
+
+def test_a_page_made_from_the_kept_summaries_equals_the_page_made_from_the_job_folders(tmp_path):
+    from mtp.commands import results_page
+
+    sweep, results_dir = tmp_path / "paper_induction", tmp_path / "results"
+    jobs = [
+        fake_job(sweep, "model=mtp1,seed=0", 1, 0, {"second": 0.2, "first": 0.5}, parameters=1_200_000),
+        fake_job(sweep, "model=mtp1,seed=1", 1, 1, {"second": 0.4, "first": 0.6}, parameters=1_200_000),
+        fake_job(sweep, "model=mtp2,seed=0", 2, 0, {"second": 0.1, "first": 0.5}, parameters=1_200_000),
+        fake_job(
+            sweep,
+            "model=mtp2,seed=0,loss.loss_weights=[1.0,0.0]",
+            2,
+            0,
+            {"second": 0.0, "first": 0.5},
+            extra=["loss.loss_weights=[1.0,0.0]"],
+            parameters=1_200_000,
+        ),  # fmt: skip
+    ]
+    with_curve(jobs[0], [(0, 0.0), (10, 0.3), (20, 0.2)])
+    with_curve(jobs[1], [(0, 0.0), (10, 0.1), (20, 0.4)])
+    for job in jobs:
+        keep(job, results_dir)
+    kept = results_dir / "paper_polynomial"
+    assert sorted(path.name for path in kept.iterdir()) == sorted(job.name for job in jobs)
+    assert all([p.name for p in (kept / job.name).iterdir()] == ["results.json"] for job in jobs)
+    from_jobs, from_kept = read_sweep([sweep]), read_sweep([kept])
+    assert sweep_tables(*from_kept) == sweep_tables(*from_jobs)
+    assert sweep_title(from_kept[0]) == sweep_title(from_jobs[0])
+    assert sweep_provenance(from_kept[0], "page") == sweep_provenance(from_jobs[0], "page")
+    assert "### loss.loss_weights=[1.0,0.0]\n" in sweep_tables(*from_kept)  # a control stays a setting of its own
+    pytest.importorskip("matplotlib")
+    pages, out = [], tmp_path / "docs" / "page.md"
+    for folder in (sweep, kept):
+        results_page.main([str(folder), "--out", str(out)])
+        pages.append(out.read_text().replace(str(folder), "FOLDER"))  # the page's own command names its folder
+    assert pages[0] == pages[1]
+    shutil.rmtree(sweep)  # the job folders may go (another machine): the page is made again from the summaries
+    results_page.main([str(kept), "--out", str(out)])
+    assert out.read_text().replace(str(kept), "FOLDER") == pages[1]
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda path: path.unlink(), r"results.json is missing, so .*model=mtp1,seed=0 is no job's summary; restore"),
+        (lambda path: path.write_text('{"task": '), r"results.json is not a readable job summary \(Expecting value"),
+        (lambda path: path.write_text('{"task": "x"}'), r"results.json is not a job summary: it lacks job, config, "),
+    ],
+    ids=["missing", "damaged", "incomplete"],
+)
+def test_a_bad_summary_is_one_sentence_naming_the_file_and_the_fix(tmp_path, damage, message):
+    sweep, results_dir = tmp_path / "sweep", tmp_path / "results"
+    path = keep(fake_job(sweep, "model=mtp1,seed=0", 1, 0, {1: 0.5}), results_dir)
+    keep(fake_job(sweep, "model=mtp1,seed=1", 1, 1, {1: 0.7}), results_dir)
+    damage(path)
+    folder = re.escape(shlex.quote(str(path.parent)))
+    fix = f"git checkout -- {folder}\\), or delete the folder {folder} and run its sweep again"
+    for read in (lambda: read_sweep([results_dir]), lambda: read_summary(path)):
+        with pytest.raises(UserError, match=message + ".*" + fix):
+            read()
+    summary = path.parent
+    with pytest.raises(UserError, match=message):  # a rerun neither trains it again nor skips it silently
+        continue_sweep_job(OmegaConf.create({}), tmp_path / "job", "model=mtp1,seed=0", True, summary)
+
+
+def test_a_rerun_skips_a_job_whose_summary_is_kept_and_runs_one_without(tmp_path, caplog):
+    caplog.set_level(logging.INFO, "mtp.commands.pretrain")
+    cfg = OmegaConf.create({"ckpt_path": None, "trainer": {"max_steps": 6}})
+    sweep, results_dir = tmp_path / "sweep", tmp_path / "results"
+    keep(fake_job(tmp_path / "elsewhere", "model=mtp1,seed=0", 1, 0, {1: 0.5}), results_dir)  # another machine's
+    kept = results_dir / "paper_polynomial"
+    settings = "model=mtp1,seed=0"
+    assert continue_sweep_job(cfg, sweep / settings, settings, True, kept / settings) == (None, False)
+    assert not (sweep / settings).exists()  # nothing recorded, nothing trained
+    assert f"sweep job model=mtp1,seed=0: its summary is kept in {kept / settings}; skipping it" in caplog.text
+    other = "model=mtp1,seed=1"  # no summary: trains (and its job folder records it)
+    assert continue_sweep_job(cfg, sweep / other, other, True, kept / other) == (cfg, True)
+    assert (sweep / other / SWEEP_JOB).is_file()
+    with pytest.raises(UserError, match=r"is the summary of a job of other settings \(model=mtp1,seed=0, not x=1\)"):
+        continue_sweep_job(cfg, sweep / settings, "x=1", True, kept / settings)
+
+
+def test_a_sweep_job_keeps_its_summary_once_scored_and_a_rerun_elsewhere_does_not_train_it(tmp_path, monkeypatch):
+    """The job as Hydra runs it (its training and scoring stood in for): scored, it keeps its summary in the results
+    folder; the same job run again on a machine without its job folder is skipped by that summary, untrained."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from mtp.commands import pretrain as command
+
+    results_dir = tmp_path / "results"
+    overrides = ["experiment=paper_induction", "model=mtp2", "seed=3", f"paths.results_dir={results_dir}",
+                 f"paths.log_dir={tmp_path / 'logs'}", "hydra.mode=MULTIRUN"]  # fmt: skip
+    cfg = compose_train(overrides)
+    name = job_folder(cfg.hydra.job.override_dirname)
+    assert name == "model=mtp2,seed=3"  # where files go is no setting
+    output_dir = tmp_path / "logs" / "sweep" / name
+    cfg.hydra.runtime.output_dir = str(output_dir)
+    HydraConfig.instance().set_config(cfg)
+    task_cfg = cfg.copy()
+    with open_dict(task_cfg):  # what Hydra hands the job: the config without its own node
+        del task_cfg["hydra"]
+    trained = []
+
+    def score(bench, evaluation) -> bool:
+        (output_dir / "eval_task").mkdir(parents=True)
+        scored = {"provenance": {"date": "d", "commit": "c", "machine": "m", "torch": "t", "command": "x"},
+                  "task": "induction", "group": "token", "metric": "accuracy", "n_future": 2, "step": 3000,
+                  "rows": [{"token": "second", "problems": 5, "accuracy": 0.4, "in_domain": True}]}  # fmt: skip
+        (output_dir / "eval_task" / "results.json").write_text(json.dumps(scored))
+        return True
+
+    monkeypatch.setattr(command, "train", lambda cfg: trained.append(cfg.seed))
+    monkeypatch.setattr(command, "score_trained", score)
+    try:
+        command.train_in_run_dir(task_cfg)
+        summary = json.loads((results_dir / "paper_induction" / name / "results.json").read_text())
+        assert trained == [3] and summary["rows"][0]["accuracy"] == 0.4
+        assert summary["job"] == {"experiment": "paper_induction", "name": name, "settings": name,
+                                  "overrides": overrides[:-1], "choices": {"size": "paper_1m"},
+                                  "excluded": list(cfg.hydra.job.config.override_dirname.exclude_keys)}  # fmt: skip
+        assert summary["config"]["seed"] == 3 and summary["config"]["paths"]["output_dir"] == str(output_dir)
+        shutil.rmtree(tmp_path / "logs")  # another machine, or the job folder deleted: the summary is what is left
+        command.train_in_run_dir(task_cfg)
+        assert trained == [3] and not output_dir.exists()
+    finally:
+        HydraConfig.instance().cfg = None

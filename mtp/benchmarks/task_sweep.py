@@ -7,20 +7,26 @@ its size preset and its other overrides; its number of heads n from its results.
 are one group, averaged; unfinished runs are listed, never averaged. Every run's budget (steps, tokens, training time
 and threads) is listed.
 
-The figure is the paper's (Gloeckle et al. 2024, figures 3 and 4): polynomial arithmetic, accuracy against the number
-of operations, one line per n with the seeds' lowest-to-highest as a band; induction, accuracy against model size
-(parameters), one line per n with the seeds' range as error bars. Runs that recorded a task curve
-(``callbacks=task_curve``) add the learning curves (the headline accuracy against tokens trained: the seeds' mean and
-their lowest-to-highest band, per n and size) and a table of each curve's best point beside its last (the paper keeps
-the best checkpoint by the test metric). A sweep of models of a text corpus (``task`` ``corpus``: the size trend, the
-byte models) is a table of head 1's held-out loss and of the tokens per forward of self-speculative decoding, by size
-and n, and a figure of both against the non-embedding parameters.
+The figures (mtp/benchmarks/sweep_plots.py) are the paper's (Gloeckle et al. 2024, figures 3 and 4): polynomial
+arithmetic, accuracy against the number of operations, one line per n with the seeds' lowest-to-highest as a band;
+induction, accuracy against model size (parameters), one line per n with the seeds' range as error bars. Runs that
+recorded a task curve (``callbacks=task_curve``) add the learning curves (the headline accuracy against tokens trained:
+the seeds' mean and their lowest-to-highest band, per n and size) and a table of each curve's best point beside its
+last (the paper keeps the best checkpoint by the test metric). A sweep of models of a text corpus (``task``
+``corpus``: the size trend, the byte models) is a table of head 1's held-out loss and of the tokens per forward of
+self-speculative decoding, by size and n, and a figure of both against the non-embedding parameters.
+
+A job that finishes also keeps a summary (:func:`write_summary`): one folder per job under the repository's results
+folder (``results/experiments/<experiment>/<job>/results.json``: its scores and learning curve, budget, provenance, its
+settings and the resolved config; no checkpoint, no event file), committed, so that its page is made again on any
+machine without the job folders (a results folder is read as a sweep folder is) and a rerun of the sweep skips it.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,12 +35,18 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from mtp.benchmarks.common import require_plotting, save_figure
 from mtp.benchmarks.task_eval import CORPUS
-from mtp.errors import UserError
+from mtp.errors import UserError, first_line
+from mtp.files import write_whole
 
 EVAL_RESULTS = Path("eval_task") / "results.json"
 """Where a job of a task experiment writes its score (mtp/commands/pretrain.py): its presence marks it finished."""
+SUMMARY = "results.json"
+"""A job's summary in its folder of the results folder: the job's results (:data:`EVAL_RESULTS`), plus ``job`` (its
+experiment, name, settings, overrides, size preset and the overrides that only say where files go) and ``config``
+(the job's resolved config)."""
+SUMMARY_KEYS = ("job", "config", "provenance", "task", "group", "rows")
+"""What a summary must hold for a page and a rerun to read it."""
 VARIED = ("model", "model.n_future", "seed", "size", "experiment")
 """The overrides a sweep compares along (n, seed, size) or names its folder by: not part of a run's other settings."""
 TASK_TITLES = {"polynomial": "Polynomial arithmetic", "induction": "Induction", CORPUS: "Next-token loss and drafts"}
@@ -97,25 +109,43 @@ class SweepGroup:
 
 
 def job_folders(folder: Path) -> list[Path]:
-    """The job folders under a sweep folder (each has Hydra's ``.hydra``); a job folder itself is its only job."""
-    if (folder / ".hydra").is_dir():
+    """The jobs under a sweep folder (job folders, each with Hydra's ``.hydra``) or under a results folder (summary
+    folders: every folder without subfolders, which must hold its :data:`SUMMARY`); a job folder or a summary folder
+    itself is its only job."""
+    if (folder / ".hydra").is_dir() or (folder / SUMMARY).is_file():
         return [folder]
-    return sorted(path.parent for path in folder.rglob(".hydra") if path.is_dir())
+    jobs = sorted(path.parent for path in folder.rglob(".hydra") if path.is_dir())
+    if jobs:
+        return jobs
+    summaries = []
+    for path in sorted(folder.rglob("*")):
+        hidden = any(part.startswith(".") for part in path.relative_to(folder).parts)
+        if path.is_dir() and not hidden and not has_subfolders(path):
+            summaries.append(path)
+    return summaries
+
+
+def has_subfolders(folder: Path) -> bool:
+    return any(path.is_dir() for path in folder.iterdir())
 
 
 def read_run(folder: Path) -> SweepRun:
-    """A job folder's settings and, when finished, its results."""
+    """A job's settings and, when finished, its results: from its job folder (Hydra's record in ``.hydra`` and
+    :data:`EVAL_RESULTS`), or from its summary (:data:`SUMMARY`: finished by definition)."""
     hydra_dir = folder / ".hydra"
+    if not hydra_dir.is_dir():
+        summary = read_summary(folder / SUMMARY)
+        job = summary["job"]
+        run = settings_run(folder, summary["config"], job["overrides"], job["choices"], job["excluded"])
+        run.results = summary
+        run.n = summary.get("n_future", run.n)
+        return run
     config = OmegaConf.load(hydra_dir / "config.yaml") if (hydra_dir / "config.yaml").is_file() else OmegaConf.create()
     hydra = OmegaConf.load(hydra_dir / "hydra.yaml").hydra if (hydra_dir / "hydra.yaml").is_file() else None
     overrides = list(OmegaConf.load(hydra_dir / "overrides.yaml")) if (hydra_dir / "overrides.yaml").is_file() else []
     choices = hydra.runtime.choices if hydra is not None else {}
-    excluded = set(OmegaConf.select(hydra, "job.config.override_dirname.exclude_keys", default=None) or [])
-    apart = set(VARIED) | excluded
-    others = sorted(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in apart)
-    seed = OmegaConf.select(config, "seed", default=None)
-    n = OmegaConf.select(config, "model.n_future", default=None)
-    run = SweepRun(folder, str(choices.get("size", "?")), seed, tuple(others), n)
+    excluded = OmegaConf.select(hydra, "job.config.override_dirname.exclude_keys", default=None) or []
+    run = settings_run(folder, config, overrides, choices, excluded)
     results_file = folder / EVAL_RESULTS
     if results_file.is_file():
         run.results = json.loads(results_file.read_text())
@@ -124,21 +154,74 @@ def read_run(folder: Path) -> SweepRun:
     return run
 
 
+def settings_run(
+    folder: Path, config: Any, overrides: Iterable[str], choices: Any, excluded: Iterable[str]
+) -> SweepRun:
+    """A job's run, its results not read yet, from its config, its overrides, Hydra's choices of config groups and
+    the override keys that only say where files go (``excluded``)."""
+    apart = set(VARIED) | set(excluded)
+    others = sorted(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in apart)
+    config = OmegaConf.create(config)
+    seed = OmegaConf.select(config, "seed", default=None)
+    n = OmegaConf.select(config, "model.n_future", default=None)
+    return SweepRun(folder, str(choices.get("size", "?")), seed, tuple(others), n)
+
+
+def summary_job(experiment: str, name: str, settings: str, overrides: Iterable[str], choices: Any,
+                excluded: Iterable[str]) -> dict[str, Any]:  # fmt: skip
+    """A summary's ``job``: what its page needs to group it as the job folder's Hydra record would (its overrides,
+    the size preset chosen, the overrides that say only where files go) and what a rerun checks (``settings``: Hydra's
+    ``override_dirname``)."""
+    return {"experiment": experiment, "name": name, "settings": settings, "overrides": list(overrides),
+            "choices": {"size": choices.get("size")}, "excluded": list(excluded)}  # fmt: skip
+
+
+def write_summary(folder: Path, results: dict[str, Any], config: dict[str, Any], job: dict[str, Any]) -> Path:
+    """Keep a finished job's summary: its results (scores, learning curve, steps, tokens, training time and threads,
+    provenance: date, commit, machine, torch, command), its ``job`` (:func:`summary_job`) and its resolved ``config``,
+    as ``folder``/results.json, written whole. Returns the file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / SUMMARY
+    text = json.dumps({**results, "job": job, "config": config}, indent=1) + "\n"
+    write_whole(path, lambda f: f.write(text.encode()))
+    return path
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """A job's summary; a missing, unreadable or incomplete one is refused in one sentence naming the file and the
+    fix."""
+    fix = (
+        f"restore it from git (git checkout -- {shlex.quote(str(path.parent))}), or delete the folder "
+        f"{shlex.quote(str(path.parent))} and run its sweep again to write it anew"
+    )
+    if not path.is_file():
+        raise UserError(f"{path} is missing, so {path.parent} is no job's summary; {fix}.")
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path} is not a readable job summary ({first_line(err)}); {fix}.") from None
+    missing = [key for key in SUMMARY_KEYS if not isinstance(summary, dict) or key not in summary]
+    if missing:
+        raise UserError(f"{path} is not a job summary: it lacks {', '.join(missing)}; {fix}.")
+    return summary
+
+
 def read_sweep(folders: Sequence[Path]) -> tuple[list[SweepRun], list[SweepRun]]:
     """The finished and the unfinished runs of ``folders``; a UserError when there is no finished run, or when the
     finished runs are of more than one task."""
     for folder in folders:
         if not folder.is_dir():
             raise UserError(
-                f"{folder} is not a folder; pass a sweep's folder, e.g. logs/pretrain/sweeps/paper_polynomial."
+                f"{folder} is not a folder; pass a sweep's folder, e.g. logs/pretrain/sweeps/paper_polynomial, or "
+                "a results folder, e.g. results/experiments/paper_polynomial."
             )
     runs = [read_run(job) for folder in folders for job in job_folders(folder)]
     finished = [run for run in runs if run.results is not None]
     if not finished:
         named = ", ".join(map(str, folders))
         raise UserError(
-            f"{named} holds no finished run (no job folder with {EVAL_RESULTS}); run the sweep, or run its command "
-            "again to finish what it left, before making its page."
+            f"{named} holds no finished run (no job folder with {EVAL_RESULTS}, no job summary); run the sweep, or "
+            "run its command again to finish what it left, before making its page."
         )
     tasks = sorted({run.results["task"] for run in finished})
     if len(tasks) > 1:
@@ -450,144 +533,3 @@ def sweep_provenance(finished: Sequence[SweepRun], page_command: str) -> dict[st
         "torch": ", ".join(distinct("torch")),
         "command": "\n".join([*distinct("command"), page_command]),
     }
-
-
-def pyplot() -> Any:
-    """matplotlib's pyplot, drawing to files (the ``benchmarks`` extra; a UserError names it when it is missing)."""
-    require_plotting()
-    import matplotlib  # optional (the benchmarks extra): imported only when a plot is asked for
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_sweep(finished: Sequence[SweepRun], path: Path, title: str) -> None:
-    """The paper's figure: accuracy against the results' numeric rows (operation counts) when they are numbers, one
-    line per n and setting with the seeds' range as a band and the rows beyond training shaded; otherwise accuracy
-    against size (parameters), at the results' first row (induction: the second token), with the range as error
-    bars. Models of a corpus: :func:`plot_corpus`."""
-    if finished[0].results.get("task") == CORPUS:
-        plot_corpus(finished, path, title)
-        return
-    plt = pyplot()
-    from matplotlib.ticker import PercentFormatter  # matplotlib: imported by pyplot() above, optional
-
-    groups = aggregate(finished)
-    results = finished[0].results
-    numeric = all(isinstance(row[results["group"]], int) for row in results["rows"]) and len(results["rows"]) > 1
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    ns = sorted({g.n for g in groups})
-    lines = sorted({(g.setting, g.size) for g in groups}, key=lambda key: (key[0], size_order(finished).index(key[1])))
-    labels = setting_labels({g.setting for g in groups})[1]
-    styles = ["-", "--", ":", "-."]
-    if numeric:
-        for index, (setting, size) in enumerate(lines):
-            for n in ns:
-                series = [g for g in groups if (g.setting, g.size, g.n) == (setting, size, n)]
-                xs = [g.group for g in series]
-                color = colors[ns.index(n) % len(colors)]
-                label = f"n={n}" + (f", {size}" if len({size for _, size in lines}) > 1 else "")
-                label += f", {labels[setting]}" if len(labels) > 1 else ""
-                ax.plot(xs, [g.mean for g in series], marker="o", color=color, linestyle=styles[index % 4], label=label)
-                ax.fill_between(xs, [g.low for g in series], [g.high for g in series], color=color, alpha=0.15)
-        outside = [g.group for g in groups if not g.in_domain]
-        if outside:
-            ax.axvspan(min(outside) - 0.5, max(outside) + 0.5, color="grey", alpha=0.1, label="out of domain")
-        ax.set_xlabel(f"number of operations ({results['group']})")
-        ax.set_xticks(sorted({g.group for g in groups}))
-    else:
-        headline = results["rows"][0][results["group"]]
-        sizes = size_order(finished)
-        settings = sorted({g.setting for g in groups})
-        for n in ns:
-            for index, setting in enumerate(settings):
-                series = [g for g in groups if g.n == n and g.setting == setting and g.group == headline]
-                xs = [sizes.index(g.size) for g in series]
-                means = [g.mean for g in series]
-                spread = [[g.mean - g.low for g in series], [g.high - g.mean for g in series]]
-                label = f"n={n}" + (f", {labels[setting]}" if len(labels) > 1 else "")
-                ax.errorbar(xs, means, yerr=spread, marker="o", capsize=4, color=colors[ns.index(n) % len(colors)],
-                            linestyle=styles[index % 4], label=label)  # fmt: skip
-        ax.set_xticks(range(len(sizes)), sizes)
-        ax.set_xlabel("model size")
-        ax.set_title(f"{results['group']}: {headline}", fontsize=9)
-    ax.set_ylabel(results["metric"])
-    ax.set_ylim(-0.02, 1.02)
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    save_figure(fig, title, path)
-
-
-def plot_curves(finished: Sequence[SweepRun], path: Path, title: str) -> None:
-    """The learning curves: the results' first row's accuracy against tokens trained, one line per n (color) and size
-    and setting (style), the seeds' mean with their lowest-to-highest as a band."""
-    plt = pyplot()
-    from matplotlib.ticker import PercentFormatter  # matplotlib: imported by pyplot() above, optional
-
-    groups = curve_groups(finished)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    ns = sorted({g.n for g in groups})
-    sizes = [size for size in size_order(finished) if any(g.size == size for g in groups)]
-    labels = setting_labels({g.setting for g in groups})[1]
-    styles = ["-", "--", ":", "-."]
-    # per size, the runs as configured (the empty setting, sorted first) solid, other settings (a control) their own
-    variants = sorted({(sizes.index(g.size), g.setting) for g in groups})
-    for group in groups:
-        tokens, means, lows, highs = group.band()
-        xs = [t / 1e6 for t in tokens]
-        color = colors[ns.index(group.n) % len(colors)]
-        label = f"n={group.n}, {group.size}" + (f", {labels[group.setting]}" if len(labels) > 1 else "")
-        label += f" ({len(group.runs)} seeds)" if len(group.runs) > 1 else ""
-        style = styles[variants.index((sizes.index(group.size), group.setting)) % 4]
-        ax.plot(xs, means, color=color, linestyle=style, label=label)
-        ax.fill_between(xs, lows, highs, color=color, alpha=0.15)
-    ax.set_xlabel("tokens trained (millions)")
-    ax.set_ylabel(f"{finished[0].results['metric']}, {finished[0].headline}")
-    ax.set_ylim(-0.02, 1.02)
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    save_figure(fig, title, path)
-
-
-def plot_corpus(finished: Sequence[SweepRun], path: Path, title: str) -> None:
-    """The size trend: head 1's held-out loss and the tokens per forward of self-speculative decoding against the
-    non-embedding parameters, one line per n (and setting), the seeds' range as error bars."""
-    plt = pyplot()
-    groups = corpus_groups(finished)
-    fig, (loss_ax, draft_ax) = plt.subplots(1, 2, figsize=(10, 4.2))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    ns = sorted({run.n for run in finished})
-    labels = setting_labels({run.setting for run in finished})[1]
-    styles = ["-", "--", ":", "-."]
-    sizes = size_order(finished)
-    for index, setting in enumerate(sorted(labels)):
-        for n in ns:
-            series = [groups[(setting, size, n)] for size in sizes if (setting, size, n) in groups]
-            if not series:
-                continue
-            xs = [runs[0].results.get("non_embedding_parameters", 0) / 1e6 for runs in series]
-            label = f"n={n}" + (f", {labels[setting]}" if len(labels) > 1 else "")
-            style = {"color": colors[ns.index(n) % len(colors)], "linestyle": styles[index % 4], "marker": "o",
-                     "capsize": 4, "label": label}  # fmt: skip
-            for ax, value in (
-                (loss_ax, lambda r: r.results["rows"][0]["loss"]),
-                (draft_ax, lambda r: r.results["decoding"]["tokens_per_forward"]),
-            ):
-                values = [[value(r) for r in runs] for runs in series]
-                means = [statistics.fmean(v) for v in values]
-                pairs = list(zip(means, values, strict=True))
-                bars = [[m - min(v) for m, v in pairs], [max(v) - m for m, v in pairs]]
-                ax.errorbar(xs, means, yerr=bars, **style)
-    for ax, name in ((loss_ax, "head 1's held-out loss (nats per token)"), (draft_ax, "tokens per forward, greedy")):
-        ax.set_xscale("log")
-        ax.set_xlabel("non-embedding parameters (millions)")
-        ax.set_ylabel(name)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    save_figure(fig, title, path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import io
+import json
 import logging
 import os
 import re
@@ -31,6 +32,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from mtp.benchmarks.task_sweep import SUMMARY, read_summary, summary_job, write_summary
 from mtp.checkpoint.format import read_checkpoint
 from mtp.commands import bench_decode, distill, eval_task
 from mtp.commands.cli import checkout_root, errors_reported, run_script
@@ -276,11 +278,13 @@ def train_in_run_dir(cfg: DictConfig) -> None:
         if cfg.get("eval_task"):  # its results are headed by the pretrain command
             node = {**node_values(cfg.eval_task), "out": str(output_dir / EVAL_FOLDER)}
             evaluation = eval_task.settings_of_config(checkpoint, node)
-        trains = True
+        trains, summary = True, None
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             settings = HydraConfig.get().job.override_dirname
-            cfg, trains = continue_sweep_job(cfg, output_dir, settings, evaluation is not None)
+            summary = summary_folder(cfg, output_dir) if evaluation is not None else None
+            cfg, trains = continue_sweep_job(cfg, output_dir, settings, evaluation is not None, summary)
             if cfg is None:
+                remove_empty_run_dir(output_dir)  # skipped for its kept summary: no empty job folder
                 return
         if cfg.get("distill"):
             if not cfg.get("init_from"):
@@ -290,31 +294,71 @@ def train_in_run_dir(cfg: DictConfig) -> None:
                 raise SystemExit(status)  # Ctrl-C while distilling: what it wrote is kept, training does not start
         if trains:
             train(cfg)
-        score_trained(bench, evaluation)
+        if score_trained(bench, evaluation) and summary is not None:
+            keep_summary(cfg, output_dir, summary)
 
 
-def score_trained(bench, evaluation) -> None:
+def score_trained(bench, evaluation) -> bool:
     """The decoding benchmark and the task evaluation a run ends with (None: not asked for), on the first process
-    only: every process of a multi-device run returns from training, and one writes the results."""
+    only: every process of a multi-device run returns from training, and one writes the results. Returns whether this
+    process scored."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only  # Lightning: seconds to import, not for --help
 
     if rank_zero_only.rank != 0:
-        return
+        return False
     if bench is not None:
         bench_decode.run(bench)
     if evaluation is not None:
         eval_task.run(evaluation)
+    return True
+
+
+def summary_folder(cfg: DictConfig, output_dir: Path) -> Path | None:
+    """Where a sweep job of an experiment keeps its summary: ``paths.results_dir``/<experiment>/<its job folder's
+    name> (results/experiments/paper_induction/model=mtp2,size=paper_1m,seed=3); None for a sweep of no experiment or
+    with ``paths.results_dir=null``."""
+    experiment = HydraConfig.get().runtime.choices.get("experiment")
+    results_dir = OmegaConf.select(cfg, "paths.results_dir", default=None)
+    if not experiment or not results_dir:
+        return None
+    return Path(results_dir) / experiment / output_dir.name
+
+
+def keep_summary(cfg: DictConfig, output_dir: Path, summary: Path) -> None:
+    """Write the job's summary (:func:`mtp.benchmarks.task_sweep.write_summary`) into ``summary`` from its scores
+    (eval_task/results.json), Hydra's record of the job and its resolved config."""
+    hydra = HydraConfig.get()
+    results = json.loads((output_dir / EVAL_FOLDER / "results.json").read_text())
+    excluded = OmegaConf.select(hydra, "job.config.override_dirname.exclude_keys", default=None) or []
+    job = summary_job(hydra.runtime.choices.get("experiment"), output_dir.name, hydra.job.override_dirname,
+                      hydra.overrides.task, hydra.runtime.choices, excluded)  # fmt: skip
+    config = OmegaConf.to_container(cfg, resolve=True)
+    path = write_summary(summary, results, config, job)
+    log.info("sweep job %s: its summary is in %s (commit it to keep it)", output_dir.name, path)
 
 
 def continue_sweep_job(
-    cfg: DictConfig, output_dir: Path, settings: str, scored: bool
+    cfg: DictConfig, output_dir: Path, settings: str, scored: bool, summary: Path | None = None
 ) -> tuple[DictConfig | None, bool]:
-    """What a sweep's job does with what an earlier run of the same sweep left in its folder (Ctrl-C, a kill, a lease
-    that ended): a job that ``scored`` itself (its eval_task/results.json is there) is skipped (None); one with a
-    last.ckpt resumes from it (``ckpt_path``; or, when its training had reached ``trainer.max_steps``, goes straight
-    to what follows training: the bool is whether to train); any other starts afresh. The folder's record of its
-    settings (:data:`SWEEP_JOB`) must match this job's ``settings`` (Hydra's ``override_dirname``): another sweep's
-    folder is refused, not continued. Each choice is logged."""
+    """What a sweep's job does with what an earlier run of the same sweep left: a job whose summary is kept in the
+    results folder (``summary``/results.json, committed) is skipped (None), wherever it ran; so is one that
+    ``scored`` itself in its folder (its eval_task/results.json is there), which keeps its summary first if it has
+    none; one with a last.ckpt (Ctrl-C, a kill, a lease that ended) resumes from it (``ckpt_path``; or, when its
+    training had reached ``trainer.max_steps``, goes straight to what follows training: the bool is whether to train);
+    any other starts afresh. The folder's record of its settings (:data:`SWEEP_JOB`), and a kept summary's, must match
+    this job's ``settings`` (Hydra's ``override_dirname``): another sweep's folder is refused, not continued. Each
+    choice is logged."""
+    name = output_dir.name
+    if summary is not None and summary.exists():
+        kept = read_summary(summary / SUMMARY)
+        if kept["job"].get("settings") != settings:
+            raise UserError(
+                f"{summary / SUMMARY} is the summary of a job of other settings ({kept['job'].get('settings')}, not "
+                f"{settings or 'none'}); move that folder away, or keep this sweep's summaries apart with "
+                "paths.results_dir=FOLDER."
+            )
+        log.info("sweep job %s: its summary is kept in %s; skipping it", name, summary)
+        return None, False
     record = output_dir / SWEEP_JOB
     last = output_dir / "checkpoints" / "last.ckpt"
     if record.is_file():
@@ -333,10 +377,11 @@ def continue_sweep_job(
         text = OmegaConf.to_yaml({"settings": settings})
         output_dir.mkdir(parents=True, exist_ok=True)
         write_whole(record, lambda f: f.write(text.encode()))
-    name = output_dir.name
     results = output_dir / EVAL_FOLDER / "results.json"
     if scored and results.is_file():
         log.info("sweep job %s: finished earlier (its %s/results.json is there); skipping it", name, EVAL_FOLDER)
+        if summary is not None:
+            keep_summary(cfg, output_dir, summary)
         return None, False
     if cfg.get("ckpt_path") or not last.exists():
         return cfg, True

@@ -21,14 +21,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from mtp.benchmarks.results_page import page, provenance
-from mtp.benchmarks.task_sweep import (
-    plot_curves,
-    plot_sweep,
-    read_sweep,
-    sweep_provenance,
-    sweep_tables,
-    sweep_title,
-)
+from mtp.benchmarks.sweep_plots import plot_curves, plot_sweep
+from mtp.benchmarks.task_sweep import read_sweep, sweep_provenance, sweep_tables, sweep_title
 from mtp.commands.cli import run_script
 from mtp.errors import UserError
 
