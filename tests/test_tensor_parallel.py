@@ -73,7 +73,7 @@ def tp_worker(rank: int, world: int, tp: int, init_file: str, results: str) -> N
 
     def recording(*args):
         n_heads = args[4]
-        rows.update(weight.size(0) for weight in args[7 + n_heads :])
+        rows.update(weight.size(0) for weight in args[8 + n_heads :])
         return apply(*args)
 
     function.apply = recording
