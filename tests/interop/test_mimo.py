@@ -244,6 +244,7 @@ def test_init_from_a_mimo_folder_keeps_what_its_layer_reads_at_position_0(tmp_pa
     assert "causal_first_token" not in settings_from_checkpoint(folder, {"head_type": "transformer"}, set())
 
 
+@pytest.mark.slow  # two training runs
 def test_a_pretrained_causal_model_fine_tunes_with_its_mtp_layer_from_a_mimo_folder(make_cfg, tmp_path):
     """The documented round: pretrain with causal heads read as vLLM reads them, export as MiMo, fine-tune from the
     folder with experiment=mtp_layer (the layer's loss kept out of the trunk), export again."""
