@@ -421,7 +421,7 @@ class _HeadsCrossEntropy(torch.autograd.Function):
             total = total + weights[k] * relative * losses[-1]
             if extra is not None:
                 future_losses = extra_sums / extra[1]
-                total = total + (future_losses * extra[2] * extra[1]).sum()  # weights[k] w_j CE_j
+                total = total + (extra_sums * extra[2]).sum()  # sum_j weights[k] w_j CE_j
         per_head = torch.stack(losses)
         # Plain attributes, not saved tensors: backward hands them to autograd and drops its own reference, so
         # AccumulateGrad can adopt them without a copy (a training step runs backward once).
