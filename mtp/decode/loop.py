@@ -35,7 +35,7 @@ from mtp.decode.inference import InferenceModel
 from mtp.decode.memory import check_step_fits
 from mtp.decode.plan import Plan, Proposal
 from mtp.decode.sampling import RowUniforms
-from mtp.decode.settings import GenerationConfig, HeadsSettings
+from mtp.decode.settings import GenerationConfig
 from mtp.decode.stats import DecodeStats, SpanTimer
 from mtp.model import MTPModel
 
@@ -87,15 +87,6 @@ def generate(model: MTPModel, prompts: list[list[int]], plan: Plan) -> tuple[lis
                 break
             step = run.propose(*rows, draws)  # the next step's drafts
     return run.finish()
-
-
-def generate_with_heads(
-    model: MTPModel, prompts: list[list[int]], sampling: GenerationConfig, heads: HeadsSettings | None = None
-) -> tuple[list[list[int]], DecodeStats]:
-    """:func:`generate` with the plan of ``sampling`` and the target's ``heads`` (None: one head, autoregressive
-    decoding), no drafter: the scores of a training run and of its tasks (mtp/training/callbacks.py,
-    task_scores.py, mtp/benchmarks/task_eval.py) call it by that name until they make their plan themselves."""
-    return generate(model, prompts, Plan(sampling, heads or HeadsSettings()))
 
 
 class _Run:

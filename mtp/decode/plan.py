@@ -68,7 +68,7 @@ class Proposal:
 
 
 class Proposer:
-    """What :func:`~mtp.decode.generate.generate` asks of a proposer. Rows are the live rows of the batch, in order.
+    """What :func:`~mtp.decode.generate` asks of a proposer. Rows are the live rows of the batch, in order.
 
     ``check_plan(plan)``: its own refusals of a plan it drafts in, where the plan is made; ``draws(plan)``: the uniforms
     it needs per step, placed in the step's layout, which it is given (``lay_out(layout)``); ``start(prompts, max_len,

@@ -16,8 +16,7 @@ from lightning.pytorch.utilities.model_summary.model_summary import _format_summ
 from torch import Tensor
 
 from mtp.checkpoint.format import TASK_CURVE
-from mtp.decode import GenerationConfig, HeadsSettings
-from mtp.decode.loop import generate_with_heads as generate
+from mtp.decode import GenerationConfig, HeadsSettings, Plan, generate
 from mtp.errors import UserError
 from mtp.training.parallel import data_parallel_size, is_sharded
 from mtp.training.task_scores import TASKS, TaskSettings, parse_ops, row_metrics
@@ -234,7 +233,7 @@ class DecodeProbe(L.Callback):
             return
         with torch.autocast(pl_module.device.type, enabled=False):
             config, heads = GenerationConfig(max_new_tokens=self.tokens), HeadsSettings(heads=n)
-            _, stats = generate(model, openings.tolist(), config, heads=heads)
+            _, stats = generate(model, openings.tolist(), Plan(config, heads))
         pl_module.log("val/decoded_tokens_per_forward", stats.tokens_per_forward, sync_dist=True)
         for j, rate in enumerate(stats.acceptance, start=1):
             pl_module.log(f"val/decoded_acceptance_pos{j}", rate, sync_dist=True)

@@ -29,8 +29,7 @@ from tokenizers import Tokenizer
 import mtp.data.polynomial as polynomial
 from mtp.data.induction import Story, evaluation_stories, story_ids
 from mtp.data.tokenizer import eot_id, prompt_ids
-from mtp.decode import GenerationConfig, HeadsSettings
-from mtp.decode.loop import generate_with_heads as generate
+from mtp.decode import GenerationConfig, HeadsSettings, Plan, generate
 from mtp.errors import UserError
 from mtp.model import MTPModel
 
@@ -105,8 +104,10 @@ def score_polynomial(
             f"of its data; use at most {available}."
         )
     count = available if settings.problems is None else settings.problems
-    config = GenerationConfig(max_new_tokens=polynomial.DEGREE + 1, eos_id=eot_id(tokenizer))
-    heads = HeadsSettings(heads=settings.heads)
+    plan = Plan(
+        GenerationConfig(max_new_tokens=polynomial.DEGREE + 1, eos_id=eot_id(tokenizer)),
+        HeadsSettings(heads=settings.heads),
+    )
     training_ops = range(source.get("min_ops", 1), source.get("max_ops", 5) + 1)
     rows, forwards, tokens, seconds = [], 0, 0, 0.0
     for ops in settings.ops:
@@ -115,7 +116,7 @@ def score_polynomial(
         for start in range(0, len(problems), settings.batch_size):
             batch = problems[start : start + settings.batch_size]
             began = time.perf_counter()
-            outputs, stats = generate(model, [prompt_ids(tokenizer, p.prompt) for p in batch], config, heads=heads)
+            outputs, stats = generate(model, [prompt_ids(tokenizer, p.prompt) for p in batch], plan)
             seconds += time.perf_counter() - began
             forwards, tokens = forwards + stats.row_forwards, tokens + stats.tokens
             for ids, problem in zip(outputs, batch, strict=True):
