@@ -233,8 +233,15 @@ def test_plots_without_matplotlib_are_one_sentence(tmp_path, monkeypatch):
 
 def test_pretrain_without_its_configs_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "PACKAGE_DIR", tmp_path / "site-packages" / "mtp")
+    monkeypatch.setattr(sys, "argv", ["pretrain.py", "model=mtp1"])  # Hydra's entry point reads the command line
     with pytest.raises(UserError, match=re.escape("install it with pip install -e . from a checkout")):
-        pretrain.main(["model=mtp1"])
+        pretrain.main()
+
+
+def test_pretrain_refuses_arguments_other_than_the_command_lines(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["pretrain.py", "model=mtp1"])
+    with pytest.raises(ValueError, match="reads its overrides from sys.argv"):
+        pretrain.main(["model=mtp2"])
 
 
 def test_pretrain_os_error_is_one_line_and_leaves_no_run_folder(monkeypatch, tmp_path, capsys):
@@ -243,9 +250,10 @@ def test_pretrain_os_error_is_one_line_and_leaves_no_run_folder(monkeypatch, tmp
 
     monkeypatch.setattr(pretrain, "train", no_space)
     run_dir = tmp_path / "logs" / "run"
+    monkeypatch.setattr(sys, "argv", ["pretrain.py", f"hydra.run.dir={run_dir}", f"paths.log_dir={tmp_path / 'logs'}"])
     try:
         with pytest.raises(SystemExit) as exit_:
-            cli.run_script(pretrain.main, [f"hydra.run.dir={run_dir}", f"paths.log_dir={tmp_path / 'logs'}"])
+            cli.run_script(pretrain.main)
     finally:
         GlobalHydra.instance().clear()
     assert exit_.value.code == 2

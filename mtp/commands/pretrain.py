@@ -23,8 +23,7 @@ from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hydra import version
-from hydra._internal.utils import _run_hydra, get_args_parser  # @hydra.main's own steps: no public API
+import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
@@ -61,30 +60,25 @@ JOB_FOLDER_LENGTH = 120
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Compose the config from the overrides in ``argv`` (None: the process's arguments) and train."""
+    """Compose the config from the overrides on the process's command line and train. Hydra's entry point
+    (``@hydra.main``) reads them from ``sys.argv``, so ``argv``, where given, is that command line's arguments (``mtp
+    pretrain`` sets ``sys.argv`` for its subcommand; a test sets it too)."""
+    if argv is not None and list(argv) != sys.argv[1:]:
+        raise ValueError(f"pretrain reads its overrides from sys.argv, as @hydra.main does: {sys.argv[1:]}, not {argv}")
     root = checkout_root()
     os.environ.setdefault("PROJECT_ROOT", str(root))
     quiet_library_notices()
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:]
     check_groups_not_nulled(argv, root / "conf")
     check_launcher_installed(argv)
     with config_errors_raised(), internal_groups_hidden(argv):
-        run_hydra(argv, root / "conf")
+        run_hydra(root / "conf")
 
 
-def run_hydra(argv: list[str], conf: Path) -> None:
-    """What ``@hydra.main(config_path=conf, config_name="train")`` runs, its command line ``argv`` rather than the
-    process's: Hydra's decorator reads ``sys.argv``, and a command called with its own arguments (``mtp pretrain``,
-    a test) would have to rewrite it. The two calls are the ones the decorator makes (hydra/main.py, Hydra 1.3)."""
-    version.setbase("1.3")
-    parser = get_args_parser()
-    _run_hydra(
-        args=parser.parse_args(argv),
-        args_parser=parser,
-        task_function=train_in_run_dir,
-        config_path=str(conf),
-        config_name="train",
-    )
+def run_hydra(conf: Path) -> None:
+    """Hydra's own entry point, ``@hydra.main(config_path=conf, config_name="train")``, over the process's command
+    line."""
+    hydra.main(version_base="1.3", config_path=str(conf), config_name="train")(train_in_run_dir)()
 
 
 SUBMITIT_LAUNCHERS = ("local", "slurm")
