@@ -1173,7 +1173,7 @@ MUTATIONS = [
     ),
     Mutation(
         "prompt lookup's drafts given int8 and other draft-choice twins, as if a model drew them",
-        "LookupDrafter",
+        "PromptLookupBench",
         "    drafts_with_a_model = draws_drafts = False",
         "    drafts_with_a_model = draws_drafts = True",
         (
@@ -1183,7 +1183,7 @@ MUTATIONS = [
     ),
     Mutation(
         "a draft model's rows without Leviathan et al.'s predicted speed-up",
-        "DraftModel",
+        "DraftModelBench",
         '    predicted = ("draft",)',
         "    predicted = ()",
         ("tests/test_decode_scripts.py::test_bench_decode_writes_results",),
