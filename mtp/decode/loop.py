@@ -94,7 +94,8 @@ def generate_with_heads(
 ) -> tuple[list[list[int]], DecodeStats]:
     """:func:`generate` with the plan of ``sampling`` and the target's ``heads`` (None: one head, autoregressive
     decoding), no drafter: the scores of a training run and of its tasks (mtp/training/callbacks.py,
-    task_scores.py, mtp/benchmarks/task_eval.py) call it by that name until they make their plan themselves."""
+    task_scores.py, and the task evaluation of the layer above) call it by that name until they make their plan
+    themselves."""
     return generate(model, prompts, Plan(sampling, heads or HeadsSettings()))
 
 
