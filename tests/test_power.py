@@ -1906,6 +1906,13 @@ MUTATIONS = [
         "clash = []",
         (f"{METHODS}::test_a_method_whose_name_or_flags_clash_is_refused",),
     ),
+    Mutation(
+        "a benchmark part whose sweep reuses another method's flag registered (bench_decode's parser would clash)",
+        "register_bench",
+        "clash = sorted(flag for flag in flag_names(cls) if flag in taken)",
+        "clash = []",
+        (f"{METHODS}::test_a_benchmark_part_needs_its_method_and_must_not_clash",),
+    ),
     # -- tensor parallelism: the vocabulary-parallel loss
     Mutation(
         "the vocabulary-parallel log-sum-exp takes each shard's own for the whole vocabulary's",
