@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from mtp.benchmarks.decode_bench import benchmarked
+from mtp.benchmarks.methods import BenchTarget
 from mtp.checkpoint.format import read_checkpoint
 from mtp.checkpoint.load import load_checkpoint
 from mtp.decode import heads_choice as heads
-from mtp.decode.methods import Target, layer_skip
+from mtp.decode.methods import layer_skip
 from mtp.decode.plan import Plan
 from mtp.decode.settings import GenerationConfig, HeadsSettings
 from mtp.errors import UserError
@@ -535,7 +536,7 @@ def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeyp
     loaded = load_checkpoint(args.checkpoint, torch.device("cpu"), "float32")
     chain = Plan(GenerationConfig(8), heads=HeadsSettings(heads=4))
     (method,) = benchmarked(args)
-    rows = method.rows(Target.of(loaded, chain, torch.device("cpu"), gamma=args.gamma), "greedy", args.methods)
+    rows = method.rows(BenchTarget.of(loaded, chain, torch.device("cpu"), gamma=args.gamma), "greedy", args.methods)
     params = [row.plan.drafter.params() for row in rows if row.label == "layerskip"]
     assert [p.get("search") for p in params] == ["blocks", "sublayers", None] and params[2]["skip"] == "3a"
     assert all(row.plan.drafter.gamma == 2 and row.plan.heads.heads == 1 for row in rows)

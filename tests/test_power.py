@@ -1173,7 +1173,7 @@ MUTATIONS = [
     ),
     Mutation(
         "prompt lookup's drafts given int8 and other draft-choice twins, as if a model drew them",
-        "LookupDrafter",
+        "PromptLookupBench",
         "    drafts_with_a_model = draws_drafts = False",
         "    drafts_with_a_model = draws_drafts = True",
         (
@@ -1183,7 +1183,7 @@ MUTATIONS = [
     ),
     Mutation(
         "a draft model's rows without Leviathan et al.'s predicted speed-up",
-        "DraftModel",
+        "DraftModelBench",
         '    predicted = ("draft",)',
         "    predicted = ()",
         ("tests/test_decode_scripts.py::test_bench_decode_writes_results",),
@@ -1905,6 +1905,13 @@ MUTATIONS = [
         "clash = sorted(name for name in flag_fields(cls) if name in taken)",
         "clash = []",
         (f"{METHODS}::test_a_method_whose_name_or_flags_clash_is_refused",),
+    ),
+    Mutation(
+        "a benchmark part whose sweep reuses another method's flag registered (bench_decode's parser would clash)",
+        "register_bench",
+        "clash = sorted(flag for flag in flag_names(cls) if flag in taken)",
+        "clash = []",
+        (f"{METHODS}::test_a_benchmark_part_needs_its_method_and_must_not_clash",),
     ),
     # -- tensor parallelism: the vocabulary-parallel loss
     Mutation(

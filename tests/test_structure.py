@@ -5,6 +5,9 @@ and no code reads a parser's private actions or rewrites sys.argv outside the en
 with typed settings); no hand-written module over 600 lines."""
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -144,6 +147,54 @@ def test_the_benchmarks_do_not_import_the_commands(name):
     """The commands parse flags and call the benchmarks; the benchmarks never reach up into a command."""
     reaching_up = {m for m in imports_of(MODULES[name]) if m.startswith("mtp.commands")}
     assert not reaching_up, f"{name} imports {sorted(reaching_up)}"
+
+
+DECODE = "mtp.decode"
+BENCH = re.compile("bench", re.IGNORECASE)
+"""What no module of the decode layer says: the benchmarks (bench_decode, mtp.benchmarks, a benchmark's rows) are a
+layer above it, which reads the decode layer and adds its own part to each method; the decode layer knows nothing of
+them."""
+WORDS = {tokenize.STRING, tokenize.COMMENT, tokenize.NAME, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
+
+
+def bench_mentions(path: Path) -> list[str]:
+    """Where ``path`` names the benchmarks, as ``line: what``: an import of mtp.benchmarks, or "bench" (any case) in a
+    string, a docstring, a comment or an identifier, except a name it imports from outside the decode layer (a lower
+    layer's name is that layer's: mtp.data's ``prompts_beyond_the_benchmarks``)."""
+    text = path.read_text()
+    lower = {
+        alias.asname or alias.name
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.ImportFrom) and not node.module.startswith(DECODE)
+        for alias in node.names
+    }
+    found = [f"imports {name}" for name in sorted(imports_of(path)) if name.startswith("mtp.benchmarks")]
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type in WORDS and BENCH.search(token.string):
+            if not (token.type == tokenize.NAME and token.string in lower):
+                found.append(f"{token.start[0]}: {token.string.strip()[:60]!r}")
+    return found
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n == DECODE or n.startswith(DECODE + ".")])
+def test_the_decode_layer_names_nothing_of_the_benchmarks(name):
+    """A decoding method's benchmark part (its sweep, rows, labels, plot markers) lives in mtp/benchmarks/methods/,
+    registered under the method's name; the decode layer neither imports the benchmarks nor speaks of them."""
+    found = bench_mentions(MODULES[name])
+    assert not found, f"{MODULES[name]} names the benchmarks: {', '.join(found)}"
+
+
+def test_the_bench_check_finds_an_import_a_string_a_comment_and_a_name(tmp_path):
+    module = tmp_path / "m.py"
+    imported = "from mtp.data.prompts import prompts_beyond_the_benchmarks\n\nx = prompts_beyond_the_benchmarks\n"
+    module.write_text(f'"""Decodes."""\n{imported}')
+    assert bench_mentions(module) == []  # a lower layer's name, imported
+    module.write_text(
+        '"""Rows of bench_decode."""\nimport mtp.benchmarks.report\n\n# a Benchmark\nbench_rows = f"{1} benchmark"\n'
+    )
+    found = bench_mentions(module)
+    assert [entry.split(":")[0] for entry in found] == ["imports mtp.benchmarks.report", "1", "2", "4", "5", "5"]
+    assert found[1] == '1: \'"""Rows of bench_decode."""\'' and found[3] == "4: '# a Benchmark'"
 
 
 HEAD_TYPE_OWNERS = ("mtp.model.config", "mtp.model.heads")

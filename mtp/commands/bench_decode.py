@@ -48,7 +48,8 @@ from typing import Any, NoReturn
 from mtp.benchmarks.common import prompt_problems, require_plotting, resolve_prompt_format
 from mtp.benchmarks.decode_bench import DecodeBenchSettings, run_decode_bench
 from mtp.benchmarks.humaneval import check_sandbox
-from mtp.benchmarks.report import CHAIN
+from mtp.benchmarks.methods import BENCH_REGISTRY, bench_drafters
+from mtp.benchmarks.methods.heads import CHAIN
 from mtp.benchmarks.vllm_peer import default_python
 from mtp.commands.bench_flags import (
     add_peer_flags,
@@ -75,15 +76,14 @@ from mtp.commands.cli import (
     settings_named_by_flags,
 )
 from mtp.commands.methods import add_bench_flags, bench_settings_of, flag
-from mtp.decode.methods import REGISTRY, drafters
 from mtp.decode.plan import DEFAULT_GAMMA
 from mtp.errors import UserError
 
 
 def methods() -> tuple[str, ...]:
-    """Every --methods entry: each registered method's (:mod:`mtp.decode.methods`), the heads' chain and its variants
-    first."""
-    return tuple(name for method in REGISTRY.values() for name in method.names())
+    """Every --methods entry: each registered method's benchmark part's (:mod:`mtp.benchmarks.methods`), the heads'
+    chain and its variants first."""
+    return tuple(name for bench in BENCH_REGISTRY.values() for name in bench.names())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[2, 4],
         help="for spectr and draft-spectr: draft sequences per step (SpecTr's k), one row each",
     )
-    for method in REGISTRY.values():  # each method's own flags: a drafter's settings, every method's sweep
-        add_bench_flags(parser, method)
+    for bench in BENCH_REGISTRY.values():  # each method's own flags: a drafter's settings, every method's sweep
+        add_bench_flags(parser, bench)
     add_variation_flags(parser)  # --draft-dtypes, --quantize, --step-modes, --draft-first-ids, --draft-choices
     add_renamed_flag(parser, "--draft-vocabs", "--draft-first-ids")
     add_prompt_set_flags(parser)
@@ -160,10 +160,11 @@ def settings_of(
     heads = listed(values["heads"], list[int], "heads") if values["heads"] is not None else None
     sequences = listed(values["sequences"], list[int], "sequences")
     method_settings, method_sweeps = {}, {}
-    for method in REGISTRY.values():
-        method_settings[method.name], method_sweeps[method.name] = bench_settings_of(values, method, chosen)
-    for method in drafters():  # a method benchmarked needs what selects it (a draft model's --draft, say)
-        needing = [name for name in method.names() if name in chosen]
+    for bench in BENCH_REGISTRY.values():
+        method_settings[bench.name], method_sweeps[bench.name] = bench_settings_of(values, bench, chosen)
+    for bench in bench_drafters():  # a method benchmarked needs what selects it (a draft model's --draft, say)
+        method = bench.method
+        needing = [name for name in bench.names() if name in chosen]
         if needing and getattr(method_settings[method.name], method.selected_by) is None:
             what = attribute_docs(method.settings)[method.selected_by].split("\n\n")[0]
             raise UserError(f"--methods {','.join(needing)} needs {flag(method)}: {' '.join(what.split())}")

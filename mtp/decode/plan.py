@@ -88,12 +88,6 @@ class Proposer:
     gamma = 0
     """Drafts it makes per step, at most (a drafter's, at least 1; 0 for the heads, whose drafts the settings count).
     :meth:`with_gamma` gives the same drafter with another count."""
-    drafts_with_a_model = True
-    """Its drafts come out of a model's forward (heads, a draft model, layer skip), so their precision
-    (``draft_dtype``) can change them; False: a lookup in the tokens."""
-    draws_drafts = True
-    """When sampling, it draws its drafts from laws it computes, so ``draft_choice`` can draw them otherwise; False:
-    its drafts are chosen another way (looked up, or decoded by an inner speculative step)."""
     layout: RandomLayout | None = None
     """Where its uniforms are in a step's (:meth:`lay_out`; None: not laid out, greedy)."""
     beside_heads = False

@@ -12,7 +12,7 @@ Unlike the int8 drafts, every call multiplies the quantized weights whatever its
 the verifying forward and the drafting forward read the same weights; and each output row of these kernels depends on
 its own input row alone, so a step verifying k rows gives each row what a step of that row alone gives: greedy
 output at each precision equals that precision's own autoregressive output. It is not float32's: how often it is the
-same is measured per run (bench_decode's rows), never assumed.
+same is measured per run (each quantized row of a timed comparison), never assumed.
 
 Why these kernels (``python -m mtp.commands.int8_kernels --shapes smollm2 --rows 1,4`` reruns the comparison): on
 SmolLM2's shapes, each matrix streamed from beyond the caches, they were the only candidates faster than float32 at

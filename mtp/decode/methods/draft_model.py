@@ -16,7 +16,7 @@ heads), and beside the target's heads (hybrid): its proposers and its method.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -28,7 +28,7 @@ from mtp.checkpoint.load import LoadedCheckpoint, load_checkpoint
 from mtp.decode.acceptance import Greedy, Lossless
 from mtp.decode.heads_proposer import HeadsProposer
 from mtp.decode.inference import InferenceModel, SkippingForm
-from mtp.decode.methods.base import BenchRow, DecodingMethod, Target, register
+from mtp.decode.methods.base import DecodingMethod, Target, register
 from mtp.decode.plan import DEFAULT_GAMMA, Plan, Proposal, Proposer
 from mtp.decode.sampling import Draws, RandomLayout, RowUniforms, processed_probs, sample_from, top_tokens
 from mtp.decode.settings import DraftSettings, HeadsSettings
@@ -168,7 +168,6 @@ class StagedDrafter(ModelDrafter):
     """Where its inner drafts come from, for the statistics."""
     inner_heads: ClassVar[bool] = False
     """Its inner drafts are the draft model's heads' (drafted in its inner steps' forwards)."""
-    draws_drafts = False  # the inner step's exact rules draw them
 
     def __init__(self, form: InferenceModel, gamma: int = DEFAULT_GAMMA) -> None:
         super().__init__(form, "staged", {"inner": self.inner}, gamma)
@@ -382,11 +381,6 @@ def staged_draft(
     return staged_drafter(draft.model, inner, compile, gamma)
 
 
-SPECTR = "draft-spectr"
-"""bench_decode's --methods entry of the draft model's rows of several sequences a step under SpecTr's rule (each row
-labelled 'draft spectr'), one per --sequences."""
-
-
 @dataclass
 class DraftModelSettings:
     draft: Path | None = None
@@ -404,23 +398,14 @@ class DraftModelSettings:
             )
 
 
-@dataclass
-class DraftModelSweep:
-    gammas: list[int] = field(default_factory=lambda: list(range(1, 9)))
-    """The draft model's drafts per step, a draft row each."""
-
-
 @register
 class DraftModel(DecodingMethod):
     """A draft model drafts gamma tokens a step (Leviathan et al. 2023), staged or beside the heads."""
 
     name = "draft"
     settings = DraftModelSettings
-    sweep = DraftModelSweep
     selected_by = "draft"
     beside_heads = True
-    labels = ("draft", SPECTR, "hybrid", "staged")
-    predicted = ("draft",)
 
     def proposer(self, target: Target) -> Proposer:
         options = self.options
@@ -428,27 +413,3 @@ class DraftModel(DecodingMethod):
         if options.staged is not None:
             return staged_draft(options.draft, draft, options.staged, target.compile)
         return draft_model_drafter(draft.model, target.compile)
-
-    def most_drafts(self, gamma: int) -> int:
-        return max([gamma, *self.sweep_values.gammas])
-
-    def rows(self, target: Target, mode: str, labels: list[str]) -> list[BenchRow]:
-        options, gamma = self.options, target.gamma
-        draft = load_draft(options.draft, target.loaded, target.device, target.dtype)
-        model = draft_model_drafter(draft.model, target.compile)
-        rows: list[BenchRow] = []
-        if "draft" in labels:
-            rows += [BenchRow("draft", target.drafting(model.with_gamma(g))) for g in self.sweep_values.gammas]
-        if SPECTR in labels:  # k draft sequences a step, SpecTr's rule
-            spectr = target.drafting(model.with_gamma(gamma))
-            rows += [
-                BenchRow("draft spectr", spectr.changed(drafts_per_step=k, acceptance="spectr"))
-                for k in target.sequences
-            ]
-        if "hybrid" in labels:  # the draft model's chain and the heads' chain, one tree
-            rows.append(BenchRow("hybrid", target.plan(model.with_gamma(gamma))))
-        if "staged" in labels:
-            inner = options.staged or "lookup"
-            staged = staged_draft(options.draft, draft, inner, target.compile, gamma)
-            rows.append(BenchRow("staged", target.drafting(staged)))
-        return rows
