@@ -1953,8 +1953,8 @@ MUTATIONS = [
     Mutation(
         "the task curve scores the whole evaluation set, not the subset asked",
         "TaskCurve.__init__",
-        'TaskSettings(parse_ops(ops, "callbacks.task_curve.ops"), problems, 1, batch_size)',
-        'TaskSettings(parse_ops(ops, "callbacks.task_curve.ops"), None, 1, batch_size)',
+        "TaskSettings(scored_ops, problems, 1, batch_size)",
+        "TaskSettings(scored_ops, None, 1, batch_size)",
         (f"{CURVE}::test_the_curve_logs_at_the_asked_steps_and_equals_the_evaluation_of_the_same_checkpoint",),
     ),
     Mutation(
