@@ -182,4 +182,6 @@ def test_ci_runs_the_readme_test_command():
 def test_readme_set_up_runs_the_main_job():
     """The README's first command installs mtp and runs the main job in one line a new user types as it stands."""
     first = command_lines([ROOT / "README.md"])[0]
-    assert re.search(r"pip install torch==\S+ .*&& pip install -e \. && python scripts/pretrain\.py model=mtp4$", first), first
+    assert re.search(
+        r"pip install torch==\S+ .*&& pip install -e \. && python scripts/pretrain\.py model=mtp4$", first
+    ), first
