@@ -1492,8 +1492,8 @@ MUTATIONS = [
     Mutation(
         "cli: a bad decoding setting named by its field, not its flag",
         "settings_named_by_flags",
-        'err.render(lambda field: named.get(field, flag_of(field)), " ")',
-        "str(err)",
+        'settings_named(lambda field: named.get(field, flag_of(field)), " ", training_key)',
+        'settings_named(str, "=")',
         ("tests/test_cli.py::test_a_bad_decoding_setting_is_reported_under_its_flag",),
     ),
     Mutation(

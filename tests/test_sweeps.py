@@ -276,7 +276,7 @@ def test_only_the_first_process_of_a_multi_device_run_scores_the_trained_checkpo
     from mtp.commands import bench_decode, pretrain
 
     ran = []
-    monkeypatch.setattr(bench_decode, "run", lambda args: ran.append("bench"))
+    monkeypatch.setattr(bench_decode, "run", lambda args, node=None: ran.append("bench"))
     monkeypatch.setattr(eval_task, "run", lambda args: ran.append("eval"))
     monkeypatch.setattr(rank_zero_only, "rank", 1)
     pretrain.score_trained("bench args", "eval args")
