@@ -360,13 +360,15 @@ def config_values(
     return {**values, **node}
 
 
-def require_at_least(args: argparse.Namespace, least: int, *names: str) -> None:
-    """Each named argument (None: not given) at least ``least``, or a UserError naming its flag."""
+def require_at_least(args: argparse.Namespace, least: int, *names: str, node: str | None = None) -> None:
+    """Each named argument (None: not given) at least ``least``, or a UserError naming its flag (its key, where a
+    training run's config ``node`` set the flags' values: ``eval_task.problems=0``)."""
     for name in names:
         value = getattr(args, name)
         if value is not None and value < least:
             limit = " (0: no limit)" if least == 0 else ""
-            raise UserError(f"{flag_of(name)} {value} must be at least {least}{limit}.")
+            given = f"{flag_of(name)} {value}" if node is None else f"{node}.{name}={value}"
+            raise UserError(f"{given} must be at least {least}{limit}.")
 
 
 def checkout_root() -> Path:

@@ -96,7 +96,8 @@ def settings_of(values: Mapping[str, Any], argv: list[str] | None = None, node: 
     their defaults), checked before any checkpoint is loaded (a training run that scores itself at its end learns of a
     bad setting before it trains)."""
     args = argparse.Namespace(**values)
-    require_at_least(args, 1, "problems", "heads", "batch_size", "windows", "prompts", "prompt_tokens", "new_tokens")
+    at_least_1 = ("problems", "heads", "batch_size", "windows", "prompts", "prompt_tokens", "new_tokens")
+    require_at_least(args, 1, *at_least_1, node=node)
     ops = ",".join(map(str, args.ops)) if isinstance(args.ops, list | tuple) else str(args.ops)  # a config's [1, 6]
     with settings_named_where(node):
         task = TaskSettings(parse_ops(ops), args.problems, args.heads or 1, args.batch_size)
