@@ -52,8 +52,8 @@ class GenerationConfig:
     seed: int = 0
     """Row b samples from a generator seeded seed + b."""
     acceptance: Acceptance = "exact"
-    """exact: greedy-exact / lossless sampling; spectr: lossless, SpecTr's k-sequential selection among a step's
-    candidates (drafts_per_step of them); typical: Medusa's typical acceptance (lossy; sampling only)."""
+    """exact: greedy-exact / lossless sampling; spectr: lossless, SpecTr's k-sequential selection among the several
+    candidates a step drafts; typical: Medusa's typical acceptance (lossy; sampling only)."""
     typical_epsilon: float = 0.09
     """Typical acceptance: a draft passes above min(typical_epsilon, typical_delta * exp(-entropy))."""
     typical_delta: float = 0.3
