@@ -146,7 +146,11 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--self-speculative", "--heads", "5"], "--heads 5 exceeds this checkpoint's 4 head(s)"),
+        (
+            ["--self-speculative", "--heads", "5"],
+            "--heads 5 exceeds this checkpoint's 4 head(s); only eagle3 heads and causal heads trained with "
+            "model.share_depth=true draft beyond them; use --heads 1..4.",
+        ),
         (["--self-speculative", "--heads", "0"], "--heads 0 must be at least 1"),
         (["--heads", "2"], "add --self-speculative"),
         (["--max-new-tokens", "0"], "--max-new-tokens 0 must be at least 1"),
@@ -328,8 +332,12 @@ def test_quantized_targets_decode_what_their_own_autoregressive_decoding_does(ti
 
 def test_a_draft_on_another_tokenizer_is_refused(tiny_checkpoints, tmp_path):
     target = str(tiny_checkpoints["mtp4"])
-    with pytest.raises(UserError, match="has a different tokenizer from the target's; train the draft on"):
+    with pytest.raises(UserError) as refused:  # the library names the fields; the command the training overrides
         decode.main([target, "--draft", str(tiny_checkpoints["byte8"]), "--prompt", "x"])
+    assert str(refused.value) == (
+        f"--draft {tiny_checkpoints['byte8']} has a different tokenizer from the target's; train the draft on the "
+        "target's tokenizer (data.tokenizer.kind=pretrained data.tokenizer.path=TARGET.ckpt)."
+    )
     garbage = tmp_path / "draft.ckpt"
     garbage.write_bytes(b"\x00" * 64)
     with pytest.raises(UserError, match="--draft: checkpoint .* is truncated or not a PyTorch checkpoint"):

@@ -1492,8 +1492,8 @@ MUTATIONS = [
     Mutation(
         "cli: a bad decoding setting named by its field, not its flag",
         "settings_named_by_flags",
-        'err.render(lambda field: named.get(field, flag_of(field)), " ")',
-        "str(err)",
+        'settings_named(lambda field: named.get(field, flag_of(field)), " ", training_key)',
+        'settings_named(str, "=")',
         ("tests/test_cli.py::test_a_bad_decoding_setting_is_reported_under_its_flag",),
     ),
     Mutation(
@@ -1960,8 +1960,8 @@ MUTATIONS = [
     Mutation(
         "the task curve scores the whole evaluation set, not the subset asked",
         "TaskCurve.__init__",
-        'TaskSettings(parse_ops(ops, "callbacks.task_curve.ops"), problems, 1, batch_size)',
-        'TaskSettings(parse_ops(ops, "callbacks.task_curve.ops"), None, 1, batch_size)',
+        "TaskSettings(scored_ops, problems, 1, batch_size)",
+        "TaskSettings(scored_ops, None, 1, batch_size)",
         (f"{CURVE}::test_the_curve_logs_at_the_asked_steps_and_equals_the_evaluation_of_the_same_checkpoint",),
     ),
     Mutation(

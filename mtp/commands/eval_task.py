@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -34,6 +35,7 @@ from mtp.commands.cli import (
     run_script,
     settings_named_by_flags,
 )
+from mtp.errors import settings_named_by_keys
 from mtp.files import write_whole
 from mtp.model import MTPModel
 from mtp.training.task_scores import TaskSettings, parse_ops
@@ -78,21 +80,32 @@ class Evaluation:
     """auto, cpu or cuda."""
     argv: list[str] | None = None
     """The command results.json is headed by (None: this process's own arguments)."""
+    node: str | None = None
+    """The training config's node that asked for it (None: the command line): a setting's error names its key there
+    (``eval_task.problems=5000``), or else its flag (``--problems 5000``)."""
 
 
-def settings_of(values: Mapping[str, Any], argv: list[str] | None = None) -> Evaluation:
+def settings_named_where(node: str | None) -> AbstractContextManager[None]:
+    """The library's errors naming a setting by field, spelled as ``node``'s keys of a training config, or as the
+    flags."""
+    return settings_named_by_flags() if node is None else settings_named_by_keys(node)
+
+
+def settings_of(values: Mapping[str, Any], argv: list[str] | None = None, node: str | None = None) -> Evaluation:
     """The evaluation of the flags' values by name (the parsed flags, or a training run's ``eval_task`` node over
     their defaults), checked before any checkpoint is loaded (a training run that scores itself at its end learns of a
     bad setting before it trains)."""
     args = argparse.Namespace(**values)
-    require_at_least(args, 1, "problems", "heads", "batch_size", "windows", "prompts", "prompt_tokens", "new_tokens")
+    at_least_1 = ("problems", "heads", "batch_size", "windows", "prompts", "prompt_tokens", "new_tokens")
+    require_at_least(args, 1, *at_least_1, node=node)
     ops = ",".join(map(str, args.ops)) if isinstance(args.ops, list | tuple) else str(args.ops)  # a config's [1, 6]
-    task = TaskSettings(parse_ops(ops), args.problems, args.heads or 1, args.batch_size)
+    with settings_named_where(node):
+        task = TaskSettings(parse_ops(ops), args.problems, args.heads or 1, args.batch_size)
     corpus = CorpusSettings(
         args.windows, args.prompts, args.prompt_tokens, args.new_tokens, args.heads, args.batch_size
     )
     pick_device(args.device)
-    return Evaluation(str(args.checkpoint), task, corpus, Path(args.out), args.device, argv)
+    return Evaluation(str(args.checkpoint), task, corpus, Path(args.out), args.device, argv, node)
 
 
 def checked_args(argv: list[str] | None = None) -> Evaluation:
@@ -103,7 +116,7 @@ def checked_args(argv: list[str] | None = None) -> Evaluation:
 def settings_of_config(checkpoint: str, node: Mapping[str, Any]) -> Evaluation:
     """The evaluation a training run's ``eval_task`` node asks for (keys: the flags' names) of the checkpoint it will
     write, every flag it leaves out at its default."""
-    return settings_of(config_values(build_parser(), [checkpoint], node, "eval_task"))
+    return settings_of(config_values(build_parser(), [checkpoint], node, "eval_task"), node="eval_task")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,7 +127,7 @@ def run(evaluation: Evaluation) -> dict[str, Any]:
     """Score the checkpoint of ``evaluation``: results.json and results.md in its out folder (each written whole or not
     at all: a finished sweep job is one whose results.json exists). Returns the results."""
     loaded = load_checkpoint(evaluation.checkpoint, pick_device(evaluation.device), "float32")
-    with settings_named_by_flags():  # the decoder's checks (e.g. more heads than trained) name --heads
+    with settings_named_where(evaluation.node):  # the decoder's checks (e.g. more heads than trained) name --heads
         scored = evaluate(loaded, evaluation.task, evaluation.corpus)
     parameters = sum(p.numel() for p in loaded.model.parameters())
     results = {"provenance": provenance(evaluation.argv), "task": scored.pop("task"),

@@ -301,7 +301,7 @@ def score_trained(bench, evaluation) -> bool:
     if rank_zero_only.rank != 0:
         return False
     if bench is not None:
-        bench_decode.run(bench)
+        bench_decode.run(bench, node="bench_decode")  # its errors name the node's keys, as the config wrote them
     if evaluation is not None:
         eval_task.run(evaluation)
     return True

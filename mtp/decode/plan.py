@@ -35,7 +35,7 @@ from mtp.errors import SettingError
 from mtp.model.config import ModelConfig
 
 DEFAULT_GAMMA = 4
-"""A drafter's drafts per step unless it is given its own (decode's --gamma default)."""
+"""A drafter's drafts per step unless it is given its own (the default of its settings' ``gamma``)."""
 
 
 @dataclass

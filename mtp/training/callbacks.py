@@ -17,7 +17,7 @@ from torch import Tensor
 
 from mtp.checkpoint.format import TASK_CURVE
 from mtp.decode import GenerationConfig, HeadsSettings, Plan, generate
-from mtp.errors import UserError
+from mtp.errors import UserError, settings_named_by_keys
 from mtp.training.parallel import data_parallel_size, is_sharded
 from mtp.training.task_scores import TASKS, TaskSettings, parse_ops, row_metrics
 
@@ -268,7 +268,9 @@ class TaskCurve(L.Callback):
             if value is not None and value < 1:
                 raise UserError(f"callbacks.task_curve.{name}={value} must be at least 1.")
         self.task, self.every_n_steps = task, every_n_steps
-        self.settings = TaskSettings(parse_ops(ops, "callbacks.task_curve.ops"), problems, 1, batch_size)
+        with settings_named_by_keys("callbacks.task_curve"):  # the library names the field; the user wrote a key
+            scored_ops = parse_ops(ops)
+        self.settings = TaskSettings(scored_ops, problems, 1, batch_size)
         self.points: list[dict[str, Any]] = []
         """(step, tokens, rows) of every score so far, the resumed run's included."""
         self._scored_step: int | None = None

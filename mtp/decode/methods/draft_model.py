@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mtp.checkpoint.load import LoadedCheckpoint, load_checkpoint
+from mtp.data.packing import TokenizerConfig
 from mtp.decode.acceptance import Greedy, Lossless
 from mtp.decode.heads_proposer import HeadsProposer
 from mtp.decode.inference import InferenceModel, SkippingForm
@@ -32,8 +33,9 @@ from mtp.decode.methods.base import DecodingMethod, Target, register
 from mtp.decode.plan import DEFAULT_GAMMA, Plan, Proposal, Proposer
 from mtp.decode.sampling import Draws, RandomLayout, RowUniforms, processed_probs, sample_from, top_tokens
 from mtp.decode.settings import DraftSettings, HeadsSettings
-from mtp.errors import SettingError, UserError, literal
+from mtp.errors import SettingError, Trained, UserError, literal
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 
 
 class ModelDrafter(Proposer):
@@ -354,14 +356,17 @@ def load_draft(path: Path, target: LoadedCheckpoint, device: torch.device, dtype
     if draft.tokenizer.to_str() != target.tokenizer.to_str():
         raise SettingError(
             "{draft} has a different tokenizer from the target's; train the draft on the target's tokenizer "
-            "(data/tokenizer=pretrained data.tokenizer.path=TARGET.ckpt).",
+            "({kind} {path}).",
             draft=path,
+            kind=Trained(TokenizerConfig, "pretrained"),
+            path=Trained(TokenizerConfig, "TARGET.ckpt"),
         )
     if draft.config.vocab_size != target.config.vocab_size:
         raise SettingError(
-            f"{{draft}} has model.vocab_size={draft.config.vocab_size} but the target has "
-            f"{target.config.vocab_size}; train the draft with model.vocab_size={target.config.vocab_size}.",
+            f"{{draft}} has {{vocab_size:{draft.config.vocab_size}}} but the target has {target.config.vocab_size}; "
+            "train the draft with {vocab_size}.",
             draft=path,
+            vocab_size=Trained(ModelConfig, target.config.vocab_size),
         )
     return draft
 
