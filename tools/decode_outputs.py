@@ -61,7 +61,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         Path(path).write_text(json.dumps(_RECORD, indent=0, sort_keys=True))
 
 
-def compare(before: dict[str, list[dict]], after: dict[str, list[dict]], again: dict[str, list[dict]] | None = None) -> int:
+Record = dict[str, list[dict]]
+"""Per test, its decodes in the order they ran."""
+
+
+def compare(before: Record, after: Record, again: Record | None = None) -> int:
     """Print the tests whose decodes differ (those that differ between ``before`` and ``again`` apart); the count of
     the others."""
     common = sorted(before.keys() & after.keys())
