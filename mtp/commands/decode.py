@@ -67,7 +67,8 @@ from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode.heads_choice import decided_heads
 from mtp.decode.loop import generate
 from mtp.decode.methods import DrafterSettings, Target, drafters
-from mtp.decode.plan import Plan, check_context
+from mtp.decode.plan import Drafting, Plan
+from mtp.decode.tree import DraftTree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES
 from mtp.errors import UserError
 from mtp.training.online import OnlineHeads, OnlineSettings
@@ -161,15 +162,14 @@ def check_flags(args: argparse.Namespace) -> None:
 def check_drafting_flags(args: argparse.Namespace) -> None:
     """The drafting methods' flags, before anything is loaded: at most one method drafts, each checks its own flags,
     and a drafter's chains combine with the heads' only where the method drafts beside them (the decoding plan
-    checks --gamma against the heads' settings; --gamma's floor of 1 with a drafter is checked here)."""
+    checks --gamma and --tree against the heads' settings, :func:`plan_for`; --gamma's floor of 1 with a drafter is
+    checked here)."""
     chosen = chosen_methods(args)
     for method in drafters():  # each method's settings check themselves, chosen or not
         settings_from(args, method.settings)
     if not chosen:
         return
     require_at_least(args, 1, "gamma")
-    if args.tree is not None:
-        raise UserError(f"{method_flags()} draft chains, not a --tree of the heads; drop --tree.")
     if args.self_speculative and not chosen[0].beside_heads:
         hybrids = " or ".join(flag(m) for m in drafters() if m.beside_heads)
         raise UserError(
@@ -243,24 +243,26 @@ def plan_for(
     measured_on: str = "the prompt",
     measured: int | None = None,
 ) -> Plan:
-    """The run's plan, made once the checkpoint is read: the flags' parts, the drafter of the method they choose, and
-    the heads' part decided (:func:`mtp.decode.heads_choice.decided_heads`: the --tree, or without --heads the count
-    of heads measured fastest here, on the first ``measured`` of ``prompts`` (None: all), named ``measured_on``; not
-    beside a drafter, nor with --online, whose updates change the acceptance a choice would rest on). The heads and
-    every prompt are checked against the checkpoint first, before a drafter is searched for or a tree fitted."""
+    """The run's plan, made once the checkpoint is read: the flags' parts and the method they choose to draft, checked
+    against the checkpoint and every prompt (:meth:`~mtp.decode.plan.Plan.check`, with the --tree asked for: every
+    rule, before a drafter is loaded or searched for or a tree fitted), then built, and the heads' part decided
+    (:func:`mtp.decode.heads_choice.decided_heads`: the --tree, or without --heads the count of heads measured fastest
+    here, on the first ``measured`` of ``prompts`` (None: all), named ``measured_on``; not beside a drafter, nor with
+    --online, whose updates change the acceptance a choice would rest on)."""
     chosen = chosen_methods(args)
-    heads, sampling = parts["heads"], parts["sampling"]
-    heads.check_for(loaded.config)
-    drafts = max(args.gamma if chosen else 0, heads.heads - 1)
-    check_context(loaded.config, prompts, sampling.max_new_tokens, drafts)
-    target = Target(loaded, device, **parts, gamma=args.gamma, dtype=args.dtype)
-    drafter = chosen[0](settings_from(args, chosen[0].settings)).drafter(target) if chosen else None
+    heads = parts["heads"]
+    drafting = Drafting(chosen[0](settings_from(args, chosen[0].settings)), args.gamma) if chosen else None
+    asked = replace(heads, tree=DraftTree.chain(heads.heads - 1)) if args.tree is not None else heads  # fitted later
+    spec = Plan(parts["sampling"], asked, drafting, parts["drafts"], parts["step"])
+    spec.check(loaded.config, prompts)
+    target = Target(loaded, device, spec.sampling, heads, spec.drafts, spec.step, args.gamma, args.dtype)
+    drafter = spec.build(target).drafter
     choose = args.self_speculative and args.heads is None and not chosen and args.online is None
     decided = decided_heads(
         target, prompts[:measured], drafter, tree=args.tree, tree_nodes=args.tree_nodes, choose=choose,
         measured_on=measured_on,
     )  # fmt: skip
-    return Plan(sampling, decided, drafter, parts["drafts"], parts["step"])
+    return Plan(spec.sampling, decided, drafter, spec.drafts, spec.step)
 
 
 def main(argv: list[str] | None = None) -> int:

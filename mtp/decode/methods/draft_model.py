@@ -172,7 +172,8 @@ class StagedDrafter(ModelDrafter):
     def __init__(self, form: InferenceModel, gamma: int = DEFAULT_GAMMA) -> None:
         super().__init__(form, "staged", {"inner": self.inner}, gamma)
 
-    def check_plan(self, plan: Plan) -> None:
+    @staticmethod
+    def check_plan(plan: Plan) -> None:
         if plan.drafts.drafts_per_step > 1:
             raise SettingError(
                 "a staged draft decodes one sequence of its own; use {drafts_per_step:1} with it.",
@@ -406,6 +407,9 @@ class DraftModel(DecodingMethod):
     settings = DraftModelSettings
     selected_by = "draft"
     beside_heads = True
+
+    def proposer_class(self) -> type[Proposer]:
+        return STAGED[self.options.staged] if self.options.staged is not None else ModelDrafter
 
     def proposer(self, target: Target) -> Proposer:
         options = self.options
