@@ -334,7 +334,10 @@ def test_a_plans_check_builds_nothing(monkeypatch):
 
     monkeypatch.setattr(MTPModel, "__init__", built)
     monkeypatch.setattr(InferenceModel, "of", built)
-    monkeypatch.setattr(Proposer, "__new__", built)
+    classes = [Proposer]
+    for cls in classes:  # every proposer class, the built-in ones' subclasses included
+        classes += cls.__subclasses__()
+        monkeypatch.setattr(cls, "__init__", built)
     monkeypatch.setattr(load, "load_checkpoint", built)
     monkeypatch.setattr(draft_module, "load_checkpoint", built)
     for method in REGISTRY.values():
