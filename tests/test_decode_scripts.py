@@ -16,8 +16,7 @@ from mtp.benchmarks.decode_bench import benchmarked
 from mtp.benchmarks.methods import BenchTarget
 from mtp.checkpoint.format import read_checkpoint
 from mtp.checkpoint.load import load_checkpoint
-from mtp.decode import heads_choice as heads
-from mtp.decode.methods import layer_skip
+from mtp.decode.methods import heads, layer_skip
 from mtp.decode.plan import Plan
 from mtp.decode.settings import GenerationConfig, HeadsSettings
 from mtp.errors import UserError

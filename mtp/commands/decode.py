@@ -64,9 +64,9 @@ from mtp.commands.cli import (
 )
 from mtp.commands.methods import add_method_flags, chosen_methods, flag, method_flags
 from mtp.data.tokenizer import eot_id, prompt_ids
-from mtp.decode.heads_choice import decided_heads
 from mtp.decode.loop import generate
 from mtp.decode.methods import DrafterSettings, Target, drafters
+from mtp.decode.methods.heads import decided_heads
 from mtp.decode.plan import Drafting, Plan
 from mtp.decode.tree import DraftTree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES
@@ -246,7 +246,7 @@ def plan_for(
     """The run's plan, made once the checkpoint is read: the flags' parts and the method they choose to draft, checked
     against the checkpoint and every prompt (:meth:`~mtp.decode.plan.Plan.check`, with the --tree asked for: every
     rule, before a drafter is loaded or searched for or a tree fitted), then built, and the heads' part decided
-    (:func:`mtp.decode.heads_choice.decided_heads`: the --tree, or without --heads the count of heads measured fastest
+    (:func:`mtp.decode.methods.heads.decided_heads`: the --tree, or without --heads the count of heads measured fastest
     here, on the first ``measured`` of ``prompts`` (None: all), named ``measured_on``; not beside a drafter, nor with
     --online, whose updates change the acceptance a choice would rest on)."""
     chosen = chosen_methods(args)

@@ -111,7 +111,8 @@ class _Run:
             model, plan.heads_packed, step.compile, plan.heads_dtype, heads.draft_first_ids, step.cuda_graphs,
             step.quantize,
         )  # fmt: skip
-        self.proposer = proposer = proposer_for(plan, self.inference)
+        self.proposer = proposer = proposer_for(plan)
+        proposer.join(self.inference)  # the heads draft out of the step's forward
         rule = rule_for(plan, proposer.draws(plan))  # its uniforms laid out beside the proposer's
         proposer.lay_out(rule.layout)
         drafts = plan.step_drafts

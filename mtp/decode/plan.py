@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from mtp.decode.cache import KVCache
+from mtp.decode.inference import InferenceModel
 from mtp.decode.sampling import Draws, RandomLayout
 from mtp.decode.settings import (
     PARTS,
@@ -77,8 +78,8 @@ class Proposer:
 
     ``check_plan(plan)``: its own refusals of a plan it drafts in, where the plan is made (a static method: its method
     asks its class before building one, :meth:`DrafterMethod.check_plan`); ``draws(plan)``: the uniforms
-    it needs per step, placed in the step's layout, which it is given (``lay_out(layout)``); ``start(prompts, max_len,
-    plan)``; then per step: ``draft_in_step`` during the target's
+    it needs per step, placed in the step's layout, which it is given (``lay_out(layout)``); the target's form it drafts
+    beside (``join(form)``); ``start(prompts, max_len, plan)``; then per step: ``draft_in_step`` during the target's
     forward (for drafts that come out of it), ``keep_rows`` when rows finish, ``advance(accepted, emitted)`` (what the
     target accepted of the last proposal, and the tokens each row emitted: the accepted drafts and the token after
     them), and ``propose``.
@@ -103,6 +104,11 @@ class Proposer:
     def params(self) -> dict[str, str]:
         """The method's parameters, for the statistics line."""
         return {}
+
+    def join(self, form: InferenceModel) -> None:
+        """The target's inference form, packed for the step it drafts in, which the loop gives every proposer before
+        it starts: the heads draft out of its forward; a drafter drafts with a model of its own or none (nothing to
+        take here)."""
 
     def lay_out(self, layout: RandomLayout) -> None:
         """Where the uniforms it declared (:meth:`draws`) are among a step's, before it starts: the layout of the step

@@ -193,11 +193,12 @@ class StagedDrafter(ModelDrafter):
         sampling = replace(plan.sampling, acceptance="exact")
         heads = HeadsSettings(self.form.heads if self.inner_heads else 1)
         inner = Plan(sampling, heads, drafts=DraftSettings(draft_choice=plan.drafts.draft_choice))
-        self.heads = HeadsProposer(self.drafting, inner) if self.inner_heads else None
+        self.heads = HeadsProposer(inner) if self.inner_heads else None
         width = heads.heads - 1 if self.inner_heads else self.gamma  # drafts an inner step verifies at most
         layout = RandomLayout.of(width, self.heads.draws(inner) if self.heads is not None else Draws())
         self.rule = Greedy(sampling, layout) if sampling.greedy else Lossless(sampling, layout)
         if self.heads is not None:
+            self.heads.join(self.drafting)  # the draft model's own heads, out of its inner steps' forwards
             self.heads.lay_out(layout)
             self.heads.start(prompts, max_len, inner)
         steps = (plan.sampling.max_new_tokens + 1) * (self.gamma + 1)  # inner steps: each emits a token at least
