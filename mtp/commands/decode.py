@@ -243,14 +243,17 @@ def plan_for(
     measured_on: str = "the prompt",
     measured: int | None = None,
 ) -> Plan:
-    """The run's plan, made once the checkpoint is read: the flags' parts and the method they choose to draft, checked
-    against the checkpoint and every prompt (:meth:`~mtp.decode.plan.Plan.check`, with the --tree asked for: every
-    rule, before a drafter is loaded or searched for or a tree fitted), then built, and the heads' part decided
+    """The run's plan, made once the checkpoint is read: the flags' parts (the heads: --heads, or every head the
+    checkpoint has with --self-speculative) and the method they choose to draft, checked against the checkpoint and
+    every prompt (:meth:`~mtp.decode.plan.Plan.check`, with the --tree asked for: every rule, before a drafter is
+    loaded or searched for or a tree fitted), then built, and the heads' part decided
     (:func:`mtp.decode.methods.heads.decided_heads`: the --tree, or without --heads the count of heads measured fastest
     here, on the first ``measured`` of ``prompts`` (None: all), named ``measured_on``; not beside a drafter, nor with
     --online, whose updates change the acceptance a choice would rest on)."""
     chosen = chosen_methods(args)
     heads = parts["heads"]
+    if args.heads is None and args.self_speculative:  # every head the checkpoint has (or as many as are chosen)
+        heads = replace(heads, heads=loaded.config.n_future)
     drafting = Drafting(chosen[0](settings_from(args, chosen[0].settings)), args.gamma) if chosen else None
     asked = replace(heads, tree=DraftTree.chain(heads.heads - 1)) if args.tree is not None else heads  # fitted later
     spec = Plan(parts["sampling"], asked, drafting, parts["drafts"], parts["step"])
@@ -268,15 +271,13 @@ def plan_for(
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_flags(args)
-    asked = args.heads if args.heads is not None else 1  # every head, with --self-speculative, once they are known
+    asked = args.heads if args.heads is not None else 1  # every head, with --self-speculative, once known (plan_for)
     parts = decoding_parts(args, heads=asked)  # each part checked before anything is loaded
     device = pick_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
     with settings_named_by_flags():  # what --quantize needs of the model, before a weight is converted or timed
         parts["step"].check_model(loaded.config, device, model.tok_embeddings.weight.dtype)
-    if args.heads is None and args.self_speculative:  # every head the checkpoint has (or as many as are chosen)
-        parts["heads"] = replace(parts["heads"], heads=loaded.config.n_future)
     parts["sampling"] = replace(parts["sampling"], eos_id=eot_id(tokenizer))
     if args.prompts is not None:
         records = read_prompts(args.prompts)[: args.prompt_count]
