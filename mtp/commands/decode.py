@@ -255,7 +255,8 @@ def plan_for(
     if args.heads is None and args.self_speculative:  # every head the checkpoint has (or as many as are chosen)
         heads = replace(heads, heads=loaded.config.n_future)
     drafting = Drafting(chosen[0](settings_from(args, chosen[0].settings)), args.gamma) if chosen else None
-    asked = replace(heads, tree=DraftTree.chain(heads.heads - 1)) if args.tree is not None else heads  # fitted later
+    tree_asked = args.tree is not None and heads.heads > 1  # (one head has no tree: reading or fitting one says so)
+    asked = replace(heads, tree=DraftTree.chain(heads.heads - 1)) if tree_asked else heads  # its rules; fitted later
     spec = Plan(parts["sampling"], asked, drafting, parts["drafts"], parts["step"])
     spec.check(loaded.config, prompts)
     target = Target(loaded, device, spec.sampling, heads, spec.drafts, spec.step, args.gamma, args.dtype)
