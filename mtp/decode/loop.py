@@ -95,7 +95,8 @@ class _Run:
     """One call of :func:`generate`: its checks, the packed model, the proposer, the cache and the rows."""
 
     def __init__(self, model: MTPModel, prompts: list[list[int]], plan: Plan) -> None:
-        assert plan.built, "generate() decodes a built plan: plan.build(target) builds its drafter"
+        if not plan.built:
+            raise TypeError("generate() decodes a built plan; build its drafter first: plan.build(target)")
         plan.check(model.config, prompts)
         device, tree = next(model.parameters()).device, plan.step_tree
         plan.check_device(device)
