@@ -171,8 +171,6 @@ class DrafterMethod(Protocol):
     """What a plan asks of the decoding method that drafts in it (a :class:`~mtp.decode.methods.DecodingMethod` of its
     settings)."""
 
-    name: str
-
     def check_plan(self, plan: Plan) -> None:
         """Its refusals of ``plan`` (those of the proposer class it builds: :meth:`Proposer.check_plan`), asked before
         anything is built."""
