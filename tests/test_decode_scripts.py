@@ -16,8 +16,7 @@ from mtp.benchmarks.decode_bench import benchmarked
 from mtp.benchmarks.methods import BenchTarget
 from mtp.checkpoint.format import read_checkpoint
 from mtp.checkpoint.load import load_checkpoint
-from mtp.decode import heads_choice as heads
-from mtp.decode.methods import layer_skip
+from mtp.decode.methods import heads, layer_skip
 from mtp.decode.plan import Plan
 from mtp.decode.settings import GenerationConfig, HeadsSettings
 from mtp.errors import UserError
@@ -177,7 +176,10 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
         (["--skip-layers", "0,1,2,3,4,5a,5m"], "must name some but not all of the 6 blocks"),
         (["--skip-layers", "1,2", "--skip-sublayers"], "--skip-sublayers chooses how --skip-layers auto searches"),
         (["--skip-layers", "auto", "--search-trials", "0"], "--search-trials 0 must be at least 1"),
-        (["--skip-layers", "1", "--tree", "auto"], "draft chains, not a --tree of the heads; drop --tree."),
+        (
+            ["--skip-layers", "1", "--self-speculative", "--tree", "auto"],
+            "--gamma 4 drafts come from a drafter, which drafts chains, not a --tree of the heads' candidates",
+        ),
         (["--prompt-lookup", "2", "--draft-p-min", "0.3"], "--gamma 4 drafts come from a drafter"),
         (["--staged", "lookup"], "--staged decodes a draft model speculatively; give it with --draft DRAFT.ckpt."),
         (["--self-speculative", "--drafts-per-step", "0"], "--drafts-per-step 0 must be at least 1."),

@@ -379,3 +379,58 @@ def test_decoding_names_fields_not_hydra_overrides(name):
     them its own way."""
     found = [f"{line}: {m.group()}" for line, text in strings_in(MODULES[name]) for m in OVERRIDE.finditer(text)]
     assert not found, f"{MODULES[name]} spells Hydra overrides at {', '.join(found)}; name the field"
+
+
+SPEC_VALUES = {
+    "draft": {"draft": Path("draft.ckpt")},
+    "layerskip": {"skip_layers": "1"},
+    "lookup": {"prompt_lookup": 2},
+}
+"""Settings choosing each built-in drafting method, for the plans whose check must build nothing."""
+
+
+def test_a_plans_check_builds_nothing(monkeypatch):
+    """A plan of every registered drafting method (alone, and beside the heads where it can be) is checked against a
+    model's config and prompts, its refusals included, with no model, checkpoint or proposer made: each of them is
+    patched to fail here, so a rule that needs a model (a draft's load, a skip set's search) fails this test."""
+    from mtp.checkpoint import load
+    from mtp.decode.inference import InferenceModel
+    from mtp.decode.methods import REGISTRY, drafters
+    from mtp.decode.methods import draft_model as draft_module
+    from mtp.decode.plan import Drafting, Plan, Proposer
+    from mtp.decode.settings import DraftSettings, GenerationConfig, HeadsSettings
+    from mtp.errors import SettingError
+    from mtp.model import MTPModel
+    from mtp.model.config import ModelConfig
+
+    def built(*args, **kwargs):
+        raise AssertionError("a plan's check built a model, a checkpoint or a proposer")
+
+    monkeypatch.setattr(MTPModel, "__init__", built)
+    monkeypatch.setattr(InferenceModel, "of", built)
+    classes = [Proposer]
+    for cls in classes:  # every proposer class, the built-in ones' subclasses included
+        classes += cls.__subclasses__()
+        monkeypatch.setattr(cls, "__init__", built)
+    monkeypatch.setattr(load, "load_checkpoint", built)
+    monkeypatch.setattr(draft_module, "load_checkpoint", built)
+    for method in REGISTRY.values():
+        monkeypatch.setattr(method, "proposer", built)
+        monkeypatch.setattr(method, "drafter", built)
+    config = ModelConfig(vocab_size=40, d_model=16, n_layers=4, n_heads=2, n_kv_heads=1, n_future=2, max_seq_len=64)
+    assert {method.name for method in drafters()} == set(SPEC_VALUES), "give each drafting method's settings here"
+    for method in drafters():
+        drafting = Drafting(method(method.settings(**SPEC_VALUES[method.name])), gamma=3)
+        heads = [1, 2] if method.beside_heads else [1]
+        for count in heads:
+            plan = Plan(GenerationConfig(max_new_tokens=8), HeadsSettings(count), drafting)
+            assert not plan.built
+            plan.check(config, [[1, 2, 3]])
+            with pytest.raises(SettingError, match="does not fit the model's context"):
+                plan.changed(max_new_tokens=60).check(config, [[1, 2, 3]])
+    lookup = Drafting(REGISTRY["lookup"](REGISTRY["lookup"].settings(prompt_lookup=2)))
+    with pytest.raises(SettingError, match="prompt lookup drafts one continuation per row"):
+        Plan(drafter=lookup, drafts=DraftSettings(drafts_per_step=2))  # the method's refusal, of its spec
+    staged = Drafting(REGISTRY["draft"](REGISTRY["draft"].settings(draft=Path("draft.ckpt"), staged="lookup")))
+    with pytest.raises(SettingError, match="a staged draft decodes one sequence of its own"):
+        Plan(drafter=staged, drafts=DraftSettings(drafts_per_step=2))  # the class it would build, asked unbuilt

@@ -42,7 +42,7 @@ from mtp.checkpoint.load import LoadedCheckpoint, load_checkpoint, model_chat
 from mtp.data.prompts import HumanEvalProblem
 from mtp.decode import DecodeStats
 from mtp.decode.loop import generate
-from mtp.decode.plan import Plan, check_context
+from mtp.decode.plan import Drafting, Plan
 from mtp.decode.settings import GenerationConfig, StepSettings
 from mtp.interop import mimo
 from mtp.interop.chat import ChatTemplate, ModelChat
@@ -477,11 +477,12 @@ def run_decode_bench(settings: DecodeBenchSettings) -> None:
     end_of_turn = end_of_turn_id(loaded.tokenizer, model_settings, stops)
     chain_heads = replace(settings.method_settings["heads"], heads=max(heads), draft_p_min=0.0)
     chain = Plan(replace(settings.sampling, eos_id=end_of_turn), chain_heads, step=settings.step)
-    chain.check_for(loaded.config, prompts)  # the heads and the widest steps fit, before trees fit or searches run
     methods = benchmarked(settings)
-    gammas = [method.most_drafts(settings.gamma) for method in methods if method.method.selected_by is not None]
-    if gammas:
-        check_context(loaded.config, prompts, settings.max_new_tokens, max(gammas))
+    # the heads and every drafter's widest steps fit, before trees fit or searches run: the plans' checks, widest first
+    drafters = [method for method in methods if method.method.selected_by is not None]
+    drafting = sorted((Drafting(m.decoding, m.most_drafts(settings.gamma)) for m in drafters), key=lambda d: -d.gamma)
+    for plan in [chain, *(Plan(chain.sampling, drafter=spec, step=chain.step) for spec in drafting)]:
+        plan.check(loaded.config, prompts)
     settings.variations.check_for(loaded.config, device, next(loaded.model.parameters()).dtype)
 
     def method_rows(mode_chain: Plan, mode: str) -> list[BenchRow]:

@@ -4,9 +4,11 @@ or one of your own) is a :class:`DecodingMethod` subclass, registered by name wi
 Its ``settings`` dataclass holds what it is asked (each field typed, with an attribute docstring, and checked by the
 dataclass itself: a :class:`~mtp.errors.SettingError`); one field, ``selected_by``, chooses it where a run names who
 drafts. :meth:`DecodingMethod.proposer` builds the :class:`~mtp.decode.plan.Proposer` that drafts (the method's own
-class, in its module). The decoding command knows methods only through :data:`REGISTRY`: it makes each method's flags
-of its settings. So a method is one module here (or one test file): a Proposer, a settings dataclass, a
-DecodingMethod, ``@register``; the layers above may add a part of their own, registered under the same name.
+class, in its module); a plan holds the method of its settings until it is built (:class:`~mtp.decode.plan.Drafting`),
+and asks the method's refusals of it (:meth:`DecodingMethod.check_plan`) before that. The decoding command knows
+methods only through :data:`REGISTRY`: it makes each method's flags of its settings. So a method is one module here
+(or one test file): a Proposer, a settings dataclass, a DecodingMethod, ``@register``; the layers above may add a part
+of their own, registered under the same name.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ class Target:
 
     @classmethod
     def of(cls, loaded: LoadedCheckpoint, plan: Plan, device: torch.device, **values: Any) -> Target:
-        """The target of ``plan``'s parts (its drafter, if any, is not carried: a method builds its own)."""
+        """The target of ``plan``'s parts and its drafter's gamma (the drafter is not carried: a method builds its
+        own)."""
+        values = {"gamma": plan.gamma or DEFAULT_GAMMA, **values}
         return cls(loaded, device, plan.sampling, plan.heads, plan.drafts, plan.step, **values)
 
     @property
@@ -89,6 +93,15 @@ class DecodingMethod:
         assert isinstance(options, self.settings), f"{self.name} is built from a {self.settings.__name__}"
         self.options = options
         """Its settings, as given."""
+
+    def proposer_class(self) -> type[Proposer]:
+        """The class of the proposer it builds of its settings (what :meth:`check_plan` asks)."""
+        return Proposer
+
+    def check_plan(self, plan: Plan) -> None:
+        """Its refusals of ``plan``, before anything is built: its proposer class's
+        (:meth:`~mtp.decode.plan.Proposer.check_plan`)."""
+        self.proposer_class().check_plan(plan)
 
     def proposer(self, target: Target) -> Proposer:
         """The proposer that drafts for ``target`` (a search, a fit or a load happens here)."""

@@ -174,7 +174,8 @@ class StagedDrafter(ModelDrafter):
     def __init__(self, form: InferenceModel, gamma: int = DEFAULT_GAMMA) -> None:
         super().__init__(form, "staged", {"inner": self.inner}, gamma)
 
-    def check_plan(self, plan: Plan) -> None:
+    @staticmethod
+    def check_plan(plan: Plan) -> None:
         if plan.drafts.drafts_per_step > 1:
             raise SettingError(
                 "a staged draft decodes one sequence of its own; use {drafts_per_step:1} with it.",
@@ -194,11 +195,12 @@ class StagedDrafter(ModelDrafter):
         sampling = replace(plan.sampling, acceptance="exact")
         heads = HeadsSettings(self.form.heads if self.inner_heads else 1)
         inner = Plan(sampling, heads, drafts=DraftSettings(draft_choice=plan.drafts.draft_choice))
-        self.heads = HeadsProposer(self.drafting, inner) if self.inner_heads else None
+        self.heads = HeadsProposer(inner) if self.inner_heads else None
         width = heads.heads - 1 if self.inner_heads else self.gamma  # drafts an inner step verifies at most
         layout = RandomLayout.of(width, self.heads.draws(inner) if self.heads is not None else Draws())
         self.rule = Greedy(sampling, layout) if sampling.greedy else Lossless(sampling, layout)
         if self.heads is not None:
+            self.heads.join(self.drafting)  # the draft model's own heads, out of its inner steps' forwards
             self.heads.lay_out(layout)
             self.heads.start(prompts, max_len, inner)
         steps = (plan.sampling.max_new_tokens + 1) * (self.gamma + 1)  # inner steps: each emits a token at least
@@ -411,6 +413,9 @@ class DraftModel(DecodingMethod):
     settings = DraftModelSettings
     selected_by = "draft"
     beside_heads = True
+
+    def proposer_class(self) -> type[Proposer]:
+        return STAGED[self.options.staged] if self.options.staged is not None else ModelDrafter
 
     def proposer(self, target: Target) -> Proposer:
         options = self.options

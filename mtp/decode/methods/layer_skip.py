@@ -480,6 +480,9 @@ class LayerSkip(DecodingMethod):
     selected_by = "skip_layers"
     beside_heads = True
 
+    def proposer_class(self) -> type[Proposer]:
+        return ModelDrafter
+
     def proposer(self, target: Target) -> Proposer:
         options = self.options
         return skip_layers_drafter(

@@ -32,7 +32,8 @@ class LookupDrafter(Proposer):
     def params(self) -> dict[str, str]:
         return {"ngram": str(self.ngram)}
 
-    def check_plan(self, plan: Plan) -> None:
+    @staticmethod
+    def check_plan(plan: Plan) -> None:
         if plan.drafts.drafts_per_step > 1:
             raise SettingError(
                 "prompt lookup drafts one continuation per row, which no tree of several is made of; use "
@@ -108,6 +109,9 @@ class PromptLookup(DecodingMethod):
     settings = PromptLookupSettings
     selected_by = "prompt_lookup"
     beside_heads = True
+
+    def proposer_class(self) -> type[Proposer]:
+        return LookupDrafter
 
     def proposer(self, target: Target) -> Proposer:
         return LookupDrafter(self.options.prompt_lookup, target.loaded.config.vocab_size, target.device)
