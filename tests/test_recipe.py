@@ -76,6 +76,7 @@ def test_the_recipes_own_command_finds_the_reference_model(tmp_path):
     assert f"init_from: {path}" in result.stdout
 
 
+@pytest.mark.slow  # a real process
 def test_the_recipe_without_the_reference_package_says_how_to_install_it(tmp_path):
     stand_in_reference(tmp_path / "site", with_file=False)
     result = recipe_command(tmp_path / "site", tmp_path, f"paths.log_dir={tmp_path / 'logs'}")
