@@ -25,7 +25,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
@@ -88,6 +88,17 @@ def run_script(main: Callable[[list[str] | None], int | None], argv: list[str] |
     sys.exit(status or 0)
 
 
+@dataclass
+class Placement:
+    """Where a command runs its model, and in which dtype: its ``--device`` and ``--dtype`` (a schema's part,
+    :class:`mtp.commands.schema.Part`, takes either or both)."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """The device: auto is cuda when PyTorch sees one, else cpu."""
+    dtype: str = dataclasses.field(default="auto", metadata={"choices": ("auto", *DTYPES)})
+    """The weights' dtype: auto is bf16 on cuda, fp32 elsewhere."""
+
+
 def add_device_flag(parser: argparse.ArgumentParser, default: str = "auto") -> None:
     parser.add_argument(
         "--device",
@@ -148,32 +159,38 @@ def node_budgets(text: str) -> list[int | str]:
     return budgets
 
 
-def list_parser(hint: Any) -> Callable[[str], list] | None:
+def comma_names(text: str) -> list[str]:
+    """A comma-separated list of names, e.g. greedy,sampling."""
+    return [entry for entry in text.split(",") if entry]
+
+
+def list_parser(hint: Any, separator: str | None = None) -> Callable[[str], list] | None:
     """How a list field annotated ``hint`` reads its text (a comma-separated list): positive integers, node budgets
-    (integers or ``fastest``); None for a list of strings, which a flag takes as several arguments."""
+    (integers or ``fastest``), names where its metadata says ``separator=","``; None for a list of strings, which a
+    flag takes as several arguments."""
     options = typing.get_args(hint)
     if typing.get_origin(hint) is not list:
         raise TypeError(f"{hint} is not a list type")
     if options == (int,):
         return int_list
     if options == (str,):
-        return None
+        return comma_names if separator == "," else None
     return node_budgets
 
 
-def listed(value: Any, hint: Any, name: str) -> list:
+def listed(value: Any, hint: Any, name: str, separator: str | None = None, given: str | None = None) -> list:
     """A list setting's value (the field ``name``, annotated ``hint``): a list already (parsed from the command line,
     or a config's list), or its text (a config's comma-separated string, read as the flag reads it); text that does
-    not read is a UserError naming the flag."""
+    not read is a UserError naming the flag, or ``given`` (how a config spelled it: ``bench_decode.heads=x``)."""
     if isinstance(value, list | tuple):
         return list(value)
-    parse = list_parser(hint)
+    parse = list_parser(hint, separator)
     if parse is None:
         return [str(value)]
     try:
         return parse(str(value))
     except argparse.ArgumentTypeError as err:
-        raise UserError(f"{flag_of(name)} {err}.") from None
+        raise UserError(f"{given or flag_of(name)}: {err}." if given else f"{flag_of(name)} {err}.") from None
 
 
 def flag_of(name: str) -> str:
@@ -192,21 +209,38 @@ def attribute_docs(cls: type) -> dict[str, str]:
     }
 
 
-def _argument_type(hint: Any, field: str) -> dict[str, Any]:
-    """argparse's type (and choices, or action) of a field annotated ``hint``: bool, int, float, str, Path, a Literal
-    of them, or one of these or None; or a list (:func:`list_parser`: comma-separated, or several arguments)."""
-    if typing.get_origin(hint) is list:
-        parse = list_parser(hint)
-        return {"nargs": "+"} if parse is None else {"type": parse}
+def plain_type(hint: Any) -> Any:
+    """``hint`` without its ``| None``."""
     options = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in options and len(options) == 2:
-        hint = options[0] if options[1] is type(None) else options[1]
+        return options[0] if options[1] is type(None) else options[1]
+    return hint
+
+
+def choices_of(hint: Any, metadata: Mapping[str, Any]) -> tuple | None:
+    """The values a field may take: its metadata's ``choices``, or its Literal type's; None: any of its type."""
+    if "choices" in metadata:
+        return tuple(metadata["choices"])
+    hint = plain_type(hint)
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
+
+
+def _argument_type(hint: Any, field: str, metadata: Mapping[str, Any] = types.MappingProxyType({})) -> dict[str, Any]:
+    """argparse's type (and choices, or action) of a field annotated ``hint``: bool, int, float, str, Path, a Literal
+    of them, or one of these or None; or a list (:func:`list_parser`: comma-separated, or several arguments). The
+    field's metadata may name its ``choices`` (a str field's), its list's ``separator`` (","), its ``metavar``."""
+    shown = {"metavar": metadata["metavar"]} if "metavar" in metadata else {}
+    if typing.get_origin(hint) is list:
+        parse = list_parser(hint, metadata.get("separator"))
+        return {"nargs": "+", **shown} if parse is None else {"type": parse, **shown}
+    hint = plain_type(hint)
     if hint is bool:
         return {"action": argparse.BooleanOptionalAction}
-    if typing.get_origin(hint) is Literal:
-        return {"type": type(typing.get_args(hint)[0]), "choices": typing.get_args(hint)}
+    choices = choices_of(hint, metadata)
+    if choices is not None:
+        return {"type": type(choices[0]), "choices": choices, **shown}
     if hint in (int, float, str, Path):
-        return {"type": hint}
+        return {"type": hint, **shown}
     raise TypeError(
         f"{field}: {hint} has no flag; give it a bool, int, float, str, Path or Literal type (or flag=False)"
     )
@@ -227,8 +261,10 @@ def add_settings(
     say ``flag=False``. A field ``draft_p_min`` is ``--draft-p-min`` (dest ``draft_p_min``), typed as the field (a
     bool is ``--x/--no-x``, a Literal chooses among its values, ``X | None`` takes an X), its default ``defaults``'
     or the field's, its help the first sentence of the field's attribute docstring, then ``notes``' for it. A field
-    whose metadata says ``renamed_from`` keeps its old flag, which refuses in one sentence naming the new one.
-    :func:`settings_from` builds ``cls`` back from the parsed flags."""
+    whose metadata says ``renamed_from`` keeps its old flag, which refuses in one sentence naming the new one. Other
+    metadata: ``positional`` (an argument, not a flag), ``required``, ``aliases`` (more flags for it), ``metavar``,
+    ``choices`` and a list's ``separator`` (:func:`_argument_type`). :func:`settings_from` builds ``cls`` back from
+    the parsed flags; :func:`mtp.commands.schema.node_values` reads a config's node of the same fields."""
     hints, docs, notes = typing.get_type_hints(cls), attribute_docs(cls), notes or {}
     if names is None:
         chosen = [field for field in fields(cls) if field.metadata.get("flag", True)]
@@ -245,15 +281,22 @@ def add_settings(
         text = "; ".join([sentence.replace("``", ""), *([notes[field.name]] if field.name in notes else [])])
         if field.default_factory is not dataclasses.MISSING and field.name not in defaults_given:
             default = field.default_factory()
-        if isinstance(default, list):  # as it is typed: comma-separated, or several arguments
-            separator = "," if list_parser(hints[field.name]) else " "
-            text += f" (default: {separator.join(map(str, default))})"
+        if field.metadata.get("positional") or field.metadata.get("required"):
+            pass
+        elif isinstance(default, list):  # as it is typed: comma-separated, or several arguments
+            separator = "," if list_parser(hints[field.name], field.metadata.get("separator")) else " "
+            text += f" (default: {separator.join(map(str, default))})" if default else ""
         elif default is not None and not isinstance(default, bool):  # BooleanOptionalAction shows its own
             text += f" (default: {default})"
-        parser.add_argument(
-            flag_of(field.name), dest=field.name, default=default, help=text.replace("%", "%%"),
-            **_argument_type(hints[field.name], field.name),
-        )  # fmt: skip
+        typed = _argument_type(hints[field.name], field.name, field.metadata)
+        if field.metadata.get("positional"):
+            parser.add_argument(field.name, help=text.replace("%", "%%"), **typed)
+        else:
+            extra = {"required": True} if field.metadata.get("required") else {"default": default}
+            parser.add_argument(
+                flag_of(field.name), *field.metadata.get("aliases", ()), dest=field.name, help=text.replace("%", "%%"),
+                **extra, **typed,
+            )  # fmt: skip
         if "renamed_from" in field.metadata:
             add_renamed_flag(parser, flag_of(field.metadata["renamed_from"]), flag_of(field.name))
     if defaults:
