@@ -2017,6 +2017,27 @@ MUTATIONS = [
         "if (path / SUMMARY).is_file() and not hidden:",
         (f"{SWEEPS}::test_a_bad_summary_is_one_sentence_naming_the_file_and_the_fix",),
     ),
+    Mutation(
+        "a config node's settings ignore the part's own defaults (a node and the flags default differently)",
+        "Part.default",
+        "if f.name in self.defaults:",
+        "if False:",
+        ("tests/test_schema.py",),
+    ),
+    Mutation(
+        "a config node's whole number accepts text (read as the flag would refuse it)",
+        "read_value",
+        "if isinstance(value, bool) or not isinstance(value, int):",
+        "if isinstance(value, bool):",
+        ("tests/test_schema.py",),
+    ),
+    Mutation(
+        "a config node may set what the run gives (the checkpoint it will write)",
+        "node_values",
+        "if key not in owners or key in given:",
+        "if key not in owners:",
+        ("tests/test_schema.py",),
+    ),
 ]
 
 
