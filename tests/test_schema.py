@@ -109,3 +109,10 @@ def test_eval_task_reads_its_node_without_a_parser(monkeypatch):
     assert (evaluation.task.ops, evaluation.task.problems, evaluation.out) == ([1, 6], 5, Path("o"))
     with pytest.raises(UserError, match=r"^eval_task\.problem is not a setting of eval_task; did you mean eval_task"):
         eval_task.settings_of_config("c.ckpt", {"problem": 5})
+
+
+def test_a_nodes_device_is_named_by_its_key_where_no_cuda_is_seen(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    message = r"^eval_task\.device=cuda was asked for but PyTorch sees no CUDA device; use eval_task\.device=cpu or "
+    with pytest.raises(UserError, match=message):
+        eval_task.settings_of_config("c.ckpt", {"device": "cuda"})

@@ -108,10 +108,12 @@ def add_device_flag(parser: argparse.ArgumentParser, default: str = "auto") -> N
     )
 
 
-def pick_device(name: str) -> torch.device:
-    """The device of ``--device``: auto is cuda when PyTorch sees one, else cpu."""
+def pick_device(name: str, node: str | None = None) -> torch.device:
+    """The device of ``--device`` (or of a training config's ``node``'s ``device`` key, which an error names then):
+    auto is cuda when PyTorch sees one, else cpu."""
     if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for but PyTorch sees no CUDA device; use --device cpu or auto.")
+        given = "--device " if node is None else f"{node}.device="
+        raise UserError(f"{given}cuda was asked for but PyTorch sees no CUDA device; use {given}cpu or auto.")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)

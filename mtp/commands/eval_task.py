@@ -117,7 +117,7 @@ def settings_of(values: Mapping[str, Any], argv: list[str] | None = None, node: 
     corpus = CorpusSettings(
         args.windows, args.prompts, args.prompt_tokens, args.new_tokens, args.heads, args.batch_size
     )
-    pick_device(args.device)
+    pick_device(args.device, node)
     return Evaluation(str(args.checkpoint), task, corpus, Path(args.out), args.device, argv, node)
 
 
