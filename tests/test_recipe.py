@@ -28,7 +28,9 @@ def test_a_config_node_becomes_the_commands_typed_settings():
     run = distill.settings_of_config("m.ckpt", node_values(node))
     assert (run.out, run.max_tokens, run.paths, run.prompt_tokens) == (Path("d"), 1000, ["a", "b"], "8,32")
     assert run.batch_size == 32 and run.checkpoint == Path("m.ckpt") and not run.chat_template  # the flags' defaults
-    with pytest.raises(UserError, match=r"^distill\.max_token is not a flag of scripts/distill\.py .*fix the key\.$"):
+    with pytest.raises(
+        UserError, match=r"^distill\.max_token is not a setting of distill; did you mean distill\.max_tokens\?$"
+    ):
         distill.settings_of_config("m.ckpt", {"out": "d", "max_token": 1})
 
 
