@@ -74,7 +74,7 @@ def node_values(parts: Sequence[Part], node: Mapping[str, Any], where: str, **gi
         if key not in owners or key in given:
             known = sorted(set(owners) - set(given))
             near = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean {where}.{near[0]}?" if near else f"its keys are {', '.join(known)}"
+            hint = f"did you mean {where}.{near[0]}?" if near else f"its keys are {', '.join(known)}."
             raise UserError(f"{where}.{key} is not a setting of {where}; {hint}")
     for key, value in node.items():
         part, f = owners[key]
