@@ -44,7 +44,7 @@ def test_a_node_is_typed_as_the_flags_are():
         (
             "checkpoint",
             "other.ckpt",
-            r"^distill\.checkpoint is not a setting of distill; its keys are batch_size, .*, val_fraction$",
+            r"^distill\.checkpoint is not a setting of distill; its keys are batch_size, .*, val_fraction\.$",
         ),
     ],
 )
