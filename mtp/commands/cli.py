@@ -288,7 +288,7 @@ def add_settings(
         elif isinstance(default, list):  # as it is typed: comma-separated, or several arguments
             separator = "," if list_parser(hints[field.name], field.metadata.get("separator")) else " "
             text += f" (default: {separator.join(map(str, default))})" if default else ""
-        elif default is not None and not isinstance(default, bool):  # BooleanOptionalAction shows its own
+        elif default not in (None, "") and not isinstance(default, bool):  # BooleanOptionalAction shows its own
             text += f" (default: {default})"
         typed = _argument_type(hints[field.name], field.name, field.metadata)
         if field.metadata.get("positional"):
