@@ -7,7 +7,7 @@ from typing import Literal
 
 import pytest
 
-from mtp.commands import eval_task
+from mtp.commands import distill, eval_task
 from mtp.commands.schema import Part, add_parts, node_values
 from mtp.errors import UserError
 
@@ -116,3 +116,23 @@ def test_a_nodes_device_is_named_by_its_key_where_no_cuda_is_seen(monkeypatch):
     message = r"^eval_task\.device=cuda was asked for but PyTorch sees no CUDA device; use eval_task\.device=cpu or "
     with pytest.raises(UserError, match=message):
         eval_task.settings_of_config("c.ckpt", {"device": "cuda"})
+
+
+NODES = {  # each command a training run's config runs, with a node of it
+    "eval_task": (eval_task, {"ops": [1, 6], "problems": 5, "heads": 2, "out": "o"}),
+    "distill": (distill, {"out": "d", "paths": ["a", "b"], "prompt_tokens": [8, 32], "max_minutes": 2}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NODES))
+def test_no_training_node_reaches_its_command_through_argparse(monkeypatch, name):
+    """A training run's node becomes the command's settings by the schema alone: with argparse unable to build a
+    parser, each command still reads its node."""
+    command, node = NODES[name]
+    expected = command.settings_of_config("m.ckpt", node)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a config node went through argparse")
+
+    monkeypatch.setattr("argparse.ArgumentParser.__init__", refuse)
+    assert command.settings_of_config("m.ckpt", node) == expected
