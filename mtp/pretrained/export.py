@@ -232,6 +232,10 @@ class Verified:
         )
 
 
+VERIFY_TOKENS = 256
+"""The length of the held-out rows an export's verification compares logits on (the first 65 prompt its decoding)."""
+
+
 def verify_export(checkpoint: str | os.PathLike, out_dir: Path, prompts: int = 8, new_tokens: int = 128) -> Verified:
     """Read the export back with mtp (every tensor equal?) and with transformers (head 1's logits and greedy
     ``generate`` against mtp's on held-out prompts of the checkpoint's own data)."""
@@ -243,7 +247,14 @@ def verify_export(checkpoint: str | os.PathLike, out_dir: Path, prompts: int = 8
         back = read_hf(out_dir).weights
         exact = back.keys() == ours.keys() and all(torch.equal(back[k].float(), ours[k]) for k in ours)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(out_dir).float().eval()
-    rows = held_out_prompts(original.data, original.tokenizer, prompts, 256)
+    try:
+        rows = held_out_prompts(original.data, original.tokenizer, prompts, VERIFY_TOKENS)
+    except SettingError:  # no setting of verify's chose the length: the sentence names what the data lacks
+        raise UserError(
+            f"verifying compares outputs on validation documents of at least {VERIFY_TOKENS} tokens, and the "
+            "checkpoint's data has none; the export is written: leave out the verification, or verify a checkpoint "
+            "trained on longer documents."
+        ) from None
     greedy = GenerationConfig(max_new_tokens=new_tokens, temperature=0.0)
     diff, equal, total, same_rows = 0.0, 0, 0, 0
     with torch.no_grad():

@@ -66,6 +66,13 @@ def test_verify_reports_what_it_compares(exported, tiny_checkpoints, tmp_path):
     assert bf16.line().startswith("round_trip_exact=False max_abs_logit_diff=")
 
 
+def test_verify_without_documents_long_enough_is_one_sentence_naming_no_flag(exported, tiny_checkpoints, monkeypatch):
+    """The verification's row length is its own, not a setting: the data's lack is said without a --prompt-tokens."""
+    monkeypatch.setattr("mtp.pretrained.export.VERIFY_TOKENS", 10**6)
+    with pytest.raises(UserError, match=r"^verifying compares outputs on validation documents of at least 1000000 "):
+        verify_export(tiny_checkpoints["mtp4"], exported, prompts=2, new_tokens=8)
+
+
 def test_head_k_export_is_that_heads_path(tiny_checkpoints, tmp_path):
     ours = load_checkpoint(tiny_checkpoints["mtp4"], "cpu", "float32")
     export_hf(tiny_checkpoints["mtp4"], tmp_path / "head3", head=3)
