@@ -1,7 +1,8 @@
-"""The benchmark commands' shared flags: the prompt set, the prompt format, the twins every decoding benchmark setting
-runs beside, and the peers timed beside mtp. Each flag's value is read into the benchmarks' typed settings
-(:mod:`mtp.benchmarks`); a value a config gives as it is typed (a comma-separated string) is read the same way
-(:func:`mtp.commands.cli.listed`)."""
+"""The benchmark commands' shared flags, as parts of their schemas (:mod:`mtp.commands.schema`: dataclasses whose
+fields are both the flags and a training config node's keys): the prompt set, the prompt format, the twins every
+decoding benchmark setting runs beside, and the peers timed beside mtp. Each flag's value is read into the benchmarks'
+typed settings (:mod:`mtp.benchmarks`); a value a config gives as a list or as comma-separated text is read the same
+way (:func:`mtp.commands.cli.listed`)."""
 
 from __future__ import annotations
 
