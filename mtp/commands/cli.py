@@ -232,7 +232,8 @@ def _argument_type(hint: Any, field: str, metadata: Mapping[str, Any] = types.Ma
     of them, or one of these or None; or a list (:func:`list_parser`: comma-separated, or several arguments). The
     field's metadata may name its ``choices`` (a str field's), its list's ``separator`` (","), its ``metavar``."""
     shown = {"metavar": metadata["metavar"]} if "metavar" in metadata else {}
-    if typing.get_origin(hint) is list:
+    if typing.get_origin(plain_type(hint)) is list:  # ``list[X] | None``: a list, or None where not given
+        hint = plain_type(hint)
         parse = list_parser(hint, metadata.get("separator"))
         return {"nargs": "+", **shown} if parse is None else {"type": parse, **shown}
     hint = plain_type(hint)

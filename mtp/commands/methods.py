@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
 from mtp.benchmarks.methods import MethodBench
-from mtp.commands.cli import add_settings, flag_of, listed, settings_from, settings_named_by_flags
+from mtp.commands.cli import add_settings, flag_of, listed, settings_named_by_flags
+from mtp.commands.schema import Part, part_values
 from mtp.decode.methods import DecodingMethod, drafters
 from mtp.errors import UserError
 
@@ -55,25 +56,27 @@ def swept(bench: type[MethodBench]) -> set[str]:
     return {f.name for f in fields(bench.sweep)} if bench.sweep is not None else set()
 
 
-def add_bench_flags(parser: argparse.ArgumentParser, bench: type[MethodBench]) -> None:
-    """A method's flags on bench_decode's parser, in a group: its settings' (a drafter's; the heads' are the decoding
-    settings), at the benchmark's defaults, and its benchmark part's sweep's."""
-    method = bench.method
-    group = parser.add_argument_group(group_title(method))
+def bench_parts(bench: type[MethodBench]) -> tuple[Part, ...]:
+    """A method's parts of bench_decode's schema (:mod:`mtp.commands.schema`), in one group: its settings' (a
+    drafter's; the heads' are the decoding settings) but those its sweep names, at the benchmark's defaults, and its
+    benchmark part's sweep's."""
+    method, parts = bench.method, []
     if method.selected_by is not None:
-        names = [f.name for f in fields(method.settings) if f.name not in swept(bench)]
-        add_settings(group, method.settings, names, **bench.bench_defaults)
+        names = tuple(f.name for f in fields(method.settings) if f.name not in swept(bench))
+        parts.append(Part(method.settings, names, dict(bench.bench_defaults), title=group_title(method)))
     if bench.sweep is not None:
-        add_settings(group, bench.sweep)
+        parts.append(Part(bench.sweep, title=group_title(method)))
+    return tuple(parts)
 
 
 def bench_settings_of(
-    values: Mapping[str, Any], bench: type[MethodBench], chosen: list[str]
+    values: Mapping[str, Any], bench: type[MethodBench], chosen: list[str], schema: Sequence[Part]
 ) -> tuple[object, object | None]:
     """A method's settings and sweep on bench_decode, of its flags' values by name (``values``: the parsed flags, or a
     config's keys, whose list values may be comma-separated text), each checked by its class, errors named by the
     flags; a drafter's settings of its flags there (:meth:`~mtp.benchmarks.methods.MethodBench.bench_settings`, told
-    whether ``chosen``, the --methods entries, benchmark it), the heads' of the decoding flags."""
+    whether ``chosen``, the --methods entries, benchmark it), the heads' of the decoding flags (those of its fields
+    bench_decode's ``schema`` takes)."""
     sweep, method = None, bench.method
     if bench.sweep is not None:
         hints = typing.get_type_hints(bench.sweep)
@@ -83,7 +86,8 @@ def bench_settings_of(
         with settings_named_by_flags():
             sweep = bench.sweep(**given)
     if method.selected_by is None:
-        return settings_from(argparse.Namespace(**values), method.settings), sweep
+        with settings_named_by_flags():
+            return method.settings(**part_values(schema, method.settings, values)), sweep
     names = [f.name for f in fields(method.settings) if f.name not in swept(bench)]
     with settings_named_by_flags():
         rows = sweep if set(bench.names()) & set(chosen) else None

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp.commands.cli import add_settings, choices_of, listed, plain_type
+from mtp.decode.settings import PARTS
 from mtp.errors import UserError
 
 
@@ -53,10 +54,45 @@ class Part:
 
 
 def add_parts(parser: argparse.ArgumentParser, parts: Sequence[Part]) -> None:
-    """The flags of every part, each in its group where it has a title."""
+    """The flags of every part, each in its group where it has a title (parts of the same title share one group)."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for part in parts:
-        where = parser.add_argument_group(part.title) if part.title else parser
+        if part.title and part.title not in groups:
+            groups[part.title] = parser.add_argument_group(part.title)
+        where = groups[part.title] if part.title else parser
         add_settings(where, part.cls, part.names, dict(part.notes), **part.defaults)
+
+
+def decoding_schema(
+    names: Sequence[str] | None = None,
+    notes: Mapping[str, str] | None = None,
+    title: str | None = None,
+    **defaults: Any,
+) -> tuple[Part, ...]:
+    """The parts of a decoding run's settings a command takes (:data:`mtp.decode.settings.PARTS`: the sampling and
+    acceptance settings, the heads', the drafts', the step's): those of ``names``, or every flag of every part, in
+    one group ``title``; ``notes`` and ``defaults`` by field, whichever part owns it (the schema's form of
+    :func:`mtp.commands.cli.add_decoding_settings`). :func:`part_values` gives each part's values back."""
+    notes = notes or {}
+    chosen = []
+    for cls in PARTS:
+        own = {f.name for f in fields(cls)}
+        picked = None if names is None else tuple(name for name in names if name in own)
+        if picked == ():
+            continue
+        mine = {k: v for k, v in defaults.items() if k in own}
+        chosen.append(Part(cls, picked, mine, {k: v for k, v in notes.items() if k in own}, title))
+    unknown = (set(names or ()) | set(defaults) | set(notes)) - {f.name for cls in PARTS for f in fields(cls)}
+    if unknown:
+        raise TypeError(f"no decoding setting is named {', '.join(sorted(unknown))}")
+    return tuple(chosen)
+
+
+def part_values(parts: Sequence[Part], cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The values by name (``values``: the parsed flags, or :func:`node_values`') of the fields of ``cls`` that
+    ``parts`` take: what a command makes ``cls`` of (``cls(**part_values(SCHEMA, cls, values))``), its other fields
+    at their own defaults."""
+    return {f.name: values[f.name] for part in parts if part.cls is cls for f in part.fields()}
 
 
 def node_values(parts: Sequence[Part], node: Mapping[str, Any], where: str, **given: Any) -> dict[str, Any]:
@@ -93,9 +129,9 @@ def read_value(value: Any, hint: Any, f: Field, key: str) -> Any:
         if optional or f.default is None:
             return None
         raise UserError(f"{key} cannot be null; give it a value or leave it out for its default.")
-    if typing.get_origin(hint) is list:
-        return listed(value, hint, f.name, f.metadata.get("separator"), given=f"{key}={value}")
     hint = plain_type(hint)
+    if typing.get_origin(hint) is list:  # a list, or its comma-separated text (``X | None``: an X, or null)
+        return listed(value, hint, f.name, f.metadata.get("separator"), given=f"{key}={value}")
     choices = choices_of(hint, f.metadata)
     if choices is not None:
         if value not in choices:
