@@ -7,7 +7,7 @@ from typing import Literal
 
 import pytest
 
-from mtp.commands import distill, eval_task
+from mtp.commands import bench_decode, distill, eval_task
 from mtp.commands.schema import Part, add_parts, node_values
 from mtp.errors import UserError
 
@@ -121,6 +121,7 @@ def test_a_nodes_device_is_named_by_its_key_where_no_cuda_is_seen(monkeypatch):
 NODES = {  # each command a training run's config runs, with a node of it
     "eval_task": (eval_task, {"ops": [1, 6], "problems": 5, "heads": 2, "out": "o"}),
     "distill": (distill, {"out": "d", "paths": ["a", "b"], "prompt_tokens": [8, 32], "max_minutes": 2}),
+    "bench_decode": (bench_decode, {"prompts": 3, "heads": [1, 2], "batch_sizes": "1", "modes": "greedy"}),
 }
 
 

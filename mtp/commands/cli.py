@@ -389,23 +389,6 @@ def decoding_parts(args: argparse.Namespace, **values: Any) -> dict[str, Any]:
     return {PART_NAMES[part]: settings_from(args, part, **own) for part, own in zip(PARTS, given, strict=True)}
 
 
-def config_values(
-    parser: argparse.ArgumentParser, positional: list[str], node: Mapping[str, Any], where: str
-) -> dict[str, Any]:
-    """A command's flags' values by name as a config node sets them (its keys are the flags' names: ``max_tokens``
-    for ``--max-tokens``), over the flags' defaults (``parser``'s, given its ``positional`` arguments); a key that is
-    no flag's name is a UserError naming it as ``where.key``. The values stay as the config wrote them (a list, or a
-    comma-separated string): the command reads them as it reads its flags."""
-    values = vars(parser.parse_args(positional))
-    unknown = sorted(key for key in node if key not in values or key.startswith("_"))
-    if unknown:
-        raise UserError(
-            f"{where}.{unknown[0]} is not a flag of scripts/{where}.py (a key is a flag's name with underscores: "
-            f"--prompt-tokens is {where}.prompt_tokens); fix the key."
-        )
-    return {**values, **node}
-
-
 def require_at_least(args: argparse.Namespace, least: int, *names: str, node: str | None = None) -> None:
     """Each named argument (None: not given) at least ``least``, or a UserError naming its flag (its key, where a
     training run's config ``node`` set the flags' values: ``eval_task.problems=0``)."""
