@@ -7,6 +7,7 @@ import datetime
 import functools
 import os
 import platform
+import resource
 import shlex
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from typing import Any
 import torch
 
 HEADER_FIELDS = ("date", "commit", "machine", "torch", "command")
+OPTIONAL_FIELDS = ("peak memory",)
+"""Shown in the header where results.json records them (pages of runs before they were recorded lack them)."""
 
 
 def cpu_model() -> str:
@@ -69,7 +72,22 @@ def provenance(argv: list[str] | None = None, device: str | None = None) -> dict
         "machine": machine,
         "torch": torch.__version__,
         "command": shlex.join(["python", f"scripts/{script}", *args]),
+        "peak memory": peak_memory(),
     }
+
+
+def peak_resident_bytes() -> int:
+    """The kernel's high-water mark of resident memory: this process's, or its largest finished child's where that
+    is larger (a peer run in a child process), in bytes (Linux reports KiB; macOS bytes)."""
+    scale = 1 if sys.platform == "darwin" else 1024
+    usage = (resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return max(usage) * scale
+
+
+def peak_memory() -> str:
+    """The run's peak resident memory so far, as a results page's header shows it: ``3.2 GiB resident (high-water
+    mark)``; what it means is the page's: everything the process did up to writing its results."""
+    return f"{peak_resident_bytes() / 2**30:.1f} GiB resident (the kernel's high-water mark)"
 
 
 def header(run: dict[str, str]) -> str:
@@ -78,7 +96,8 @@ def header(run: dict[str, str]) -> str:
     if missing:
         missed = ", ".join(missing)
         raise ValueError(f"results.json lacks {missed} in its 'provenance'; rerun the benchmark to record it")
-    rows = "\n".join(f"| {field} | {run[field]} |" for field in HEADER_FIELDS if field != "command")
+    shown = [field for field in HEADER_FIELDS if field != "command"] + [f for f in OPTIONAL_FIELDS if run.get(f)]
+    rows = "\n".join(f"| {field} | {run[field]} |" for field in shown)
     command = f"<!-- not run: the benchmark itself -->\n```bash\n{run['command']}\n```"
     return f"| | |\n|---|---|\n{rows}\n\nCommand:\n\n{command}"
 
