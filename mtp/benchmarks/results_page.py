@@ -7,7 +7,6 @@ import datetime
 import functools
 import os
 import platform
-import resource
 import shlex
 import subprocess
 import sys
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from mtp.benchmarks.memory import peak_resident_bytes
 
 HEADER_FIELDS = ("date", "commit", "machine", "torch", "command")
 OPTIONAL_FIELDS = ("peak memory",)
@@ -74,14 +75,6 @@ def provenance(argv: list[str] | None = None, device: str | None = None) -> dict
         "command": shlex.join(["python", f"scripts/{script}", *args]),
         "peak memory": peak_memory(),
     }
-
-
-def peak_resident_bytes() -> int:
-    """The kernel's high-water mark of resident memory: this process's, or its largest finished child's where that
-    is larger (a peer run in a child process), in bytes (Linux reports KiB; macOS bytes)."""
-    scale = 1 if sys.platform == "darwin" else 1024
-    usage = (resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return max(usage) * scale
 
 
 def peak_memory() -> str:

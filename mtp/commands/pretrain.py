@@ -31,6 +31,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from mtp.benchmarks.memory import phase
 from mtp.benchmarks.task_sweep import SUMMARY, read_summary, summary_job, write_summary
 from mtp.checkpoint.format import read_checkpoint
 from mtp.commands import bench_decode, distill, eval_task
@@ -283,11 +284,13 @@ def train_in_run_dir(cfg: DictConfig) -> None:
         if cfg.get("distill"):
             if not cfg.get("init_from"):
                 raise UserError("distill needs the model to continue prompts: set init_from=PATH (or drop distill).")
-            status = distill.run(distill.settings_of_config(str(cfg.init_from), node_values(cfg.distill)))
+            with phase("distillation"):
+                status = distill.run(distill.settings_of_config(str(cfg.init_from), node_values(cfg.distill)))
             if status:
                 raise SystemExit(status)  # Ctrl-C while distilling: what it wrote is kept, training does not start
         if trains:
-            train(cfg)
+            with phase("training (data, model, trunk cache, steps)"):
+                train(cfg)
         if score_trained(bench, evaluation) and summary is not None:
             keep_summary(cfg, output_dir, summary)
 
@@ -301,9 +304,11 @@ def score_trained(bench, evaluation) -> bool:
     if rank_zero_only.rank != 0:
         return False
     if bench is not None:
-        bench_decode.run(bench, node="bench_decode")  # its errors name the node's keys, as the config wrote them
+        with phase("decoding benchmark"):
+            bench_decode.run(bench, node="bench_decode")  # its errors name the node's keys, as the config wrote them
     if evaluation is not None:
-        eval_task.run(evaluation)
+        with phase("task evaluation"):
+            eval_task.run(evaluation)
     return True
 
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from mtp.benchmarks.memory import peak_resident_bytes
 from mtp.benchmarks.results_page import (
     HEADER_FIELDS,
     HEADING_LENGTH,
@@ -11,7 +12,6 @@ from mtp.benchmarks.results_page import (
     git_commit,
     header,
     page,
-    peak_resident_bytes,
     provenance,
 )
 from mtp.commands.results_page import main
