@@ -746,7 +746,7 @@ MUTATIONS = [
     Mutation(
         "a trunk cache file of another model is trained on",
         "TrunkCache.load",
-        'if written_for != self.trunk or stored["outputs"].size(-1) != width:',
+        "if written_for != self.trunk or wide != width:",
         "if False:",
         ("tests/test_trunk_cache.py::test_a_cache_file_of_another_trunk_or_other_layers_is_refused_in_one_sentence",),
     ),
@@ -2016,6 +2016,27 @@ MUTATIONS = [
         "if path.is_dir() and not hidden and not has_subfolders(path):",
         "if (path / SUMMARY).is_file() and not hidden:",
         (f"{SWEEPS}::test_a_bad_summary_is_one_sentence_naming_the_file_and_the_fix",),
+    ),
+    Mutation(
+        "a trunk cache file written as one stacked copy of the whole cache (twice its memory at an epoch's end)",
+        "TrunkCache.save",
+        '"rows": rows,',
+        '"outputs": torch.stack(rows),',
+        ("tests/test_trunk_cache.py::test_a_cache_file_keeps_each_row_and_a_file_of_one_stacked_tensor_still_serves",),
+    ),
+    Mutation(
+        "the trunk cache holds its whole budget whatever memory the machine has",
+        "cache_budget",
+        "if available is None or asked <= MEMORY_SHARE * available:",
+        "if True:",
+        ("tests/test_trunk_cache.py::test_the_cache_holds_at_most_half_the_memory_the_machine_has_available",),
+    ),
+    Mutation(
+        "a phase's peak is the run's so far, not its own (the mark never reset)",
+        "reset_peak",
+        'CLEAR_REFS.write_text("5")',
+        "pass",
+        ("tests/benchmarks/test_memory.py",),
     ),
     Mutation(
         "a config node's settings ignore the part's own defaults (a node and the flags default differently)",
