@@ -58,7 +58,7 @@ from typing import NoReturn
 
 import torch
 
-from mtp.benchmarks.report import CHAIN
+from mtp.benchmarks.methods.heads import CHAIN
 from mtp.benchmarks.task_sweep import read_sweep
 from mtp.commands.cli import checkout_root, run_script
 from mtp.errors import UserError

@@ -18,11 +18,13 @@ import torch
 from hydra.core.global_hydra import GlobalHydra
 
 from mtp.commands import bench_decode, bench_train, cli, compare_heads, decode, fit_tree, pretrain
+from mtp.data.packing import TokenizerConfig
 from mtp.decode import GenerationConfig
 from mtp.decode.methods.prompt_lookup import LookupDrafter
 from mtp.decode.plan import Plan
 from mtp.decode.settings import HeadsSettings
-from mtp.errors import SettingError, UserError
+from mtp.errors import SettingError, Trained, UserError
+from mtp.model.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = {
@@ -134,6 +136,27 @@ def test_a_bad_decoding_setting_is_reported_under_its_flag(tmp_path, command, ar
     assert str(err.value) == message
 
 
+def test_the_benchmark_names_a_setting_a_model_cannot_decode_by_its_flag_or_by_its_training_runs_key(
+    tiny_checkpoints, tmp_path
+):
+    """The library names the fields (the data's prompt_tokens, the heads); bench_decode spells them as its flags, and
+    as the keys of the bench_decode node of a training run that benchmarks its checkpoint."""
+    checkpoint = str(tiny_checkpoints["mtp4"])
+    long = {"prompts": 1, "prompt_tokens": 100000, "modes": "greedy", "batch_sizes": "1", "out": str(tmp_path)}
+    argv = [checkpoint, "--prompts", "1", "--prompt-tokens", "100000", "--modes", "greedy", "--out", str(tmp_path)]
+    with pytest.raises(UserError, match=r"^no validation document has 100000 tokens; lower --prompt-tokens\.$"):
+        bench_decode.main(argv)
+    with pytest.raises(UserError, match=r"^no validation document has 100000 tokens; lower bench_decode\.prompt_"):
+        bench_decode.run(bench_decode.settings_of_config(checkpoint, long), node="bench_decode")
+    heads = {**long, "prompt_tokens": 8, "heads": "5"}
+    with pytest.raises(UserError) as refused:
+        bench_decode.run(bench_decode.settings_of_config(checkpoint, heads), node="bench_decode")
+    assert str(refused.value) == (
+        "bench_decode.heads=5 exceeds this checkpoint's 4 head(s); only eagle3 heads and causal heads trained with "
+        "model.share_depth=true draft beyond them; use bench_decode.heads=1..4."
+    )
+
+
 def test_generation_config_names_its_fields():
     with pytest.raises(ValueError, match=re.escape("top_p=1.5 must lie in (0, 1]; 1 turns nucleus sampling off.")):
         GenerationConfig(top_p=1.5)
@@ -145,6 +168,32 @@ def test_generation_config_names_its_fields():
     assert err.value.fields == ("gamma", "tree", "draft_p_min")
     assert "draft_p_min" in str(err.value)
     assert err.value.render(cli.flag_of, " ").startswith("--gamma 2 drafts come from a drafter")
+
+
+def test_a_setting_of_training_is_named_as_its_field_by_the_library_and_as_its_override_by_the_commands():
+    """A fix that retrains names the training config's field (:class:`mtp.errors.Trained`): ``str()`` spells it as the
+    field, a command line and a training run's node as the training run's override, beside their own settings."""
+    err = SettingError(
+        "{draft} has {vocab_size:100} tokens; train it with {vocab_size} on {path}, or use {heads:1}.",
+        draft="d.ckpt",
+        heads=2,
+        vocab_size=Trained(ModelConfig, 320),
+        path=Trained(TokenizerConfig, "TARGET.ckpt"),
+    )
+    assert (
+        str(err)
+        == "draft=d.ckpt has vocab_size=100 tokens; train it with vocab_size=320 on path=TARGET.ckpt, or use heads=1."
+    )
+    with pytest.raises(UserError) as flags, cli.settings_named_by_flags():
+        raise err
+    assert str(flags.value) == (
+        "--draft d.ckpt has model.vocab_size=100 tokens; train it with model.vocab_size=320 on "
+        "data.tokenizer.path=TARGET.ckpt, or use --heads 1."
+    )
+    with pytest.raises(UserError) as keys, cli.settings_named_by_config("bench_decode"):
+        raise err
+    assert str(keys.value).startswith("bench_decode.draft=d.ckpt has model.vocab_size=100 tokens;")
+    assert str(keys.value).endswith("or use bench_decode.heads=1.")
 
 
 def test_every_decoding_setting_is_a_flag_of_decode_with_its_docstring_as_help():
@@ -233,8 +282,15 @@ def test_plots_without_matplotlib_are_one_sentence(tmp_path, monkeypatch):
 
 def test_pretrain_without_its_configs_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "PACKAGE_DIR", tmp_path / "site-packages" / "mtp")
+    monkeypatch.setattr(sys, "argv", ["pretrain.py", "model=mtp1"])  # Hydra's entry point reads the command line
     with pytest.raises(UserError, match=re.escape("install it with pip install -e . from a checkout")):
-        pretrain.main(["model=mtp1"])
+        pretrain.main()
+
+
+def test_pretrain_refuses_arguments_other_than_the_command_lines(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["pretrain.py", "model=mtp1"])
+    with pytest.raises(ValueError, match="reads its overrides from sys.argv"):
+        pretrain.main(["model=mtp2"])
 
 
 def test_pretrain_os_error_is_one_line_and_leaves_no_run_folder(monkeypatch, tmp_path, capsys):
@@ -243,9 +299,10 @@ def test_pretrain_os_error_is_one_line_and_leaves_no_run_folder(monkeypatch, tmp
 
     monkeypatch.setattr(pretrain, "train", no_space)
     run_dir = tmp_path / "logs" / "run"
+    monkeypatch.setattr(sys, "argv", ["pretrain.py", f"hydra.run.dir={run_dir}", f"paths.log_dir={tmp_path / 'logs'}"])
     try:
         with pytest.raises(SystemExit) as exit_:
-            cli.run_script(pretrain.main, [f"hydra.run.dir={run_dir}", f"paths.log_dir={tmp_path / 'logs'}"])
+            cli.run_script(pretrain.main)
     finally:
         GlobalHydra.instance().clear()
     assert exit_.value.code == 2

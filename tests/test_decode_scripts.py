@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from mtp.benchmarks.decode_bench import benchmarked
+from mtp.benchmarks.methods import BenchTarget
 from mtp.checkpoint.format import read_checkpoint
 from mtp.checkpoint.load import load_checkpoint
-from mtp.decode import heads_choice as heads
-from mtp.decode.methods import Target, layer_skip
+from mtp.decode.methods import heads, layer_skip
 from mtp.decode.plan import Plan
 from mtp.decode.settings import GenerationConfig, HeadsSettings
 from mtp.errors import UserError
@@ -145,7 +145,11 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--self-speculative", "--heads", "5"], "--heads 5 exceeds this checkpoint's 4 head(s)"),
+        (
+            ["--self-speculative", "--heads", "5"],
+            "--heads 5 exceeds this checkpoint's 4 head(s); only eagle3 heads and causal heads trained with "
+            "model.share_depth=true draft beyond them; use --heads 1..4.",
+        ),
         (["--self-speculative", "--heads", "0"], "--heads 0 must be at least 1"),
         (["--heads", "2"], "add --self-speculative"),
         (["--max-new-tokens", "0"], "--max-new-tokens 0 must be at least 1"),
@@ -172,7 +176,10 @@ def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
         (["--skip-layers", "0,1,2,3,4,5a,5m"], "must name some but not all of the 6 blocks"),
         (["--skip-layers", "1,2", "--skip-sublayers"], "--skip-sublayers chooses how --skip-layers auto searches"),
         (["--skip-layers", "auto", "--search-trials", "0"], "--search-trials 0 must be at least 1"),
-        (["--skip-layers", "1", "--tree", "auto"], "draft chains, not a --tree of the heads; drop --tree."),
+        (
+            ["--skip-layers", "1", "--self-speculative", "--tree", "auto"],
+            "--gamma 4 drafts come from a drafter, which drafts chains, not a --tree of the heads' candidates",
+        ),
         (["--prompt-lookup", "2", "--draft-p-min", "0.3"], "--gamma 4 drafts come from a drafter"),
         (["--staged", "lookup"], "--staged decodes a draft model speculatively; give it with --draft DRAFT.ckpt."),
         (["--self-speculative", "--drafts-per-step", "0"], "--drafts-per-step 0 must be at least 1."),
@@ -327,8 +334,12 @@ def test_quantized_targets_decode_what_their_own_autoregressive_decoding_does(ti
 
 def test_a_draft_on_another_tokenizer_is_refused(tiny_checkpoints, tmp_path):
     target = str(tiny_checkpoints["mtp4"])
-    with pytest.raises(UserError, match="has a different tokenizer from the target's; train the draft on"):
+    with pytest.raises(UserError) as refused:  # the library names the fields; the command the training overrides
         decode.main([target, "--draft", str(tiny_checkpoints["byte8"]), "--prompt", "x"])
+    assert str(refused.value) == (
+        f"--draft {tiny_checkpoints['byte8']} has a different tokenizer from the target's; train the draft on the "
+        "target's tokenizer (data.tokenizer.kind=pretrained data.tokenizer.path=TARGET.ckpt)."
+    )
     garbage = tmp_path / "draft.ckpt"
     garbage.write_bytes(b"\x00" * 64)
     with pytest.raises(UserError, match="--draft: checkpoint .* is truncated or not a PyTorch checkpoint"):
@@ -535,7 +546,7 @@ def test_bench_decode_layer_skip_rows_of_both_searches(tiny_checkpoints, monkeyp
     loaded = load_checkpoint(args.checkpoint, torch.device("cpu"), "float32")
     chain = Plan(GenerationConfig(8), heads=HeadsSettings(heads=4))
     (method,) = benchmarked(args)
-    rows = method.rows(Target.of(loaded, chain, torch.device("cpu"), gamma=args.gamma), "greedy", args.methods)
+    rows = method.rows(BenchTarget.of(loaded, chain, torch.device("cpu"), gamma=args.gamma), "greedy", args.methods)
     params = [row.plan.drafter.params() for row in rows if row.label == "layerskip"]
     assert [p.get("search") for p in params] == ["blocks", "sublayers", None] and params[2]["skip"] == "3a"
     assert all(row.plan.drafter.gamma == 2 and row.plan.heads.heads == 1 for row in rows)

@@ -13,10 +13,11 @@ from mtp.benchmarks import task_eval
 from mtp.benchmarks.task_eval import evaluation_of
 from mtp.checkpoint.load import LoadedCheckpoint
 from mtp.commands import eval_task
+from mtp.commands.cli import settings_named_by_config, settings_named_by_flags
 from mtp.data import polynomial
 from mtp.data.sources import SourceConfig
 from mtp.data.tokenizer import byte_tokenizer
-from mtp.errors import UserError
+from mtp.errors import SettingError, UserError
 from mtp.training import task_scores
 from mtp.training.task_scores import TaskSettings, is_right, parse_ops, wilson_interval
 from tests.conftest import compose_in
@@ -53,15 +54,23 @@ def test_exact_match_on_hand_made_replies(reply, right):
 def test_operation_counts():
     assert parse_ops("1-10") == list(range(1, 11))
     assert parse_ops("1-3,8, 2") == [1, 2, 3, 8]
-    for text, message in [
-        ("0-3", "--ops 0 is outside the operation counts the generator supports; use 1 to 10."),
-        ("11", "--ops 11 is outside"),
-        ("a", "is not a count, a range"),
+    for text, message in [  # the library names the field; the command spells it as its flag, a config as its key
+        ("0-3", "^ops=0 is outside the operation counts the generator supports; use 1 to 10.$"),
+        ("11", "^ops=11 is outside"),
+        ("a", "^ops=a is not a count, a range"),
+        ("3-1", "^ops=3-1 names no operation count"),
     ]:
-        with pytest.raises(UserError, match=message):
+        with pytest.raises(SettingError, match=message) as raised:
             parse_ops(text)
-    with pytest.raises(UserError, match="^callbacks.task_curve.ops=11 is outside the operation counts"):
-        parse_ops("1-11", "callbacks.task_curve.ops")
+        assert raised.value.fields == ("ops",)
+    with pytest.raises(
+        UserError, match=r"^--ops 0 is outside the operation counts the generator supports; use 1 to 10\.$"
+    ):
+        eval_task.checked_args(["last.ckpt", "--ops", "0-3"])
+    with pytest.raises(UserError, match=r"^--ops a is not a count, a range such as 1-10 or a list such as 1-5,8\.$"):
+        eval_task.checked_args(["last.ckpt", "--ops", "a"])
+    with pytest.raises(UserError, match=r"^eval_task\.ops=11 is outside the operation counts"):
+        eval_task.settings_of_config("last.ckpt", {"ops": "1-11"})
 
 
 def checkpoint_on(source: dict) -> LoadedCheckpoint:
@@ -116,8 +125,13 @@ def test_scores_count_right_wrong_and_malformed_replies(monkeypatch):
             expected[problem.operator]["correct"] += (i % 5) % 3 == 0
         assert rows[ops]["operators"] == expected
     assert "By outermost operation:" in task_eval.results_table(results | {"decoding": None})
-    with pytest.raises(UserError, match="--problems 31 is more than the 30 problems per count"):
+    with pytest.raises(SettingError, match="^problems=31 is more than the 30 problems per count"):
         task_scores.score_polynomial(None, tokenizer, data, TaskSettings(problems=31))
+    for named, spelled in [(settings_named_by_flags(), "--problems 31"), (settings_named_by_config("eval_task"),
+                           "eval_task.problems=31")]:  # fmt: skip
+        with pytest.raises(UserError, match=f"^{spelled} is more than the 30 problems per count that training kept"):
+            with named:
+                task_scores.score_polynomial(None, tokenizer, data, TaskSettings(problems=31))
 
 
 def test_a_tiny_model_trained_on_polynomials_is_scored_end_to_end(tmp_path, shared_cache):
@@ -162,7 +176,7 @@ def test_answers_after_must_be_one_token(tmp_path, shared_cache):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("preset", ["mtp1", "mtp2"])
+@pytest.mark.parametrize("preset", [pytest.param("mtp1", marks=pytest.mark.slow), "mtp2"])  # n=1: slow
 def test_a_corpus_model_is_scored_by_its_held_out_loss_as_training_validates_and_by_its_drafts(
     preset, make_cfg, tmp_path
 ):
@@ -218,3 +232,12 @@ def test_a_corpus_model_drafts_with_every_head_and_bytes_are_bits_per_byte(tiny_
             assert row["bits_per_byte"] == pytest.approx(row["loss"] / math.log(2), rel=1e-9)
     with pytest.raises(UserError, match=r"^--heads 5 is more than the 4 heads the model has; use at most 4.$"):
         eval_task.main([str(tiny_checkpoints["mtp4"]), "--heads", "5", "--out", str(tmp_path / "x")])
+    # the data's prompts name the field; the command spells it as its flag, a training run's eval_task node as its key
+    long = ["--prompts", "1", "--prompt-tokens", "100000", "--windows", "1", "--out", str(tmp_path / "x")]
+    with pytest.raises(UserError, match=r"^no validation document has 100000 tokens; lower --prompt-tokens\.$"):
+        eval_task.main([str(tiny_checkpoints["mtp4"]), *long])
+    node = {"prompts": 1, "prompt_tokens": 100000, "windows": 1, "out": str(tmp_path / "x")}
+    with pytest.raises(
+        UserError, match=r"^no validation document has 100000 tokens; lower eval_task\.prompt_tokens\.$"
+    ):
+        eval_task.run(eval_task.settings_of_config(str(tiny_checkpoints["mtp4"]), node))

@@ -1173,7 +1173,7 @@ MUTATIONS = [
     ),
     Mutation(
         "prompt lookup's drafts given int8 and other draft-choice twins, as if a model drew them",
-        "LookupDrafter",
+        "PromptLookupBench",
         "    drafts_with_a_model = draws_drafts = False",
         "    drafts_with_a_model = draws_drafts = True",
         (
@@ -1183,7 +1183,7 @@ MUTATIONS = [
     ),
     Mutation(
         "a draft model's rows without Leviathan et al.'s predicted speed-up",
-        "DraftModel",
+        "DraftModelBench",
         '    predicted = ("draft",)',
         "    predicted = ()",
         ("tests/test_decode_scripts.py::test_bench_decode_writes_results",),
@@ -1492,8 +1492,8 @@ MUTATIONS = [
     Mutation(
         "cli: a bad decoding setting named by its field, not its flag",
         "settings_named_by_flags",
-        'err.render(lambda field: named.get(field, flag_of(field)), " ")',
-        "str(err)",
+        'settings_named(lambda field: named.get(field, flag_of(field)), " ", training_key)',
+        'settings_named(str, "=")',
         ("tests/test_cli.py::test_a_bad_decoding_setting_is_reported_under_its_flag",),
     ),
     Mutation(
@@ -1906,6 +1906,13 @@ MUTATIONS = [
         "clash = []",
         (f"{METHODS}::test_a_method_whose_name_or_flags_clash_is_refused",),
     ),
+    Mutation(
+        "a benchmark part whose sweep reuses another method's flag registered (bench_decode's parser would clash)",
+        "register_bench",
+        "clash = sorted(flag for flag in flag_names(cls) if flag in taken)",
+        "clash = []",
+        (f"{METHODS}::test_a_benchmark_part_needs_its_method_and_must_not_clash",),
+    ),
     # -- tensor parallelism: the vocabulary-parallel loss
     Mutation(
         "the vocabulary-parallel log-sum-exp takes each shard's own for the whole vocabulary's",
@@ -1953,8 +1960,8 @@ MUTATIONS = [
     Mutation(
         "the task curve scores the whole evaluation set, not the subset asked",
         "TaskCurve.__init__",
-        'TaskSettings(parse_ops(ops, "callbacks.task_curve.ops"), problems, 1, batch_size)',
-        'TaskSettings(parse_ops(ops, "callbacks.task_curve.ops"), None, 1, batch_size)',
+        "TaskSettings(scored_ops, problems, 1, batch_size)",
+        "TaskSettings(scored_ops, None, 1, batch_size)",
         (f"{CURVE}::test_the_curve_logs_at_the_asked_steps_and_equals_the_evaluation_of_the_same_checkpoint",),
     ),
     Mutation(
@@ -2009,6 +2016,27 @@ MUTATIONS = [
         "if path.is_dir() and not hidden and not has_subfolders(path):",
         "if (path / SUMMARY).is_file() and not hidden:",
         (f"{SWEEPS}::test_a_bad_summary_is_one_sentence_naming_the_file_and_the_fix",),
+    ),
+    Mutation(
+        "a config node's settings ignore the part's own defaults (a node and the flags default differently)",
+        "Part.default",
+        "if f.name in self.defaults:",
+        "if False:",
+        ("tests/test_schema.py",),
+    ),
+    Mutation(
+        "a config node's whole number accepts text (read as the flag would refuse it)",
+        "read_value",
+        "if isinstance(value, bool) or not isinstance(value, int):",
+        "if isinstance(value, bool):",
+        ("tests/test_schema.py",),
+    ),
+    Mutation(
+        "a config node may set what the run gives (the checkpoint it will write)",
+        "node_values",
+        "if key not in owners or key in given:",
+        "if key not in owners:",
+        ("tests/test_schema.py",),
     ),
 ]
 

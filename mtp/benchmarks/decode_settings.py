@@ -9,9 +9,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from mtp.benchmarks.report import CHAIN
+from mtp.benchmarks.methods import BenchRow
+from mtp.benchmarks.methods.heads import CHAIN
 from mtp.decode.graphs import captures_on
-from mtp.decode.methods import BenchRow
 from mtp.decode.plan import Plan
 from mtp.decode.settings import StepSettings
 from mtp.errors import SettingError
@@ -28,11 +28,15 @@ class BenchSetting:
     """greedy or sampling."""
     batch_size: int
     method: str
-    """The row's label: the heads' chain (:data:`~mtp.benchmarks.report.CHAIN`), a variant of it or a drafting
-    method ('tree', 'draft spectr')."""
+    """The row's label: the heads' chain (:data:`~mtp.benchmarks.methods.heads.CHAIN`), a variant of it or a
+    drafting method ('tree', 'draft spectr')."""
     plan: Plan
     """Its decoding plan: the heads (k), a tree, the drafter, the acceptance rule, the drafts' dtype, choice and
     vocabulary, eager or captured steps."""
+    drafts_with_a_model: bool = True
+    """Its drafter's drafts come out of a model (:attr:`~mtp.benchmarks.methods.BenchRow.drafts_with_a_model`)."""
+    draws_drafts: bool = True
+    """Its drafter draws its drafts from laws it computes (:attr:`~mtp.benchmarks.methods.BenchRow.draws_drafts`)."""
 
     def twin(self, **changes) -> BenchSetting:
         """The same setting with ``changes`` to its decoding settings (``draft_dtype="int8"``), its drafter the
@@ -48,7 +52,7 @@ class BenchSetting:
     def drafts_from_a_model(self) -> bool:
         """Its drafts come from a model: the heads above k = 1, a draft model, layer skip (not prompt lookup)."""
         drafter = self.plan.drafter
-        return self.plan.heads.heads > 1 or (drafter is not None and drafter.drafts_with_a_model)
+        return self.plan.heads.heads > 1 or (drafter is not None and self.drafts_with_a_model)
 
 
 @dataclass(frozen=True)
@@ -194,7 +198,7 @@ def in_draft_choices(settings: list[BenchSetting], draft_choices: list[str]) -> 
     for setting in settings:
         out.append(setting)
         plan, drafter = setting.plan, setting.plan.drafter
-        if plan.samples_drafts and plan.sampling.acceptance == "exact" and (drafter is None or drafter.draws_drafts):
+        if plan.samples_drafts and plan.sampling.acceptance == "exact" and (drafter is None or setting.draws_drafts):
             if plan.heads.heads > 1 or drafter is not None:
                 out += [setting.twin(draft_choice=c) for c in draft_choices if c != plan.drafts.draft_choice]
     return out

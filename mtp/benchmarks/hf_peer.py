@@ -15,7 +15,8 @@ import torch
 
 from mtp.benchmarks.decode_runs import output_checks
 from mtp.benchmarks.humaneval import HumanEvalScorer
-from mtp.benchmarks.report import CHAIN, pass_cell, same_cell
+from mtp.benchmarks.methods.heads import CHAIN
+from mtp.benchmarks.report import pass_cell, same_cell
 from mtp.decode.methods.prompt_lookup import LookupDrafter
 from mtp.interop.llama import head_path_state_dict, llama_config
 from mtp.model import MTPModel

@@ -8,27 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from mtp.benchmarks.common import require_plotting, save_figure
-from mtp.decode.methods.heads import CHAIN
-from mtp.decode.tree_fit import FASTEST
+from mtp.benchmarks.methods.heads import CHAIN
 
-MARKERS = {
-    "tree": "*",
-    f"{FASTEST} tree": "p",
-    f"{FASTEST} tree: the chain": "p",
-    "typical": "x",
-    "adaptive": "s",
-    "spectr": "h",
-    "draft": "D",
-    "draft spectr": "H",
-    "hybrid": "d",
-    "staged": ">",
-    "layerskip": "^",
-    "lookup": "v",
-    "lookup+heads": "P",
-}
-"""The decoding plot's matplotlib marker of each built-in method's rows, by label (a label without one gets a spare)."""
-GAMMA_SERIES = {"draft": "draft model"}
-"""Row labels plotted as a line over gamma (one per drafts-per-step setting), each with its legend text."""
 MIB = 2**20
 
 
@@ -306,7 +287,8 @@ def plot_decode(
     """Speed-up and tokens per forward against the most tokens a step can emit: the heads' chain and each method of
     ``gamma_series`` (label -> legend text; a draft model's over gamma) as lines (one colour per mode and batch size),
     the other methods as points in that colour with their ``markers`` (label -> matplotlib marker; a spare for a
-    label without one), one legend entry per line and per method."""
+    label without one), one legend entry per line and per method. The methods' benchmark parts say both
+    (:func:`~mtp.benchmarks.methods.row_markers`, :func:`~mtp.benchmarks.methods.gamma_series`)."""
     require_plotting()
     import matplotlib  # optional (the benchmarks extra): imported only when a plot is asked for
 

@@ -15,7 +15,11 @@ from typing import Any
 
 import torch
 
+from mtp.benchmarks.memory import peak_resident_bytes
+
 HEADER_FIELDS = ("date", "commit", "machine", "torch", "command")
+OPTIONAL_FIELDS = ("peak memory",)
+"""Shown in the header where results.json records them (pages of runs before they were recorded lack them)."""
 
 
 def cpu_model() -> str:
@@ -69,7 +73,14 @@ def provenance(argv: list[str] | None = None, device: str | None = None) -> dict
         "machine": machine,
         "torch": torch.__version__,
         "command": shlex.join(["python", f"scripts/{script}", *args]),
+        "peak memory": peak_memory(),
     }
+
+
+def peak_memory() -> str:
+    """The run's peak resident memory so far, as a results page's header shows it: ``3.2 GiB resident (high-water
+    mark)``; what it means is the page's: everything the process did up to writing its results."""
+    return f"{peak_resident_bytes() / 2**30:.1f} GiB resident (the kernel's high-water mark)"
 
 
 def header(run: dict[str, str]) -> str:
@@ -78,7 +89,8 @@ def header(run: dict[str, str]) -> str:
     if missing:
         missed = ", ".join(missing)
         raise ValueError(f"results.json lacks {missed} in its 'provenance'; rerun the benchmark to record it")
-    rows = "\n".join(f"| {field} | {run[field]} |" for field in HEADER_FIELDS if field != "command")
+    shown = [field for field in HEADER_FIELDS if field != "command"] + [f for f in OPTIONAL_FIELDS if run.get(f)]
+    rows = "\n".join(f"| {field} | {run[field]} |" for field in shown)
     command = f"<!-- not run: the benchmark itself -->\n```bash\n{run['command']}\n```"
     return f"| | |\n|---|---|\n{rows}\n\nCommand:\n\n{command}"
 

@@ -34,8 +34,6 @@ def plot_sweep(finished: Sequence[SweepRun], path: Path, title: str) -> None:
         plot_corpus(finished, path, title)
         return
     plt = pyplot()
-    from matplotlib.ticker import PercentFormatter  # matplotlib: imported by pyplot() above, optional
-
     groups = aggregate(finished)
     results = finished[0].results
     numeric = all(isinstance(row[results["group"]], int) for row in results["rows"]) and len(results["rows"]) > 1
@@ -76,7 +74,14 @@ def plot_sweep(finished: Sequence[SweepRun], path: Path, title: str) -> None:
         ax.set_xticks(range(len(sizes)), sizes)
         ax.set_xlabel("model size")
         ax.set_title(f"{results['group']}: {headline}", fontsize=9)
-    ax.set_ylabel(results["metric"])
+    _save_accuracy(fig, ax, results["metric"], title, path)
+
+
+def _save_accuracy(fig, ax, ylabel: str, title: str, path: Path) -> None:
+    """An accuracy axis (0 to 100%, gridded, with its legend), then the figure saved."""
+    from matplotlib.ticker import PercentFormatter  # matplotlib: imported by pyplot() before any figure, optional
+
+    ax.set_ylabel(ylabel)
     ax.set_ylim(-0.02, 1.02)
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.grid(True, alpha=0.3)
@@ -88,8 +93,6 @@ def plot_curves(finished: Sequence[SweepRun], path: Path, title: str) -> None:
     """The learning curves: the results' first row's accuracy against tokens trained, one line per n (color) and size
     and setting (style), the seeds' mean with their lowest-to-highest as a band."""
     plt = pyplot()
-    from matplotlib.ticker import PercentFormatter  # matplotlib: imported by pyplot() above, optional
-
     groups = curve_groups(finished)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -109,12 +112,7 @@ def plot_curves(finished: Sequence[SweepRun], path: Path, title: str) -> None:
         ax.plot(xs, means, color=color, linestyle=style, label=label)
         ax.fill_between(xs, lows, highs, color=color, alpha=0.15)
     ax.set_xlabel("tokens trained (millions)")
-    ax.set_ylabel(f"{finished[0].results['metric']}, {finished[0].headline}")
-    ax.set_ylim(-0.02, 1.02)
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    save_figure(fig, title, path)
+    _save_accuracy(fig, ax, f"{finished[0].results['metric']}, {finished[0].headline}", title, path)
 
 
 def plot_corpus(finished: Sequence[SweepRun], path: Path, title: str) -> None:

@@ -29,8 +29,7 @@ from mtp.checkpoint.load import LoadedCheckpoint
 from mtp.data.prompts import held_out_prompts
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
 from mtp.data.tokenizer import eot_id
-from mtp.decode import GenerationConfig, HeadsSettings
-from mtp.decode.loop import generate_with_heads as generate
+from mtp.decode import GenerationConfig, HeadsSettings, Plan, generate
 from mtp.errors import UserError
 from mtp.model import MTPModel
 from mtp.training.task_scores import TASKS, TaskSettings
@@ -128,8 +127,8 @@ def evaluate_corpus(loaded: LoadedCheckpoint, settings: CorpusSettings) -> dict[
     outputs, stats, match = [], None, True
     for first in range(0, len(prompts), settings.batch_size):
         batch = prompts[first : first + settings.batch_size]
-        drafted, batch_stats = generate(model, batch, config, heads=HeadsSettings(heads=heads))
-        plain, _ = generate(model, batch, config) if heads > 1 else (drafted, None)
+        drafted, batch_stats = generate(model, batch, Plan(config, HeadsSettings(heads=heads)))
+        plain, _ = generate(model, batch, Plan(config)) if heads > 1 else (drafted, None)
         match &= drafted == plain
         outputs += drafted
         stats = batch_stats if stats is None else stats + batch_stats

@@ -526,10 +526,16 @@ def sweep_provenance(finished: Sequence[SweepRun], page_command: str) -> dict[st
         return sorted({run.results.get("provenance", {}).get(key, "unknown") for run in finished})
 
     dates = distinct("date")
-    return {
+    header = {
         "date": dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}",
         "commit": ", ".join(distinct("commit")),
         "machine": "; ".join(distinct("machine")),
         "torch": ", ".join(distinct("torch")),
         "command": "\n".join([*distinct("command"), page_command]),
     }
+    peaks = [run.results["provenance"]["peak memory"] for run in finished
+             if "peak memory" in run.results.get("provenance", {})]  # fmt: skip
+    if peaks:  # each run's training and scoring, in one process: the largest
+        largest = max(peaks, key=lambda text: float(text.split()[0]))
+        header["peak memory"] = f"{largest}: the largest of the {len(peaks)} of {len(finished)} runs that record it"
+    return header

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,33 +142,31 @@ def foreign_format(path: str | os.PathLike) -> str | None:
     return None
 
 
+_READERS = {
+    "meta": (meta.read_meta, meta.read_meta_config),
+    "hf": (hf.read_hf, hf.read_hf_config),
+    "mimo": (mimo.read_mimo, mimo.read_mimo_config),
+    "gguf": (gguf.read_gguf, gguf.read_gguf_config),
+}
+"""Each foreign format's readers: the whole model, and its config alone."""
+
+
+def _reader(path: str | os.PathLike, part: int) -> Callable[[Path], object]:
+    kind = foreign_format(path)
+    if kind is None:
+        raise ValueError(f"{path} is neither a Hugging Face nor a Meta directory nor a GGUF file")
+    return _READERS[kind][part]
+
+
 def read_foreign(path: str | os.PathLike) -> ModelFiles:
     """The model in a Hugging Face Llama or Meta directory or a GGUF file; a missing or wrong tensor is one sentence
     naming it."""
-    kind = foreign_format(path)
-    if kind == "meta":
-        return meta.read_meta(Path(path))
-    if kind == "hf":
-        return hf.read_hf(Path(path))
-    if kind == "mimo":
-        return mimo.read_mimo(Path(path))
-    if kind == "gguf":
-        return gguf.read_gguf(Path(path))
-    raise ValueError(f"{path} is neither a Hugging Face nor a Meta directory nor a GGUF file")
+    return _reader(path, 0)(Path(path))
 
 
 def read_foreign_config(path: str | os.PathLike) -> ModelConfig:
     """The model config of a Hugging Face Llama or Meta directory or a GGUF file, without reading its weights."""
-    kind = foreign_format(path)
-    if kind == "meta":
-        return meta.read_meta_config(Path(path))
-    if kind == "hf":
-        return hf.read_hf_config(Path(path))
-    if kind == "mimo":
-        return mimo.read_mimo_config(Path(path))
-    if kind == "gguf":
-        return gguf.read_gguf_config(Path(path))
-    raise ValueError(f"{path} is neither a Hugging Face nor a Meta directory nor a GGUF file")
+    return _reader(path, 1)(Path(path))
 
 
 def read_foreign_tokenizer(path: str | os.PathLike) -> str:

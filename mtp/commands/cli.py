@@ -24,8 +24,8 @@ import textwrap
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import fields
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
@@ -35,10 +35,12 @@ from omegaconf.errors import InterpolationResolutionError
 import mtp
 from mtp.benchmarks.results_page import code_commit
 from mtp.checkpoint.load import DTYPES
+from mtp.data.packing import TokenizerConfig
 from mtp.decode.plan import PART_NAMES
 from mtp.decode.settings import PARTS, owner_of
 from mtp.decode.tree_fit import FASTEST
-from mtp.errors import FULL_DISK, SettingError, UserError
+from mtp.errors import FULL_DISK, UserError, settings_named, settings_named_by_keys
+from mtp.model.config import ModelConfig
 
 T = TypeVar("T")
 
@@ -86,6 +88,17 @@ def run_script(main: Callable[[list[str] | None], int | None], argv: list[str] |
     sys.exit(status or 0)
 
 
+@dataclass
+class Placement:
+    """Where a command runs its model, and in which dtype: its ``--device`` and ``--dtype`` (a schema's part,
+    :class:`mtp.commands.schema.Part`, takes either or both)."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """The device: auto is cuda when PyTorch sees one, else cpu."""
+    dtype: str = dataclasses.field(default="auto", metadata={"choices": ("auto", *DTYPES)})
+    """The weights' dtype: auto is bf16 on cuda, fp32 elsewhere."""
+
+
 def add_device_flag(parser: argparse.ArgumentParser, default: str = "auto") -> None:
     parser.add_argument(
         "--device",
@@ -95,10 +108,12 @@ def add_device_flag(parser: argparse.ArgumentParser, default: str = "auto") -> N
     )
 
 
-def pick_device(name: str) -> torch.device:
-    """The device of ``--device``: auto is cuda when PyTorch sees one, else cpu."""
+def pick_device(name: str, node: str | None = None) -> torch.device:
+    """The device of ``--device`` (or of a training config's ``node``'s ``device`` key, which an error names then):
+    auto is cuda when PyTorch sees one, else cpu."""
     if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for but PyTorch sees no CUDA device; use --device cpu or auto.")
+        given = "--device " if node is None else f"{node}.device="
+        raise UserError(f"{given}cuda was asked for but PyTorch sees no CUDA device; use {given}cpu or auto.")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
@@ -146,32 +161,38 @@ def node_budgets(text: str) -> list[int | str]:
     return budgets
 
 
-def list_parser(hint: Any) -> Callable[[str], list] | None:
+def comma_names(text: str) -> list[str]:
+    """A comma-separated list of names, e.g. greedy,sampling."""
+    return [entry for entry in text.split(",") if entry]
+
+
+def list_parser(hint: Any, separator: str | None = None) -> Callable[[str], list] | None:
     """How a list field annotated ``hint`` reads its text (a comma-separated list): positive integers, node budgets
-    (integers or ``fastest``); None for a list of strings, which a flag takes as several arguments."""
+    (integers or ``fastest``), names where its metadata says ``separator=","``; None for a list of strings, which a
+    flag takes as several arguments."""
     options = typing.get_args(hint)
     if typing.get_origin(hint) is not list:
         raise TypeError(f"{hint} is not a list type")
     if options == (int,):
         return int_list
     if options == (str,):
-        return None
+        return comma_names if separator == "," else None
     return node_budgets
 
 
-def listed(value: Any, hint: Any, name: str) -> list:
+def listed(value: Any, hint: Any, name: str, separator: str | None = None, given: str | None = None) -> list:
     """A list setting's value (the field ``name``, annotated ``hint``): a list already (parsed from the command line,
     or a config's list), or its text (a config's comma-separated string, read as the flag reads it); text that does
-    not read is a UserError naming the flag."""
+    not read is a UserError naming the flag, or ``given`` (how a config spelled it: ``bench_decode.heads=x``)."""
     if isinstance(value, list | tuple):
         return list(value)
-    parse = list_parser(hint)
+    parse = list_parser(hint, separator)
     if parse is None:
         return [str(value)]
     try:
         return parse(str(value))
     except argparse.ArgumentTypeError as err:
-        raise UserError(f"{flag_of(name)} {err}.") from None
+        raise UserError(f"{given or flag_of(name)}: {err}." if given else f"{flag_of(name)} {err}.") from None
 
 
 def flag_of(name: str) -> str:
@@ -190,21 +211,39 @@ def attribute_docs(cls: type) -> dict[str, str]:
     }
 
 
-def _argument_type(hint: Any, field: str) -> dict[str, Any]:
-    """argparse's type (and choices, or action) of a field annotated ``hint``: bool, int, float, str, Path, a Literal
-    of them, or one of these or None; or a list (:func:`list_parser`: comma-separated, or several arguments)."""
-    if typing.get_origin(hint) is list:
-        parse = list_parser(hint)
-        return {"nargs": "+"} if parse is None else {"type": parse}
+def plain_type(hint: Any) -> Any:
+    """``hint`` without its ``| None``."""
     options = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in options and len(options) == 2:
-        hint = options[0] if options[1] is type(None) else options[1]
+        return options[0] if options[1] is type(None) else options[1]
+    return hint
+
+
+def choices_of(hint: Any, metadata: Mapping[str, Any]) -> tuple | None:
+    """The values a field may take: its metadata's ``choices``, or its Literal type's; None: any of its type."""
+    if "choices" in metadata:
+        return tuple(metadata["choices"])
+    hint = plain_type(hint)
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
+
+
+def _argument_type(hint: Any, field: str, metadata: Mapping[str, Any] = types.MappingProxyType({})) -> dict[str, Any]:
+    """argparse's type (and choices, or action) of a field annotated ``hint``: bool, int, float, str, Path, a Literal
+    of them, or one of these or None; or a list (:func:`list_parser`: comma-separated, or several arguments). The
+    field's metadata may name its ``choices`` (a str field's), its list's ``separator`` (","), its ``metavar``."""
+    shown = {"metavar": metadata["metavar"]} if "metavar" in metadata else {}
+    if typing.get_origin(plain_type(hint)) is list:  # ``list[X] | None``: a list, or None where not given
+        hint = plain_type(hint)
+        parse = list_parser(hint, metadata.get("separator"))
+        return {"nargs": "+", **shown} if parse is None else {"type": parse, **shown}
+    hint = plain_type(hint)
     if hint is bool:
         return {"action": argparse.BooleanOptionalAction}
-    if typing.get_origin(hint) is Literal:
-        return {"type": type(typing.get_args(hint)[0]), "choices": typing.get_args(hint)}
+    choices = choices_of(hint, metadata)
+    if choices is not None:
+        return {"type": type(choices[0]), "choices": choices, **shown}
     if hint in (int, float, str, Path):
-        return {"type": hint}
+        return {"type": hint, **shown}
     raise TypeError(
         f"{field}: {hint} has no flag; give it a bool, int, float, str, Path or Literal type (or flag=False)"
     )
@@ -225,8 +264,10 @@ def add_settings(
     say ``flag=False``. A field ``draft_p_min`` is ``--draft-p-min`` (dest ``draft_p_min``), typed as the field (a
     bool is ``--x/--no-x``, a Literal chooses among its values, ``X | None`` takes an X), its default ``defaults``'
     or the field's, its help the first sentence of the field's attribute docstring, then ``notes``' for it. A field
-    whose metadata says ``renamed_from`` keeps its old flag, which refuses in one sentence naming the new one.
-    :func:`settings_from` builds ``cls`` back from the parsed flags."""
+    whose metadata says ``renamed_from`` keeps its old flag, which refuses in one sentence naming the new one. Other
+    metadata: ``positional`` (an argument, not a flag), ``required``, ``aliases`` (more flags for it), ``metavar``,
+    ``choices`` and a list's ``separator`` (:func:`_argument_type`). :func:`settings_from` builds ``cls`` back from
+    the parsed flags; :func:`mtp.commands.schema.node_values` reads a config's node of the same fields."""
     hints, docs, notes = typing.get_type_hints(cls), attribute_docs(cls), notes or {}
     if names is None:
         chosen = [field for field in fields(cls) if field.metadata.get("flag", True)]
@@ -243,15 +284,22 @@ def add_settings(
         text = "; ".join([sentence.replace("``", ""), *([notes[field.name]] if field.name in notes else [])])
         if field.default_factory is not dataclasses.MISSING and field.name not in defaults_given:
             default = field.default_factory()
-        if isinstance(default, list):  # as it is typed: comma-separated, or several arguments
-            separator = "," if list_parser(hints[field.name]) else " "
-            text += f" (default: {separator.join(map(str, default))})"
-        elif default is not None and not isinstance(default, bool):  # BooleanOptionalAction shows its own
+        if field.metadata.get("positional") or field.metadata.get("required"):
+            pass
+        elif isinstance(default, list):  # as it is typed: comma-separated, or several arguments
+            separator = "," if list_parser(hints[field.name], field.metadata.get("separator")) else " "
+            text += f" (default: {separator.join(map(str, default))})" if default else ""
+        elif default not in (None, "") and not isinstance(default, bool):  # BooleanOptionalAction shows its own
             text += f" (default: {default})"
-        parser.add_argument(
-            flag_of(field.name), dest=field.name, default=default, help=text.replace("%", "%%"),
-            **_argument_type(hints[field.name], field.name),
-        )  # fmt: skip
+        typed = _argument_type(hints[field.name], field.name, field.metadata)
+        if field.metadata.get("positional"):
+            parser.add_argument(field.name, help=text.replace("%", "%%"), **typed)
+        else:
+            extra = {"required": True} if field.metadata.get("required") else {"default": default}
+            parser.add_argument(
+                flag_of(field.name), *field.metadata.get("aliases", ()), dest=field.name, help=text.replace("%", "%%"),
+                **extra, **typed,
+            )  # fmt: skip
         if "renamed_from" in field.metadata:
             add_renamed_flag(parser, flag_of(field.metadata["renamed_from"]), flag_of(field.name))
     if defaults:
@@ -285,10 +333,27 @@ def settings_named_by_flags(flags: Mapping[str, str] | None = None) -> Iterator[
     the flag of each setting whose flag is not its name in kebab case (distill's ``max_new_tokens``: ``--new-tokens``).
     """
     named = flags or {}
-    try:
+    with settings_named(lambda field: named.get(field, flag_of(field)), " ", training_key):
         yield
-    except SettingError as err:
-        raise UserError(err.render(lambda field: named.get(field, flag_of(field)), " ")) from None
+
+
+def settings_named_by_config(node: str, keys: Mapping[str, str] | None = None) -> AbstractContextManager[None]:
+    """:func:`settings_named_by_flags` for a command a training run's config asks for (its ``node``: ``eval_task``,
+    ``bench_decode``): the same sentence with each field spelled as that node's key (``eval_task.heads=3``). ``keys``:
+    the key of each setting whose key is not its name (bench_decode's ``chat_template``: ``prompt_format=chat``)."""
+    if not keys:
+        return settings_named_by_keys(node, training_key)
+    return settings_named(lambda field: f"{node}.{keys.get(field, field)}", "=", training_key)
+
+
+TRAINING_NODES: dict[type, str] = {ModelConfig: "model", TokenizerConfig: "data.tokenizer"}
+"""Where each configuration a model is trained with sits in the training run's Hydra config (conf/train.yaml)."""
+
+
+def training_key(owner: type, field: str) -> str:
+    """The training config's key of ``owner``'s ``field`` (a :class:`~mtp.errors.Trained` value's): ``model.vocab_size``
+    for :class:`~mtp.model.config.ModelConfig`'s ``vocab_size``."""
+    return f"{TRAINING_NODES[owner]}.{field}"
 
 
 def add_decoding_settings(
@@ -324,30 +389,15 @@ def decoding_parts(args: argparse.Namespace, **values: Any) -> dict[str, Any]:
     return {PART_NAMES[part]: settings_from(args, part, **own) for part, own in zip(PARTS, given, strict=True)}
 
 
-def config_values(
-    parser: argparse.ArgumentParser, positional: list[str], node: Mapping[str, Any], where: str
-) -> dict[str, Any]:
-    """A command's flags' values by name as a config node sets them (its keys are the flags' names: ``max_tokens``
-    for ``--max-tokens``), over the flags' defaults (``parser``'s, given its ``positional`` arguments); a key that is
-    no flag's name is a UserError naming it as ``where.key``. The values stay as the config wrote them (a list, or a
-    comma-separated string): the command reads them as it reads its flags."""
-    values = vars(parser.parse_args(positional))
-    unknown = sorted(key for key in node if key not in values or key.startswith("_"))
-    if unknown:
-        raise UserError(
-            f"{where}.{unknown[0]} is not a flag of scripts/{where}.py (a key is a flag's name with underscores: "
-            f"--prompt-tokens is {where}.prompt_tokens); fix the key."
-        )
-    return {**values, **node}
-
-
-def require_at_least(args: argparse.Namespace, least: int, *names: str) -> None:
-    """Each named argument (None: not given) at least ``least``, or a UserError naming its flag."""
+def require_at_least(args: argparse.Namespace, least: int, *names: str, node: str | None = None) -> None:
+    """Each named argument (None: not given) at least ``least``, or a UserError naming its flag (its key, where a
+    training run's config ``node`` set the flags' values: ``eval_task.problems=0``)."""
     for name in names:
         value = getattr(args, name)
         if value is not None and value < least:
             limit = " (0: no limit)" if least == 0 else ""
-            raise UserError(f"{flag_of(name)} {value} must be at least {least}{limit}.")
+            given = f"{flag_of(name)} {value}" if node is None else f"{node}.{name}={value}"
+            raise UserError(f"{given} must be at least {least}{limit}.")
 
 
 def checkout_root() -> Path:

@@ -35,7 +35,7 @@ from mtp.benchmarks.results_page import provenance
 from mtp.benchmarks.train_step import StepSpec
 from mtp.checkpoint.format import CHECKPOINT_KEY, read_checkpoint
 from mtp.checkpoint.load import load_checkpoint, resolve_dtype
-from mtp.commands.bench_flags import add_prompt_set_flags
+from mtp.commands.bench_flags import PromptSet
 from mtp.commands.cli import (
     add_device_flag,
     add_dtype_flag,
@@ -46,6 +46,7 @@ from mtp.commands.cli import (
     settings_from,
     settings_named_by_flags,
 )
+from mtp.commands.schema import Part, add_parts
 from mtp.decode import GenerationConfig, HeadsSettings, Plan
 from mtp.errors import UserError
 from mtp.model.config import ModelConfig
@@ -57,7 +58,7 @@ MIB = 2**20
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoints", type=Path, nargs="+")
-    add_prompt_set_flags(parser)
+    add_parts(parser, (Part(PromptSet, defaults={"prompts": 8}),))
     sampled = {"temperature": "the sampled runs'", "top_p": "the sampled runs'"}
     add_settings(
         parser, GenerationConfig, ("max_new_tokens", "temperature", "top_p"), sampled, temperature=0.8, top_p=0.95

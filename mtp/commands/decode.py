@@ -64,10 +64,11 @@ from mtp.commands.cli import (
 )
 from mtp.commands.methods import add_method_flags, chosen_methods, flag, method_flags
 from mtp.data.tokenizer import eot_id, prompt_ids
-from mtp.decode.heads_choice import decided_heads
 from mtp.decode.loop import generate
 from mtp.decode.methods import DrafterSettings, Target, drafters
-from mtp.decode.plan import Plan, check_context
+from mtp.decode.methods.heads import decided_heads
+from mtp.decode.plan import Drafting, Plan
+from mtp.decode.tree import DraftTree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES
 from mtp.errors import UserError
 from mtp.training.online import OnlineHeads, OnlineSettings
@@ -161,15 +162,14 @@ def check_flags(args: argparse.Namespace) -> None:
 def check_drafting_flags(args: argparse.Namespace) -> None:
     """The drafting methods' flags, before anything is loaded: at most one method drafts, each checks its own flags,
     and a drafter's chains combine with the heads' only where the method drafts beside them (the decoding plan
-    checks --gamma against the heads' settings; --gamma's floor of 1 with a drafter is checked here)."""
+    checks --gamma and --tree against the heads' settings, :func:`plan_for`; --gamma's floor of 1 with a drafter is
+    checked here)."""
     chosen = chosen_methods(args)
     for method in drafters():  # each method's settings check themselves, chosen or not
         settings_from(args, method.settings)
     if not chosen:
         return
     require_at_least(args, 1, "gamma")
-    if args.tree is not None:
-        raise UserError(f"{method_flags()} draft chains, not a --tree of the heads; drop --tree.")
     if args.self_speculative and not chosen[0].beside_heads:
         hybrids = " or ".join(flag(m) for m in drafters() if m.beside_heads)
         raise UserError(
@@ -243,38 +243,42 @@ def plan_for(
     measured_on: str = "the prompt",
     measured: int | None = None,
 ) -> Plan:
-    """The run's plan, made once the checkpoint is read: the flags' parts, the drafter of the method they choose, and
-    the heads' part decided (:func:`mtp.decode.heads_choice.decided_heads`: the --tree, or without --heads the count
-    of heads measured fastest here, on the first ``measured`` of ``prompts`` (None: all), named ``measured_on``; not
-    beside a drafter, nor with --online, whose updates change the acceptance a choice would rest on). The heads and
-    every prompt are checked against the checkpoint first, before a drafter is searched for or a tree fitted."""
+    """The run's plan, made once the checkpoint is read: the flags' parts (the heads: --heads, or every head the
+    checkpoint has with --self-speculative) and the method they choose to draft, checked against the checkpoint and
+    every prompt (:meth:`~mtp.decode.plan.Plan.check`, with the --tree asked for: every rule, before a drafter is
+    loaded or searched for or a tree fitted), then built, and the heads' part decided
+    (:func:`mtp.decode.methods.heads.decided_heads`: the --tree, or without --heads the count of heads measured fastest
+    here, on the first ``measured`` of ``prompts`` (None: all), named ``measured_on``; not beside a drafter, nor with
+    --online, whose updates change the acceptance a choice would rest on)."""
     chosen = chosen_methods(args)
-    heads, sampling = parts["heads"], parts["sampling"]
-    heads.check_for(loaded.config)
-    drafts = max(args.gamma if chosen else 0, heads.heads - 1)
-    check_context(loaded.config, prompts, sampling.max_new_tokens, drafts)
-    target = Target(loaded, device, **parts, gamma=args.gamma, dtype=args.dtype)
-    drafter = chosen[0](settings_from(args, chosen[0].settings)).drafter(target) if chosen else None
+    heads = parts["heads"]
+    if args.heads is None and args.self_speculative:  # every head the checkpoint has (or as many as are chosen)
+        heads = replace(heads, heads=loaded.config.n_future)
+    drafting = Drafting(chosen[0](settings_from(args, chosen[0].settings)), args.gamma) if chosen else None
+    tree_asked = args.tree is not None and heads.heads > 1  # (one head has no tree: reading or fitting one says so)
+    asked = replace(heads, tree=DraftTree.chain(heads.heads - 1)) if tree_asked else heads  # its rules; fitted later
+    spec = Plan(parts["sampling"], asked, drafting, parts["drafts"], parts["step"])
+    spec.check(loaded.config, prompts)
+    target = Target(loaded, device, spec.sampling, heads, spec.drafts, spec.step, args.gamma, args.dtype)
+    drafter = spec.build(target).drafter
     choose = args.self_speculative and args.heads is None and not chosen and args.online is None
     decided = decided_heads(
         target, prompts[:measured], drafter, tree=args.tree, tree_nodes=args.tree_nodes, choose=choose,
         measured_on=measured_on,
     )  # fmt: skip
-    return Plan(sampling, decided, drafter, parts["drafts"], parts["step"])
+    return Plan(spec.sampling, decided, drafter, spec.drafts, spec.step)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_flags(args)
-    asked = args.heads if args.heads is not None else 1  # every head, with --self-speculative, once they are known
+    asked = args.heads if args.heads is not None else 1  # every head, with --self-speculative, once known (plan_for)
     parts = decoding_parts(args, heads=asked)  # each part checked before anything is loaded
     device = pick_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
     with settings_named_by_flags():  # what --quantize needs of the model, before a weight is converted or timed
         parts["step"].check_model(loaded.config, device, model.tok_embeddings.weight.dtype)
-    if args.heads is None and args.self_speculative:  # every head the checkpoint has (or as many as are chosen)
-        parts["heads"] = replace(parts["heads"], heads=loaded.config.n_future)
     parts["sampling"] = replace(parts["sampling"], eos_id=eot_id(tokenizer))
     if args.prompts is not None:
         records = read_prompts(args.prompts)[: args.prompt_count]

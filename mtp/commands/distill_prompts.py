@@ -11,14 +11,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from mtp.commands.distill_run import DistillRun
+from mtp.commands.distill_run import TASKS, DistillRun
 from mtp.data.sources import SourceConfig, source_files, stdlib_root
 from mtp.data.tasks import Extraction, benchmark_match, extract_tasks, package_roots
 from mtp.errors import UserError
 from mtp.pretrained.distill import Prompt, file_prompts, fits
-
-TASKS = "tasks"
-"""--source tasks: HumanEval-style tasks from Python source (mtp.data.tasks) instead of a document source."""
 
 SOURCE_FLAGS = {
     "data.source.kind": "--source",
@@ -50,7 +47,7 @@ def source_config(args: DistillRun) -> SourceConfig | None:
     config = SourceConfig(
         kind=args.source or "stdlib",
         paths=list(args.paths),
-        name=args.name,
+        name=args.name or "",  # --name's None: no dataset name
         subset=args.subset,
         split=args.split,
         text_field=args.text_field,

@@ -19,49 +19,64 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NoReturn
 
 from mtp.benchmarks.results_page import provenance
 from mtp.benchmarks.task_eval import CorpusSettings, evaluate, results_table
 from mtp.checkpoint.load import load_checkpoint
 from mtp.commands.cli import (
-    add_device_flag,
-    config_values,
+    Placement,
     pick_device,
     require_at_least,
     run_script,
     settings_named_by_flags,
 )
+from mtp.commands.schema import Part, add_parts, node_values
+from mtp.errors import settings_named_by_keys
 from mtp.files import write_whole
 from mtp.model import MTPModel
 from mtp.training.task_scores import TaskSettings, parse_ops
 
 
+@dataclass
+class EvalTaskFlags:
+    """What the command is asked: its flags, and the keys of a training run's ``eval_task`` node (one schema,
+    :mod:`mtp.commands.schema`); :func:`settings_of` makes the library's settings of them."""
+
+    checkpoint: str = field(metadata={"positional": True})
+    """A checkpoint written by scripts/pretrain.py (its last.ckpt)."""
+    ops: str = "1-10"
+    """polynomial: the operation counts, e.g. 1-10 or 1-5,8."""
+    problems: int | None = None
+    """A task: problems per count, or stories; default: the whole set."""
+    heads: int | None = None
+    """Heads that decode: 1 autoregressive, k > 1 heads 2..k draft (the same output); default: 1 for a task, every head
+    for a corpus model (the default)."""
+    batch_size: int = 64
+    """Problems, windows or prompts together."""
+    windows: int | None = None
+    """A corpus model: validation windows scored; default: all."""
+    prompts: int = 16
+    """A corpus model: held-out prompts decoded."""
+    prompt_tokens: int = 64
+    """A corpus model: tokens of each prompt."""
+    new_tokens: int = 128
+    """A corpus model: tokens decoded per prompt."""
+    out: Path = Path("results/eval_task")
+    """The folder of results.json and results.md."""
+
+
+SCHEMA = (Part(EvalTaskFlags), Part(Placement, ("device",)))
+"""The command's flags, and its node's keys in a training config."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a checkpoint written by scripts/pretrain.py (its last.ckpt)")
-    parser.add_argument("--ops", default="1-10", help="polynomial: the operation counts, e.g. 1-10 or 1-5,8")
-    parser.add_argument(
-        "--problems", type=int, default=None, help="a task: problems per count, or stories (default: the whole set)"
-    )
-    parser.add_argument(
-        "--heads",
-        type=int,
-        default=None,
-        help="heads that decode: 1 autoregressive, k > 1 heads 2..k draft (the same output); default: 1 for a task, "
-        "every head for a corpus model",
-    )
-    parser.add_argument("--batch-size", type=int, default=64, help="problems, windows or prompts together (64)")
-    parser.add_argument(
-        "--windows", type=int, default=None, help="a corpus model: validation windows scored (default: all)"
-    )
-    parser.add_argument("--prompts", type=int, default=16, help="a corpus model: held-out prompts decoded (16)")
-    parser.add_argument("--prompt-tokens", type=int, default=64, help="a corpus model: tokens of each prompt (64)")
-    parser.add_argument("--new-tokens", type=int, default=128, help="a corpus model: tokens decoded per prompt (128)")
-    parser.add_argument("--out", type=Path, default=Path("results/eval_task"), help="folder of results.json and .md")
-    add_device_flag(parser)
+    add_parts(parser, SCHEMA)
     return parser
 
 
@@ -78,21 +93,32 @@ class Evaluation:
     """auto, cpu or cuda."""
     argv: list[str] | None = None
     """The command results.json is headed by (None: this process's own arguments)."""
+    node: str | None = None
+    """The training config's node that asked for it (None: the command line): a setting's error names its key there
+    (``eval_task.problems=5000``), or else its flag (``--problems 5000``)."""
 
 
-def settings_of(values: Mapping[str, Any], argv: list[str] | None = None) -> Evaluation:
+def settings_named_where(node: str | None) -> AbstractContextManager[None]:
+    """The library's errors naming a setting by field, spelled as ``node``'s keys of a training config, or as the
+    flags."""
+    return settings_named_by_flags() if node is None else settings_named_by_keys(node)
+
+
+def settings_of(values: Mapping[str, Any], argv: list[str] | None = None, node: str | None = None) -> Evaluation:
     """The evaluation of the flags' values by name (the parsed flags, or a training run's ``eval_task`` node over
     their defaults), checked before any checkpoint is loaded (a training run that scores itself at its end learns of a
     bad setting before it trains)."""
-    args = argparse.Namespace(**values)
-    require_at_least(args, 1, "problems", "heads", "batch_size", "windows", "prompts", "prompt_tokens", "new_tokens")
+    args = SimpleNamespace(**values)
+    at_least_1 = ("problems", "heads", "batch_size", "windows", "prompts", "prompt_tokens", "new_tokens")
+    require_at_least(args, 1, *at_least_1, node=node)
     ops = ",".join(map(str, args.ops)) if isinstance(args.ops, list | tuple) else str(args.ops)  # a config's [1, 6]
-    task = TaskSettings(parse_ops(ops), args.problems, args.heads or 1, args.batch_size)
+    with settings_named_where(node):
+        task = TaskSettings(parse_ops(ops), args.problems, args.heads or 1, args.batch_size)
     corpus = CorpusSettings(
         args.windows, args.prompts, args.prompt_tokens, args.new_tokens, args.heads, args.batch_size
     )
-    pick_device(args.device)
-    return Evaluation(str(args.checkpoint), task, corpus, Path(args.out), args.device, argv)
+    pick_device(args.device, node)
+    return Evaluation(str(args.checkpoint), task, corpus, Path(args.out), args.device, argv, node)
 
 
 def checked_args(argv: list[str] | None = None) -> Evaluation:
@@ -103,7 +129,7 @@ def checked_args(argv: list[str] | None = None) -> Evaluation:
 def settings_of_config(checkpoint: str, node: Mapping[str, Any]) -> Evaluation:
     """The evaluation a training run's ``eval_task`` node asks for (keys: the flags' names) of the checkpoint it will
     write, every flag it leaves out at its default."""
-    return settings_of(config_values(build_parser(), [checkpoint], node, "eval_task"))
+    return settings_of(node_values(SCHEMA, node, "eval_task", checkpoint=checkpoint), node="eval_task")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,7 +140,7 @@ def run(evaluation: Evaluation) -> dict[str, Any]:
     """Score the checkpoint of ``evaluation``: results.json and results.md in its out folder (each written whole or not
     at all: a finished sweep job is one whose results.json exists). Returns the results."""
     loaded = load_checkpoint(evaluation.checkpoint, pick_device(evaluation.device), "float32")
-    with settings_named_by_flags():  # the decoder's checks (e.g. more heads than trained) name --heads
+    with settings_named_where(evaluation.node):  # the decoder's checks (e.g. more heads than trained) name --heads
         scored = evaluate(loaded, evaluation.task, evaluation.corpus)
     parameters = sum(p.numel() for p in loaded.model.parameters())
     results = {"provenance": provenance(evaluation.argv), "task": scored.pop("task"),

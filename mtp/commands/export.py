@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from mtp.commands.cli import run_script
+from mtp.commands.cli import run_script, settings_named_by_flags
 from mtp.errors import UserError
 from mtp.pretrained.export import DRAFT_LAYOUTS, EXPORT_DTYPES, export_draft, export_hf, export_mimo, verify_export
 
@@ -67,12 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     if args.format != "hf" and (args.verify or args.head != 1):
         raise UserError(f"--format {args.format} writes its own layout; --head and --verify apply to --format hf.")
-    if args.format == "hf":
-        exported = export_hf(args.checkpoint, args.out_dir, args.head, args.force, args.max_shard_size, args.dtype)
-    elif args.format == "mimo":
-        exported = export_mimo(args.checkpoint, args.out_dir, args.force, args.max_shard_size, args.dtype)
-    else:
-        exported = export_draft(args.checkpoint, args.out_dir, args.format, args.force, args.dtype)
+    with settings_named_by_flags():  # the library names its settings (format, dtype, force); the user typed flags
+        if args.format == "hf":
+            exported = export_hf(args.checkpoint, args.out_dir, args.head, args.force, args.max_shard_size, args.dtype)
+        elif args.format == "mimo":
+            exported = export_mimo(args.checkpoint, args.out_dir, args.force, args.max_shard_size, args.dtype)
+        else:
+            exported = export_draft(args.checkpoint, args.out_dir, args.format, args.force, args.dtype)
     total = sum(exported.files.values())
     for name, size in exported.files.items():
         print(f"{size / 1e6:10.2f} MB  {name}")

@@ -1,18 +1,21 @@
-"""How the commands show the decoding methods (:mod:`mtp.decode.methods`, the registry): each method's flags, on
-decode's parser and on bench_decode's, and its settings read back from them. A method is known here only through what
-its class declares: its settings (decode's flags, bench_decode's too), its sweep (bench_decode's alone: list fields
-take several values, a row each; a sweep field named as a setting takes that setting's flag there) and its settings'
-defaults on a benchmark (:attr:`~mtp.decode.methods.DecodingMethod.bench_defaults`)."""
+"""How the commands show the decoding methods (:mod:`mtp.decode.methods`, the registry, and their benchmark parts,
+:mod:`mtp.benchmarks.methods`): each method's flags, on decode's parser and on bench_decode's, and its settings read
+back from them. A method is known here only through what its parts declare: its settings (decode's flags, bench_decode's
+too), its benchmark part's sweep (bench_decode's alone: list fields take several values, a row each; a sweep field
+named as a setting takes that setting's flag there) and its settings' defaults on a benchmark
+(:attr:`~mtp.benchmarks.methods.MethodBench.bench_defaults`)."""
 
 from __future__ import annotations
 
 import argparse
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
-from mtp.commands.cli import add_settings, flag_of, listed, settings_from, settings_named_by_flags
+from mtp.benchmarks.methods import MethodBench
+from mtp.commands.cli import add_settings, flag_of, listed, settings_named_by_flags
+from mtp.commands.schema import Part, part_values
 from mtp.decode.methods import DecodingMethod, drafters
 from mtp.errors import UserError
 
@@ -48,40 +51,44 @@ def add_method_flags(parser: argparse.ArgumentParser, method: type[DecodingMetho
     add_settings(parser.add_argument_group(group_title(method)), method.settings)
 
 
-def swept(method: type[DecodingMethod]) -> set[str]:
+def swept(bench: type[MethodBench]) -> set[str]:
     """The names of a method's sweep fields."""
-    return {f.name for f in fields(method.sweep)} if method.sweep is not None else set()
+    return {f.name for f in fields(bench.sweep)} if bench.sweep is not None else set()
 
 
-def add_bench_flags(parser: argparse.ArgumentParser, method: type[DecodingMethod]) -> None:
-    """A method's flags on bench_decode's parser, in a group: its settings' (a drafter's; the heads' are the decoding
-    settings), at the benchmark's defaults, and its sweep's."""
-    group = parser.add_argument_group(group_title(method))
+def bench_parts(bench: type[MethodBench]) -> tuple[Part, ...]:
+    """A method's parts of bench_decode's schema (:mod:`mtp.commands.schema`), in one group: its settings' (a
+    drafter's; the heads' are the decoding settings) but those its sweep names, at the benchmark's defaults, and its
+    benchmark part's sweep's."""
+    method, parts = bench.method, []
     if method.selected_by is not None:
-        names = [f.name for f in fields(method.settings) if f.name not in swept(method)]
-        add_settings(group, method.settings, names, **method.bench_defaults)
-    if method.sweep is not None:
-        add_settings(group, method.sweep)
+        names = tuple(f.name for f in fields(method.settings) if f.name not in swept(bench))
+        parts.append(Part(method.settings, names, dict(bench.bench_defaults), title=group_title(method)))
+    if bench.sweep is not None:
+        parts.append(Part(bench.sweep, title=group_title(method)))
+    return tuple(parts)
 
 
 def bench_settings_of(
-    values: Mapping[str, Any], method: type[DecodingMethod], chosen: list[str]
+    values: Mapping[str, Any], bench: type[MethodBench], chosen: list[str], schema: Sequence[Part]
 ) -> tuple[object, object | None]:
     """A method's settings and sweep on bench_decode, of its flags' values by name (``values``: the parsed flags, or a
     config's keys, whose list values may be comma-separated text), each checked by its class, errors named by the
-    flags; a drafter's settings of its flags there (:meth:`~mtp.decode.methods.DecodingMethod.bench_settings`, told
-    whether ``chosen``, the --methods entries, benchmark it), the heads' of the decoding flags."""
-    sweep = None
-    if method.sweep is not None:
-        hints = typing.get_type_hints(method.sweep)
-        given = {f.name: values[f.name] for f in fields(method.sweep)}
+    flags; a drafter's settings of its flags there (:meth:`~mtp.benchmarks.methods.MethodBench.bench_settings`, told
+    whether ``chosen``, the --methods entries, benchmark it), the heads' of the decoding flags (those of its fields
+    bench_decode's ``schema`` takes)."""
+    sweep, method = None, bench.method
+    if bench.sweep is not None:
+        hints = typing.get_type_hints(bench.sweep)
+        given = {f.name: values[f.name] for f in fields(bench.sweep)}
         given = {name: listed(value, hints[name], name) if typing.get_origin(hints[name]) is list else value
                  for name, value in given.items()}  # fmt: skip
         with settings_named_by_flags():
-            sweep = method.sweep(**given)
+            sweep = bench.sweep(**given)
     if method.selected_by is None:
-        return settings_from(argparse.Namespace(**values), method.settings), sweep
-    names = [f.name for f in fields(method.settings) if f.name not in swept(method)]
+        with settings_named_by_flags():
+            return method.settings(**part_values(schema, method.settings, values)), sweep
+    names = [f.name for f in fields(method.settings) if f.name not in swept(bench)]
     with settings_named_by_flags():
-        rows = sweep if set(method.names()) & set(chosen) else None
-        return method.bench_settings({name: values[name] for name in names}, rows), sweep
+        rows = sweep if set(bench.names()) & set(chosen) else None
+        return bench.bench_settings({name: values[name] for name in names}, rows), sweep

@@ -23,8 +23,7 @@ from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hydra import version
-from hydra._internal.utils import _run_hydra, get_args_parser  # @hydra.main's own steps: no public API
+import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
@@ -32,6 +31,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from mtp.benchmarks.memory import phase
 from mtp.benchmarks.task_sweep import SUMMARY, read_summary, summary_job, write_summary
 from mtp.checkpoint.format import read_checkpoint
 from mtp.commands import bench_decode, distill, eval_task
@@ -61,30 +61,25 @@ JOB_FOLDER_LENGTH = 120
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Compose the config from the overrides in ``argv`` (None: the process's arguments) and train."""
+    """Compose the config from the overrides on the process's command line and train. Hydra's entry point
+    (``@hydra.main``) reads them from ``sys.argv``, so ``argv``, where given, is that command line's arguments (``mtp
+    pretrain`` sets ``sys.argv`` for its subcommand; a test sets it too)."""
+    if argv is not None and list(argv) != sys.argv[1:]:
+        raise ValueError(f"pretrain reads its overrides from sys.argv, as @hydra.main does: {sys.argv[1:]}, not {argv}")
     root = checkout_root()
     os.environ.setdefault("PROJECT_ROOT", str(root))
     quiet_library_notices()
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:]
     check_groups_not_nulled(argv, root / "conf")
     check_launcher_installed(argv)
     with config_errors_raised(), internal_groups_hidden(argv):
-        run_hydra(argv, root / "conf")
+        run_hydra(root / "conf")
 
 
-def run_hydra(argv: list[str], conf: Path) -> None:
-    """What ``@hydra.main(config_path=conf, config_name="train")`` runs, its command line ``argv`` rather than the
-    process's: Hydra's decorator reads ``sys.argv``, and a command called with its own arguments (``mtp pretrain``,
-    a test) would have to rewrite it. The two calls are the ones the decorator makes (hydra/main.py, Hydra 1.3)."""
-    version.setbase("1.3")
-    parser = get_args_parser()
-    _run_hydra(
-        args=parser.parse_args(argv),
-        args_parser=parser,
-        task_function=train_in_run_dir,
-        config_path=str(conf),
-        config_name="train",
-    )
+def run_hydra(conf: Path) -> None:
+    """Hydra's own entry point, ``@hydra.main(config_path=conf, config_name="train")``, over the process's command
+    line."""
+    hydra.main(version_base="1.3", config_path=str(conf), config_name="train")(train_in_run_dir)()
 
 
 SUBMITIT_LAUNCHERS = ("local", "slurm")
@@ -289,11 +284,13 @@ def train_in_run_dir(cfg: DictConfig) -> None:
         if cfg.get("distill"):
             if not cfg.get("init_from"):
                 raise UserError("distill needs the model to continue prompts: set init_from=PATH (or drop distill).")
-            status = distill.run(distill.settings_of_config(str(cfg.init_from), node_values(cfg.distill)))
+            with phase("distillation"):
+                status = distill.run(distill.settings_of_config(str(cfg.init_from), node_values(cfg.distill)))
             if status:
                 raise SystemExit(status)  # Ctrl-C while distilling: what it wrote is kept, training does not start
         if trains:
-            train(cfg)
+            with phase("training (data, model, trunk cache, steps)"):
+                train(cfg)
         if score_trained(bench, evaluation) and summary is not None:
             keep_summary(cfg, output_dir, summary)
 
@@ -307,9 +304,11 @@ def score_trained(bench, evaluation) -> bool:
     if rank_zero_only.rank != 0:
         return False
     if bench is not None:
-        bench_decode.run(bench)
+        with phase("decoding benchmark"):
+            bench_decode.run(bench, node="bench_decode")  # its errors name the node's keys, as the config wrote them
     if evaluation is not None:
-        eval_task.run(evaluation)
+        with phase("task evaluation"):
+            eval_task.run(evaluation)
     return True
 
 

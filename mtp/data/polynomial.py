@@ -27,7 +27,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from mtp.errors import UserError
+from mtp.errors import SettingError, UserError, settings_named_by_keys
 
 MODULUS = 7
 DEGREE = 5
@@ -68,17 +68,21 @@ def poly_text(a: Poly) -> str:
     return "".join(map(str, a))
 
 
-def check_ops(ops: int, setting: str) -> None:
-    """A UserError naming ``setting`` (a config key, or a ``--flag``) unless 1 <= ops <= MAX_OPS."""
+def check_ops(ops: int, field: str) -> None:
+    """A :class:`~mtp.errors.SettingError` naming the setting ``field`` (with the value ``ops``) unless
+    1 <= ops <= MAX_OPS."""
     if not 1 <= ops <= MAX_OPS:
-        given = f"{setting} {ops}" if setting.startswith("--") else f"{setting}={ops}"
-        raise UserError(f"{given} is outside the operation counts the generator supports; use 1 to {MAX_OPS}.")
+        raise SettingError(
+            f"{{{field}:{ops}}} is outside the operation counts the generator supports; use 1 to {MAX_OPS}.",
+            **{field: ops},
+        )
 
 
 def check_ops_range(min_ops: int, max_ops: int) -> None:
     """The training operation counts ``data.source.min_ops..max_ops``, each checked, in order."""
-    check_ops(min_ops, "data.source.min_ops")
-    check_ops(max_ops, "data.source.max_ops")
+    with settings_named_by_keys("data.source"):
+        check_ops(min_ops, "min_ops")
+        check_ops(max_ops, "max_ops")
     if min_ops > max_ops:
         raise UserError(f"data.source.min_ops={min_ops} is above data.source.max_ops={max_ops}; swap them.")
 

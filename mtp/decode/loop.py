@@ -35,7 +35,7 @@ from mtp.decode.inference import InferenceModel
 from mtp.decode.memory import check_step_fits
 from mtp.decode.plan import Plan, Proposal
 from mtp.decode.sampling import RowUniforms
-from mtp.decode.settings import GenerationConfig, HeadsSettings
+from mtp.decode.settings import GenerationConfig
 from mtp.decode.stats import DecodeStats, SpanTimer
 from mtp.model import MTPModel
 
@@ -75,7 +75,9 @@ class Verdict:
 def generate(model: MTPModel, prompts: list[list[int]], plan: Plan) -> tuple[list[list[int]], DecodeStats]:
     """Continue every prompt (a list of token ids each) by up to ``plan.sampling.max_new_tokens`` tokens, as ``plan``
     says (:class:`~mtp.decode.plan.Plan`: who drafts, how to sample and accept, how a step runs); rows are
-    independent. The plan was checked when it was made; here it is checked against the model and the prompts."""
+    independent. The plan is a built one (:meth:`~mtp.decode.plan.Plan.build`: its drafter's model loaded or its
+    skip set searched, which needs the loaded checkpoint this function does not have); it was checked when it was
+    made, and here it is checked against the model and the prompts."""
     run = _Run(model, prompts, plan)
     with run.exclusive():
         step = run.prompts_step(prompts)  # step 0: every prompt token counts as accepted
@@ -89,20 +91,13 @@ def generate(model: MTPModel, prompts: list[list[int]], plan: Plan) -> tuple[lis
     return run.finish()
 
 
-def generate_with_heads(
-    model: MTPModel, prompts: list[list[int]], sampling: GenerationConfig, heads: HeadsSettings | None = None
-) -> tuple[list[list[int]], DecodeStats]:
-    """:func:`generate` with the plan of ``sampling`` and the target's ``heads`` (None: one head, autoregressive
-    decoding), no drafter: the scores of a training run and of its tasks (mtp/training/callbacks.py,
-    task_scores.py, mtp/benchmarks/task_eval.py) call it by that name until they make their plan themselves."""
-    return generate(model, prompts, Plan(sampling, heads or HeadsSettings()))
-
-
 class _Run:
     """One call of :func:`generate`: its checks, the packed model, the proposer, the cache and the rows."""
 
     def __init__(self, model: MTPModel, prompts: list[list[int]], plan: Plan) -> None:
-        plan.check_for(model.config, prompts)
+        if not plan.built:
+            raise TypeError("generate() decodes a built plan; build its drafter first: plan.build(target)")
+        plan.check(model.config, prompts)
         device, tree = next(model.parameters()).device, plan.step_tree
         plan.check_device(device)
         plan.check_weights(model.config, device, model.tok_embeddings.weight.dtype)
@@ -117,7 +112,8 @@ class _Run:
             model, plan.heads_packed, step.compile, plan.heads_dtype, heads.draft_first_ids, step.cuda_graphs,
             step.quantize,
         )  # fmt: skip
-        self.proposer = proposer = proposer_for(plan, self.inference)
+        self.proposer = proposer = proposer_for(plan)
+        proposer.join(self.inference)  # the heads draft out of the step's forward
         rule = rule_for(plan, proposer.draws(plan))  # its uniforms laid out beside the proposer's
         proposer.lay_out(rule.layout)
         drafts = plan.step_drafts

@@ -5,21 +5,27 @@ The parts are the settings of :mod:`mtp.decode.settings`, each checking its own 
 sample and accept (:class:`~mtp.decode.settings.GenerationConfig`), how the target's heads draft
 (:class:`~mtp.decode.settings.HeadsSettings`), how drafts from a model are drawn
 (:class:`~mtp.decode.settings.DraftSettings`) and how a step runs (:class:`~mtp.decode.settings.StepSettings`); and
-the drafter, a :class:`Proposer` of a decoding method (:mod:`mtp.decode.methods`) that owns its drafts per step. The
+the drafter: what drafts besides the heads, a decoding method (:mod:`mtp.decode.methods`) of its settings and its
+drafts per step (:class:`Drafting`, a plan's spec: nothing built), or the :class:`Proposer` it built (a built plan). The
 plan checks what crosses them, and derives the step they make: the tree or chain it verifies, its drafts, what the
 target's inference form packs. A plan with no proposer (one head, no drafter) is autoregressive decoding.
+
+A plan's life: made (its parts' rules and the method's own refusals, :meth:`Plan.__post_init__`), checked against a
+model and prompts (:meth:`Plan.check`: the heads it has, its context), then built (:meth:`Plan.build`: a draft model
+loaded, a skip set searched), so that nothing is loaded or searched for a plan a model cannot run.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from mtp.decode.cache import KVCache
+from mtp.decode.inference import InferenceModel
 from mtp.decode.sampling import Draws, RandomLayout
 from mtp.decode.settings import (
     PARTS,
@@ -35,7 +41,7 @@ from mtp.errors import SettingError
 from mtp.model.config import ModelConfig
 
 DEFAULT_GAMMA = 4
-"""A drafter's drafts per step unless it is given its own (decode's --gamma default)."""
+"""A drafter's drafts per step unless it is given its own (the default of its settings' ``gamma``)."""
 
 
 @dataclass
@@ -68,11 +74,12 @@ class Proposal:
 
 
 class Proposer:
-    """What :func:`~mtp.decode.generate.generate` asks of a proposer. Rows are the live rows of the batch, in order.
+    """What :func:`~mtp.decode.generate` asks of a proposer. Rows are the live rows of the batch, in order.
 
-    ``check_plan(plan)``: its own refusals of a plan it drafts in, where the plan is made; ``draws(plan)``: the uniforms
-    it needs per step, placed in the step's layout, which it is given (``lay_out(layout)``); ``start(prompts, max_len,
-    plan)``; then per step: ``draft_in_step`` during the target's
+    ``check_plan(plan)``: its own refusals of a plan it drafts in, where the plan is made (a static method: its method
+    asks its class before building one, :meth:`DrafterMethod.check_plan`); ``draws(plan)``: the uniforms
+    it needs per step, placed in the step's layout, which it is given (``lay_out(layout)``); the target's form it drafts
+    beside (``join(form)``); ``start(prompts, max_len, plan)``; then per step: ``draft_in_step`` during the target's
     forward (for drafts that come out of it), ``keep_rows`` when rows finish, ``advance(accepted, emitted)`` (what the
     target accepted of the last proposal, and the tokens each row emitted: the accepted drafts and the token after
     them), and ``propose``.
@@ -88,12 +95,6 @@ class Proposer:
     gamma = 0
     """Drafts it makes per step, at most (a drafter's, at least 1; 0 for the heads, whose drafts the settings count).
     :meth:`with_gamma` gives the same drafter with another count."""
-    drafts_with_a_model = True
-    """Its drafts come out of a model's forward (heads, a draft model, layer skip), so their precision
-    (``draft_dtype``) can change them; False: a lookup in the tokens."""
-    draws_drafts = True
-    """When sampling, it draws its drafts from laws it computes, so ``draft_choice`` can draw them otherwise; False:
-    its drafts are chosen another way (looked up, or decoded by an inner speculative step)."""
     layout: RandomLayout | None = None
     """Where its uniforms are in a step's (:meth:`lay_out`; None: not laid out, greedy)."""
     beside_heads = False
@@ -103,6 +104,11 @@ class Proposer:
     def params(self) -> dict[str, str]:
         """The method's parameters, for the statistics line."""
         return {}
+
+    def join(self, form: InferenceModel) -> None:
+        """The target's inference form, packed for the step it drafts in, which the loop gives every proposer before
+        it starts: the heads draft out of its forward; a drafter drafts with a model of its own or none (nothing to
+        take here)."""
 
     def lay_out(self, layout: RandomLayout) -> None:
         """Where the uniforms it declared (:meth:`draws`) are among a step's, before it starts: the layout of the step
@@ -127,9 +133,11 @@ class Proposer:
         drafter.gamma = gamma
         return drafter
 
-    def check_plan(self, plan: Plan) -> None:
-        """A :class:`~mtp.errors.SettingError` where ``plan``'s other parts ask what this proposer cannot do (prompt
-        lookup: several drafts per step); :class:`Plan` asks when it is made."""
+    @staticmethod
+    def check_plan(plan: Plan) -> None:
+        """A :class:`~mtp.errors.SettingError` where ``plan``'s other parts ask what proposers of this class cannot do
+        (prompt lookup: several drafts per step); :class:`Plan` asks when it is made, of the class a spec's method
+        builds (:meth:`DrafterMethod.check_plan`) or of a built proposer."""
 
     def check_weights(self, plan: Plan) -> None:
         """A :class:`~mtp.errors.SettingError` where the model it drafts with cannot take ``plan``'s ``quantize``
@@ -159,6 +167,37 @@ class Proposer:
         raise NotImplementedError
 
 
+class DrafterMethod(Protocol):
+    """What a plan asks of the decoding method that drafts in it (a :class:`~mtp.decode.methods.DecodingMethod` of its
+    settings)."""
+
+    def check_plan(self, plan: Plan) -> None:
+        """Its refusals of ``plan`` (those of the proposer class it builds: :meth:`Proposer.check_plan`), asked before
+        anything is built."""
+
+    def drafter(self, target: Any) -> Proposer:
+        """Its proposer for ``target`` (a :class:`~mtp.decode.methods.Target`), drafting ``target.gamma`` tokens a
+        step: where a draft model is loaded, a skip set searched."""
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """What drafts besides the heads in a plan not built yet: a decoding method of its settings, and the drafts per step
+    asked of it. :meth:`Plan.build` builds its proposer."""
+
+    method: DrafterMethod
+    gamma: int = DEFAULT_GAMMA
+    """Drafts per step (the drafter settings' ``gamma``)."""
+
+    def check_plan(self, plan: Plan) -> None:
+        self.method.check_plan(plan)
+
+    def build(self, target: Any) -> Proposer:
+        """The proposer of its method for ``target`` (a :class:`~mtp.decode.methods.Target`), drafting :attr:`gamma`
+        tokens a step."""
+        return self.method.drafter(replace(target, gamma=self.gamma))
+
+
 PART_NAMES: dict[type, str] = {
     GenerationConfig: "sampling",
     HeadsSettings: "heads",
@@ -178,9 +217,10 @@ class Plan:
     """How to sample and accept, and how long to go on: what every method shares."""
     heads: HeadsSettings = field(default_factory=HeadsSettings)
     """How the target's own heads draft (one head: they do not)."""
-    drafter: Proposer | None = None
-    """Who drafts besides the heads: a method's proposer, with its own drafts per step (:attr:`gamma`); beside heads
-    that draft too, a hybrid step. None: the heads alone, or nobody (autoregressive decoding)."""
+    drafter: Drafting | Proposer | None = None
+    """Who drafts besides the heads, with its own drafts per step (:attr:`gamma`): a method of its settings, to be built
+    (:class:`Drafting`: :meth:`build`), or the proposer it built; beside heads that draft too, a hybrid step. None: the
+    heads alone, or nobody (autoregressive decoding)."""
     drafts: DraftSettings = field(default_factory=DraftSettings)
     """How drafts from a model are drawn: their dtype, their choice when sampling, several sequences, adaptive
     chains."""
@@ -255,7 +295,7 @@ class Plan:
 
     def changed(self, **settings: Any) -> Plan:
         """This plan with ``settings`` changed, each in the part that owns it (``heads=4`` the heads', ``seed=1`` the
-        sampling's: :func:`~mtp.decode.settings.owner_of`), checked again; the drafter stays."""
+        sampling's: :func:`~mtp.decode.settings.owner_of`), checked again; the drafter (spec or built) stays."""
         parts = {name: getattr(self, name) for name in PART_NAMES.values()}
         for part in PARTS:
             own = {name: value for name, value in settings.items() if owner_of(name) is part}
@@ -266,6 +306,19 @@ class Plan:
     def autoregressive(self) -> Plan:
         """The plan of autoregressive decoding with this plan's sampling and steps: no proposer (:attr:`proposes`)."""
         return Plan(self.sampling, step=self.step)
+
+    @property
+    def built(self) -> bool:
+        """Whether its drafter, if any, is built (:meth:`build`): what :func:`~mtp.decode.generate` decodes."""
+        return not isinstance(self.drafter, Drafting)
+
+    def build(self, target: Any) -> Plan:
+        """This plan with its drafter built for ``target`` (a :class:`~mtp.decode.methods.Target`: the loaded model
+        and where it runs): a draft model loaded, a skip set searched. Ask :meth:`check` first: nothing here checks the
+        model or the prompts. A built plan is itself."""
+        if self.built:
+            return self
+        return Plan(self.sampling, self.heads, self.drafter.build(target), self.drafts, self.step)
 
     @property
     def proposes(self) -> bool:
@@ -319,7 +372,7 @@ class Plan:
         drafter's model, if it has one: a SettingError naming what is supported if not, before any weight is
         converted (:meth:`StepSettings.check_model`)."""
         self.step.check_model(model, device, dtype)
-        if self.drafter is not None:
+        if isinstance(self.drafter, Proposer):
             self.drafter.check_weights(self)
 
     def draft_tree(self) -> DraftTree | None:
@@ -354,10 +407,11 @@ class Plan:
         model's where a drafter alone drafts (the dtype is its own)."""
         return self.drafts.draft_dtype if self.drafter is None or self.hybrid else "auto"
 
-    def check_for(self, model: ModelConfig, prompts: list[list[int]]) -> None:
-        """Whether ``model`` can decode ``prompts`` with this plan (:func:`~mtp.decode.generate` asks, and the commands
-        before their work): a SettingError for more heads than it has (beyond a shared causal depth) or prompts and
-        new tokens beyond its context, a ValueError for an empty prompt."""
+    def check(self, model: ModelConfig, prompts: list[list[int]]) -> None:
+        """Whether ``model`` can decode ``prompts`` with this plan, asked of a spec before it is built (by the
+        layers above) and of a built plan by :func:`~mtp.decode.generate`; the rules of its parts and of its drafter's
+        method ran when it was made. A SettingError for more heads than the model has (beyond a shared causal depth)
+        or prompts and new tokens beyond its context, a ValueError for an empty prompt. Nothing is built or loaded."""
         self.heads.check_for(model)
         check_context(model, prompts, self.sampling.max_new_tokens, self.step_drafts)
 

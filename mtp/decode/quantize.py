@@ -12,9 +12,9 @@ Unlike the int8 drafts, every call multiplies the quantized weights whatever its
 the verifying forward and the drafting forward read the same weights; and each output row of these kernels depends on
 its own input row alone, so a step verifying k rows gives each row what a step of that row alone gives: greedy
 output at each precision equals that precision's own autoregressive output. It is not float32's: how often it is the
-same is measured per run (bench_decode's rows), never assumed.
+same is measured per run (each quantized row of a timed comparison), never assumed.
 
-Why these kernels (``python -m mtp.commands.int8_kernels --shapes smollm2 --rows 1,4`` reruns the comparison): on
+Why these kernels (:mod:`mtp.commands.int8_kernels` on the smollm2 shapes at 1 and 4 rows reruns the comparison): on
 SmolLM2's shapes, each matrix streamed from beyond the caches, they were the only candidates faster than float32 at
 one row and at four on every shape: int8 weights with bfloat16 rows through ``_weight_int8pack_mm`` (with float32
 rows it has no fast path and is several times slower than float32), int4 through ``_weight_int4pack_mm_for_cpu`` with
@@ -64,10 +64,12 @@ def check_quantizable(quantize: str, config: ModelConfig, device: torch.device, 
             quantize=quantize,
         )
     if dtype not in DTYPES:
+        name = str(dtype).removeprefix("torch.")
         raise SettingError(
-            f"{{quantize}} decodes float32 and bfloat16 models, and this one is {str(dtype).removeprefix('torch.')}; "
-            "load it in float32 or bfloat16 (--dtype), or leave {quantize:none}.",
+            f"{{quantize}} decodes float32 and bfloat16 models, and this one is {name}; load it in float32 or bfloat16 "
+            "({dtype:name}), or leave {quantize:none}.",
             quantize=quantize,
+            dtype=name,
         )
     if quantize == "int4":
         widths = {"width (d_model)": config.d_model, "MLP width": config.ffn_hidden}

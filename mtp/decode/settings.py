@@ -20,7 +20,7 @@ import torch
 from mtp.decode.graphs import captures_on
 from mtp.decode.quantize import QUANTIZE, Quantize, check_quantizable
 from mtp.decode.tree import DraftTree
-from mtp.errors import SettingError
+from mtp.errors import SettingError, Trained
 from mtp.model.config import ModelConfig
 
 Acceptance = Literal["exact", "typical", "spectr"]
@@ -35,9 +35,9 @@ SIBLING_DRAWS: tuple[str, ...] = get_args(SiblingDraws)
 
 @dataclass
 class GenerationConfig:
-    """How to sample and accept, whoever drafts. Each field is a flag of the decoding commands
-    (:func:`mtp.commands.cli.add_settings`: ``top_p`` is ``--top-p``, its docstring's first sentence the flag's help)
-    unless its metadata says ``flag=False``; who drafts has its own settings (:class:`HeadsSettings`, a method's)."""
+    """How to sample and accept, whoever drafts. The decoding commands spell each field as a flag, its docstring's first
+    sentence the flag's help (:func:`mtp.commands.cli.add_settings`), unless its metadata says ``flag=False``; who
+    drafts has its own settings (:class:`HeadsSettings`, a method's)."""
 
     max_new_tokens: int = 128
     """New tokens per prompt, at most (a row stops early after eos_id)."""
@@ -52,8 +52,8 @@ class GenerationConfig:
     seed: int = 0
     """Row b samples from a generator seeded seed + b."""
     acceptance: Acceptance = "exact"
-    """exact: greedy-exact / lossless sampling; spectr: lossless, SpecTr's k-sequential selection among a step's
-    candidates (--drafts-per-step); typical: Medusa's typical acceptance (lossy; sampling only)."""
+    """exact: greedy-exact / lossless sampling; spectr: lossless, SpecTr's k-sequential selection among the several
+    candidates a step drafts; typical: Medusa's typical acceptance (lossy; sampling only)."""
     typical_epsilon: float = 0.09
     """Typical acceptance: a draft passes above min(typical_epsilon, typical_delta * exp(-entropy))."""
     typical_delta: float = 0.3
@@ -95,7 +95,7 @@ class HeadsSettings:
     """Heads used: 1 decodes autoregressively, k > 1 drafts k - 1 tokens per step with heads 2..k."""
     tree: DraftTree | None = field(default=None, metadata={"flag": False})
     """Verify this tree of candidates per step instead of one chain of drafts (at most heads - 1 deep). The commands
-    read it from a file, or fit it, with their own --tree."""
+    read it from a file, or fit it, each by a setting of its own."""
     draft_p_min: float = 0.0
     """Stop drafting deeper than the first draft whose head's top probability is below this (0: off)."""
     draft_first_ids: int = field(default=0, metadata={"renamed_from": "draft_vocab"})
@@ -134,8 +134,9 @@ class HeadsSettings:
         if self.heads > model.n_future and not model.recursive:
             raise SettingError(
                 f"{{heads}} exceeds this checkpoint's {model.n_future} head(s); only eagle3 heads and causal heads "
-                f"trained with model.share_depth=true draft beyond them; use {{heads:1..{model.n_future}}}.",
+                f"trained with {{share_depth:true}} draft beyond them; use {{heads:1..{model.n_future}}}.",
                 heads=self.heads,
+                share_depth=Trained(ModelConfig, True),
             )
         if self.draft_first_ids and model.draft_vocab:
             raise SettingError(

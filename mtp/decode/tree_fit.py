@@ -178,8 +178,8 @@ def nondecreasing(values: list[float]) -> list[float]:
 
 def fitted_tree(loaded, plan: Plan, nodes: int | str, prompts: int = 16, prompt_tokens: int = 64) -> FittedTree:
     """A tree of at most ``nodes`` nodes (or of the fastest size: :data:`FASTEST`) fitted to a loaded checkpoint for
-    decoding with ``plan`` (its temperature, top-k, top-p, heads), on held-out documents the benchmarks do not prompt
-    with (:func:`fit_to_model`; uncompiled, so a fastest fit times uncompiled steps)."""
+    decoding with ``plan`` (its temperature, top-k, top-p, heads), on held-out documents kept apart from the prompts
+    that timed runs decode (:func:`fit_to_model`; uncompiled, so a fastest fit times uncompiled steps)."""
     held_out = prompts_beyond_the_benchmarks(loaded, prompts, prompt_tokens)
     settings = plan.changed(eos_id=None, compile=False, tree=None, adaptive_drafts=False)
     return fit_to_model(loaded.model, held_out, nodes, settings)

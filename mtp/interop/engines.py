@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtp.errors import UserError
+from mtp.errors import SettingError
 from mtp.interop.llama import BLOCK_NAMES, llama_config
 from mtp.model import MTPModel
 from mtp.model.config import ModelConfig
@@ -52,14 +52,16 @@ def carries(config: ModelConfig, layout: str) -> bool:
 
 
 def check_carries(config: ModelConfig, layout: str) -> None:
-    """One sentence unless ``layout`` carries this model's heads."""
+    """A :class:`~mtp.errors.SettingError` naming the export's ``format`` unless ``layout`` carries this model's
+    heads."""
     head_type = ENGINE_FORMATS[layout]
     if not carries(config, layout):
         carried = ", ".join(f"{fmt} carries {kind} heads" for fmt, kind in ENGINE_FORMATS.items())
         what = f"{config.head_type} heads" if config.n_future > 1 else "no draft heads (model.n_future=1)"
-        raise UserError(
-            f"--format {layout} cannot carry this checkpoint's {what} ({carried}); train heads of that type "
-            f"(model.head_type={head_type}), or export --format hf, which keeps every head for mtp to read back."
+        raise SettingError(
+            f"{{format}} cannot carry this checkpoint's {what} ({carried}); train heads of that type "
+            f"(model.head_type={head_type}), or export {{format:hf}}, which keeps every head for mtp to read back.",
+            format=layout,
         )
 
 

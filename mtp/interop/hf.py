@@ -118,7 +118,8 @@ def _model_config(hf: dict[str, Any], path: Path) -> ModelConfig:
     if meta.get("format") != MTP_FORMAT or meta.get("head_path") != 1:
         raise UserError(
             f"{path / MTP_CONFIG} has format {meta.get('format')} and head path {meta.get('head_path')}; this mtp "
-            f"reads format {MTP_FORMAT} with head path 1 (exports with --head k are plain Llamas: delete the file)."
+            f"reads format {MTP_FORMAT} with head path 1 (an export of head k > 1's path is a plain Llama: delete "
+            "the file)."
         )
     config = stored_model_config(meta["model_config"])  # the loss settings an earlier export kept there are dropped
     ours, theirs = llama_config(config), llama_config(derived)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mtp.errors import UserError
+from mtp.errors import SettingError, UserError
 from mtp.interop import ModelFiles
 from mtp.interop.hf import read_json, read_tensors
 from mtp.interop.llama import BLOCK_NAMES, check_tensors, expected_shapes, ffn_multiple_for, head_path_names
@@ -50,34 +50,37 @@ LAYER_NORMS = {"inputs.0.enorm.weight": "token_layernorm.weight", "inputs.0.hnor
 """Depth 2's input norms: mtp name (under ``heads.``) -> MiMo name (under :data:`MTP_LAYER`)."""
 
 
-def refusal(config: ModelConfig) -> str:
-    """Why the MiMo layout cannot carry this model, in one sentence; empty when it can: causal heads (depth 2 becomes
-    the MTP layer), two or more, over the whole vocabulary."""
+def refusal(config: ModelConfig) -> SettingError | None:
+    """Why the MiMo layout cannot carry this model, one sentence naming the export's ``format``; None when it can:
+    causal heads (depth 2 becomes the MTP layer), two or more, over the whole vocabulary."""
     if config.head_type != CARRIED:
-        return (
-            f"--format mimo carries causal heads (DeepSeek-V3's MTP modules, MiMo's layer), not this checkpoint's "
-            f"{config.head_type} heads; train with model=causal2 (model.head_type=causal), or export --format hf, "
-            "which keeps every head for mtp to read back."
+        return SettingError(
+            f"{{format}} carries causal heads (DeepSeek-V3's MTP modules, MiMo's layer), not this checkpoint's "
+            f"{config.head_type} heads; train with model=causal2 (model.head_type=causal), or export {{format:hf}}, "
+            "which keeps every head for mtp to read back.",
+            format="mimo",
         )
     if config.n_future < 2:
-        return (
-            "--format mimo writes the model's depth 2 as its MTP layer, and this checkpoint has one head "
-            "(model.n_future=1); train with model=causal2 or more heads."
+        return SettingError(
+            "{format} writes the model's depth 2 as its MTP layer, and this checkpoint has one head "
+            "(model.n_future=1); train with model=causal2 or more heads.",
+            format="mimo",
         )
     if config.draft_vocab:
-        return (
-            f"--format mimo drafts over the whole vocabulary (vLLM's MiMo layer scores with lm_head), and this "
+        return SettingError(
+            f"{{format}} drafts over the whole vocabulary (vLLM's MiMo layer scores with lm_head), and this "
             f"checkpoint's heads score a reduced one (model.draft_vocab={config.draft_vocab}); train with "
-            "model.draft_vocab=0."
+            "model.draft_vocab=0.",
+            format="mimo",
         )
-    return ""
+    return None
 
 
 def check_carries(config: ModelConfig) -> None:
-    """One sentence unless the MiMo layout carries this model (:func:`refusal`)."""
+    """The :class:`~mtp.errors.SettingError` of :func:`refusal` unless the MiMo layout carries this model."""
     reason = refusal(config)
-    if reason:
-        raise UserError(reason)
+    if reason is not None:
+        raise reason
 
 
 def mimo_names(config: ModelConfig) -> dict[str, str]:
@@ -151,7 +154,7 @@ def read_mimo_config(path: Path) -> ModelConfig:
     if layers < 1:
         raise UserError(
             f"{path} is a MiMo folder with no MTP layer (num_nextn_predict_layers={layers}); give one that holds "
-            "model.mtp_layers.0, as scripts/export.py --format mimo writes it."
+            "model.mtp_layers.0, as mtp's mimo export writes it."
         )
     try:
         width, heads = hf["hidden_size"], hf["num_attention_heads"]
@@ -186,13 +189,13 @@ def read_mimo(path: Path) -> ModelFiles:
     if not any(name.startswith(MTP_LAYER) for name in tensors):
         raise UserError(
             f"{path} is a MiMo folder with no MTP layer (no {MTP_LAYER}* tensors); give one that holds it, as "
-            "scripts/export.py --format mimo writes it."
+            "mtp's mimo export writes it."
         )
     for name in [n for n in tensors if n.endswith(BIASES)]:
         if tensors[name].count_nonzero():
             raise UserError(
                 f"{path}: {name} is not zero, and mtp's blocks have no q/k/v biases; mtp imports MiMo folders whose "
-                "biases are zero (as scripts/export.py --format mimo writes them)."
+                "biases are zero (as mtp's mimo export writes them)."
             )
         del tensors[name]
     expected = expected_shapes(config)
@@ -206,7 +209,7 @@ def read_mimo(path: Path) -> ModelFiles:
     if not torch.equal(tensors[f"{MTP_LAYER}final_layernorm.weight"], tensors["model.norm.weight"]):
         raise UserError(
             f"{path}: the MTP layer's final_layernorm differs from model.norm, and mtp's causal heads share the final "
-            "norm; mtp imports MiMo folders whose two norms are equal (as scripts/export.py --format mimo writes them)."
+            "norm; mtp imports MiMo folders whose two norms are equal (as mtp's mimo export writes them)."
         )
     weights = {ours: tensors[mimo] for mimo, ours in names.items()}
     input_proj = tensors[f"{MTP_LAYER}input_proj.weight"]  # (d, 2d) over [hidden; embedding]

@@ -61,7 +61,8 @@ class ModelConfig:
     causal_first_token: str = "keep"
     """Causal heads only: what a depth reads as the token at position 0 (:data:`CAUSAL_FIRST_TOKENS`): 'keep' its
     embedding, or 'zero' a zero vector there, as vLLM's MiMo MTP layer does (it masks the token input at position 0),
-    so that a model trained with it drafts in vLLM exactly as in mtp (``scripts/export.py --format mimo``)."""
+    so that a model trained with it drafts in vLLM exactly as in mtp (exported in MiMo's layout:
+    :mod:`mtp.interop.mimo`)."""
     medusa_layers: int = 1
     """Medusa heads only: residual blocks per head."""
     eagle3_layers: list[int] | None = None

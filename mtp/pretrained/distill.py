@@ -52,6 +52,7 @@ from mtp.data.sources import SourceConfig, iter_texts, load_documents, split_doc
 from mtp.data.tasks import Task
 from mtp.data.tokenizer import prompt_ids
 from mtp.decode import GenerationConfig, Plan, generate
+from mtp.decode.plan import positions_needed
 from mtp.errors import SettingError, UserError, literal
 from mtp.interop.chat import ChatTemplate
 from mtp.model import MTPModel
@@ -328,9 +329,10 @@ def completion_row(
 
 
 def fits(prompt_tokens: int, new_tokens: int, context: int) -> bool:
-    """Whether a prompt of ``prompt_tokens`` leaves ``new_tokens`` of room in a model's ``context`` (generate()'s
-    room, as decode.py's)."""
-    return prompt_tokens + new_tokens + 2 <= context
+    """Whether a prompt of ``prompt_tokens`` leaves ``new_tokens`` of room in a model's ``context``: the positions
+    autoregressive decoding needs (:func:`~mtp.decode.plan.positions_needed`, no drafts), what :func:`generate`
+    checks."""
+    return positions_needed(prompt_tokens, new_tokens, 0) <= context
 
 
 def whole_batches(rows: int, window: int, batch_size: int) -> int:

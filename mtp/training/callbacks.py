@@ -16,9 +16,8 @@ from lightning.pytorch.utilities.model_summary.model_summary import _format_summ
 from torch import Tensor
 
 from mtp.checkpoint.format import TASK_CURVE
-from mtp.decode import GenerationConfig, HeadsSettings
-from mtp.decode.loop import generate_with_heads as generate
-from mtp.errors import UserError
+from mtp.decode import GenerationConfig, HeadsSettings, Plan, generate
+from mtp.errors import UserError, settings_named_by_keys
 from mtp.training.parallel import data_parallel_size, is_sharded
 from mtp.training.task_scores import TASKS, TaskSettings, parse_ops, row_metrics
 
@@ -234,7 +233,7 @@ class DecodeProbe(L.Callback):
             return
         with torch.autocast(pl_module.device.type, enabled=False):
             config, heads = GenerationConfig(max_new_tokens=self.tokens), HeadsSettings(heads=n)
-            _, stats = generate(model, openings.tolist(), config, heads=heads)
+            _, stats = generate(model, openings.tolist(), Plan(config, heads))
         pl_module.log("val/decoded_tokens_per_forward", stats.tokens_per_forward, sync_dist=True)
         for j, rate in enumerate(stats.acceptance, start=1):
             pl_module.log(f"val/decoded_acceptance_pos{j}", rate, sync_dist=True)
@@ -269,7 +268,9 @@ class TaskCurve(L.Callback):
             if value is not None and value < 1:
                 raise UserError(f"callbacks.task_curve.{name}={value} must be at least 1.")
         self.task, self.every_n_steps = task, every_n_steps
-        self.settings = TaskSettings(parse_ops(ops, "callbacks.task_curve.ops"), problems, 1, batch_size)
+        with settings_named_by_keys("callbacks.task_curve"):  # the library names the field; the user wrote a key
+            scored_ops = parse_ops(ops)
+        self.settings = TaskSettings(scored_ops, problems, 1, batch_size)
         self.points: list[dict[str, Any]] = []
         """(step, tokens, rows) of every score so far, the resumed run's included."""
         self._scored_step: int | None = None

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from functools import partial
 from typing import Any
@@ -26,7 +27,9 @@ from mtp.training.loss_config import LossConfig
 from mtp.training.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.training.optim import OptimConfig, parameter_groups, warmup_cosine
 from mtp.training.parallel import data_parallel_size, parallelize
-from mtp.training.trunk_cache import TrunkCache
+from mtp.training.trunk_cache import TrunkCache, available_memory, cache_budget
+
+log = logging.getLogger(__name__)
 
 
 class MTPLitModule(L.LightningModule):
@@ -71,7 +74,10 @@ class MTPLitModule(L.LightningModule):
         """The ids of ``loss.answers_after`` and end-of-text, once the data's tokenizer is known (:meth:`setup`)."""
         if trunk_cache_gb > 0:
             TrunkCache.check_frozen(self.model)
-            self.trunk_cache = TrunkCache(self.model, int(trunk_cache_gb * 2**30), trunk_cache_dir)
+            budget, note = cache_budget(int(trunk_cache_gb * 2**30), available_memory())
+            if note is not None:
+                log.info(note)
+            self.trunk_cache = TrunkCache(self.model, budget, trunk_cache_dir)
         self._parallelized = False
         n, vocab = self.config.n_future, self.config.vocab_size
         self.val_loss = nn.ModuleList(MeanMetric() for _ in range(n))

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -258,16 +259,19 @@ def _per_head(losses: Tensor, heads: list[int], n: int) -> Tensor:
     return per_head
 
 
-def naive_loss(
-    model: MTPModel,
-    states: list[Tensor],
-    targets: Tensor,
-    weights: list[float],
-    settings: LossConfig,
-    head1: Head1Targets | None = None,
-) -> LossOutput:
+class Scoring(NamedTuple):
+    """How a window's heads are scored: each head's weight, the loss settings (what heads 2..n learn from), and head
+    1's targets after the next (None: none)."""
+
+    weights: list[float]
+    settings: LossConfig
+    head1: Head1Targets | None
+
+
+def naive_loss(model: MTPModel, states: list[Tensor], targets: Tensor, scoring: Scoring) -> LossOutput:
     """Every head's logits at once, through plain autograd (what heads 2..n learn from: ``settings``; head 1's targets
     after the next: ``head1``)."""
+    weights, settings, head1 = scoring
     heads = trained_heads(model, states)
     teachers = head_teachers(model, states, heads, settings)
     losses, future, total = [], None, 0.0
@@ -285,17 +289,11 @@ def naive_loss(
     return LossOutput(total, _per_head(losses.detach(), heads, len(states)), heads, future)
 
 
-def sequential_loss(
-    model: MTPModel,
-    states: list[Tensor],
-    targets: Tensor,
-    weights: list[float],
-    settings: LossConfig,
-    head1: Head1Targets | None = None,
-) -> LossOutput:
+def sequential_loss(model: MTPModel, states: list[Tensor], targets: Tensor, scoring: Scoring) -> LossOutput:
     """The same loss as :func:`naive_loss`, with at most one head's (or one chunk's: ``settings.loss_chunk``
     positions) logits alive at a time; head 1's targets after the next (``head1``) are scored on its logits in the
     same pass."""
+    weights, settings, head1 = scoring
     chunk = settings.loss_chunk
     heads = trained_heads(model, states)
     # the distinct matrices the heads score with: one per unembedding module and vocabulary (the rows of a reduced
@@ -486,5 +484,5 @@ def mtp_loss(
         head1_weights = settings.head1_weights_at(0.0) if head1_weights is None else head1_weights
         head1 = Head1Targets.of_window(window, targets.size(2), head1_weights)
     if settings.mode == "naive" or not torch.is_grad_enabled():
-        return naive_loss(model, states, targets, weights, settings, head1)
-    return sequential_loss(model, states, targets, weights, settings, head1)
+        return naive_loss(model, states, targets, Scoring(weights, settings, head1))
+    return sequential_loss(model, states, targets, Scoring(weights, settings, head1))

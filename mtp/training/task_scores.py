@@ -29,9 +29,8 @@ from tokenizers import Tokenizer
 import mtp.data.polynomial as polynomial
 from mtp.data.induction import Story, evaluation_stories, story_ids
 from mtp.data.tokenizer import eot_id, prompt_ids
-from mtp.decode import GenerationConfig, HeadsSettings
-from mtp.decode.loop import generate_with_heads as generate
-from mtp.errors import UserError
+from mtp.decode import GenerationConfig, HeadsSettings, Plan, generate
+from mtp.errors import SettingError, UserError
 from mtp.model import MTPModel
 
 Z95 = 1.959963984540054
@@ -56,21 +55,21 @@ def accuracy_row(correct: int, total: int, **group: Any) -> dict[str, Any]:
             "ci95": [low, high]}  # fmt: skip
 
 
-def parse_ops(text: str, setting: str = "--ops") -> list[int]:
+def parse_ops(text: str) -> list[int]:
     """Operation counts: a count (``3``), a range (``1-10``) or a list of them (``1-5,8``), each count 1..10; a bad
-    one is a UserError naming ``setting`` (a flag, or a config key)."""
-    given = f"{setting} {text!r}" if setting.startswith("--") else f"{setting}={text!r}"
+    one is a :class:`~mtp.errors.SettingError` naming ``ops`` (:attr:`TaskSettings.ops`), which the evaluation
+    command spells as its flag and a training run as its config's key."""
     counts: set[int] = set()
     try:
         for part in str(text).split(","):
             first, _, last = part.strip().partition("-")
             counts.update(range(int(first), int(last or first) + 1))
     except ValueError:
-        raise UserError(f"{given} is not a count, a range such as 1-10 or a list such as 1-5,8.") from None
+        raise SettingError("{ops} is not a count, a range such as 1-10 or a list such as 1-5,8.", ops=text) from None
     if not counts:
-        raise UserError(f"{given} names no operation count; give a range such as 1-10.")
+        raise SettingError("{ops} names no operation count; give a range such as 1-10.", ops=text)
     for ops in sorted(counts):
-        polynomial.check_ops(ops, setting)
+        polynomial.check_ops(ops, "ops")
     return sorted(counts)
 
 
@@ -100,13 +99,16 @@ def score_polynomial(
     source = data["source"]
     available = source.get("eval_problems", 2000)
     if settings.problems is not None and settings.problems > available:
-        raise UserError(
-            f"--problems {settings.problems} is more than the {available} problems per count that training kept out "
-            f"of its data; use at most {available}."
+        raise SettingError(
+            f"{{problems}} is more than the {available} problems per count that training kept out of its data; use "
+            f"at most {available}.",
+            problems=settings.problems,
         )
     count = available if settings.problems is None else settings.problems
-    config = GenerationConfig(max_new_tokens=polynomial.DEGREE + 1, eos_id=eot_id(tokenizer))
-    heads = HeadsSettings(heads=settings.heads)
+    plan = Plan(
+        GenerationConfig(max_new_tokens=polynomial.DEGREE + 1, eos_id=eot_id(tokenizer)),
+        HeadsSettings(heads=settings.heads),
+    )
     training_ops = range(source.get("min_ops", 1), source.get("max_ops", 5) + 1)
     rows, forwards, tokens, seconds = [], 0, 0, 0.0
     for ops in settings.ops:
@@ -115,7 +117,7 @@ def score_polynomial(
         for start in range(0, len(problems), settings.batch_size):
             batch = problems[start : start + settings.batch_size]
             began = time.perf_counter()
-            outputs, stats = generate(model, [prompt_ids(tokenizer, p.prompt) for p in batch], config, heads=heads)
+            outputs, stats = generate(model, [prompt_ids(tokenizer, p.prompt) for p in batch], plan)
             seconds += time.perf_counter() - began
             forwards, tokens = forwards + stats.row_forwards, tokens + stats.tokens
             for ids, problem in zip(outputs, batch, strict=True):

@@ -81,20 +81,23 @@ class TrunkCache:
         """What an earlier run on the same trunk and windows wrote, as far as the budget holds it."""
         if self.file is None or not self.file.is_file():
             return
-        try:
-            stored = torch.load(self.file, map_location=self.model.tok_embeddings.weight.device, weights_only=True)
+        device = self.model.tok_embeddings.weight.device
+        try:  # mapped, on a CPU: the rows are the file's pages, read as the steps need them, not a second copy
+            stored = torch.load(self.file, map_location=device, weights_only=True, mmap=device.type == "cpu")
         except Exception:  # a damaged file is only a lost cache: the trunk computes those windows again
             return
+        rows = stored["rows"] if "rows" in stored else list(stored["outputs"])  # files before rows: one stacked tensor
         config = self.model.config
         width = (len(config.feature_layers) + 1) * config.d_model
+        wide = rows[0].size(-1) if rows else width
         written_for = stored.get("trunk", self.trunk)  # files written before it was recorded: by their name
-        if written_for != self.trunk or stored["outputs"].size(-1) != width:
+        if written_for != self.trunk or wide != width:
             raise UserError(
                 f"trunk_cache_dir holds {self.file.name}, written for another trunk or other layers than this model's "
-                f"(outputs {stored['outputs'].size(-1)} wide, this model's {width}); delete that file or point "
-                "trunk_cache_dir at another folder."
+                f"(outputs {wide} wide, this model's {width}); delete that file or point trunk_cache_dir at another "
+                "folder."
             )
-        for ids, output in zip(stored["ids"].numpy(), stored["outputs"], strict=True):
+        for ids, output in zip(stored["ids"].numpy(), rows, strict=True):
             self.keep(ids.tobytes(), output)
         self.saved = len(self.outputs)
 
@@ -104,9 +107,38 @@ class TrunkCache:
             return
         self.file.parent.mkdir(parents=True, exist_ok=True)
         ids = torch.stack([torch.frombuffer(bytearray(key), dtype=torch.long) for key in self.outputs])
-        stored = {"ids": ids, "outputs": torch.stack(list(self.outputs.values())).cpu(), "trunk": self.trunk}
+        rows = [row.cpu() for row in self.outputs.values()]  # each row as kept: no second copy of the whole cache
+        stored = {"ids": ids, "rows": rows, "trunk": self.trunk}
         write_whole(self.file, lambda f: torch.save(stored, f))
         self.saved = len(self.outputs)
+
+
+MEMORY_SHARE = 0.5
+"""The most of the machine's available memory (when training starts) the cache may hold, whatever its budget says."""
+
+
+def available_memory() -> int | None:
+    """The memory the kernel says is available to start new work without swapping (``MemAvailable``), in bytes; None
+    where it does not say (not Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def cache_budget(asked: int, available: int | None) -> tuple[int, str | None]:
+    """The bytes the cache may hold: ``asked`` (``trunk_cache_gb``), or at most :data:`MEMORY_SHARE` of the
+    ``available`` memory; with a note to say where the machine's memory bounds it (None: as asked)."""
+    if available is None or asked <= MEMORY_SHARE * available:
+        return asked, None
+    bound = int(MEMORY_SHARE * available)
+    return bound, (
+        f"trunk cache: {bound / 2**30:.1f} GiB, half the {available / 2**30:.1f} GiB this machine has available, not "
+        f"the trunk_cache_gb={asked / 2**30:g} asked; windows past it run the trunk each epoch"
+    )
 
 
 def trunk_hash(model: MTPModel) -> str:

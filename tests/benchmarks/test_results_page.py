@@ -4,7 +4,16 @@ import json
 
 import pytest
 
-from mtp.benchmarks.results_page import HEADER_FIELDS, HEADING_LENGTH, git_commit, page, provenance
+from mtp.benchmarks.memory import peak_resident_bytes
+from mtp.benchmarks.results_page import (
+    HEADER_FIELDS,
+    HEADING_LENGTH,
+    OPTIONAL_FIELDS,
+    git_commit,
+    header,
+    page,
+    provenance,
+)
 from mtp.commands.results_page import main
 from mtp.errors import UserError
 
@@ -77,8 +86,23 @@ def test_missing_results_file_is_a_user_error(tmp_path):
 
 def test_provenance_records_every_header_field():
     run = provenance(["model.gguf", "--hf"])
-    assert set(run) == set(HEADER_FIELDS) and all(run.values())
+    assert set(run) == set(HEADER_FIELDS) | set(OPTIONAL_FIELDS) and all(run.values())
     assert run["command"].endswith("model.gguf --hf")
+
+
+def test_the_header_shows_the_runs_peak_resident_memory_where_recorded():
+    """The kernel's high-water mark when the results are written: it grows with what the process held, and a page of
+    results recorded before it existed has no such row."""
+    before = peak_resident_bytes()
+    held = bytearray(256 * 2**20)  # 256 MiB touched
+    held[::4096] = b"x" * len(held[::4096])
+    assert peak_resident_bytes() >= before and peak_resident_bytes() >= 256 * 2**20
+    run = provenance(["m"])
+    gib = float(run["peak memory"].split()[0])
+    assert gib >= 0.25 and run["peak memory"].endswith("GiB resident (the kernel's high-water mark)")
+    assert f"| peak memory | {run['peak memory']} |" in header(run)
+    assert "peak memory" not in header(RUN)
+    del held
 
 
 def test_the_commit_is_dirty_when_the_code_a_benchmark_runs_differs_not_the_docs(tmp_path, monkeypatch):
@@ -120,3 +144,20 @@ def test_results_name_the_commit_the_process_started_with(monkeypatch):
     monkeypatch.setattr(results_page, "git_commit", lambda root: "ba9876543210")  # the checkout moved on meanwhile
     assert provenance([])["commit"] == "0123456789ab"
     results_page.code_commit.cache_clear()
+
+
+def test_a_sweeps_page_shows_the_largest_peak_of_its_runs():
+    from pathlib import Path
+
+    from mtp.benchmarks.task_sweep import SweepRun, sweep_provenance
+
+    def run(peak):
+        recorded = {**RUN, **({"peak memory": peak} if peak else {})}
+        return SweepRun(Path("j"), "s", 0, (), 1, {"provenance": recorded})
+
+    mark = " GiB resident (the kernel's high-water mark)"
+    runs = [run("0.9" + mark), run("10.2" + mark), run("2.5" + mark), run(None)]
+    assert sweep_provenance(runs, "page")["peak memory"] == (
+        "10.2 GiB resident (the kernel's high-water mark): the largest of the 3 of 4 runs that record it"
+    )
+    assert "peak memory" not in sweep_provenance([run(None)], "page")

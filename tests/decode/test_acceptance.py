@@ -76,7 +76,7 @@ LAYOUTS = {  # (tests, heads' chain, drafter, heads' tree): what sampled outputs
 def layout_of(plan: Plan) -> RandomLayout:
     """The layout a step of ``plan`` uses, made as :func:`~mtp.decode.generate` makes it: of what the rule and the
     proposer (the heads, the plan's drafter, or both) each declare."""
-    proposer = proposer_for(plan, None)  # the heads' proposer keeps its inference form, unread here
+    proposer = proposer_for(plan)  # not joined to a form: the draws it declares do not read one
     return rule_for(plan, proposer.draws(plan)).layout
 
 

@@ -3,6 +3,7 @@ output, batch 1 and ragged; sampling with the autoregressive distribution, with 
 
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,11 +12,11 @@ from mtp.decode import GenerationConfig, generate
 from mtp.decode import acceptance as acceptance_module
 from mtp.decode.heads_proposer import HeadsProposer
 from mtp.decode.inference import InferenceModel
-from mtp.decode.methods import prompt_lookup
+from mtp.decode.methods import Target, prompt_lookup
 from mtp.decode.methods.draft_model import ModelDrafter, draft_model_drafter
 from mtp.decode.methods.layer_skip import layer_skip_drafter
 from mtp.decode.methods.prompt_lookup import LookupDrafter
-from mtp.decode.plan import Plan, Proposer
+from mtp.decode.plan import Drafting, Plan, Proposer
 from mtp.decode.settings import DraftSettings, HeadsSettings
 from tests.decode.helpers import NEVER, fixed_logits_model, head1_logits, tiny_model, train_on_cycles
 from tests.decode.test_lossless import check_real_model, reference_probs, total_variation, tv_threshold
@@ -356,3 +357,19 @@ def test_drafted_sampling_lossless_on_real_models(method):
     config = Plan(GenerationConfig(max_new_tokens=4, temperature=1.0, seed=5), drafter=drafter.with_gamma(2))
     stats = check_real_model(model, config)
     assert 0 < sum(stats.accepted) < sum(stats.drafted)
+
+
+def test_a_plan_of_a_method_is_built_before_it_decodes(counting_target):
+    """A plan holds what drafts (a method of its settings, and its gamma) until it is built for a target; generate
+    decodes only a built plan, and a built plan builds to itself."""
+    lookup = prompt_lookup.PromptLookup(prompt_lookup.PromptLookupSettings(prompt_lookup=2))
+    spec = Plan(GenerationConfig(8), drafter=Drafting(lookup, gamma=3))
+    assert not spec.built and spec.gamma == 3 and spec.step_drafts == 3
+    with pytest.raises(TypeError, match="decodes a built plan"):
+        generate(counting_target, [[1, 2, 3]], spec)
+    target = Target(SimpleNamespace(config=counting_target.config), torch.device("cpu"))  # nothing loaded for lookup
+    plan = spec.build(target)
+    assert plan.built and isinstance(plan.drafter, LookupDrafter) and plan.drafter.gamma == 3
+    assert plan.build(target) is plan
+    outputs, stats = generate(counting_target, [[1, 2, 3]], plan)
+    assert outputs == generate(counting_target, [[1, 2, 3]], plan.autoregressive())[0] and stats.method == "lookup"

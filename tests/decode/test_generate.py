@@ -76,7 +76,7 @@ def test_a_draft_vocabulary_at_decoding_is_refused_beside_a_trained_one_or_beyon
     with pytest.raises(SettingError, match="trained to score its 20 most frequent tokens, and draft_first_ids=8 would"):
         HeadsSettings(heads=2, draft_first_ids=8).check_for(trained)
     with pytest.raises(SettingError, match="draft_first_ids=40 must be below the vocabulary's 40 tokens"):
-        Plan(GenerationConfig(), heads=HeadsSettings(heads=2, draft_first_ids=40)).check_for(tiny_model().config, [[1]])
+        Plan(GenerationConfig(), heads=HeadsSettings(heads=2, draft_first_ids=40)).check(tiny_model().config, [[1]])
 
 
 @pytest.mark.parametrize(  # linear: fixed-logits tests; causal-shared, medusa and causal alone (~4-5 s each) slow

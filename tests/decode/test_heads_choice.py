@@ -1,13 +1,12 @@
-"""The count of drafting heads a run that does not name one decodes with (mtp.decode.heads_choice): the count with
+"""The count of drafting heads a run that does not name one decodes with (mtp.decode.methods.heads): the count with
 the most expected tokens per millisecond of the acceptances and step times measured, autoregressive decoding where
 the drafts do not pay; and the plans it leaves alone. The command's choice on a checkpoint:
 tests/test_decode_scripts.py."""
 
 import pytest
 
-from mtp.decode import heads_choice as heads
-from mtp.decode.heads_choice import allowed_counts, choose_heads, decided_heads, expected_tokens
-from mtp.decode.methods import Target
+from mtp.decode.methods import Target, heads
+from mtp.decode.methods.heads import allowed_counts, choose_heads, decided_heads, expected_tokens
 from mtp.decode.plan import Plan
 
 

@@ -227,8 +227,8 @@ def test_a_medusa_export_drafts_what_mtp_drafts_read_as_vllm_reads_it(draft_voca
 @pytest.mark.parametrize(
     ("settings", "layout", "message"),
     [
-        ({"head_type": "linear"}, "eagle3", r"^--format eagle3 cannot carry this checkpoint's linear heads \(eagle3 "),
-        ({}, "medusa", "--format medusa cannot carry this checkpoint's transformer heads"),
+        ({"head_type": "linear"}, "eagle3", r"^format=eagle3 cannot carry this checkpoint's linear heads \(eagle3 "),
+        ({}, "medusa", "^format=medusa cannot carry this checkpoint's transformer heads"),
         ({"head_type": "eagle3"}, "medusa", "medusa carries medusa heads\\); train heads of that type"),
         ({"n_future": 1}, "eagle3", "cannot carry this checkpoint's no draft heads \\(model.n_future=1\\)"),
     ],

@@ -11,11 +11,13 @@ import pytest
 import torch
 
 from mtp.checkpoint.load import load_checkpoint, read_foreign
+from mtp.commands import export as export_command
+from mtp.commands.cli import settings_named_by_flags
 from mtp.data.tokenizer import byte_tokenizer, prompt_ids
 from mtp.decode import GenerationConfig, Plan, generate
-from mtp.errors import UserError
+from mtp.errors import SettingError, UserError
 from mtp.interop.hf import MTP_CONFIG, MTP_HEADS
-from mtp.pretrained.export import export_hf, verify_export
+from mtp.pretrained.export import export_dtype, export_hf, verify_export
 
 transformers = pytest.importorskip("transformers", reason="interop needs transformers: pip install -e '.[hf]'")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -62,6 +64,13 @@ def test_verify_reports_what_it_compares(exported, tiny_checkpoints, tmp_path):
     bf16 = verify_export(tiny_checkpoints["mtp4"], tmp_path / "bf16", prompts=2, new_tokens=8)
     assert not bf16.round_trip_exact and bf16.max_logit_diff > 1e-3  # bf16 files cannot give fp32 weights back
     assert bf16.line().startswith("round_trip_exact=False max_abs_logit_diff=")
+
+
+def test_verify_without_documents_long_enough_is_one_sentence_naming_no_flag(exported, tiny_checkpoints, monkeypatch):
+    """The verification's row length is its own, not a setting: the data's lack is said without a --prompt-tokens."""
+    monkeypatch.setattr("mtp.pretrained.export.VERIFY_TOKENS", 10**6)
+    with pytest.raises(UserError, match=r"^verifying compares outputs on validation documents of at least 1000000 "):
+        verify_export(tiny_checkpoints["mtp4"], exported, prompts=2, new_tokens=8)
 
 
 def test_head_k_export_is_that_heads_path(tiny_checkpoints, tmp_path):
@@ -218,13 +227,41 @@ def export_cli(*args) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+def test_the_exports_settings_are_named_by_their_fields_and_by_the_commands_flags(tmp_path, capsys):
+    """The library names export_hf's parameters; scripts/export.py spells them as its flags, in the same sentence.
+    Each is refused before the checkpoint is read (it does not exist here)."""
+    missing = tmp_path / "none.ckpt"
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    with pytest.raises(SettingError, match="^dtype=float16 is not one of float32, bfloat16.$"):
+        export_hf(missing, tmp_path / "a", dtype="float16")
+    with pytest.raises(SettingError, match=f"^{taken} exists and is not empty; .* pass force to replace it.$"):
+        export_hf(missing, taken)
+    with pytest.raises(
+        UserError, match=f"^{taken} exists and is not empty; choose a new directory or pass --force to "
+    ):
+        export_command.main([str(missing), str(taken)])
+    with pytest.raises(UserError, match=r"^--max-shard-size 5XB is not a size like 5GB, 500MB or 2000000 \(bytes\).$"):
+        export_command.main([str(missing), str(tmp_path / "a"), "--max-shard-size", "5XB"])
+    with (
+        pytest.raises(UserError, match="^--dtype float16 is not one of float32, bfloat16.$"),
+        settings_named_by_flags(),
+    ):
+        export_dtype("float16")
+    with pytest.raises(SystemExit):  # the command's own choices: argparse names the flag and the choices
+        export_command.main([str(missing), str(tmp_path / "a"), "--dtype", "bad"])
+    assert "argument --dtype: invalid choice: 'bad' (choose from " in capsys.readouterr().err
+    assert [p.name for p in taken.iterdir()] == ["keep.txt"] and not (tmp_path / "a").exists()
+
+
 @pytest.mark.slow
 def test_export_refuses_bad_input_and_leaves_nothing_half_written(tiny_checkpoints, tmp_path, monkeypatch):
     not_mtp = tmp_path / "model.ckpt"
     torch.save({"state_dict": {}}, not_mtp)
     with pytest.raises(UserError, match="is not an mtp checkpoint"):
         export_hf(not_mtp, tmp_path / "a")
-    with pytest.raises(UserError, match="--max-shard-size 5XB is not a size"):
+    with pytest.raises(UserError, match="^max_shard_size=5XB is not a size"):
         export_hf(tiny_checkpoints["mtp4"], tmp_path / "a", max_shard_size="5XB")
     with pytest.raises(UserError, match="head 5 does not exist"):
         export_hf(tiny_checkpoints["mtp4"], tmp_path / "a", head=5)

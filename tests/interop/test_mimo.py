@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from mtp.checkpoint.load import foreign_format, load_checkpoint, read_foreign_config
+from mtp.commands import export as export_command
 from mtp.errors import UserError
 from mtp.interop.mimo import MIMO_ARCHITECTURE
 from mtp.model import MTPModel
@@ -177,7 +178,7 @@ def test_depths_beyond_two_are_left_out_and_the_rest_reads_back(tmp_path):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"head_type": "transformer"}, r"--format mimo carries causal heads .* not this checkpoint's transformer"),
+        ({"head_type": "transformer"}, r"^format=mimo carries causal heads .* not this checkpoint's transformer"),
         ({"head_type": "causal", "n_future": 1}, r"this checkpoint has one head \(model.n_future=1\)"),
         ({"head_type": "causal", "draft_vocab": 40}, r"reduced one \(model.draft_vocab=40\); train with"),
     ],
@@ -190,6 +191,20 @@ def test_what_the_layout_cannot_carry_is_one_sentence_and_leaves_nothing(setting
     with pytest.raises(UserError, match=message):
         export_mimo(checkpoint_of(model, tmp_path / "m.ckpt"), out)
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["m.ckpt"]
+
+
+def test_the_command_names_the_format_by_its_flag(tmp_path):
+    """The library names the export's ``format`` field (above); scripts/export.py spells it as its flag."""
+    values = {"vocab_size": 320, "d_model": 32, "n_layers": 6, "n_heads": 4, "n_kv_heads": 2, "n_future": 2}
+    checkpoint = checkpoint_of(MTPModel(ModelConfig(**values)), tmp_path / "m.ckpt")
+    with pytest.raises(UserError) as refused:
+        export_command.main([str(checkpoint), str(tmp_path / "mimo"), "--format", "mimo"])
+    assert str(refused.value) == (
+        "--format mimo carries causal heads (DeepSeek-V3's MTP modules, MiMo's layer), not this checkpoint's "
+        "transformer heads; train with model=causal2 (model.head_type=causal), or export --format hf, which keeps "
+        "every head for mtp to read back."
+    )
+    assert not (tmp_path / "mimo").exists()
 
 
 def edited(folder: Path, tensors=None, config=None) -> Path:

@@ -1,14 +1,13 @@
-"""The decoding methods, one module each in this folder, registered by name (:mod:`.base`): the target's heads (and
-their variants), a draft model, layer skip, prompt lookup. Every module here is imported with the package, so a new
-method is one new module: a :class:`~mtp.decode.methods.base.DecodingMethod` subclass with ``@register`` gets the
-decoding commands' flags and the benchmark's rows (a test file may register one the same way)."""
+"""The decoding methods, one module each in this folder, registered by name (:mod:`.base`): the target's heads, a
+draft model, layer skip, prompt lookup. Every module here is imported with the package, so a new method is one new
+module: a :class:`~mtp.decode.methods.base.DecodingMethod` subclass with ``@register`` gets the decoding command's
+flags (a test file may register one the same way); what the layers above do with it is theirs to register."""
 
 import importlib
 import pkgutil
 
 from mtp.decode.methods.base import (
     REGISTRY,
-    BenchRow,
     DecodingMethod,
     DrafterSettings,
     Target,
@@ -22,7 +21,6 @@ for _module in ("heads", *sorted(m.name for m in pkgutil.iter_modules(__path__) 
 
 __all__ = [
     "REGISTRY",
-    "BenchRow",
     "DecodingMethod",
     "DrafterSettings",
     "Target",

@@ -3,13 +3,12 @@ or one of your own) is a :class:`DecodingMethod` subclass, registered by name wi
 
 Its ``settings`` dataclass holds what it is asked (each field typed, with an attribute docstring, and checked by the
 dataclass itself: a :class:`~mtp.errors.SettingError`); one field, ``selected_by``, chooses it where a run names who
-drafts. Its ``sweep`` dataclass holds how a benchmark runs its rows: the values it sweeps, a row each (a draft model's
-drafts per step, layer skip's sets), each field with its docstring too. :meth:`DecodingMethod.proposer` builds the
-:class:`~mtp.decode.plan.Proposer` that drafts (the method's own class, in its module), and
-:meth:`DecodingMethod.rows` its benchmark rows (labels and plans: data, not presentation). The commands and the
-benchmark know methods only through :data:`REGISTRY`: they make each method's flags of its settings and its sweep,
-its rows of :meth:`~DecodingMethod.rows`, and choose how to show them by its name. So a method is one module (or one
-test file): a Proposer, a settings dataclass, a sweep dataclass, a DecodingMethod, ``@register``.
+drafts. :meth:`DecodingMethod.proposer` builds the :class:`~mtp.decode.plan.Proposer` that drafts (the method's own
+class, in its module); a plan holds the method of its settings until it is built (:class:`~mtp.decode.plan.Drafting`),
+and asks the method's refusals of it (:meth:`DecodingMethod.check_plan`) before that. The decoding command knows
+methods only through :data:`REGISTRY`: it makes each method's flags of its settings. So a method is one module here
+(or one test file): a Proposer, a settings dataclass, a DecodingMethod, ``@register``; the layers above may add a part
+of their own, registered under the same name.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import torch
 
@@ -33,20 +32,18 @@ def to_stderr(line: str) -> None:
 @dataclass
 class Target:
     """What a method's proposer is built for: the loaded target and where it runs; the parts of the run's plan that
-    the proposer joins (:meth:`plan`, :meth:`drafting`); the drafts per step asked of a drafter, and SpecTr's sequences
-    per step a benchmark's rows run at; where a search or a fit reports its progress."""
+    the proposer joins (:meth:`plan`, :meth:`drafting`); the drafts per step asked of a drafter; where a search or a
+    fit reports its progress."""
 
     loaded: LoadedCheckpoint
     device: torch.device
     sampling: GenerationConfig = field(default_factory=GenerationConfig)
     heads: HeadsSettings = field(default_factory=HeadsSettings)
-    """The heads' settings of the run (a benchmark's: its chain at the largest k)."""
+    """The heads' settings of the run (where several methods' runs are compared: their chain at the largest k)."""
     drafts: DraftSettings = field(default_factory=DraftSettings)
     step: StepSettings = field(default_factory=StepSettings)
     gamma: int = DEFAULT_GAMMA
-    """Drafts per step asked of a drafter (decode's and bench_decode's --gamma)."""
-    sequences: list[int] = field(default_factory=lambda: [2, 4])
-    """SpecTr's draft sequences per step a benchmark's rows run at, a row each (bench_decode's --sequences)."""
+    """Drafts per step asked of a drafter (the run's ``gamma``)."""
     dtype: str = "auto"
     """The dtype the target was loaded with (a draft checkpoint is loaded the same way)."""
     log: Callable[[str], None] = to_stderr
@@ -54,7 +51,9 @@ class Target:
 
     @classmethod
     def of(cls, loaded: LoadedCheckpoint, plan: Plan, device: torch.device, **values: Any) -> Target:
-        """The target of ``plan``'s parts (its drafter, if any, is not carried: a method builds its own)."""
+        """The target of ``plan``'s parts and its drafter's gamma (the drafter is not carried: a method builds its
+        own)."""
+        values = {"gamma": plan.gamma or DEFAULT_GAMMA, **values}
         return cls(loaded, device, plan.sampling, plan.heads, plan.drafts, plan.step, **values)
 
     @property
@@ -76,55 +75,33 @@ class DrafterSettings:
     """Drafts per step from a drafter (a draft model, layer skip, prompt lookup)."""
 
 
-class BenchRow(NamedTuple):
-    """A benchmark row of a method: its label (the method's name, or a variant's, such as 'draft spectr') and the plan
-    it decodes with (its drafter in it; None: the heads)."""
-
-    label: str
-    plan: Plan
-
-
 class DecodingMethod:
-    """A way of drafting, built from its settings and its sweep."""
+    """A way of drafting, built from its settings."""
 
     name: ClassVar[str]
-    """Its name: the statistics' ``method`` (its proposer's) and bench_decode's ``--methods`` entry."""
+    """Its name: the statistics' ``method`` (its proposer's), and the name a part of it in a layer above registers
+    under."""
     settings: ClassVar[type]
     """Its settings dataclass: every field a flag (a type add_settings knows, a docstring below it)."""
-    sweep: ClassVar[type | None] = None
-    """Its sweep dataclass: how a benchmark runs its rows (bench_decode's flags, a docstring below each field); a list
-    field is a row per value. A field named as a setting takes that setting's flag on bench_decode (layer skip's
-    ``skip_layers``: several sets). None: its rows sweep nothing."""
-    bench_defaults: ClassVar[dict[str, object]] = {}
-    """Defaults of its settings on bench_decode where they differ from decode's (prompt lookup's n-gram: a benchmark
-    asked for lookup's rows runs them without a flag)."""
     selected_by: ClassVar[str | None]
     """The field of ``settings`` that chooses it in place of the heads (its default is None); None: the heads
     themselves, whom a command chooses by its own flag."""
     beside_heads: ClassVar[bool] = False
     """Whether its drafts can be verified beside the heads' in one step (a hybrid)."""
-    labels: ClassVar[tuple[str, ...]] = ()
-    """bench_decode's --methods entries it answers for (empty: its name alone)."""
-    predicted: ClassVar[tuple[str, ...]] = ()
-    """Its rows' labels whose speed-up Leviathan et al.'s formula predicts from their acceptance and draft cost (a
-    draft model's chain), reported beside the measured one."""
 
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return cls.labels or (cls.name,)
-
-    @classmethod
-    def bench_settings(cls, values: dict[str, object], sweep: object | None) -> object:
-        """Its settings on bench_decode, of the values of their flags there (each setting a sweep field takes the flag
-        of has none: its value is the method's to derive from ``sweep``; None: its rows are not benchmarked)."""
-        return cls.settings(**values)
-
-    def __init__(self, options: object, sweep: object | None = None) -> None:
+    def __init__(self, options: object) -> None:
         assert isinstance(options, self.settings), f"{self.name} is built from a {self.settings.__name__}"
         self.options = options
         """Its settings, as given."""
-        self.sweep_values = sweep if sweep is not None or self.sweep is None else self.sweep()
-        """Its sweep (the defaults where none is given)."""
+
+    def proposer_class(self) -> type[Proposer]:
+        """The class of the proposer it builds of its settings (what :meth:`check_plan` asks)."""
+        return Proposer
+
+    def check_plan(self, plan: Plan) -> None:
+        """Its refusals of ``plan``, before anything is built: its proposer class's
+        (:meth:`~mtp.decode.plan.Proposer.check_plan`)."""
+        self.proposer_class().check_plan(plan)
 
     def proposer(self, target: Target) -> Proposer:
         """The proposer that drafts for ``target`` (a search, a fit or a load happens here)."""
@@ -134,30 +111,19 @@ class DecodingMethod:
         """:meth:`proposer`, drafting the ``target.gamma`` tokens a step asked for."""
         return self.proposer(target).with_gamma(target.gamma)
 
-    def most_drafts(self, gamma: int) -> int:
-        """The most drafts a step of its benchmark rows verifies at the drafters' ``gamma`` (their memory is checked
-        before any runs)."""
-        return gamma
-
-    def rows(self, target: Target, mode: str, labels: list[str]) -> list[BenchRow]:
-        """Its rows in a benchmark of ``labels`` (the --methods entries, its own among them), in ``mode`` (greedy or
-        sampling): ``target``'s parts are the heads' chain at the largest k (a drafter's plan: :meth:`Target.drafting`),
-        its gamma the drafters'. By default one row at that gamma."""
-        return [BenchRow(self.name, target.drafting(self.drafter(target)))]
-
 
 REGISTRY: dict[str, type[DecodingMethod]] = {}
 """Every registered method by name, in the order registered (the built-in ones first: the heads, then the drafters)."""
 
 
 def flag_fields(cls: type[DecodingMethod]) -> set[str]:
-    """The names of the flags a method's settings and sweep make (a sweep field named as a setting: one)."""
-    return {f.name for part in (cls.settings, cls.sweep) if part is not None for f in fields(part)}
+    """The names of the flags a method's settings make."""
+    return {f.name for f in fields(cls.settings)}
 
 
 def register(cls: type[DecodingMethod]) -> type[DecodingMethod]:
-    """Register a method (as a class decorator); a second method of the same name, or whose settings or sweep share a
-    field with another's, is refused (their flags would clash)."""
+    """Register a method (as a class decorator); a second method of the same name, or whose settings share a field with
+    another's, is refused (their flags would clash)."""
     if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
         raise ValueError(f"a decoding method named {cls.name!r} is registered already")
     taken = {name: other.name for other in REGISTRY.values() if other is not cls for name in flag_fields(other)}

@@ -16,7 +16,7 @@ heads), and beside the target's heads (hybrid): its proposers and its method.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -25,15 +25,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mtp.checkpoint.load import LoadedCheckpoint, load_checkpoint
+from mtp.data.packing import TokenizerConfig
 from mtp.decode.acceptance import Greedy, Lossless
 from mtp.decode.heads_proposer import HeadsProposer
 from mtp.decode.inference import InferenceModel, SkippingForm
-from mtp.decode.methods.base import BenchRow, DecodingMethod, Target, register
+from mtp.decode.methods.base import DecodingMethod, Target, register
 from mtp.decode.plan import DEFAULT_GAMMA, Plan, Proposal, Proposer
 from mtp.decode.sampling import Draws, RandomLayout, RowUniforms, processed_probs, sample_from, top_tokens
 from mtp.decode.settings import DraftSettings, HeadsSettings
-from mtp.errors import SettingError, UserError, literal
+from mtp.errors import SettingError, Trained, UserError, literal
 from mtp.model import MTPModel
+from mtp.model.config import ModelConfig
 
 
 class ModelDrafter(Proposer):
@@ -168,12 +170,12 @@ class StagedDrafter(ModelDrafter):
     """Where its inner drafts come from, for the statistics."""
     inner_heads: ClassVar[bool] = False
     """Its inner drafts are the draft model's heads' (drafted in its inner steps' forwards)."""
-    draws_drafts = False  # the inner step's exact rules draw them
 
     def __init__(self, form: InferenceModel, gamma: int = DEFAULT_GAMMA) -> None:
         super().__init__(form, "staged", {"inner": self.inner}, gamma)
 
-    def check_plan(self, plan: Plan) -> None:
+    @staticmethod
+    def check_plan(plan: Plan) -> None:
         if plan.drafts.drafts_per_step > 1:
             raise SettingError(
                 "a staged draft decodes one sequence of its own; use {drafts_per_step:1} with it.",
@@ -193,11 +195,12 @@ class StagedDrafter(ModelDrafter):
         sampling = replace(plan.sampling, acceptance="exact")
         heads = HeadsSettings(self.form.heads if self.inner_heads else 1)
         inner = Plan(sampling, heads, drafts=DraftSettings(draft_choice=plan.drafts.draft_choice))
-        self.heads = HeadsProposer(self.drafting, inner) if self.inner_heads else None
+        self.heads = HeadsProposer(inner) if self.inner_heads else None
         width = heads.heads - 1 if self.inner_heads else self.gamma  # drafts an inner step verifies at most
         layout = RandomLayout.of(width, self.heads.draws(inner) if self.heads is not None else Draws())
         self.rule = Greedy(sampling, layout) if sampling.greedy else Lossless(sampling, layout)
         if self.heads is not None:
+            self.heads.join(self.drafting)  # the draft model's own heads, out of its inner steps' forwards
             self.heads.lay_out(layout)
             self.heads.start(prompts, max_len, inner)
         steps = (plan.sampling.max_new_tokens + 1) * (self.gamma + 1)  # inner steps: each emits a token at least
@@ -355,14 +358,17 @@ def load_draft(path: Path, target: LoadedCheckpoint, device: torch.device, dtype
     if draft.tokenizer.to_str() != target.tokenizer.to_str():
         raise SettingError(
             "{draft} has a different tokenizer from the target's; train the draft on the target's tokenizer "
-            "(data/tokenizer=pretrained data.tokenizer.path=TARGET.ckpt).",
+            "({kind} {path}).",
             draft=path,
+            kind=Trained(TokenizerConfig, "pretrained"),
+            path=Trained(TokenizerConfig, "TARGET.ckpt"),
         )
     if draft.config.vocab_size != target.config.vocab_size:
         raise SettingError(
-            f"{{draft}} has model.vocab_size={draft.config.vocab_size} but the target has "
-            f"{target.config.vocab_size}; train the draft with model.vocab_size={target.config.vocab_size}.",
+            f"{{draft}} has {{vocab_size:{draft.config.vocab_size}}} but the target has {target.config.vocab_size}; "
+            "train the draft with {vocab_size}.",
             draft=path,
+            vocab_size=Trained(ModelConfig, target.config.vocab_size),
         )
     return draft
 
@@ -382,11 +388,6 @@ def staged_draft(
     return staged_drafter(draft.model, inner, compile, gamma)
 
 
-SPECTR = "draft-spectr"
-"""bench_decode's --methods entry of the draft model's rows of several sequences a step under SpecTr's rule (each row
-labelled 'draft spectr'), one per --sequences."""
-
-
 @dataclass
 class DraftModelSettings:
     draft: Path | None = None
@@ -404,23 +405,17 @@ class DraftModelSettings:
             )
 
 
-@dataclass
-class DraftModelSweep:
-    gammas: list[int] = field(default_factory=lambda: list(range(1, 9)))
-    """The draft model's drafts per step, a draft row each."""
-
-
 @register
 class DraftModel(DecodingMethod):
     """A draft model drafts gamma tokens a step (Leviathan et al. 2023), staged or beside the heads."""
 
     name = "draft"
     settings = DraftModelSettings
-    sweep = DraftModelSweep
     selected_by = "draft"
     beside_heads = True
-    labels = ("draft", SPECTR, "hybrid", "staged")
-    predicted = ("draft",)
+
+    def proposer_class(self) -> type[Proposer]:
+        return STAGED[self.options.staged] if self.options.staged is not None else ModelDrafter
 
     def proposer(self, target: Target) -> Proposer:
         options = self.options
@@ -428,27 +423,3 @@ class DraftModel(DecodingMethod):
         if options.staged is not None:
             return staged_draft(options.draft, draft, options.staged, target.compile)
         return draft_model_drafter(draft.model, target.compile)
-
-    def most_drafts(self, gamma: int) -> int:
-        return max([gamma, *self.sweep_values.gammas])
-
-    def rows(self, target: Target, mode: str, labels: list[str]) -> list[BenchRow]:
-        options, gamma = self.options, target.gamma
-        draft = load_draft(options.draft, target.loaded, target.device, target.dtype)
-        model = draft_model_drafter(draft.model, target.compile)
-        rows: list[BenchRow] = []
-        if "draft" in labels:
-            rows += [BenchRow("draft", target.drafting(model.with_gamma(g))) for g in self.sweep_values.gammas]
-        if SPECTR in labels:  # k draft sequences a step, SpecTr's rule
-            spectr = target.drafting(model.with_gamma(gamma))
-            rows += [
-                BenchRow("draft spectr", spectr.changed(drafts_per_step=k, acceptance="spectr"))
-                for k in target.sequences
-            ]
-        if "hybrid" in labels:  # the draft model's chain and the heads' chain, one tree
-            rows.append(BenchRow("hybrid", target.plan(model.with_gamma(gamma))))
-        if "staged" in labels:
-            inner = options.staged or "lookup"
-            staged = staged_draft(options.draft, draft, inner, target.compile, gamma)
-            rows.append(BenchRow("staged", target.drafting(staged)))
-        return rows

@@ -34,7 +34,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from mtp.data.prompts import prompts_beyond_the_benchmarks
 from mtp.decode.inference import ATTENTION, FEED_FORWARD, InferenceModel, Sublayer, skip_label, sublayers_of
 from mtp.decode.loop import generate
-from mtp.decode.methods.base import BenchRow, DecodingMethod, Target, register
+from mtp.decode.methods.base import DecodingMethod, Target, register
 from mtp.decode.methods.draft_model import ModelDrafter
 from mtp.decode.plan import DEFAULT_GAMMA, Plan, Proposer
 from mtp.decode.stats import DecodeStats
@@ -471,30 +471,17 @@ class LayerSkipSettings:
             )
 
 
-@dataclass
-class LayerSkipSweep:
-    skip_layers: list[str] = field(default_factory=lambda: ["auto"])
-    """Sets to skip, a row each: blocks (2,4,5), sublayers (3a,5m: attention, MLP), or auto: searched per mode (with
-    skip_sublayers, a row for the block search and one for the sublayer search)."""
-
-
 @register
 class LayerSkip(DecodingMethod):
     """The target itself drafts with some blocks or sublayers of head 1's path skipped (Draft & Verify)."""
 
     name = "layerskip"
     settings = LayerSkipSettings
-    sweep = LayerSkipSweep
     selected_by = "skip_layers"
     beside_heads = True
 
-    @classmethod
-    def bench_settings(cls, values: dict[str, object], sweep: LayerSkipSweep | None) -> LayerSkipSettings:
-        """On a benchmark the sets are the sweep's; the setting ``skip_layers`` is auto where one is searched (the
-        search's own settings need it), else the first; None where its rows are not benchmarked (a search's settings
-        then ask for them)."""
-        sets = sweep.skip_layers if sweep is not None else [None]
-        return cls.settings(**values, skip_layers="auto" if "auto" in sets else sets[0])
+    def proposer_class(self) -> type[Proposer]:
+        return ModelDrafter
 
     def proposer(self, target: Target) -> Proposer:
         options = self.options
@@ -502,15 +489,3 @@ class LayerSkip(DecodingMethod):
             options.skip_layers, target, target.plan, options.skip_sublayers, options.search_trials,
             options.search_seconds,
         )  # fmt: skip
-
-    def rows(self, target: Target, mode: str, labels: list[str]) -> list[BenchRow]:
-        """A row per set of the sweep's; an auto set searched over blocks, and with skip_sublayers over sublayers too
-        (a row each)."""
-        options, rows = self.options, []
-        for spec in self.sweep_values.skip_layers:
-            for sublayers in (False, True) if spec == "auto" and options.skip_sublayers else (False,):
-                drafter = skip_layers_drafter(
-                    spec, target, target.drafting, sublayers, options.search_trials, options.search_seconds
-                )
-                rows.append(BenchRow(self.name, target.drafting(drafter)))
-        return rows

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mtp.decode.methods.base import BenchRow, DecodingMethod, Target, register
+from mtp.decode.methods.base import DecodingMethod, Target, register
 from mtp.decode.plan import DEFAULT_GAMMA, Plan, Proposal, Proposer
 from mtp.errors import SettingError
 
@@ -22,7 +22,6 @@ class LookupDrafter(Proposer):
     """Prompt lookup: the continuation of the latest earlier occurrence of the last ``ngram`` (down to 1) tokens."""
 
     method = "lookup"
-    drafts_with_a_model = draws_drafts = False
     beside_heads = True
 
     def __init__(self, ngram: int, vocab_size: int, device: torch.device | str, gamma: int = DEFAULT_GAMMA) -> None:
@@ -33,7 +32,8 @@ class LookupDrafter(Proposer):
     def params(self) -> dict[str, str]:
         return {"ngram": str(self.ngram)}
 
-    def check_plan(self, plan: Plan) -> None:
+    @staticmethod
+    def check_plan(plan: Plan) -> None:
         if plan.drafts.drafts_per_step > 1:
             raise SettingError(
                 "prompt lookup drafts one continuation per row, which no tree of several is made of; use "
@@ -91,10 +91,6 @@ class LookupDrafter(Proposer):
         return Proposal(drafts, probs, counts=[len(f) for f in found])
 
 
-BESIDE_HEADS = "lookup+heads"
-"""bench_decode's --methods entry (and row label) of prompt lookup's chain beside the heads' chain (a hybrid step)."""
-
-
 @dataclass
 class PromptLookupSettings:
     prompt_lookup: int | None = None
@@ -110,17 +106,12 @@ class PromptLookup(DecodingMethod):
     """Prompt lookup drafts the continuation of an earlier match of the last tokens."""
 
     name = "lookup"
-    labels = ("lookup", BESIDE_HEADS)
     settings = PromptLookupSettings
-    bench_defaults = {"prompt_lookup": 3}
     selected_by = "prompt_lookup"
     beside_heads = True
 
+    def proposer_class(self) -> type[Proposer]:
+        return LookupDrafter
+
     def proposer(self, target: Target) -> Proposer:
         return LookupDrafter(self.options.prompt_lookup, target.loaded.config.vocab_size, target.device)
-
-    def rows(self, target: Target, mode: str, labels: list[str]) -> list[BenchRow]:
-        rows = super().rows(target, mode, labels) if self.name in labels else []
-        if BESIDE_HEADS in labels and target.heads.heads > 1:  # its chain and the heads' chain, one tree
-            rows.append(BenchRow(BESIDE_HEADS, target.plan(self.drafter(target))))
-        return rows
