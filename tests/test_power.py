@@ -2059,6 +2059,20 @@ MUTATIONS = [
         "if key not in owners:",
         ("tests/test_schema.py",),
     ),
+    Mutation(
+        "a step's profile counts a category's event and its children again (a norm's power and mean twice)",
+        "split_events.visit",
+        "totals[category] += event.cpu_time_total\n            return",
+        "totals[category] += event.cpu_time_total",
+        ("tests/benchmarks/test_step_profile.py",),
+    ),
+    Mutation(
+        "--threads sets the count but leaves the process free to run on every CPU",
+        "pin_threads",
+        "os.sched_setaffinity(0, cpus[:threads])",
+        "pass",
+        ("tests/benchmarks/test_step_profile.py",),
+    ),
 ]
 
 

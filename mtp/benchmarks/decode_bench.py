@@ -37,6 +37,7 @@ from mtp.benchmarks.report import (
     plot_decode,
 )
 from mtp.benchmarks.results_page import provenance
+from mtp.benchmarks.threads import described, pin_threads
 from mtp.benchmarks.vllm_peer import VllmPeer, vllm_table
 from mtp.checkpoint.load import LoadedCheckpoint, load_checkpoint, model_chat
 from mtp.data.prompts import HumanEvalProblem
@@ -86,6 +87,8 @@ class DecodeBenchSettings:
     device: str
     """cpu or cuda."""
     dtype: str
+    threads: int
+    """CPU threads pinned to as many CPUs (:func:`mtp.benchmarks.threads.pin_threads`; 0: PyTorch's own, unpinned)."""
     repeats: int
     """Rounds over all settings; the best round counts."""
     hf: bool
@@ -276,7 +279,7 @@ class DecodeBench:
     ) -> None:
         """results.json, results.md and decode.png in --out, and the tables printed."""
         out, on_cuda = self.options.out, next(self.loaded.model.parameters()).device.type == "cuda"
-        device_name = torch.cuda.get_device_name() if on_cuda else f"CPU ({torch.get_num_threads()} threads)"
+        device_name = torch.cuda.get_device_name() if on_cuda else f"CPU ({described()})"
         setup = self.setup(device_name, scorer is not None and bool(scorer.evaluations))
         title = self.title(setup)
         run_provenance = provenance(self.options.argv, torch.cuda.get_device_name() if on_cuda else None)
@@ -465,6 +468,7 @@ def run_decode_bench(settings: DecodeBenchSettings) -> None:
     ``settings.out``. A setting a model cannot decode (more heads than it has, prompts beyond its context) is a
     :class:`~mtp.errors.SettingError` before any decoding; the command renders it under its flags."""
     device = torch.device(settings.device)
+    pin_threads(settings.threads)
     settings.out.mkdir(parents=True, exist_ok=True)  # an unwritable out fails before the benchmark runs
     loaded = load_checkpoint(settings.checkpoint, device, settings.dtype)
     heads = sorted({1, *(settings.heads or range(1, loaded.config.n_future + 1))})  # 1: the speed-ups' baseline

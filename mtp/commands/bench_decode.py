@@ -201,7 +201,8 @@ def settings_of(
     with settings_named_by_flags():
         variations.check_on(device)
     require_plotting()
-    copied = ("gamma", "prompt_set", "prompts", "prompt_tokens", "fixed_length", "dtype", "repeats", "hf", "hf_static")
+    copied = ("gamma", "prompt_set", "prompts", "prompt_tokens", "fixed_length", "dtype", "threads", "repeats", "hf",
+              "hf_static")  # fmt: skip
     tools = ("llama_cpp", "llama_cpp_target")
     paths = {name: Path(values[name]) if values[name] is not None else None for name in tools}
     paths["vllm"] = Path(values.get("vllm_python") or default_python()) if values.get("vllm") else None

@@ -90,13 +90,16 @@ def run_script(main: Callable[[list[str] | None], int | None], argv: list[str] |
 
 @dataclass
 class Placement:
-    """Where a command runs its model, and in which dtype: its ``--device`` and ``--dtype`` (a schema's part,
-    :class:`mtp.commands.schema.Part`, takes either or both)."""
+    """Where a command runs its model, in which dtype and on how many CPU threads: its ``--device``, ``--dtype`` and
+    ``--threads`` (a schema's part, :class:`mtp.commands.schema.Part`, takes any of them;
+    :func:`mtp.benchmarks.threads.pin_threads` applies ``threads``)."""
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """The device: auto is cuda when PyTorch sees one, else cpu."""
     dtype: str = dataclasses.field(default="auto", metadata={"choices": ("auto", *DTYPES)})
     """The weights' dtype: auto is bf16 on cuda, fp32 elsewhere."""
+    threads: int = 0
+    """CPU threads, pinned to as many CPUs, as llama.cpp's -t (0: PyTorch's own count, unpinned)."""
 
 
 def add_device_flag(parser: argparse.ArgumentParser, default: str = "auto") -> None:

@@ -48,8 +48,10 @@ from typing import Any, NoReturn
 
 import torch
 
+from mtp.benchmarks.threads import pin_threads
 from mtp.checkpoint.load import load_checkpoint
 from mtp.commands.cli import (
+    Placement,
     add_decoding_settings,
     add_device_flag,
     add_dtype_flag,
@@ -93,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=1, help="decode the prompt in this many rows at once")
     add_device_flag(parser)
     add_dtype_flag(parser)
+    add_settings(parser, Placement, ("threads",))
     decoding = parser.add_argument_group("decoding settings (GenerationConfig's, the heads', the drafts', the step's)")
     add_decoding_settings(
         decoding,
@@ -274,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     check_flags(args)
     asked = args.heads if args.heads is not None else 1  # every head, with --self-speculative, once known (plan_for)
     parts = decoding_parts(args, heads=asked)  # each part checked before anything is loaded
+    with settings_named_by_flags():
+        pin_threads(args.threads)
     device = pick_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -303,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--- row {row} ---")
         print(text + tokenizer.decode(output))
     shown = f"head_type={loaded.config.head_type} heads={plan.heads.heads} batch={args.batch_size} device={device.type}"
+    shown += f" threads={torch.get_num_threads()}" if device.type == "cpu" else ""
     shown += f" quantize={plan.step.quantize}" if plan.step.quantize != "none" else ""
     print(f"{stats.line()} {shown}")
     if args.compare:

@@ -139,7 +139,7 @@ SCHEMA = (
     Part(DistillRun, ("prompts", "prompt_field"), title="prompts from a file (instead of a source)"),
     Part(DistillRun, ("new_tokens", "seed", "batch_size"), title="decoding"),
     Part(GenerationConfig, ("temperature", "top_k", "top_p"), title="sampling (default: greedy)"),
-    Part(Placement, title="device and dtype"),
+    Part(Placement, ("device", "dtype"), title="device and dtype"),
     Part(DistillRun, ("shard_prompts", "max_prompts", "max_tokens", "max_minutes", "force"), title="output and budgets",
          notes={"shard_prompts": f"default {BATCHES_PER_SHARD} batches"}),
 )  # fmt: skip
