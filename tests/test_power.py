@@ -2073,6 +2073,16 @@ MUTATIONS = [
         "pass",
         ("tests/benchmarks/test_step_profile.py",),
     ),
+    Mutation(
+        "a training run's validation keeps the form it decoded with (a copy of the weights held through training)",
+        "InferenceModel.release",
+        "if _built.pop(model, None) is not None:",
+        "if _built.get(model) is not None:",
+        (
+            "tests/decode/test_generate.py::test_a_released_model_keeps_no_form_and_decodes_the_same_after",
+            "tests/test_train.py::test_fused_adamw_trains_in_bf16_mixed_with_gradient_clipping",
+        ),
+    ),
 ]
 
 

@@ -469,13 +469,15 @@ class RecordFused(L.Callback):
         self.optimizer_dtype = trainer.optimizers[0].param_groups[0]["params"][0].dtype
 
     def on_train_end(self, trainer, pl_module) -> None:
-        """Whether the inference form the DecodeProbe decoded with at the last validation holds the final weights."""
-        from mtp.decode.inference import InferenceModel
+        """Whether the DecodeProbe left an inference form built after the last validation (it drops them: no copy of
+        the weights held through training), and whether a form built now holds the final weights."""
+        from mtp.decode.inference import InferenceModel, _built
         from mtp.training.parallel import is_sharded
 
         model = pl_module.model
         if is_sharded(model):  # never decoded in training (the DecodeProbe skips it)
             return
+        self.forms_left = bool(_built.get(model))
         form = InferenceModel.of(model, model.config.n_future)
         self.form_current = torch.equal(form.head1_output.weight, model.unembedding(1).weight * model.norm.weight)
 
@@ -491,7 +493,8 @@ def test_fused_adamw_trains_in_bf16_mixed_with_gradient_clipping(make_cfg):
     metrics = train(cfg, callbacks=[record])
     assert record.fused is True and math.isfinite(metrics["train/loss"])
     assert "val/decoded_tokens_per_forward" in metrics  # the probe decoded after the last step...
-    assert record.form_current  # ...with the weights as they were then
+    assert record.forms_left is False  # ...and kept no copy of the weights it decoded with
+    assert record.form_current
 
 
 @pytest.mark.slow

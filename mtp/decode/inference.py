@@ -25,6 +25,7 @@ attention and MLP sublayers, on the same packed weights.
 from __future__ import annotations
 
 import copy
+import gc
 import weakref
 from collections.abc import Callable, Iterable
 
@@ -35,6 +36,7 @@ from torch import Tensor
 from mtp.decode.cache import KVCache
 from mtp.decode.graphs import StepGraphs
 from mtp.decode.head_forms import Chooser, HeadForm, head_form
+from mtp.decode.memory import return_freed_memory
 from mtp.decode.packed import (
     BY_INPUT,
     BY_WEIGHT,
@@ -186,6 +188,16 @@ class InferenceModel:
         if quantize != "none":
             form = form.quantized(quantize)
         return form if draft_dtype == "auto" else form.with_int8_drafts()
+
+    @staticmethod
+    def release(model: MTPModel) -> None:
+        """Drop every inference form built for ``model`` (:meth:`of`), with the copies of its weights they hold (packed,
+        by layout, quantized) and their compiled steps: for a caller that decodes once in a while between weight
+        updates, such as a training run's validation, where a kept form is rebuilt before its next use anyway and
+        would only hold memory meanwhile. The next :meth:`of` builds again."""
+        if _built.pop(model, None) is not None:
+            gc.collect()  # a form and its drafter refer to each other: freed by the collector, not at the pop
+            return_freed_memory()
 
     def _variant(self, name: str, build: Callable[[InferenceModel], None]) -> InferenceModel:
         """A copy of this form changed by ``build`` (in place on the copy), made once per form and ``name``."""

@@ -13,6 +13,7 @@ holds only the mask, so a step it runs can peak at a fraction of this estimate.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,3 +172,17 @@ def _gigabytes(n: int) -> str:
     """Bytes as GB (10^9): whole above 10, one decimal below."""
     gb = n / 1e9
     return f"{gb:,.0f} GB" if gb >= 10 else f"{gb:.1f} GB"
+
+
+def return_freed_memory() -> None:
+    """Hand the C allocator's freed memory back to the system (glibc's ``malloc_trim``; nothing elsewhere). A tensor of
+    a few megabytes, such as one block's matrix, is allocated from the allocator's heap, and freeing it keeps its pages
+    resident for the process's later allocations: after dropping a copy of a model's weights, the process would stay
+    as large as with it. What Python still references is not touched."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)

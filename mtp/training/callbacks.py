@@ -17,6 +17,7 @@ from torch import Tensor
 
 from mtp.checkpoint.format import TASK_CURVE
 from mtp.decode import GenerationConfig, HeadsSettings, Plan, generate
+from mtp.decode.inference import InferenceModel
 from mtp.errors import UserError, settings_named_by_keys
 from mtp.training.parallel import data_parallel_size, is_sharded
 from mtp.training.task_scores import TASKS, TaskSettings, parse_ops, row_metrics
@@ -234,6 +235,7 @@ class DecodeProbe(L.Callback):
         with torch.autocast(pl_module.device.type, enabled=False):
             config, heads = GenerationConfig(max_new_tokens=self.tokens), HeadsSettings(heads=n)
             _, stats = generate(model, openings.tolist(), Plan(config, heads))
+        InferenceModel.release(model)  # the next validation's weights differ: no copy of these kept while training
         pl_module.log("val/decoded_tokens_per_forward", stats.tokens_per_forward, sync_dist=True)
         for j, rate in enumerate(stats.acceptance, start=1):
             pl_module.log(f"val/decoded_acceptance_pos{j}", rate, sync_dist=True)

@@ -190,6 +190,21 @@ def test_decoding_follows_weights_written_where_no_counter_sees_once_the_model_i
     assert InferenceModel.of(model.double(), 3) is not form and InferenceModel.of(model.float(), 3) is not form
 
 
+def test_a_released_model_keeps_no_form_and_decodes_the_same_after():
+    """InferenceModel.release drops the forms built for a model (a training run's validation decodes, then trains on):
+    none is held after it, the next decode builds a new one, and it decodes what it did before."""
+    from mtp.decode.inference import _built
+
+    model = tiny_model()
+    before, _ = greedy(model, [[5, 6, 7]], heads=3)
+    form = InferenceModel.of(model, 3)
+    InferenceModel.release(model)
+    assert model not in _built
+    after, _ = greedy(model, [[5, 6, 7]], heads=3)
+    assert after == before and InferenceModel.of(model, 3) is not form
+    InferenceModel.release(tiny_model())  # a model never decoded: nothing to drop
+
+
 @pytest.mark.slow  # ~7 s: trains its own shared-depth model
 def test_a_shared_causal_depth_drafts_beyond_the_trained_heads(trained_models):
     model = trained_models("causal-shared")
