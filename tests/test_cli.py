@@ -346,6 +346,7 @@ def test_entry_points_are_installed():
         assert shutil.which(name), f"{name} is not on PATH"
 
 
+@pytest.mark.slow  # ~4 s: a fresh interpreter runs an installed entry point
 def test_an_entry_point_runs(tmp_path):
     result = subprocess.run(
         [shutil.which("mtp-decode") or "mtp-decode", "--help"],

@@ -176,7 +176,8 @@ def test_answers_after_must_be_one_token(tmp_path, shared_cache):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("preset", [pytest.param("mtp1", marks=pytest.mark.slow), "mtp2"])  # n=1: slow
+@pytest.mark.slow  # ~17 s a model: each trained, validated and scored
+@pytest.mark.parametrize("preset", ["mtp1", "mtp2"])
 def test_a_corpus_model_is_scored_by_its_held_out_loss_as_training_validates_and_by_its_drafts(
     preset, make_cfg, tmp_path
 ):

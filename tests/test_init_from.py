@@ -173,6 +173,7 @@ CHATML = (
 )
 
 
+@pytest.mark.slow  # ~7 s: trains heads on a start model
 def test_the_start_models_chat_template_travels_with_the_heads_trained_on_it(make_cfg, tiny_checkpoints, tmp_path):
     """A checkpoint trained from a model that declares a chat template carries it (decode, bench_decode and distill
     speak to the heads' model as to the start), on through a second init_from and into an export; one started from

@@ -114,6 +114,7 @@ def test_every_hydra_config_choice_in_the_docs_exists():
     assert checked, "the docs choose no config option"
 
 
+@pytest.mark.slow  # ~11 s: composes every documented training command
 def test_every_documented_training_command_composes():
     """Every documented pretrain.py command line's overrides compose into a config (a key the config lacks, a typo in
     a group's key, is Hydra's error here, as it would be the reader's); a sweep's first choice stands for it."""

@@ -68,6 +68,7 @@ def stand_in_reference(site: Path, with_file: bool) -> Path:
     return package / REFERENCE_FILE
 
 
+@pytest.mark.slow  # ~3 s: the recipe composed and its model found
 def test_the_recipes_own_command_finds_the_reference_model(tmp_path):
     """The README's command, no init_from given: ${reference_model:} resolves in the command's own process (it read
     init_from before anything registered the resolver, and failed with omegaconf's "Unsupported interpolation

@@ -166,6 +166,7 @@ def test_bad_inputs_are_one_sentence(make, message):
     assert str(caught.value).count(". ") == 0 and str(caught.value).endswith(".")
 
 
+@pytest.mark.slow  # ~5 s: a whole run, trained and scored
 def test_a_tiny_paper_induction_run_trains_and_is_scored(tmp_path: Path):
     overrides = [
         "experiment=paper_induction",
