@@ -134,6 +134,7 @@ def test_scores_count_right_wrong_and_malformed_replies(monkeypatch):
                 task_scores.score_polynomial(None, tokenizer, data, TaskSettings(problems=31))
 
 
+@pytest.mark.slow  # ~3 s: trained and scored
 def test_a_tiny_model_trained_on_polynomials_is_scored_end_to_end(tmp_path, shared_cache):
     """experiment=paper_polynomial at size=tiny for a few steps, then the command on a handful of problems with the
     heads drafting: a results.json with a row per asked count (what a few steps learn is not asserted)."""

@@ -44,6 +44,7 @@ def test_fast_dev_run_every_model_preset(make_cfg, preset):
     assert 1.0 <= metrics["val/expected_tokens_per_forward"] <= n
 
 
+@pytest.mark.slow  # ~3 s: a debug preset trained
 def test_overfit_debug_preset_rebuilds_the_training_loader(make_cfg):
     """debug=overfit makes Lightning rebuild the training DataLoader with its own sampler: it must still run."""
     metrics = train(make_cfg("mtp2", ["debug=overfit", "trainer.max_steps=3", "trainer.val_check_interval=3"]))
@@ -175,6 +176,7 @@ def test_run_logs_metrics_and_writes_a_checkpoint_with_its_tokenizer(make_cfg, c
         assert loaded.model(torch.tensor([ids])).shape == (2, 1, len(ids), 512)
 
 
+@pytest.mark.slow  # ~3 s: a run with its event file read back
 def test_tensorboard_holds_the_documented_curves(make_cfg):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -310,6 +312,7 @@ def test_resume_continues_the_run(make_cfg, tmp_path):
     assert first_state["lr_schedulers"][0]["last_epoch"] == 3 and resumed["lr_schedulers"][0]["last_epoch"] == 6
 
 
+@pytest.mark.slow  # ~3 s: two runs
 def test_resuming_a_checkpoint_keeps_its_loss_settings_unless_the_command_line_sets_them(make_cfg, tmp_path, caplog):
     """A checkpoint written before the loss settings had their own config kept them in its model config: a run
     resumed from it trains with them (and records them as today's checkpoints do), each one the command line sets
@@ -370,6 +373,7 @@ def test_resume_mid_epoch_continues_the_data_order(make_cfg, tmp_path, validatio
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow  # ~4 s: two runs
 def test_the_corpus_is_prepared_once_and_a_resume_checkpoint_read_once(make_cfg, tmp_path, monkeypatch):
     """The Trainer drives the datamodule (prepare_data, then setup reuses it); the resume file is checked
     without reading its tensors (mmap) and read in full only by Lightning's restore."""

@@ -304,6 +304,7 @@ def canonical_problems() -> list[tuple[HumanEvalProblem, str]]:
     ]
 
 
+@pytest.mark.slow  # ~3 s: every completion run in the jail
 @needs_jail
 def test_pass_at_1_of_known_good_and_bad_completions_is_the_same_in_the_jail():
     pairs = canonical_problems()[::8]  # 21 of the 164, every kind of import they make among them

@@ -317,6 +317,7 @@ def test_decoding_compiled_leaves_the_recompile_limit_as_it_was():
     assert torch._dynamo.config.recompile_limit == before
 
 
+@pytest.mark.slow  # ~4 s: compiles
 @pytest.mark.parametrize("by_weight", [False, True], ids=["x-by-weight", "weight-by-x"])
 def test_a_compiled_product_of_one_row_stays_a_blas_call_on_cpu(by_weight):
     """Inductor lowers a one-row (or one-column) bmm on CPU to a loop of its own, which made SmolLM2's compiled
