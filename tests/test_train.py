@@ -472,18 +472,27 @@ class RecordFused(L.Callback):
         self.fused = trainer.optimizers[0].defaults.get("fused")
         self.optimizer_dtype = trainer.optimizers[0].param_groups[0]["params"][0].dtype
 
-    def on_train_end(self, trainer, pl_module) -> None:
-        """Whether the DecodeProbe left an inference form built after the last validation (it drops them: no copy of
-        the weights held through training), and whether a form built now holds the final weights."""
-        from mtp.decode.inference import InferenceModel, _built
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        """A form built before the first optimizer step, and one asked for after it (no validation in between): the
+        module says its step changed the weights, so the second is built anew and holds them, not the first's."""
+        from mtp.decode.inference import InferenceModel
         from mtp.training.parallel import is_sharded
 
         model = pl_module.model
-        if is_sharded(model):  # never decoded in training (the DecodeProbe skips it)
+        if is_sharded(model) or batch_idx > 1:  # never decoded in training (the DecodeProbe skips it)
             return
-        self.forms_left = bool(_built.get(model))
         form = InferenceModel.of(model, model.config.n_future)
-        self.form_current = torch.equal(form.head1_output.weight, model.unembedding(1).weight * model.norm.weight)
+        if batch_idx == 1:
+            self.form_current = torch.equal(form.head1_output.weight, model.unembedding(1).weight * model.norm.weight)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        """Whether the DecodeProbe left an inference form built after the last validation (it drops them: no copy of
+        the weights held through training)."""
+        from mtp.decode.inference import _built
+        from mtp.training.parallel import is_sharded
+
+        if not is_sharded(pl_module.model):
+            self.forms_left = bool(_built.get(pl_module.model))
 
 
 def test_fused_adamw_trains_in_bf16_mixed_with_gradient_clipping(make_cfg):
@@ -498,7 +507,7 @@ def test_fused_adamw_trains_in_bf16_mixed_with_gradient_clipping(make_cfg):
     assert record.fused is True and math.isfinite(metrics["train/loss"])
     assert "val/decoded_tokens_per_forward" in metrics  # the probe decoded after the last step...
     assert record.forms_left is False  # ...and kept no copy of the weights it decoded with
-    assert record.form_current
+    assert record.form_current  # a form asked for after an optimizer step holds the step's weights
 
 
 @pytest.mark.slow
