@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from mtp.benchmarks.bandwidth import streamed_bytes
+from mtp.benchmarks.threads import described
 from mtp.decode import generate
 from mtp.decode.plan import Plan
 
@@ -57,8 +57,8 @@ class StepProfile:
     """Milliseconds per decoding forward of an unprofiled run of the same plan (the prompt's excluded)."""
     product_bytes: int
     """Bytes a batch-1 autoregressive step's matrices stream (:func:`mtp.benchmarks.bandwidth.streamed_bytes`)."""
-    threads: int
-    notes: list[str] = field(default_factory=list)
+    threads: str
+    """The threads and CPUs it ran on (:func:`mtp.benchmarks.threads.described`)."""
 
     @property
     def product_gb_per_s(self) -> float:
@@ -143,5 +143,5 @@ def profile_step(model: nn.Module, prompts: list[list[int]], plan: Plan) -> Step
         wall_ms=wall_s * 1e3 / forwards,
         step_ms=stats.ms_per_forward,
         product_bytes=streamed_bytes(model, precision_of(model, plan)) if plan.step_drafts == 0 else 0,
-        threads=torch.get_num_threads(),
+        threads=described(),
     )

@@ -22,13 +22,15 @@ from typing import NoReturn
 import torch
 
 from mtp.benchmarks.step_profile import profile_step
-from mtp.benchmarks.threads import described, pin_threads
+from mtp.benchmarks.threads import pin_threads
 from mtp.checkpoint.load import load_checkpoint
-from mtp.commands.cli import add_dtype_flag, run_script, settings_named_by_flags
+from mtp.commands.cli import Placement, add_settings, run_script, settings_named_by_flags
+from mtp.commands.schema import add_parts, decoding_parts, decoding_schema
 from mtp.data.tokenizer import prompt_ids
-from mtp.decode import GenerationConfig, HeadsSettings, Plan, StepSettings
-from mtp.decode.quantize import QUANTIZE
+from mtp.decode import Plan
 
+DECODING = decoding_schema(("max_new_tokens", "heads", "compile", "quantize"), max_new_tokens=64)
+"""The decoding settings a profiled step takes, as flags (greedy: the sampling's other settings at their defaults)."""
 PROMPT = 'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number, fibonacci(0) being 0."""\n'
 """The default prompt: code, as the benchmarks' HumanEval prompts are."""
 
@@ -37,25 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path, help="a .ckpt written by scripts/pretrain.py")
     parser.add_argument("--prompt", default=PROMPT, help="the prompt text (default: a Python function's head)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens decoded per run (default: 64)")
-    parser.add_argument("--heads", type=int, default=1, help="1: the autoregressive step; k: k heads' (default: 1)")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False, help="torch.compile it")
-    parser.add_argument("--quantize", choices=QUANTIZE, default="none", help="the target's weights (default: none)")
-    parser.add_argument("--threads", type=int, default=0, help="pin N threads to N CPUs (default 0: torch's own)")
+    add_parts(parser, DECODING)
+    add_settings(parser, Placement, ("dtype", "threads"))
     parser.add_argument("--json", type=Path, default=None, help="also write the profile to this JSON file")
-    add_dtype_flag(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    plan = Plan(**decoding_parts(DECODING, vars(args)))
     with settings_named_by_flags():
         pin_threads(args.threads)
-        plan = Plan(
-            GenerationConfig(max_new_tokens=args.max_new_tokens),
-            HeadsSettings(heads=args.heads),
-            step=StepSettings(compile=args.compile, quantize=args.quantize),
-        )
         device = torch.device("cpu")
         loaded = load_checkpoint(args.checkpoint, device, args.dtype)
         plan.step.check_model(loaded.config, device, loaded.model.tok_embeddings.weight.dtype)
@@ -64,11 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     step = "autoregressive" if args.heads == 1 else f"{args.heads} heads"
     print(
         f"{args.checkpoint}: {step}, {'compiled' if args.compile else 'eager'}, quantize={args.quantize}, "
-        f"{described()}, {measured.tokens} tokens in {measured.forwards} forwards"
+        f"{measured.threads}, {measured.tokens} tokens in {measured.forwards} forwards"
     )
     print(measured.table())
     if args.json is not None:
-        args.json.write_text(json.dumps(measured.to_dict() | {"threads_used": described()}, indent=2))
+        args.json.write_text(json.dumps(measured.to_dict(), indent=2))
     return 0
 
 
