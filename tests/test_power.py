@@ -745,8 +745,8 @@ MUTATIONS = [
     ),
     Mutation(
         "a trunk cache file of another model is trained on",
-        "TrunkCache.load",
-        "if written_for != self.trunk or wide != width:",
+        "TrunkCache.check_written_for",
+        "if trunk != self.trunk or wide != self.width:",
         "if False:",
         ("tests/test_trunk_cache.py::test_a_cache_file_of_another_trunk_or_other_layers_is_refused_in_one_sentence",),
     ),
@@ -938,10 +938,24 @@ MUTATIONS = [
     ),
     Mutation(
         "the trunk cache hands back its rows in the wrong order",
-        "TrunkCache.__call__",
-        "return torch.stack([self.outputs[key] for key in keys])",
-        "return torch.stack([self.outputs[key] for key in reversed(keys)])",
+        "MemoryRows.get",
+        "return torch.stack([self.rows[key] for key in keys])",
+        "return torch.stack([self.rows[key] for key in reversed(keys)])",
         ("tests/test_trunk_cache.py::test_a_cached_step_computes_exactly_the_uncached_one",),
+    ),
+    Mutation(
+        "the trunk cache's file hands back the row at the batch's place, not the key's",
+        "FileRows.get",
+        "self.index[key] * self.row_bytes)",
+        "i * self.row_bytes)",
+        ("tests/test_trunk_cache.py::test_a_cached_step_computes_exactly_the_uncached_one",),
+    ),
+    Mutation(
+        "rows a stopped run wrote past its index stay in the trunk cache's file",
+        "TrunkCache.open",
+        "rows.keep_first(count)",
+        "pass",
+        ("tests/test_trunk_cache.py::test_rows_written_after_the_last_index_are_dropped_and_the_rest_serve",),
     ),
     # -- the loss
     Mutation(
@@ -2018,11 +2032,11 @@ MUTATIONS = [
         (f"{SWEEPS}::test_a_bad_summary_is_one_sentence_naming_the_file_and_the_fix",),
     ),
     Mutation(
-        "a trunk cache file written as one stacked copy of the whole cache (twice its memory at an epoch's end)",
-        "TrunkCache.save",
-        '"rows": rows,',
-        '"outputs": torch.stack(rows),',
-        ("tests/test_trunk_cache.py::test_a_cache_file_keeps_each_row_and_a_file_of_one_stacked_tensor_still_serves",),
+        "a trunk cache folder bounded by its disk's free space alone, as if its rows were not there to be written over",
+        "cache_room",
+        "return free + held,",
+        "return free,",
+        ("tests/test_trunk_cache.py::test_a_cache_folder_is_bounded_by_its_free_disk_and_what_its_rows_already_hold",),
     ),
     Mutation(
         "the trunk cache holds its whole budget whatever memory the machine has",

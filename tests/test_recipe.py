@@ -280,7 +280,7 @@ def test_the_eagle3_recipe_reads_tasks_trains_and_benchmarks_in_one_command(tiny
     run = next((tmp_path / "logs" / "pretrain" / "runs").iterdir())
     stored = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert stored["mtp"]["model_config"]["head_type"] == "eagle3"
-    assert list((tmp_path / "trunk").glob("trunk-*-T32-float32.pt"))  # the three layers' states and the output
+    assert list((tmp_path / "trunk").glob("trunk-*-T32-float32.index.pt"))  # the three layers' states and the output
     results = json.loads((run / "bench_decode" / "results.json").read_text())
     assert {(r["method"], r["heads"]) for r in results["results"]} == {
         ("chain", 1), ("chain", 2), ("chain", 3), ("chain", 4), ("lookup", 1)

@@ -1,5 +1,8 @@
 """The trunk cache: a frozen trunk's outputs kept from a window's first step, the same step computed either way."""
 
+import os
+import shutil
+
 import pytest
 import torch
 
@@ -9,7 +12,7 @@ from mtp.model.config import ModelConfig
 from mtp.pretrained.init_from import freeze
 from mtp.training.loss import mtp_loss
 from mtp.training.train import train
-from mtp.training.trunk_cache import TrunkCache, available_memory, cache_budget
+from mtp.training.trunk_cache import FileRows, MemoryRows, TrunkCache, available_memory, cache_budget, cache_room
 
 
 def frozen_model(head_type: str = "causal") -> MTPModel:
@@ -27,27 +30,32 @@ def step(model: MTPModel, window: torch.Tensor, trunk=None) -> tuple[float, dict
     return out.total.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.parametrize("store", ["memory", "file"])
 @pytest.mark.parametrize("head_type", ["transformer", "causal", "medusa", "eagle3"])
-def test_a_cached_step_computes_exactly_the_uncached_one(head_type):
+def test_a_cached_step_computes_exactly_the_uncached_one(head_type, store, tmp_path):
     model = frozen_model(head_type)
-    cache = TrunkCache(model, max_bytes=2**20)
+    cache = TrunkCache(model, max_bytes=2**20, folder=tmp_path if store == "file" else None)
     windows = torch.randint(0, 61, (2, 3, 14), generator=torch.Generator().manual_seed(1))
-    for window in (windows[0], windows[1], windows[0]):  # the third step reads the first's trunk outputs
+    for window in (windows[0], windows[1], windows[1], windows[0]):  # the last two read what the first two kept
         loss, grads = step(model, window)
         cached_loss, cached_grads = step(model, window, cache)
         assert cached_loss == loss
         assert grads.keys() == cached_grads.keys() and all(torch.equal(grads[n], cached_grads[n]) for n in grads)
-    assert (cache.misses, cache.hits) == (6, 3)  # 2 windows x 3 rows computed, the first read back once
+    assert (cache.misses, cache.hits) == (6, 6)  # 2 windows x 3 rows computed, each read back once
+    assert isinstance(cache.rows, FileRows if store == "file" else MemoryRows)
 
 
-def test_the_cache_keeps_no_more_than_its_budget():
+@pytest.mark.parametrize("store", ["memory", "file"])
+def test_the_cache_keeps_no_more_than_its_budget(store, tmp_path):
     model = frozen_model()
     row_bytes = 11 * 32 * 4  # (T, d) fp32
-    cache = TrunkCache(model, max_bytes=2 * row_bytes)
+    cache = TrunkCache(model, max_bytes=2 * row_bytes, folder=tmp_path if store == "file" else None)
     window = torch.randint(0, 61, (3, 15))
     loss, _ = step(model, window, cache)
-    assert len(cache.outputs) == 2 and cache.bytes == 2 * row_bytes
+    assert len(cache.rows) == 2 and cache.rows.bytes == 2 * row_bytes
     assert step(model, window, cache)[0] == loss and cache.hits == 0  # one row missing: the batch is computed again
+    if store == "file":
+        assert cache.rows.path.stat().st_size == 2 * row_bytes
 
 
 def test_a_trunk_that_trains_cannot_be_cached(make_cfg):
@@ -88,7 +96,8 @@ def test_a_cache_folder_serves_the_next_run_on_the_same_trunk_only(tmp_path):
     first = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
     loss, grads = step(model, window, first)
     first.save()
-    assert [p.name for p in tmp_path.iterdir()] == [first.file.name]  # one whole file, no temporary left
+    rows = first.file.name.replace(".index.pt", ".rows")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.file.name, rows]  # no temporary left
     second = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
     cached_loss, cached_grads = step(model, window, second)
     assert (second.hits, second.misses) == (3, 0) and cached_loss == loss
@@ -112,24 +121,66 @@ def test_a_cache_file_of_another_trunk_or_other_layers_is_refused_in_one_sentenc
     step(other, window, other_cache)
     other_cache.save()
     other_cache.file.replace(first.file)  # the other model's outputs under this model's name
-    with pytest.raises(UserError, match=r"^trunk_cache_dir holds trunk-\w+-T11-float32.pt, written for another trunk"):
+    with pytest.raises(UserError, match=r"^trunk_cache_dir holds trunk-\w+-T11-float32.index.pt, written for another"):
         step(model, window, TrunkCache(model, max_bytes=2**20, folder=tmp_path))
 
 
-def test_a_cache_file_keeps_each_row_and_a_file_of_one_stacked_tensor_still_serves(tmp_path):
-    """The file holds the rows as kept (writing it makes no second copy of the whole cache); a file written before,
-    of one stacked tensor, is read as well."""
+def test_rows_written_after_the_last_index_are_dropped_and_the_rest_serve(tmp_path):
+    """A run stopped within an epoch wrote rows its index does not name: the next run cuts them off and reads the
+    rows the index names."""
+    model = frozen_model()
+    windows = torch.randint(0, 61, (2, 3, 15), generator=torch.Generator().manual_seed(3))
+    first = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
+    loss, _ = step(model, windows[0], first)
+    first.save()
+    step(model, windows[1], first)  # three more rows, never indexed
+    row_bytes = first.rows.row_bytes
+    assert first.rows.path.stat().st_size == 6 * row_bytes
+    second = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
+    assert step(model, windows[0], second)[0] == loss and (second.hits, second.misses) == (3, 0)
+    assert second.rows.path.stat().st_size == 3 * row_bytes
+    step(model, windows[1], second)  # computed again and written where the cut rows were
+    assert second.misses == 3 and second.rows.path.stat().st_size == 6 * row_bytes
+
+
+def test_the_rows_are_read_from_the_file_not_kept_in_memory(tmp_path):
+    """A hit reads the file: its bytes changed on disk are what the step gets (so the process holds only the index)."""
+    model = frozen_model()
+    window = torch.randint(0, 61, (3, 15), generator=torch.Generator().manual_seed(4))
+    cache = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
+    computed = cache(window[:, :-1]).clone()
+    sevens = torch.full(cache.rows.shape, 7.0)
+    with open(cache.rows.path, "r+b") as f:
+        f.write(sevens.numpy().tobytes())  # the first row, overwritten
+    read = cache(window[:, :-1])
+    assert cache.hits == 3 and torch.equal(read[1:], computed[1:]) and torch.equal(read[0], sevens)
+
+
+def test_a_cache_file_of_earlier_versions_still_serves(tmp_path):
+    """Earlier versions kept every row in one .pt file (a list of rows, or before that one stacked tensor): read once
+    into the row file, the same step computed."""
     model = frozen_model()
     window = torch.randint(0, 61, (3, 15), generator=torch.Generator().manual_seed(2))
-    first = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
-    loss, _ = step(model, window, first)
-    first.save()
-    stored = torch.load(first.file, weights_only=True)
-    assert isinstance(stored["rows"], list) and len(stored["rows"]) == 3 and "outputs" not in stored
-    older = {"ids": stored["ids"], "outputs": torch.stack(stored["rows"]), "trunk": stored["trunk"]}
-    torch.save(older, first.file)
-    second = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
-    assert step(model, window, second)[0] == loss and (second.hits, second.misses) == (3, 0)
+    loss, grads = step(model, window)
+    memory = TrunkCache(model, max_bytes=2**20)
+    step(model, window, memory)
+    ids = torch.stack([torch.frombuffer(bytearray(key), dtype=torch.long) for key in memory.rows.keys()])
+    rows = [row.clone() for row in memory.rows.rows.values()]
+    probe = TrunkCache(model, max_bytes=2**20, folder=tmp_path)
+    step(model, window, probe)
+    stem = probe.file.name.removesuffix(".index.pt")
+    for path in tmp_path.iterdir():
+        path.unlink()
+    for kind, stored in [("rows", {"rows": rows}), ("stacked", {"outputs": torch.stack(rows)})]:
+        torch.save({"ids": ids, **stored, "trunk": probe.trunk}, tmp_path / f"{stem}.pt")
+        cache = TrunkCache(model, max_bytes=2**20, folder=tmp_path / ".." / tmp_path.name)
+        cached_loss, cached_grads = step(model, window, cache)
+        assert (cache.hits, cache.misses) == (3, 0), kind
+        assert cached_loss == loss and all(torch.equal(grads[n], cached_grads[n]) for n in grads)
+        cache.save()
+        assert cache.file.is_file() and cache.rows.path.stat().st_size == 3 * cache.rows.row_bytes
+        for path in [cache.file, cache.rows.path]:
+            path.unlink()
 
 
 def test_the_cache_holds_at_most_half_the_memory_the_machine_has_available():
@@ -143,3 +194,16 @@ def test_the_cache_holds_at_most_half_the_memory_the_machine_has_available():
         "past it run the trunk each epoch"
     )
     assert available_memory() is None or available_memory() > 0
+    _, where = cache_budget(6 * gib, 8 * gib, "free on the disk of trunk_cache_dir=data/cache/trunk")
+    assert "half the 8.0 GiB free on the disk of trunk_cache_dir=data/cache/trunk, not the" in where
+
+
+def test_a_cache_folder_is_bounded_by_its_free_disk_and_what_its_rows_already_hold(tmp_path):
+    for name in ("trunk-0123-T11-float32.rows", "other.bin"):  # sparse: 1 GiB long each, nothing on the disk
+        (tmp_path / name).touch()
+        os.truncate(tmp_path / name, 2**30)
+    free, where = cache_room(tmp_path)
+    assert free is not None and where == f"free on the disk of trunk_cache_dir={tmp_path}"
+    assert abs(free - shutil.disk_usage(tmp_path).free - 2**30) < 2**26  # the disk's own use moves meanwhile
+    assert cache_room(tmp_path / "not" / "yet")[0] is not None  # a folder to be made: the disk above it
+    assert cache_room(None)[1] == "this machine has available"

@@ -27,7 +27,7 @@ from mtp.training.loss_config import LossConfig
 from mtp.training.metrics import AcceptanceByPosition, ExpectedTokensPerForward
 from mtp.training.optim import OptimConfig, parameter_groups, warmup_cosine
 from mtp.training.parallel import data_parallel_size, parallelize
-from mtp.training.trunk_cache import TrunkCache, available_memory, cache_budget
+from mtp.training.trunk_cache import TrunkCache, available_memory, cache_budget, cache_room
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class MTPLitModule(L.LightningModule):
         """The ids of ``loss.answers_after`` and end-of-text, once the data's tokenizer is known (:meth:`setup`)."""
         if trunk_cache_gb > 0:
             TrunkCache.check_frozen(self.model)
-            budget, note = cache_budget(int(trunk_cache_gb * 2**30), available_memory())
+            budget, note = cache_budget(int(trunk_cache_gb * 2**30), *cache_room(trunk_cache_dir))
             if note is not None:
                 log.info(note)
             self.trunk_cache = TrunkCache(self.model, budget, trunk_cache_dir)
@@ -90,6 +90,15 @@ class MTPLitModule(L.LightningModule):
         return self.config.n_future
 
     def setup(self, stage: str) -> None:
+        world = self.trainer.world_size
+        if self.trunk_cache is not None and self.trunk_cache.folder is not None and world > 1:
+            memory = available_memory()
+            budget, _ = cache_budget(self.trunk_cache.max_bytes, memory // world if memory else None, "")
+            log.info(
+                f"trunk cache: each of the {world} processes keeps its rows in memory ({budget / 2**30:.1f} GiB at "
+                "most), not in trunk_cache_dir (a cache file serves one process)"
+            )
+            self.trunk_cache.folder, self.trunk_cache.max_bytes = None, budget
         datamodule = self.trainer.datamodule
         vocab_size = getattr(datamodule, "vocab_size", None)
         if vocab_size is not None:
