@@ -2032,6 +2032,20 @@ MUTATIONS = [
         (f"{SWEEPS}::test_a_bad_summary_is_one_sentence_naming_the_file_and_the_fix",),
     ),
     Mutation(
+        "a run at exactly the stated threshold is not counted as having formed induction",
+        "formed_table",
+        "formed = sum(final >= INDUCTION_FORMED for final in finals)",
+        "formed = sum(final > INDUCTION_FORMED for final in finals)",
+        (f"{SWEEPS}::test_an_induction_page_counts_the_seeds_that_formed_induction_at_the_stated_threshold",),
+    ),
+    Mutation(
+        "induction counted as formed by a curve's best point, not the run's final one",
+        "formed_table",
+        'finals = [run.results["rows"][0]["accuracy"] for run in runs]',
+        "finals = [max(a for _, _, a in run.curve()) for run in runs]",
+        (f"{SWEEPS}::test_an_induction_page_counts_the_seeds_that_formed_induction_at_the_stated_threshold",),
+    ),
+    Mutation(
         "a trunk cache folder bounded by its disk's free space alone, as if its rows were not there to be written over",
         "cache_room",
         "return free + held,",

@@ -335,6 +335,26 @@ def test_learning_curves_give_each_runs_best_point_beside_its_last_and_the_budge
     assert (tmp_path / "page-curves.png").stat().st_size > 1000
 
 
+def test_an_induction_page_counts_the_seeds_that_formed_induction_at_the_stated_threshold(tmp_path):
+    """Formed: a final point of 10% or more on the second token (a curve that passed 10% and fell back does not
+    count); beside each seed, the tokens at its curve's first point at 10% or more."""
+    sweep = tmp_path / "paper_induction"
+    runs = {  # seed: (final second-token score, curve)
+        2: (0.10, [(0, 0.0), (10, 0.05), (20, 0.12)]),  # exactly the threshold: formed
+        0: (0.55, [(0, 0.0), (10, 0.3), (20, 0.5)]),
+        1: (0.099, [(0, 0.0), (10, 0.15), (20, 0.09)]),  # passed it on the curve, ended below: not formed
+    }
+    for seed, (final, curve) in runs.items():
+        with_curve(fake_job(sweep, f"model=mtp1,seed={seed}", 1, seed, {"second": final, "first": 0.0}), curve)
+    with_curve(fake_job(sweep, "model=mtp2,seed=0", 2, 0, {"second": 0.002, "first": 0.0}), [(0, 0.0), (20, 0.01)])
+    finished, _ = read_sweep([sweep])
+    tables = sweep_tables(finished, [])
+    header = "| size | n | seeds | formed | final point per seed | first curve point at 10.0% or more per seed |"
+    assert header in tables
+    assert "| paper_1m | 1 | 0, 1, 2 | 2 of 3 | 55.0%, 9.9%, 10.0% | 1.0K tokens, 1.0K tokens, 2.0K tokens |" in tables
+    assert "| paper_1m | 2 | 0 | 0 of 1 | 0.2% | - |" in tables
+
+
 def fake_corpus_job(sweep: Path, size: str, n: int, seed: int, loss: float, tokens_per_forward: float, params: int):
     job = fake_job(sweep, f"model=mtp{n},size={size},seed={seed}", n, seed, None, size=size)
     results = {"provenance": {"date": "2026-01-01 10:00 UTC", "commit": "abc", "machine": "m", "torch": "t",

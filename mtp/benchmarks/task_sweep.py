@@ -293,6 +293,8 @@ def sweep_tables(finished: Sequence[SweepRun], unfinished: Sequence[SweepRun]) -
         parts = task_tables(finished)
         if any(run.curve() for run in finished):
             parts.append(curve_table(finished))
+        if finished[0].results.get("task") == "induction":
+            parts.append(formed_table(finished))
     parts.append(runs_table([*finished, *unfinished]))
     if unfinished:
         parts.append(
@@ -436,6 +438,52 @@ def curve_table(finished: Sequence[SweepRun]) -> str:
         "the first of them; the table above scored the whole set once training ended). The best point of a run's "
         "curve is what keeping its best checkpoint by the test metric would give (the paper's epoch oracle); the "
         "seeds' mean, lowest and highest.\n\n" + "\n".join(lines)
+    )
+
+
+INDUCTION_FORMED = 0.10
+"""A run has formed induction when its final score on the second token of repeated names is at least this (stated
+before the five-seed runs at paper_1m were made: docs/experiments-induction.md)."""
+
+
+def token_count(tokens: int) -> str:
+    """4.9M, 12.0K, 900."""
+    if tokens >= 1e6:
+        return f"{tokens / 1e6:.1f}M"
+    return f"{tokens / 1e3:.1f}K" if tokens >= 1e3 else str(tokens)
+
+
+def formed_table(finished: Sequence[SweepRun]) -> str:
+    """Per size and n, the seeds that formed induction (:data:`INDUCTION_FORMED`) and, per seed, the final score and
+    the tokens trained at the curve's first point at the threshold or above."""
+    groups: dict[tuple, list[SweepRun]] = {}
+    for run in finished:
+        groups.setdefault((run.setting, run.size, run.n), []).append(run)
+    labels = setting_labels(set(key[0] for key in groups))[1]
+    sizes = size_order(finished)
+    threshold = percent(INDUCTION_FORMED)
+    lines = [
+        f"| size | n | seeds | formed | final point per seed | first curve point at {threshold} or more per seed |",
+        "|---|---:|---:|---|---|---|",
+    ]
+    for key in sorted(groups, key=lambda k: (k[0], sizes.index(k[1]), k[2])):
+        runs = sorted(groups[key], key=lambda run: -1 if run.seed is None else run.seed)
+        finals = [run.results["rows"][0]["accuracy"] for run in runs]
+        reached = [next((tokens for _, tokens, a in run.curve() if a >= INDUCTION_FORMED), None) for run in runs]
+        size = key[1] + (f", {labels[key[0]]}" if len(labels) > 1 else "")
+        seeds = ", ".join(str(run.seed) for run in runs)
+        formed = sum(final >= INDUCTION_FORMED for final in finals)
+        lines.append(
+            f"| {size} | {key[2]} | {seeds} | {formed} of {len(runs)} | {', '.join(map(percent, finals))} | "
+            + ", ".join("-" if tokens is None else f"{token_count(tokens)} tokens" for tokens in reached)
+            + " |"
+        )
+    return (
+        "### Seeds that formed induction\n\n"
+        f"A run has formed induction when its final point (the first table's second token) is {threshold} or more, "
+        "the threshold stated before the five-seed runs were made. Beside each seed's final point (in the order of the "
+        f"seeds), the tokens it had trained on at its curve's first point at {threshold} or more (-: none).\n\n"
+        + "\n".join(lines)
     )
 
 
