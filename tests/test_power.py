@@ -1735,6 +1735,13 @@ MUTATIONS = [
         (KERNEL_REFUSES,),
     ),
     Mutation(
+        "a child whose parent died before it asked to die with it runs on",
+        "main",
+        "os._exit(1)  # the parent died",
+        "pass  # the parent died",
+        (f"{JAIL_TESTS}::test_a_child_whose_parent_died_before_it_asked_to_die_with_it_ends_at_once",),
+    ),
+    Mutation(
         "a child left running when its parent dies",
         "main",
         "libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)",

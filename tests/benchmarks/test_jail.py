@@ -406,14 +406,34 @@ def test_a_child_dies_with_its_parent(tmp_path):
     )
     parent = subprocess.Popen([sys.executable, "-c", wrapper], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     child = int(parent.stdout.readline())
-    time.sleep(0.5)  # the child is in its program by now
-    assert alive(child), "the child ended before its parent was killed"
+    deadline = time.monotonic() + 30
+    while not jailed(child) and time.monotonic() < deadline:  # past its death signal, however loaded the machine
+        time.sleep(0.05)
+    assert alive(child) and jailed(child), "the child ended, or never entered its jail, before its parent was killed"
     parent.kill()
     parent.wait()
     deadline = time.monotonic() + 10
     while alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(child)
+
+
+def jailed(pid: int) -> bool:
+    """Whether ``pid`` has entered its jail (no new privileges: set after it asked to die with its parent)."""
+    try:
+        return "NoNewPrivs:\t1" in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+@needs_jail
+def test_a_child_whose_parent_died_before_it_asked_to_die_with_it_ends_at_once(tmp_path):
+    """The benchmark gone before its child's first line: the child (its parent now another process) ends, runs
+    nothing."""
+    command = humaneval.child_command("jail", str(tmp_path), humaneval.MEMORY_LIMIT_BYTES, 5)
+    environment = {**humaneval.child_environment(str(tmp_path)), jail.PARENT_ENV: "1"}  # a parent it does not have
+    child = subprocess.run(command, input="print('ran')", capture_output=True, text=True, env=environment, timeout=60)
+    assert child.returncode == 1 and child.stdout == ""
 
 
 def alive(pid: int) -> bool:
