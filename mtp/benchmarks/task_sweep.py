@@ -456,9 +456,7 @@ def token_count(tokens: int) -> str:
 def formed_table(finished: Sequence[SweepRun]) -> str:
     """Per size and n, the seeds that formed induction (:data:`INDUCTION_FORMED`) and, per seed, the final score and
     the tokens trained at the curve's first point at the threshold or above."""
-    groups: dict[tuple, list[SweepRun]] = {}
-    for run in finished:
-        groups.setdefault((run.setting, run.size, run.n), []).append(run)
+    groups = corpus_groups(finished)
     labels = setting_labels(set(key[0] for key in groups))[1]
     sizes = size_order(finished)
     threshold = percent(INDUCTION_FORMED)
@@ -488,6 +486,7 @@ def formed_table(finished: Sequence[SweepRun]) -> str:
 
 
 def corpus_groups(finished: Sequence[SweepRun]) -> dict[tuple, list[SweepRun]]:
+    """The runs by setting, size and n (a corpus page's cells, an induction page's counts)."""
     groups: dict[tuple, list[SweepRun]] = {}
     for run in finished:
         groups.setdefault((run.setting, run.size, run.n), []).append(run)

@@ -190,7 +190,8 @@ class TrunkCache:
                 self.keep(ids.tobytes(), row)
 
     def read_index(self) -> dict | None:
-        if self.file is None or not self.file.is_file():
+        """The index an earlier run wrote, checked to be this trunk's; None where there is none (or it is damaged)."""
+        if not self.file.is_file():
             return None
         try:
             stored = torch.load(self.file, weights_only=True)
