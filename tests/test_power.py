@@ -1476,6 +1476,20 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "each head count's form packs the weights again: a benchmark's rows at k = 1..4 hold four copies",
+        "InferenceModel.of",
+        "sharing = next((form for _, form in built.values()), None)",
+        "sharing = None",
+        (f"{GREEDY}::test_the_forms_of_one_models_weights_share_one_packed_path_and_drop_it_when_the_weights_change",),
+    ),
+    Mutation(
+        "the forms of weights the model no longer has are kept, and decode the old weights",
+        "InferenceModel.of",
+        "for stale in [key for key, (seen, _) in built.items() if seen != weights]:",
+        "for stale in []:",
+        (f"{GREEDY}::test_decoding_follows_weights_changed_in_place_once_the_model_is_told",),
+    ),
+    Mutation(
         "a fused optimizer's gradients are not clipped",
         "MTPLitModule.configure_gradient_clipping",
         "            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)",

@@ -73,7 +73,7 @@ CAPTURED_LENGTH_MULTIPLE = 256
 """With captured steps, a cache's length is rounded up to a multiple of this (within the model's context), so that
 prompts of nearby lengths decode on the same storage and replay the same graphs (:mod:`mtp.decode.graphs`)."""
 
-_built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(heads, compile): (weights, form)}
+_built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(heads, compile, ...): (weights, form)}
 
 ATTENTION, FEED_FORWARD = "a", "m"
 """A block's two sublayers as a skip set names them: ``3a`` is block 3's attention, ``5m`` block 5's MLP."""
@@ -116,16 +116,26 @@ class InferenceModel:
     """Cached decoding with an MTPModel's weights (shared, not copied, where no packing is needed)."""
 
     def __init__(
-        self, model: MTPModel, heads: int, compile: bool = False, draft_first_ids: int = 0, cuda_graphs: bool = False
+        self,
+        model: MTPModel,
+        heads: int,
+        compile: bool = False,
+        draft_first_ids: int = 0,
+        cuda_graphs: bool = False,
+        sharing: InferenceModel | None = None,
     ) -> None:
         config = model.config
         self.config, self.heads = config, heads
         self.eps = config.norm_eps
         self.embeddings = model.tok_embeddings.weight
         final_norm = model.norm.weight  # folded into the unembeddings, like every norm weight here
-        # verification path: the trunk and head 1 (all of `layers`)
-        self.path = [PackedBlocks([block], config.n_heads, config.n_kv_heads) for block in model.layers]
-        self.head1_output = Unembedding(model.unembedding(1).weight * final_norm)
+        # verification path: the trunk and head 1 (all of `layers`); a form of the same weights (``sharing``, another
+        # head count or step) lends its own, with every copy derived from them (layouts, packings, quantized)
+        if sharing is not None:
+            self.path, self.head1_output = sharing.path, sharing.head1_output
+        else:
+            self.path = [PackedBlocks([block], config.n_heads, config.n_kv_heads) for block in model.layers]
+            self.head1_output = Unembedding(model.unembedding(1).weight * final_norm)
         # the draft heads' shared unembedding: head 1's, or its rows of a reduced draft vocabulary, trained or the first
         # ``draft_first_ids`` token ids chosen here (then their logits are spread back over the whole vocabulary, -inf
         # elsewhere: a proposal with no mass outside the subset)
@@ -172,18 +182,24 @@ class InferenceModel:
         model's own; :meth:`quantized`), its draft heads in ``draft_dtype`` scoring the first
         ``draft_first_ids`` token ids (0: a trained draft vocabulary, or every token): built once, reused while the
         weights (and buffers, such as a reduced draft vocabulary) stay the same, so repeated ``generate`` calls pay
-        neither the packing nor a recompile. The model says when they change (:attr:`MTPModel.weights_version`: a
-        state dict loaded, or :meth:`MTPModel.weights_changed`, which whoever writes them in place calls: the training
-        module after each optimizer step, the online updates after theirs); a tensor moved to another device or dtype
-        is seen here. An int8-drafts form is derived from the full-precision one (:meth:`with_int8_drafts`), whose
-        verification path it shares; so is a quantized one, built once too. With ``cuda_graphs`` its steps are
-        captured (:mod:`mtp.decode.graphs`), and the graphs kept with the form."""
+        neither the packing nor a recompile; the forms kept for the same weights (other head counts, steps) share one
+        verification path, the packed trunk and head 1's unembedding with every copy derived from them, so that a
+        benchmark's rows at k = 1..4 hold those copies once, not four times. The model says when they change
+        (:attr:`MTPModel.weights_version`: a state dict loaded, or :meth:`MTPModel.weights_changed`, which whoever
+        writes them in place calls: the training module after each optimizer step, the online updates after theirs); a
+        tensor moved to another device or dtype is seen here, and the forms of weights it no longer has are dropped. An
+        int8-drafts form is derived from the full-precision one (:meth:`with_int8_drafts`), whose verification path it
+        shares; so is a quantized one, built once too. With ``cuda_graphs`` its steps are captured
+        (:mod:`mtp.decode.graphs`), and the graphs kept with the form."""
         placed = tuple((t.device, t.dtype) for t in (*model.parameters(), *model.buffers()))
         weights = (model.weights_version, placed)
         built = _built.setdefault(model, {})
+        for stale in [key for key, (seen, _) in built.items() if seen != weights]:  # of weights the model no longer has
+            del built[stale]
         key = (heads, compile, draft_first_ids if heads > 1 else 0, cuda_graphs)
-        if key not in built or built[key][0] != weights:
-            built[key] = (weights, cls(model, heads, compile, draft_first_ids, cuda_graphs))
+        if key not in built:  # the verification path of the forms kept for these weights, shared, not packed again
+            sharing = next((form for _, form in built.values()), None)
+            built[key] = (weights, cls(model, heads, compile, draft_first_ids, cuda_graphs, sharing))
         form = built[key][1]
         if quantize != "none":
             form = form.quantized(quantize)

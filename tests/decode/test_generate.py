@@ -205,6 +205,24 @@ def test_a_released_model_keeps_no_form_and_decodes_the_same_after():
     InferenceModel.release(tiny_model())  # a model never decoded: nothing to drop
 
 
+def test_the_forms_of_one_models_weights_share_one_packed_path_and_drop_it_when_the_weights_change():
+    """A benchmark decodes at k = 1..4 on the same weights: its forms share one packed trunk and head 1's unembedding
+    (each a copy of the weights, with more copies derived from it), each still decoding autoregressive decoding's
+    output; once the weights change, the forms of the old ones are dropped, not kept beside the new."""
+    from mtp.decode.inference import _built
+
+    model = tiny_model()
+    reference = [greedy_without_cache(model, [5, 6, 7], 24)]
+    assert all(greedy(model, [[5, 6, 7]], heads=k)[0] == reference for k in (1, 2, 3))
+    forms = [InferenceModel.of(model, k) for k in (1, 2, 3)]
+    assert all(form.path is forms[0].path and form.head1_output is forms[0].head1_output for form in forms)
+    assert len(_built[model]) == 3
+    model.weights_changed()
+    fresh = InferenceModel.of(model, 2)
+    assert fresh.path is not forms[0].path and fresh.head1_output is not forms[0].head1_output
+    assert [form for _, form in _built[model].values()] == [fresh]
+
+
 @pytest.mark.slow  # ~7 s: trains its own shared-depth model
 def test_a_shared_causal_depth_drafts_beyond_the_trained_heads(trained_models):
     model = trained_models("causal-shared")
