@@ -183,8 +183,8 @@ class InferenceModel:
         ``draft_first_ids`` token ids (0: a trained draft vocabulary, or every token): built once, reused while the
         weights (and buffers, such as a reduced draft vocabulary) stay the same, so repeated ``generate`` calls pay
         neither the packing nor a recompile; the forms kept for the same weights (other head counts, steps) share one
-        verification path, the packed trunk and head 1's unembedding with every copy derived from them, so that a
-        benchmark's rows at k = 1..4 hold those copies once, not four times. The model says when they change
+        verification path, the packed trunk and head 1's unembedding with every copy derived from them, so that
+        decoding at k = 1..4 holds those copies once, not four times. The model says when they change
         (:attr:`MTPModel.weights_version`: a state dict loaded, or :meth:`MTPModel.weights_changed`, which whoever
         writes them in place calls: the training module after each optimizer step, the online updates after theirs); a
         tensor moved to another device or dtype is seen here, and the forms of weights it no longer has are dropped. An
