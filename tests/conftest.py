@@ -13,6 +13,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+@pytest.fixture(autouse=True)
+def eager_commands_by_default(request, monkeypatch):
+    """The commands' decoding steps eager unless a test gives --compile (or a config compile: true), or is marked
+    ``compiled_by_default``: compiling a tiny model's step takes far longer than its whole decode. A command run in
+    a subprocess compiles by default on a CPU; give it --no-compile."""
+    if request.node.get_closest_marker("compiled_by_default") is None:
+        from mtp.commands import schema
+
+        monkeypatch.setattr(schema, "COMPILED_ON", ())
+
+
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory) -> Path:
     """A small corpus of real code: 60 standard-library modules as .txt files."""

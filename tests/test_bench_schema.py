@@ -74,3 +74,11 @@ def test_a_nodes_values_are_read_as_the_fields_are_typed():
     )
     assert (values["heads"], values["batch_sizes"], values["modes"]) == ([2], [1], "greedy")
     assert (values["draft_first_ids"], values["hf_static"]) == ("0,1024", None)
+
+
+@pytest.mark.compiled_by_default
+def test_the_benchmark_compiles_a_cpus_step_unless_told_not_to():
+    assert bench_decode.settings_of_config("c.ckpt", {"device": "cpu"}).step.compile
+    assert not bench_decode.settings_of_config("c.ckpt", {"device": "cpu", "compile": False}).step.compile
+    assert bench_decode.checked_args(["c.ckpt", "--device", "cpu"]).step.compile
+    assert not bench_decode.checked_args(["c.ckpt", "--device", "cpu", "--no-compile"]).step.compile

@@ -119,14 +119,29 @@ def test_the_count_measured_fastest_is_the_one_that_decodes(tiny_checkpoints, ca
 
 
 @pytest.mark.slow
-def test_compiled_decoding_prints_what_eager_decoding_prints(tiny_checkpoints, capsys):
+@pytest.mark.compiled_by_default
+def test_decoding_compiles_on_a_cpu_by_default_and_prints_what_eager_decoding_prints(tiny_checkpoints, capsys):
     argv = [str(tiny_checkpoints["mtp4"]), "--self-speculative", "--prompt", "def parse(", "--max-new-tokens", "16"]
-    assert decode.main(argv) == 0
-    eager = capsys.readouterr().out
-    assert decode.main([*argv, "--compile"]) == 0
-    compiled = capsys.readouterr().out
-    assert compiled.splitlines()[0] == eager.splitlines()[0]  # the completion
-    assert float(stats_of(compiled)["ms/forward"]) > 0
+    assert decode.main([*argv, "--no-compile"]) == 0
+    eager = capsys.readouterr()
+    assert "compiled" not in eager.err
+    assert decode.main([*argv, "--compare"]) == 0  # compiled: the default on a CPU, both decodes warmed up
+    compiled = capsys.readouterr()
+    assert compiled.out.splitlines()[0] == eager.out.splitlines()[0]  # the completion
+    assert "outputs_match=yes" in compiled.out and float(stats_of(compiled.out)["ms/forward"]) > 0
+    assert compiled.err.count("compiled the decoding step in ") == 1  # said once, outside the timed decode
+
+
+@pytest.mark.compiled_by_default
+def test_the_commands_compile_a_cpus_step_unless_told_not_to_and_a_cuda_step_when_told_to():
+    from mtp.commands.schema import compiled
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert compiled(None, cpu) and not compiled(None, cuda)
+    assert not compiled(False, cpu) and compiled(True, cuda) and compiled(True, cpu) and not compiled(False, cuda)
+    parser = decode.build_parser()
+    assert parser.parse_args(["x"]).compile is None  # neither flag: the device decides
+    assert parser.parse_args(["x", "--no-compile"]).compile is False
 
 
 def test_sampling_batch_and_byte_output_never_crash(tiny_checkpoints, capsys):
@@ -137,7 +152,7 @@ def test_sampling_batch_and_byte_output_never_crash(tiny_checkpoints, capsys):
 
 
 def test_autoregressive_by_default_and_prompt_from_stdin(tiny_checkpoints):
-    result = cli(str(tiny_checkpoints["mtp4"]), "--max-new-tokens", "5", stdin="import os\n")
+    result = cli(str(tiny_checkpoints["mtp4"]), "--max-new-tokens", "5", "--no-compile", stdin="import os\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("import os\n") and stats_of(result.stdout)["heads"] == "1"
 
@@ -378,6 +393,7 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
     out = tmp_path / "bench"
     command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"])]
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1,2"]
+    command += ["--no-compile"]  # a subprocess: the tests' eager default does not reach it
     command += ["--methods", "tree,typical,adaptive,draft,layerskip,lookup", "--tree-nodes", "4", "--repeats", "1"]
     command += [
         "--draft",
@@ -423,7 +439,7 @@ def test_bench_decode_writes_results(tiny_checkpoints, tmp_path):
 
 def small_bench(checkpoint: Path, out: Path, *flags: str) -> list[dict]:
     """bench_decode on 2 prompts of 8 tokens, 8 new tokens, batch 1, one round, heads 3 and ``flags``: its rows."""
-    command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(checkpoint)]
+    command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(checkpoint), "--no-compile"]
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
     command += ["--heads", "3", "--repeats", "1", "--draft", str(checkpoint), "--gammas", "2", "--gamma", "2"]
     result = subprocess.run(
@@ -563,6 +579,7 @@ def test_bench_decode_hf_peer_decodes_the_same_tokens(tiny_checkpoints, tmp_path
     pytest.importorskip("transformers", reason="--hf needs the hf extra: pip install -e '.[hf]'")
     out = tmp_path / "bench"
     command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), str(tiny_checkpoints["mtp4"]), "--hf"]
+    command += ["--no-compile"]
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
     command += ["--modes", "greedy", "--repeats", "1", "--out", str(out)]
     result = subprocess.run([*command, "--hf-static"], capture_output=True, text=True, env=run_env(), timeout=300)
@@ -697,6 +714,7 @@ def test_bench_decode_rows_of_draft_sequences_hybrids_and_staged_drafts(tiny_che
     out = tmp_path / "bench"
     checkpoint = str(tiny_checkpoints["mtp4"])
     command = [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), checkpoint, "--draft", checkpoint]
+    command += ["--no-compile"]
     command += ["--prompts", "2", "--prompt-tokens", "8", "--max-new-tokens", "8", "--batch-sizes", "1"]
     command += ["--modes", "greedy", "--heads", "4", "--methods", "chain,spectr,draft,draft-spectr,hybrid,staged"]
     command += ["--repeats", "1", "--sequences", "2", "--gammas", "2", "--gamma", "2", "--staged", "heads"]

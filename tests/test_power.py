@@ -127,6 +127,32 @@ METHODS = "tests/test_methods.py"
 PROMPT_STEP = "tests/decode/test_memory.py::test_a_prompts_step_is_sized_by_the_logits_it_reads_its_last_position"
 GRAPHS = "tests/decode/test_graphs.py"
 MUTATIONS = [
+    # -- the commands' compiled step by default
+    Mutation(
+        "the commands' step eager on a CPU unless --compile is given (the device never decides)",
+        "compiled",
+        "return device.type in COMPILED_ON if asked is None else asked",
+        "return bool(asked)",
+        (
+            "tests/test_decode_scripts.py::test_the_commands_compile_a_cpus_step_unless_told_not_to_and_a_cuda_step_when_told_to",
+        ),
+    ),
+    Mutation(
+        "the benchmark's step takes --compile as typed, never compiled by default",
+        "settings_of",
+        'step = {"compile": compiled(values["compile"], device)}',
+        'step = {"compile": bool(values["compile"])}',
+        ("tests/test_bench_schema.py::test_the_benchmark_compiles_a_cpus_step_unless_told_not_to",),
+    ),
+    Mutation(
+        "decode.py compiles inside its timed decode (no warm-up)",
+        "compile_first",
+        "if not plans or not plans[0].step.compile:",
+        "if True:",
+        (
+            "tests/test_decode_scripts.py::test_decoding_compiles_on_a_cpu_by_default_and_prints_what_eager_decoding_prints",
+        ),
+    ),
     # -- captured steps
     Mutation(
         "a replay reads the cache's slots, positions and mask of the step it was captured on",

@@ -115,6 +115,7 @@ def recipe(tiny: Path, tmp_path: Path, *extra: str) -> list[str]:
         "bench_decode.max_new_tokens=4",
         "bench_decode.batch_sizes=1",
         "bench_decode.hf=false",
+        "++bench_decode.compile=false",  # a subprocess: the tests' eager default does not reach it
         *extra,
     ]
 
@@ -260,6 +261,7 @@ def eagle3_recipe(tiny: Path, tmp_path: Path, *extra: str) -> list[str]:
         "bench_decode.batch_sizes=1",
         "bench_decode.modes=greedy",
         "bench_decode.hf=false",
+        "++bench_decode.compile=false",  # a subprocess: the tests' eager default does not reach it
         *extra,
     ]
 

