@@ -132,6 +132,21 @@ def test_decoding_compiles_on_a_cpu_by_default_and_prints_what_eager_decoding_pr
     assert compiled.err.count("compiled the decoding step in ") == 1  # said once, outside the timed decode
 
 
+def test_decode_warms_its_steps_up_before_the_timed_decodes(tiny_checkpoints, monkeypatch, capsys):
+    decoded = []
+    real = decode.generate
+
+    def recorded(model, prompts, plan):
+        decoded.append(plan.sampling.max_new_tokens)
+        return real(model, prompts, plan)
+
+    monkeypatch.setattr(decode, "generate", recorded)
+    argv = [str(tiny_checkpoints["mtp4"]), "--self-speculative", "--heads", "4", "--prompt", "def f("]
+    assert decode.main([*argv, "--compare", "--max-new-tokens", "12"]) == 0
+    assert decoded == [2, 2, 12, 12]  # both plans warmed up (2 tokens each), then both timed
+    assert "outputs_match=yes" in capsys.readouterr().out
+
+
 @pytest.mark.compiled_by_default
 def test_the_commands_compile_a_cpus_step_unless_told_not_to_and_a_cuda_step_when_told_to():
     from mtp.commands.schema import compiled

@@ -145,13 +145,11 @@ MUTATIONS = [
         ("tests/test_bench_schema.py::test_the_benchmark_compiles_a_cpus_step_unless_told_not_to",),
     ),
     Mutation(
-        "decode.py compiles inside its timed decode (no warm-up)",
-        "compile_first",
-        "if not plans or not plans[0].step.compile:",
-        "if True:",
-        (
-            "tests/test_decode_scripts.py::test_decoding_compiles_on_a_cpu_by_default_and_prints_what_eager_decoding_prints",
-        ),
+        "decode.py compiles and measures its layouts inside its timed decode (no warm-up)",
+        "warm_up",
+        "    for plan in plans:\n        generate(",
+        "    for plan in ():\n        generate(",
+        ("tests/test_decode_scripts.py::test_decode_warms_its_steps_up_before_the_timed_decodes",),
     ),
     # -- captured steps
     Mutation(

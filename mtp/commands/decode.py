@@ -245,20 +245,21 @@ def decode_stream(args: argparse.Namespace, loaded, plan: Plan, records: list[di
           file=sys.stderr)  # fmt: skip
 
 
-def compile_first(model, prompts: list[list[int]], *plans: Plan | None) -> None:
-    """A compiled step compiled before anything is timed: a short decode of ``prompts`` with each plan (None: none),
-    the prompt's step and a drafting step, its time said once on stderr; nothing for an eager step."""
+def warm_up(model, prompts: list[list[int]], *plans: Plan | None) -> None:
+    """The steps' one-time work done before anything is timed, by a short decode of ``prompts`` with each plan (None:
+    none): a compiled step compiles its prompt's step and a drafting step (the time said once on stderr), and a CPU's
+    products measure their layouts (:func:`mtp.decode.packed.faster_layout`), which an eager prompt's step would
+    otherwise count."""
     plans = tuple(plan for plan in plans if plan is not None)
-    if not plans or not plans[0].step.compile:
-        return
     started = time.perf_counter()
     for plan in plans:
         generate(model, prompts, plan.changed(max_new_tokens=min(2, plan.sampling.max_new_tokens)))
-    print(
-        f"compiled the decoding step in {time.perf_counter() - started:.1f} s, before the timed decode "
-        "(--no-compile decodes eagerly, without it)",
-        file=sys.stderr,
-    )
+    if plans and plans[0].step.compile:
+        print(
+            f"compiled the decoding step in {time.perf_counter() - started:.1f} s, before the timed decode "
+            "(--no-compile decodes eagerly, without it)",
+            file=sys.stderr,
+        )
 
 
 def plan_for(
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = [prompt_ids(tokenizer, record["prompt"]) for record in records]
         with settings_named_by_flags():
             plan = plan_for(args, loaded, parts, prompts, device, "the stream's first prompt", 1)  # chosen once
-            compile_first(model, prompts[:1], plan)
+            warm_up(model, prompts[:1], plan)
             decode_stream(args, loaded, plan, records, prompts)
         return 0
     text = read_prompt(args)
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [prompt] * args.batch_size
     with settings_named_by_flags():
         plan = plan_for(args, loaded, parts, prompts, device)
-        compile_first(model, prompts, plan, plan.autoregressive() if args.compare else None)
+        warm_up(model, prompts, plan, plan.autoregressive() if args.compare else None)
         outputs, stats = generate(model, prompts, plan)
     for row, output in enumerate(outputs):
         if args.batch_size > 1:
