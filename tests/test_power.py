@@ -140,8 +140,8 @@ MUTATIONS = [
     Mutation(
         "the benchmark's step takes --compile as typed, never compiled by default",
         "settings_of",
-        'step = {"compile": compiled(values["compile"], device)}',
-        'step = {"compile": bool(values["compile"])}',
+        'compile_ = compiled(values["compile"], device)',
+        'compile_ = bool(values["compile"])',
         ("tests/test_bench_schema.py::test_the_benchmark_compiles_a_cpus_step_unless_told_not_to",),
     ),
     Mutation(

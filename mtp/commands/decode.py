@@ -302,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     check_flags(args)
     asked = args.heads if args.heads is not None else 1  # every head, with --self-speculative, once known (plan_for)
     device = pick_device(args.device)
-    step = {"compile": compiled(args.compile, device)}
-    parts = decoding_parts(DECODING, vars(args), heads=asked, **step)  # each part checked before anything is loaded
+    compile_ = compiled(args.compile, device)
+    parts = decoding_parts(DECODING, vars(args), heads=asked, compile=compile_)  # each checked before anything loads
     with settings_named_by_flags():
         pin_threads(args.threads)
     loaded = load_checkpoint(args.checkpoint, device, args.dtype)
