@@ -278,13 +278,16 @@ def test_a_tiny_sweep_scores_itself_continues_and_makes_its_page(tmp_path, share
     assert "Trainer.fit" not in third.stdout + third.stderr
 
 
-def test_only_the_first_process_of_a_multi_device_run_scores_the_trained_checkpoint(monkeypatch):
+def test_only_the_first_process_of_a_multi_device_run_scores_the_trained_checkpoint_and_benchmarks_it_apart(
+    monkeypatch,
+):
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     from mtp.commands import bench_decode, pretrain
 
     ran = []
-    monkeypatch.setattr(bench_decode, "run", lambda args, node=None: ran.append("bench"))
+    apart = lambda function, *args: ran.append(("apart", function, args))  # noqa: E731
+    monkeypatch.setattr(pretrain, "in_own_process", apart)
     monkeypatch.setattr(eval_task, "run", lambda args: ran.append("eval"))
     monkeypatch.setattr(rank_zero_only, "rank", 1)
     pretrain.score_trained("bench args", "eval args")
@@ -292,7 +295,7 @@ def test_only_the_first_process_of_a_multi_device_run_scores_the_trained_checkpo
     monkeypatch.setattr(rank_zero_only, "rank", 0)
     pretrain.score_trained("bench args", "eval args")
     pretrain.score_trained(None, None)
-    assert ran == ["bench", "eval"]
+    assert ran == [("apart", bench_decode.run, ("bench args", "bench_decode")), "eval"]  # in a process of its own
 
 
 def with_curve(job: Path, points: list[tuple[int, float]], tokens_per_step: int = 100) -> None:

@@ -31,7 +31,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from mtp.benchmarks.memory import phase
+from mtp.benchmarks.memory import in_own_process, phase
 from mtp.benchmarks.task_sweep import SUMMARY, read_summary, summary_job, write_summary
 from mtp.checkpoint.format import read_checkpoint
 from mtp.commands import bench_decode, distill, eval_task
@@ -298,18 +298,27 @@ def train_in_run_dir(cfg: DictConfig) -> None:
 def score_trained(bench, evaluation) -> bool:
     """The decoding benchmark and the task evaluation a run ends with (None: not asked for), on the first process
     only: every process of a multi-device run returns from training, and one writes the results. Returns whether this
-    process scored."""
+    process scored. The benchmark runs in a process of its own, started afresh: the memory training left behind in
+    this one is never resident beside the models it loads, and its thread pinning and compiled steps end with it."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only  # Lightning: seconds to import, not for --help
 
     if rank_zero_only.rank != 0:
         return False
     if bench is not None:
-        with phase("decoding benchmark"):
-            bench_decode.run(bench, node="bench_decode")  # its errors name the node's keys, as the config wrote them
+        release_device_cache()
+        with phase("decoding benchmark"):  # its errors name the node's keys, as the config wrote them
+            in_own_process(bench_decode.run, bench, "bench_decode")  # training's memory is not resident beside it
     if evaluation is not None:
         with phase("task evaluation"):
             eval_task.run(evaluation)
     return True
+
+
+def release_device_cache() -> None:
+    """Hand the CUDA memory PyTorch's allocator keeps cached back to the device, for a process that follows."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def summary_folder(cfg: DictConfig, output_dir: Path) -> Path | None:
