@@ -2112,6 +2112,39 @@ MUTATIONS = [
         ("tests/benchmarks/test_memory.py",),
     ),
     Mutation(
+        "the run's peak forgets what a phase held before the next phase reset the mark",
+        "reset_peak",
+        "_cleared = max(_cleared, mark or 0)",
+        "_cleared = 0",
+        ("tests/benchmarks/test_memory.py::test_the_runs_peak_keeps_the_mark_a_phase_cleared",),
+    ),
+    Mutation(
+        "a phase run in a process of its own says this process's peak, not that one's",
+        "in_own_process",
+        "_processes.append(peak)",
+        "pass",
+        (
+            "tests/benchmarks/test_memory.py::test_a_phase_run_in_its_own_process_hands_its_memory_back_and_counts_its_peak",
+        ),
+    ),
+    Mutation(
+        "a UserError in a process of its own comes back as a result, not as the error",
+        "in_own_process",
+        "raise UserError(result.sentence)",
+        "return result",
+        ("tests/benchmarks/test_memory.py::test_an_error_in_a_process_of_its_own_is_raised_here",),
+    ),
+    Mutation(
+        "the recipe's benchmark runs in the training process, beside what training left",
+        "score_trained",
+        'in_own_process(bench_decode.run, bench, "bench_decode")',
+        'bench_decode.run(bench, "bench_decode")',
+        (
+            f"{SWEEPS}::test_only_the_first_process_of_a_multi_device_run_scores_the_trained_checkpoint_and_benchmarks_"
+            "it_apart",
+        ),
+    ),
+    Mutation(
         "a config node's settings ignore the part's own defaults (a node and the flags default differently)",
         "Part.default",
         "if f.name in self.defaults:",
