@@ -2070,6 +2070,13 @@ MUTATIONS = [
         ),  # fmt: skip
     ),
     Mutation(
+        "a lever's table sets its runs against its own n=1 (none), not plain next-token training",
+        "corpus_tables",
+        "against = plain if setting != plain and any(key[0] == plain and key[2] == 1 for key in groups) else None",
+        "against = None",
+        (f"{SWEEPS}::test_a_lever_is_set_against_plain_next_token_training_of_its_size",),
+    ),
+    Mutation(
         "a summary folder without its results.json is passed over, not refused",
         "job_folders",
         "if path.is_dir() and not hidden and not has_subfolders(path):",

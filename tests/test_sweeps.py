@@ -358,8 +358,11 @@ def test_an_induction_page_counts_the_seeds_that_formed_induction_at_the_stated_
     assert "| paper_1m | 2 | 0 | 0 of 1 | 0.2% | - |" in tables
 
 
-def fake_corpus_job(sweep: Path, size: str, n: int, seed: int, loss: float, tokens_per_forward: float, params: int):
-    job = fake_job(sweep, f"model=mtp{n},size={size},seed={seed}", n, seed, None, size=size)
+def fake_corpus_job(
+    sweep: Path, size: str, n: int, seed: int, loss: float, tokens_per_forward: float, params: int, *extra: str
+):
+    name = ",".join([f"model=mtp{n},size={size},seed={seed}", *extra])
+    job = fake_job(sweep, name, n, seed, None, size=size, extra=extra)
     results = {"provenance": {"date": "2026-01-01 10:00 UTC", "commit": "abc", "machine": "m", "torch": "t",
                               "command": "python scripts/pretrain.py -m experiment=size_trend"},
                "task": "corpus", "step": 10, "n_future": n, "tokens": 40960, "parameters": params + 1000,
@@ -391,7 +394,7 @@ def test_a_corpus_sweep_gives_loss_by_size_and_n_its_difference_to_one_head_and_
         fake_corpus_job(sweep, "l6_10m", 4, seed, four, 2.2, 10_000_000)
     finished, _ = read_sweep([sweep])
     tables = sweep_tables(finished, [])
-    assert "| size | non-embedding parameters | tokens | seeds | loss n=1 | loss n=4 | n=4 - n=1 |" in tables
+    assert "| size | non-embedding parameters | tokens | seeds (n=1/n=4) | loss n=1 | loss n=4 | n=4 - n=1 |" in tables
     lines = [line for line in tables.splitlines() if line.startswith("| l6_")]
     assert lines == [
         "| l6_1m | 1.00M | 0.0M | 2/2 | 3.100 (3.000-3.200) | 3.450 (3.400-3.500) | +0.350 (ranges apart) | "
@@ -408,6 +411,34 @@ def test_a_corpus_sweep_gives_loss_by_size_and_n_its_difference_to_one_head_and_
     out = tmp_path / "trend.md"
     results_page.main([str(sweep), "--out", str(out)])
     assert (tmp_path / "trend.png").stat().st_size > 1000 and not (tmp_path / "trend-curves.png").exists()
+
+
+def test_a_lever_is_set_against_plain_next_token_training_of_its_size(tmp_path):
+    """A setting with no n=1 of its own (a curriculum of n=4) and one that is n=1 itself (extra-head-free MTP) each
+    get their difference to the n=1 runs as configured, with both sides' seed counts."""
+    sweep = tmp_path / "size_trend"
+    for seed, (one, four) in enumerate([(3.0, 3.4), (3.2, 3.5)]):
+        fake_corpus_job(sweep, "l6_1m", 1, seed, one, 1.0, 1_000_000)
+        fake_corpus_job(sweep, "l6_1m", 4, seed, four, 1.8, 1_000_000)
+    fake_corpus_job(sweep, "l6_1m", 4, 0, 3.15, 1.9, 1_000_000, "loss.loss_weights_schedule=forward")
+    fake_corpus_job(sweep, "l6_1m", 4, 1, 3.25, 1.7, 1_000_000, "loss.loss_weights_schedule=forward")
+    fake_corpus_job(sweep, "l6_1m", 1, 0, 2.9, 1.0, 1_000_000, "loss.head1_targets=4")
+    finished, _ = read_sweep([sweep])
+    tables = sweep_tables(finished, []).split("### ")
+    (forward,) = [table for table in tables if table.startswith("loss.loss_weights_schedule=forward")]
+    assert "| seeds (n=4/plain n=1) | loss n=4 | n=4 - plain n=1 | bits/byte n=4 | tokens/forward n=4 |" in forward
+    assert (
+        "| l6_1m | 1.00M | 0.0M | 2/2 | 3.200 (3.150-3.250) | +0.100 (ranges overlap) | 1.600 (1.575-1.625) | "
+        "1.80 (1.70-1.90) |" in forward
+    )
+    (free,) = [table for table in tables if table.startswith("loss.head1_targets=4")]
+    assert "| seeds (n=1/plain n=1) | loss n=1 | n=1 - plain n=1 | bits/byte n=1 |\n" in free
+    assert "| l6_1m | 1.00M | 0.0M | 1/2 | 2.900 | -0.200 (one seed) | 1.450 |" in free
+    (plain,) = [table for table in tables if table.startswith("as configured")]
+    assert "| 2/2 | 3.100 (3.000-3.200) | 3.450 (3.400-3.500) | +0.350 (ranges apart) |" in plain
+    for table in tables[1:]:
+        rows = [line for line in table.splitlines() if line.startswith("|")]
+        assert len({line.count("|") for line in rows}) == 1  # the alignment row has a cell for every column
 
 
 # -- results that last: each finished job's summary, kept in the repository's results folder

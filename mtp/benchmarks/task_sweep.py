@@ -495,18 +495,22 @@ def corpus_groups(finished: Sequence[SweepRun]) -> dict[tuple, list[SweepRun]]:
 
 def corpus_tables(finished: Sequence[SweepRun]) -> str:
     """Head 1's held-out loss (nats per token), bits per byte and the tokens per forward of greedy self-speculative
-    decoding with every head, by size and n; the loss's difference to n=1 beside it, and whether the seeds' ranges
-    overlap (where each side has two seeds or more)."""
+    decoding with every head, by size and n, a table per setting; the loss's difference to n=1 beside it, and whether
+    the seeds' ranges overlap (where each side has two seeds or more). The n=1 a setting's runs are set against is
+    plain next-token training: the n=1 runs of the setting as configured (no override of its own), where there are
+    any, whatever the setting's own; else the setting's own n=1."""
     groups = corpus_groups(finished)
     sizes = size_order(finished)
-    ns = sorted({run.n for run in finished})
     common, labels = setting_labels({run.setting for run in finished})
+    plain = next((setting for setting, label in labels.items() if label == "as configured"), None)
     parts = [
         "Each cell: the mean over the seeds that finished, with the lowest and the highest seed's in brackets. The "
         "loss is head 1's (next-token) cross-entropy over the validation split of the training data; bits per byte "
         "divide its sum by the split's bytes; tokens per forward are those of greedy self-speculative decoding with "
         "every head of held-out prompts (1.00 for n=1), whose tokens equal autoregressive decoding's."
     ]
+    if plain is not None and len(labels) > 1:
+        parts[0] += " Each other setting's difference to plain n=1 sets its runs against the n=1 runs as configured."
     if common:
         parts.append(f"Every run's other settings: `{' '.join(common)}`.")
 
@@ -515,34 +519,39 @@ def corpus_tables(finished: Sequence[SweepRun]) -> str:
 
     forms = {"loss": lambda v: f"{v:.3f}", "bits_per_byte": lambda v: f"{v:.3f}", "tpf": lambda v: f"{v:.2f}"}
     for setting in sorted(labels):
+        ns = sorted({run.n for run in finished if run.setting == setting})
+        against = plain if setting != plain and any(key[0] == plain and key[2] == 1 for key in groups) else None
+        compared = [n for n in ns if n != 1 or against is not None]
+        reference = "n=1" if against is None else "plain n=1"
+        counted = [f"n={n}" for n in ns] + ([reference] if against is not None else [])
         if len(labels) > 1:
             parts.append(f"### {labels[setting]}")
-        lines = [
-            "| size | non-embedding parameters | tokens | seeds | "
-            + " | ".join(f"loss n={n}" for n in ns) + " | "
-            + " | ".join(f"n={n} - n=1" for n in ns if n != 1) + " | "
-            + " | ".join(f"bits/byte n={n}" for n in ns) + " | "
-            + " | ".join(f"tokens/forward n={n}" for n in ns if n != 1) + " |",
-            "|---|---:|---:|---:|" + "---:|" * (len(ns) * 4 - 2 * (1 in ns)),
+        seeds = f"seeds ({'/'.join(counted)})" if len(counted) > 1 else "seeds"
+        columns = [
+            "size", "non-embedding parameters", "tokens", seeds,
+            *(f"loss n={n}" for n in ns), *(f"n={n} - {reference}" for n in compared),
+            *(f"bits/byte n={n}" for n in ns), *(f"tokens/forward n={n}" for n in ns if n != 1),
         ]  # fmt: skip
+        lines = ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
         for size in sizes:
             by_n = {n: groups.get((setting, size, n), []) for n in ns}
             present = [runs for runs in by_n.values() if runs]
             if not present:
                 continue
             first = present[0][0].results
-            seeds = "/".join(str(len(by_n[n])) for n in ns)
+            base = groups.get((against, size, 1), []) if against is not None else by_n.get(1, [])
+            counts = [len(by_n[n]) for n in ns] + ([len(base)] if against is not None else [])
+            seeds = "/".join(map(str, counts))
             losses = {n: [metric(r, "loss") for r in runs] for n, runs in by_n.items()}
+            ones = [metric(r, "loss") for r in base]
             cells = [spread(losses[n], forms["loss"]) if losses[n] else "" for n in ns]
-            for n in ns:
-                if n == 1:
-                    continue
-                if not (losses[n] and losses.get(1)):
+            for n in compared:
+                if not (losses[n] and ones):
                     cells.append("")
                     continue
-                gap = statistics.fmean(losses[n]) - statistics.fmean(losses[1])
-                apart = max(losses[n]) < min(losses[1]) or min(losses[n]) > max(losses[1])
-                if min(len(losses[n]), len(losses[1])) < 2:  # one seed has no range to be apart from
+                gap = statistics.fmean(losses[n]) - statistics.fmean(ones)
+                apart = max(losses[n]) < min(ones) or min(losses[n]) > max(ones)
+                if min(len(losses[n]), len(ones)) < 2:  # one seed has no range to be apart from
                     cells.append(f"{gap:+.3f} (one seed)")
                 else:
                     cells.append(f"{gap:+.3f} ({'ranges apart' if apart else 'ranges overlap'})")
