@@ -30,6 +30,7 @@ def test_the_flags_keep_their_spellings(capsys):
         "--prompt-set",
         "--llama-cpp DIR",
         "--llama-cpp-target GGUF",
+        "--llama-cpp-types TYPES",
         "--vllm-python PYTHON",
         WEAKER_SANDBOX_FLAG,
         "--hf-static",

@@ -95,6 +95,7 @@ TOP_DRAFTS_LOSSLESS = (
     "tests/decode/test_lossless.py::test_tree_and_cut_sampling_lossless_with_head_blocks[tree-causal-top_drafts]",
     "tests/decode/test_lossless.py::test_tree_and_cut_sampling_lossless_with_head_blocks[chain-transformer-top_drafts]",
 )
+LLAMA_CPP = "tests/benchmarks/test_llama_cpp.py"
 RESUME = "tests/test_train.py::test_resume_mid_epoch_continues_the_data_order[validation1]"  # no validation save
 
 
@@ -1274,6 +1275,28 @@ MUTATIONS = [
         "            self.drafter.check_weights(self)",
         "            pass",
         (f"{QUANTIZE}::test_quantize_where_the_kernels_do_not_run_is_one_sentence_before_any_weight_is_converted",),
+    ),
+    # -- llama.cpp beside mtp, a target per GGUF type (tests/benchmarks/test_llama_cpp.py)
+    Mutation(
+        "mtp's int8 rows set against llama.cpp's f32 plain decoding instead of Q8_0's",
+        "mtp.benchmarks.llama_cpp",
+        '"int8": "q8_0"',
+        '"int8": "f32"',
+        (f"{LLAMA_CPP}::test_mtps_rows_are_set_against_llama_cpps_plain_decoding_at_the_same_precision",),
+    ),
+    Mutation(
+        "the q4_0 target written by llama.cpp's converter (which writes no 4-bit type) instead of its llama-quantize",
+        "target_ggufs",
+        "if gguf_type in QUANTIZED_FROM_F32:",
+        "if False:",
+        (f"{LLAMA_CPP}::test_each_type_is_written_by_llama_cpps_converter_or_its_quantizer",),
+    ),
+    Mutation(
+        "llama.cpp's table shows mtp's rows with its own weights only, never the quantized ones beside Q8_0 and Q4_0",
+        "DecodeBench.write",
+        "llama_cpp_table(cpp, chain1)",
+        "llama_cpp_table(cpp, greedy1)",
+        (f"{LLAMA_CPP}::test_bench_decode_times_a_target_per_type_beside_mtps_quantized_rows",),
     ),
     # -- layer skip over sublayers, and its searches
     Mutation(

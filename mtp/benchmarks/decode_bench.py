@@ -20,7 +20,7 @@ from mtp.benchmarks.decode_runs import decode_prompts, output_checks
 from mtp.benchmarks.decode_settings import BenchSetting, Variations, bench_settings
 from mtp.benchmarks.hf_peer import HFPeer, first_divergence, peer_table, top2_margin
 from mtp.benchmarks.humaneval import HumanEvalScorer, sandbox_description
-from mtp.benchmarks.llama_cpp import LlamaCppPeer, llama_cpp_peer, llama_cpp_table
+from mtp.benchmarks.llama_cpp import LlamaCppPeer, llama_cpp_peers, llama_cpp_table
 from mtp.benchmarks.methods import (
     BENCH_REGISTRY,
     BenchRow,
@@ -99,6 +99,10 @@ class DecodeBenchSettings:
     llama_cpp: Path | None
     """The folder of llama.cpp's tools (None: no llama.cpp)."""
     llama_cpp_target: Path | None
+    """The target GGUF llama.cpp decodes as it is (None: the checkpoint's own weights, at each of llama_cpp_types)."""
+    llama_cpp_types: list[str]
+    """The GGUF types of the checkpoint's own weights llama.cpp decodes, a target each
+    (:data:`~mtp.benchmarks.llama_cpp.GGUF_TYPES`)."""
     vllm: Path | None
     """The python of vLLM's own environment (tools/vllm_cpu.sh), checked to import vLLM (None: no vLLM)."""
     sandbox: str
@@ -175,7 +179,7 @@ class DecodeBench:
         options, model, prompts = self.options, self.loaded.model, self.prompts
         timings = warm_up(model, prompts, settings)
         hf, cpp = self.peers()
-        time_rounds(model, prompts, settings, timings, options.repeats, [p for p in (hf, cpp) if p is not None])
+        time_rounds(model, prompts, settings, timings, options.repeats, [*([hf] if hf is not None else []), *cpp])
         rows = result_rows(settings, timings, labels.predicted)
         scorer = None
         if self.problems is not None:
@@ -185,9 +189,9 @@ class DecodeBench:
         reference = check_outputs(model, prompts, settings, timings, rows, scorer)
         hf_results = hf.compare(rows, reference, scorer) if hf is not None else None
         cpp_results = None
-        if cpp is not None:  # mtp autoregressive decoding's replies as text, as llama.cpp prints its own
+        if cpp:  # mtp autoregressive decoding's replies as text, as llama.cpp prints its own
             replies = [(self.loaded.tokenizer.decode(out, skip_special_tokens=True), len(out)) for out in reference]
-            cpp_results = cpp.compare(replies)
+            cpp_results = [peer.compare(replies) for peer in cpp]
         vllm_results = self.vllm().compare(reference) if options.vllm is not None else None
         if scorer is not None:
             print(
@@ -208,20 +212,21 @@ class DecodeBench:
             self.options.max_new_tokens, self.end_of_turn, self.options.out / "vllm", torch.get_num_threads(),
         )  # fmt: skip
 
-    def peers(self) -> tuple[HFPeer | None, LlamaCppPeer | None]:
-        """Hugging Face generate (--hf) and llama.cpp (--llama-cpp) on the same prompts, warmed up; None where not
-        asked for."""
+    def peers(self) -> tuple[HFPeer | None, list[LlamaCppPeer]]:
+        """Hugging Face generate (--hf) and llama.cpp (--llama-cpp, a peer per target) on the same prompts, warmed up;
+        None and none where not asked for."""
         options, loaded = self.options, self.loaded
         on_cuda = next(loaded.model.parameters()).device.type == "cuda"
         static = options.hf_static if options.hf_static is not None else on_cuda
         hf = None
         if options.hf:
             hf = HFPeer(loaded.model, self.prompts, options.max_new_tokens, static, self.end_of_turn)
-        cpp = None
+        cpp = []
         if options.llama_cpp:
-            cpp = llama_cpp_peer(
+            cpp = llama_cpp_peers(
                 options.llama_cpp,
                 options.llama_cpp_target,
+                options.llama_cpp_types,
                 options.checkpoint,
                 loaded,
                 self.prompts,
@@ -273,7 +278,7 @@ class DecodeBench:
         self,
         rows: list[dict],
         hf: dict | None,
-        cpp: dict | None,
+        cpp: list[dict] | None,
         reference: list[list[int]] | None,
         scorer: HumanEvalScorer | None,
         labels: RowLabels,
@@ -294,14 +299,14 @@ class DecodeBench:
             }
         (out / "results.json").write_text(json.dumps(results, indent=2))
         table = decode_table(rows) + (f"\n\n{peer_table(hf)}" if hf else "")
-        greedy1 = [
+        chain1 = [  # the chain's greedy batch-1 rows at every precision: llama.cpp's targets are set at theirs
             r
             for r in rows
-            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"], r["quantize"])
-            == ("greedy", 1, CHAIN, "auto", "none")
+            if (r["mode"], r["batch_size"], r["method"], r["draft_dtype"]) == ("greedy", 1, CHAIN, "auto")
         ]
+        greedy1 = [r for r in chain1 if r["quantize"] == "none"]
         if cpp is not None:
-            table += f"\n\n{llama_cpp_table(cpp, greedy1)}"
+            table += f"\n\n{llama_cpp_table(cpp, chain1)}"
         if vllm is not None:
             table += f"\n\n{vllm_table(vllm, greedy1)}"
         if any(r["cuda_graphs"] for r in rows):

