@@ -2093,11 +2093,18 @@ MUTATIONS = [
         ),  # fmt: skip
     ),
     Mutation(
-        "a lever's table sets its runs against its own n=1 (none), not plain next-token training",
+        "a lever's table sets its runs against its own n=1 (none), not plain training",
         "corpus_tables",
-        "against = plain if setting != plain and any(key[0] == plain and key[2] == 1 for key in groups) else None",
-        "against = None",
-        (f"{SWEEPS}::test_a_lever_is_set_against_plain_next_token_training_of_its_size",),
+        "if setting != plain and plain_ns:",
+        "if False:",
+        (f"{SWEEPS}::test_a_lever_is_set_against_plain_training_of_its_size_at_every_n",),
+    ),
+    Mutation(
+        "a lever's difference is to plain n=1's first seed alone",
+        "corpus_tables",
+        'return [metric(run, "loss") for run in groups.get((key[0], size, key[1]), [])]',
+        'return [metric(run, "loss") for run in groups.get((key[0], size, key[1]), [])][:1]',
+        (f"{SWEEPS}::test_a_lever_is_set_against_plain_training_of_its_size_at_every_n",),
     ),
     Mutation(
         "a summary folder without its results.json is passed over, not refused",

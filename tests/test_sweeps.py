@@ -413,9 +413,10 @@ def test_a_corpus_sweep_gives_loss_by_size_and_n_its_difference_to_one_head_and_
     assert (tmp_path / "trend.png").stat().st_size > 1000 and not (tmp_path / "trend-curves.png").exists()
 
 
-def test_a_lever_is_set_against_plain_next_token_training_of_its_size(tmp_path):
-    """A setting with no n=1 of its own (a curriculum of n=4) and one that is n=1 itself (extra-head-free MTP) each
-    get their difference to the n=1 runs as configured, with both sides' seed counts."""
+def test_a_lever_is_set_against_plain_training_of_its_size_at_every_n(tmp_path):
+    """A setting with no n=1 of its own (a curriculum of n=4), one that is n=1 itself (extra-head-free MTP) and n=1
+    trained longer (equal time) each get their difference to the runs as configured at n=1 and n=4 (what a lever costs
+    and what it wins back), with every side's seed count."""
     sweep = tmp_path / "size_trend"
     for seed, (one, four) in enumerate([(3.0, 3.4), (3.2, 3.5)]):
         fake_corpus_job(sweep, "l6_1m", 1, seed, one, 1.0, 1_000_000)
@@ -423,18 +424,26 @@ def test_a_lever_is_set_against_plain_next_token_training_of_its_size(tmp_path):
     fake_corpus_job(sweep, "l6_1m", 4, 0, 3.15, 1.9, 1_000_000, "loss.loss_weights_schedule=forward")
     fake_corpus_job(sweep, "l6_1m", 4, 1, 3.25, 1.7, 1_000_000, "loss.loss_weights_schedule=forward")
     fake_corpus_job(sweep, "l6_1m", 1, 0, 2.9, 1.0, 1_000_000, "loss.head1_targets=4")
+    fake_corpus_job(sweep, "l6_1m", 1, 0, 2.8, 1.0, 1_000_000, "trainer.max_steps=2000")
+    fake_corpus_job(sweep, "l6_1m", 1, 1, 2.85, 1.0, 1_000_000, "trainer.max_steps=2000")
     finished, _ = read_sweep([sweep])
     tables = sweep_tables(finished, []).split("### ")
     (forward,) = [table for table in tables if table.startswith("loss.loss_weights_schedule=forward")]
-    assert "| seeds (n=4/plain n=1) | loss n=4 | n=4 - plain n=1 | bits/byte n=4 | tokens/forward n=4 |" in forward
+    header = "| seeds (n=4/plain n=1/plain n=4) | loss n=4 | n=4 - plain n=1 | n=4 - plain n=4 | bits/byte n=4 | "
+    assert header + "tokens/forward n=4 |" in forward
     assert (
-        "| l6_1m | 1.00M | 0.0M | 2/2 | 3.200 (3.150-3.250) | +0.100 (ranges overlap) | 1.600 (1.575-1.625) | "
-        "1.80 (1.70-1.90) |" in forward
+        "| l6_1m | 1.00M | 0.0M | 2/2/2 | 3.200 (3.150-3.250) | +0.100 (ranges overlap) | -0.250 (ranges apart) | "
+        "1.600 (1.575-1.625) | 1.80 (1.70-1.90) |" in forward
     )
     (free,) = [table for table in tables if table.startswith("loss.head1_targets=4")]
-    assert "| seeds (n=1/plain n=1) | loss n=1 | n=1 - plain n=1 | bits/byte n=1 |\n" in free
-    assert "| l6_1m | 1.00M | 0.0M | 1/2 | 2.900 | -0.200 (one seed) | 1.450 |" in free
+    assert (
+        "| seeds (n=1/plain n=1/plain n=4) | loss n=1 | n=1 - plain n=1 | n=1 - plain n=4 | bits/byte n=1 |\n" in free
+    )
+    assert "| l6_1m | 1.00M | 0.0M | 1/2/2 | 2.900 | -0.200 (one seed) | -0.550 (one seed) | 1.450 |" in free
+    (longer,) = [table for table in tables if table.startswith("trainer.max_steps=2000")]
+    assert "| 2/2/2 | 2.825 (2.800-2.850) | -0.275 (ranges apart) | -0.625 (ranges apart) |" in longer
     (plain,) = [table for table in tables if table.startswith("as configured")]
+    assert "| seeds (n=1/n=4) | loss n=1 | loss n=4 | n=4 - n=1 | bits/byte n=1 |" in plain
     assert "| 2/2 | 3.100 (3.000-3.200) | 3.450 (3.400-3.500) | +0.350 (ranges apart) |" in plain
     for table in tables[1:]:
         rows = [line for line in table.splitlines() if line.startswith("|")]

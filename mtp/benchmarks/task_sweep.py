@@ -496,13 +496,15 @@ def corpus_groups(finished: Sequence[SweepRun]) -> dict[tuple, list[SweepRun]]:
 def corpus_tables(finished: Sequence[SweepRun]) -> str:
     """Head 1's held-out loss (nats per token), bits per byte and the tokens per forward of greedy self-speculative
     decoding with every head, by size and n, a table per setting; the loss's difference to n=1 beside it, and whether
-    the seeds' ranges overlap (where each side has two seeds or more). The n=1 a setting's runs are set against is
-    plain next-token training: the n=1 runs of the setting as configured (no override of its own), where there are
-    any, whatever the setting's own; else the setting's own n=1."""
+    the seeds' ranges overlap (where each side has two seeds or more). A setting other than the one as configured (no
+    override of its own: plain training) is set against every n of plain training of its size: a curriculum's n=4 and
+    extra-head-free MTP's n=1 against plain n=1 and plain n=4 (what the lever costs, and what it wins back), n=1 trained
+    as long as n=4 took against plain n=4; with no plain runs, against its own n=1."""
     groups = corpus_groups(finished)
     sizes = size_order(finished)
     common, labels = setting_labels({run.setting for run in finished})
     plain = next((setting for setting, label in labels.items() if label == "as configured"), None)
+    plain_ns = sorted({run.n for run in finished if run.setting == plain})
     parts = [
         "Each cell: the mean over the seeds that finished, with the lowest and the highest seed's in brackets. The "
         "loss is head 1's (next-token) cross-entropy over the validation split of the training data; bits per byte "
@@ -510,26 +512,39 @@ def corpus_tables(finished: Sequence[SweepRun]) -> str:
         "every head of held-out prompts (1.00 for n=1), whose tokens equal autoregressive decoding's."
     ]
     if plain is not None and len(labels) > 1:
-        parts[0] += " Each other setting's difference to plain n=1 sets its runs against the n=1 runs as configured."
+        parts[0] += " Each other setting's differences are to the runs as configured (plain) of the same size."
     if common:
         parts.append(f"Every run's other settings: `{' '.join(common)}`.")
 
     def metric(run: SweepRun, name: str) -> float:
         return run.results["decoding"]["tokens_per_forward"] if name == "tpf" else run.results["rows"][0][name]
 
+    def difference(ours: list[float], theirs: list[float]) -> str:
+        if not (ours and theirs):
+            return ""
+        gap = statistics.fmean(ours) - statistics.fmean(theirs)
+        if min(len(ours), len(theirs)) < 2:  # one seed has no range to be apart from
+            return f"{gap:+.3f} (one seed)"
+        apart = max(ours) < min(theirs) or min(ours) > max(theirs)
+        return f"{gap:+.3f} ({'ranges apart' if apart else 'ranges overlap'})"
+
     forms = {"loss": lambda v: f"{v:.3f}", "bits_per_byte": lambda v: f"{v:.3f}", "tpf": lambda v: f"{v:.2f}"}
     for setting in sorted(labels):
         ns = sorted({run.n for run in finished if run.setting == setting})
-        against = plain if setting != plain and any(key[0] == plain and key[2] == 1 for key in groups) else None
-        compared = [n for n in ns if n != 1 or against is not None]
-        reference = "n=1" if against is None else "plain n=1"
-        counted = [f"n={n}" for n in ns] + ([reference] if against is not None else [])
+        if setting != plain and plain_ns:  # (its n, plain's n): each of its n against each of plain's
+            pairs = [((setting, n), (plain, m)) for n in ns for m in plain_ns]
+            named = {(plain, m): f"plain n={m}" for m in plain_ns}
+        else:
+            pairs = [((setting, n), (setting, 1)) for n in ns if n != 1 and 1 in ns]
+            named = {(setting, 1): "n=1"}
+        others = [key for key in named if key[0] != setting]
+        counted = [f"n={n}" for n in ns] + [named[key] for key in others]
         if len(labels) > 1:
             parts.append(f"### {labels[setting]}")
         seeds = f"seeds ({'/'.join(counted)})" if len(counted) > 1 else "seeds"
         columns = [
             "size", "non-embedding parameters", "tokens", seeds,
-            *(f"loss n={n}" for n in ns), *(f"n={n} - {reference}" for n in compared),
+            *(f"loss n={n}" for n in ns), *(f"n={ours[1]} - {named[theirs]}" for ours, theirs in pairs),
             *(f"bits/byte n={n}" for n in ns), *(f"tokens/forward n={n}" for n in ns if n != 1),
         ]  # fmt: skip
         lines = ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
@@ -539,29 +554,21 @@ def corpus_tables(finished: Sequence[SweepRun]) -> str:
             if not present:
                 continue
             first = present[0][0].results
-            base = groups.get((against, size, 1), []) if against is not None else by_n.get(1, [])
-            counts = [len(by_n[n]) for n in ns] + ([len(base)] if against is not None else [])
-            seeds = "/".join(map(str, counts))
-            losses = {n: [metric(r, "loss") for r in runs] for n, runs in by_n.items()}
-            ones = [metric(r, "loss") for r in base]
-            cells = [spread(losses[n], forms["loss"]) if losses[n] else "" for n in ns]
-            for n in compared:
-                if not (losses[n] and ones):
-                    cells.append("")
-                    continue
-                gap = statistics.fmean(losses[n]) - statistics.fmean(ones)
-                apart = max(losses[n]) < min(ones) or min(losses[n]) > max(ones)
-                if min(len(losses[n]), len(ones)) < 2:  # one seed has no range to be apart from
-                    cells.append(f"{gap:+.3f} (one seed)")
-                else:
-                    cells.append(f"{gap:+.3f} ({'ranges apart' if apart else 'ranges overlap'})")
+
+            def losses(key: tuple, size: str = size) -> list[float]:
+                return [metric(run, "loss") for run in groups.get((key[0], size, key[1]), [])]
+
+            counts = [len(by_n[n]) for n in ns] + [len(losses(key)) for key in others]
+            cells = [spread(losses((setting, n)), forms["loss"]) if by_n[n] else "" for n in ns]
+            cells += [difference(losses(ours), losses(theirs)) for ours, theirs in pairs]
             cells += [spread([metric(r, "bits_per_byte") for r in by_n[n]], forms["bits_per_byte"]) if by_n[n]
                       else "" for n in ns]  # fmt: skip
             cells += [spread([metric(r, "tpf") for r in by_n[n]], forms["tpf"]) if by_n[n] else ""
                       for n in ns if n != 1]  # fmt: skip
             tokens = f"{first['tokens'] / 1e6:.1f}M" if first.get("tokens") else ""
             parameters = f"{first.get('non_embedding_parameters', 0) / 1e6:.2f}M"
-            lines.append(f"| {size} | {parameters} | {tokens} | {seeds} | " + " | ".join(cells) + " |")
+            row = [size, parameters, tokens, "/".join(map(str, counts)), *cells]
+            lines.append("| " + " | ".join(row) + " |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
