@@ -59,7 +59,7 @@ from typing import NoReturn
 import torch
 
 from mtp.benchmarks.methods.heads import CHAIN
-from mtp.benchmarks.task_sweep import read_sweep
+from mtp.benchmarks.sweep_runs import read_sweep
 from mtp.commands.cli import checkout_root, run_script
 from mtp.errors import UserError
 from mtp.pretrained.reference import reference_model

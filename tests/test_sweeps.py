@@ -15,17 +15,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from mtp.benchmarks.task_sweep import (
-    aggregate,
-    read_summary,
-    read_sweep,
-    size_order,
-    summary_job,
-    sweep_provenance,
-    sweep_tables,
-    sweep_title,
-    write_summary,
-)
+from mtp.benchmarks.sweep_runs import aggregate, read_summary, read_sweep, size_order, summary_job, write_summary
+from mtp.benchmarks.task_sweep import sweep_provenance, sweep_tables, sweep_title
 from mtp.commands import eval_task
 from mtp.commands.pretrain import SWEEP_JOB, continue_sweep_job, job_folder, node_values
 from mtp.errors import UserError

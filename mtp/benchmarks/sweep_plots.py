@@ -1,6 +1,6 @@
-"""A sweep's figures (mtp/benchmarks/task_sweep.py reads and tabulates its runs): the paper's figure (accuracy against
-the number of operations, or against model size), the learning curves, and a corpus sweep's loss and drafts against
-the non-embedding parameters. Each needs matplotlib (the ``benchmarks`` extra)."""
+"""A sweep's figures (mtp/benchmarks/sweep_runs.py reads its runs, task_sweep.py tabulates them): the paper's figure
+(accuracy against the number of operations, or against model size), the learning curves, and a corpus sweep's loss and
+drafts against the non-embedding parameters. Each needs matplotlib (the ``benchmarks`` extra)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from mtp.benchmarks.common import require_plotting, save_figure
+from mtp.benchmarks.sweep_runs import SweepRun, aggregate, setting_labels, size_order
 from mtp.benchmarks.task_eval import CORPUS
-from mtp.benchmarks.task_sweep import SweepRun, aggregate, corpus_groups, curve_groups, setting_labels, size_order
+from mtp.benchmarks.task_sweep import corpus_groups, curve_groups
 
 
 def pyplot() -> Any:

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from mtp.benchmarks.memory import in_own_process, phase
-from mtp.benchmarks.task_sweep import SUMMARY, read_summary, summary_job, write_summary
+from mtp.benchmarks.sweep_runs import SUMMARY, read_summary, summary_job, write_summary
 from mtp.checkpoint.format import read_checkpoint
 from mtp.commands import bench_decode, distill, eval_task
 from mtp.commands.cli import checkout_root, errors_reported, run_script
@@ -333,7 +333,7 @@ def summary_folder(cfg: DictConfig, output_dir: Path) -> Path | None:
 
 
 def keep_summary(cfg: DictConfig, output_dir: Path, summary: Path) -> None:
-    """Write the job's summary (:func:`mtp.benchmarks.task_sweep.write_summary`) into ``summary`` from its scores
+    """Write the job's summary (:func:`mtp.benchmarks.sweep_runs.write_summary`) into ``summary`` from its scores
     (eval_task/results.json), Hydra's record of the job and its resolved config."""
     hydra = HydraConfig.get()
     results = json.loads((output_dir / EVAL_FOLDER / "results.json").read_text())

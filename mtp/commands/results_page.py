@@ -22,7 +22,8 @@ from typing import NoReturn
 
 from mtp.benchmarks.results_page import page, provenance
 from mtp.benchmarks.sweep_plots import plot_curves, plot_sweep
-from mtp.benchmarks.task_sweep import read_sweep, sweep_provenance, sweep_tables, sweep_title
+from mtp.benchmarks.sweep_runs import read_sweep
+from mtp.benchmarks.task_sweep import sweep_provenance, sweep_tables, sweep_title
 from mtp.commands.cli import run_script
 from mtp.errors import UserError
 

@@ -149,7 +149,8 @@ def test_results_name_the_commit_the_process_started_with(monkeypatch):
 def test_a_sweeps_page_shows_the_largest_peak_of_its_runs():
     from pathlib import Path
 
-    from mtp.benchmarks.task_sweep import SweepRun, sweep_provenance
+    from mtp.benchmarks.sweep_runs import SweepRun
+    from mtp.benchmarks.task_sweep import sweep_provenance
 
     def run(peak):
         recorded = {**RUN, **({"peak memory": peak} if peak else {})}
