@@ -2093,6 +2093,13 @@ MUTATIONS = [
         ),  # fmt: skip
     ),
     Mutation(
+        "llama.cpp's download builds every build dependency from source",
+        "LlamaCpp.at",
+        '"--no-binary", "llama-cpp-python",',
+        '"--no-binary", ":all:",',
+        ("tests/benchmarks/test_llama_cpp.py::test_the_source_is_fetched_alone_its_build_tools_as_wheels",),
+    ),
+    Mutation(
         "a lever's table sets its runs against its own n=1 (none), not plain training",
         "corpus_tables",
         "if setting != plain and plain_ns:",

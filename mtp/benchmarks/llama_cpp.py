@@ -99,8 +99,8 @@ class LlamaCpp:
             cache.mkdir(parents=True, exist_ok=True)
             if not source.is_dir():
                 _step(
-                    [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                     f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(cache)],
+                    [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", "llama-cpp-python",
+                     f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(cache)],  # its build tools as wheels
                     cache / "download.log", f"downloading llama-cpp-python {LLAMA_CPP_PYTHON}'s source from PyPI",
                 )  # fmt: skip
                 with tarfile.open(cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz") as archive:

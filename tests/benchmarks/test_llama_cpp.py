@@ -118,6 +118,22 @@ def test_a_build_that_fails_is_one_sentence_naming_its_log(monkeypatch, tmp_path
     assert not (tmp_path / "build.json").exists()  # recorded only once the tools are built
 
 
+def test_the_source_is_fetched_alone_its_build_tools_as_wheels(monkeypatch, tmp_path):
+    """pip downloads llama-cpp-python's sdist and nothing else from source: ``--no-binary :all:`` would build each of
+    its build dependencies from source too, in nested build environments (over an hour on 2 cores)."""
+    commands = []
+
+    def download(command, stdout, stderr):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 1)
+
+    monkeypatch.setattr(llama_cpp.subprocess, "run", download)
+    with pytest.raises(UserError, match=r"^downloading llama-cpp-python .* failed \(exit 1\); see "):
+        LlamaCpp.at(tmp_path)
+    (command,) = commands
+    assert command[command.index("--no-binary") + 1] == "llama-cpp-python" and "--no-deps" in command
+
+
 def test_the_peer_rows_count_forwards_and_check_each_reply_against_plain_decoding(tools):
     replies = ["def f(x):\n    return sum(x)", "def g():\n    pass"]
     tools.outputs["llama-completion"] = [completion(replies[0], 3, 10.0)]  # the warm-up
