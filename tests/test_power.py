@@ -2067,6 +2067,13 @@ MUTATIONS = [
         "return self.head_logits(1, self.head_states(idx)[-1])",
         (CORPUS_LOSS,),
     ),
+    Mutation(
+        "the size plot draws every setting of an n with one marker, a one-point setting told apart by nothing",
+        "plot_corpus",
+        '"marker": markers[index % len(markers)]',
+        '"marker": markers[0]',
+        ("tests/test_sweeps.py::test_the_size_plot_ticks_the_sizes_run_and_tells_every_setting_apart",),
+    ),
     # -- results that last: each finished job's summary, committed; pages from them; reruns skip them
     Mutation(
         "a rerun ignores the summaries kept in the results folder and trains the job again",

@@ -441,6 +441,32 @@ def test_a_lever_is_set_against_plain_training_of_its_size_at_every_n(tmp_path):
         assert len({line.count("|") for line in rows}) == 1  # the alignment row has a cell for every column
 
 
+def test_the_size_plot_ticks_the_sizes_run_and_tells_every_setting_apart(tmp_path, monkeypatch):
+    """Each line of the size trend's figure (n and setting) differs from every other in color, marker or style, so a
+    setting with one point is still told apart from another at the same n; the axis is ticked at the sizes run."""
+    pytest.importorskip("matplotlib")
+    from mtp.benchmarks import sweep_plots
+
+    sweep = tmp_path / "size_trend"
+    for n in (1, 4):
+        fake_corpus_job(sweep, "l6_1m", n, 0, 3.0 + n / 10, 1.0, 1_280_000)
+        fake_corpus_job(sweep, "l6_3m", n, 0, 2.8 + n / 10, 1.0, 3_790_000)
+    fake_corpus_job(sweep, "l6_1m", 4, 0, 3.2, 1.9, 1_280_000, "loss.loss_weights_schedule=forward")
+    fake_corpus_job(sweep, "l6_1m", 4, 0, 3.1, 1.8, 1_280_000, "loss=deepseek_v3")
+    fake_corpus_job(sweep, "l6_1m", 1, 0, 2.9, 1.0, 1_280_000, "loss.head1_targets=4")
+    figures = []
+    monkeypatch.setattr(sweep_plots, "save_figure", lambda figure, *_: figures.append(figure))
+    sweep_plots.plot_sweep(read_sweep([sweep])[0], tmp_path / "trend.png", "trend")
+    (figure,) = figures
+    for ax in figure.axes:
+        assert [label.get_text() for label in ax.get_xticklabels()] == ["1.28", "3.79"]
+        lines = {bars.get_label(): bars.lines[0] for bars in ax.containers}  # an error bar's data line and its label
+        assert len(lines) == 5
+        looks = {(line.get_color(), line.get_marker(), line.get_linestyle()) for line in lines.values()}
+        assert len(looks) == len(lines)
+        assert len({line.get_marker() for label, line in lines.items() if label.startswith("n=4")}) == 3
+
+
 # -- results that last: each finished job's summary, kept in the repository's results folder
 
 

@@ -118,15 +118,17 @@ def plot_curves(finished: Sequence[SweepRun], path: Path, title: str) -> None:
 
 def plot_corpus(finished: Sequence[SweepRun], path: Path, title: str) -> None:
     """The size trend: head 1's held-out loss and the tokens per forward of self-speculative decoding against the
-    non-embedding parameters, one line per n (and setting), the seeds' range as error bars."""
+    non-embedding parameters (ticked at the sizes run), one line per n (color) and setting (marker and style), the
+    seeds' range as error bars."""
     plt = pyplot()
     groups = corpus_groups(finished)
     fig, (loss_ax, draft_ax) = plt.subplots(1, 2, figsize=(10, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     ns = sorted({run.n for run in finished})
     labels = setting_labels({run.setting for run in finished})[1]
-    styles = ["-", "--", ":", "-."]
+    styles, markers = ["-", "--", ":", "-."], ["o", "s", "^", "D", "v", "P", "X", "*"]
     sizes = size_order(finished)
+    ticks = sorted({run.results.get("non_embedding_parameters", 0) / 1e6 for run in finished})
     for index, setting in enumerate(sorted(labels)):
         for n in ns:
             series = [groups[(setting, size, n)] for size in sizes if (setting, size, n) in groups]
@@ -134,8 +136,8 @@ def plot_corpus(finished: Sequence[SweepRun], path: Path, title: str) -> None:
                 continue
             xs = [runs[0].results.get("non_embedding_parameters", 0) / 1e6 for runs in series]
             label = f"n={n}" + (f", {labels[setting]}" if len(labels) > 1 else "")
-            style = {"color": colors[ns.index(n) % len(colors)], "linestyle": styles[index % 4], "marker": "o",
-                     "capsize": 4, "label": label}  # fmt: skip
+            style = {"color": colors[ns.index(n) % len(colors)], "linestyle": styles[index % 4],
+                     "marker": markers[index % len(markers)], "capsize": 4, "label": label}  # fmt: skip
             for ax, value in (
                 (loss_ax, lambda r: r.results["rows"][0]["loss"]),
                 (draft_ax, lambda r: r.results["decoding"]["tokens_per_forward"]),
@@ -147,6 +149,8 @@ def plot_corpus(finished: Sequence[SweepRun], path: Path, title: str) -> None:
                 ax.errorbar(xs, means, yerr=bars, **style)
     for ax, name in ((loss_ax, "head 1's held-out loss (nats per token)"), (draft_ax, "tokens per forward, greedy")):
         ax.set_xscale("log")
+        ax.set_xticks(ticks, [f"{tick:.3g}" for tick in ticks])  # the sizes run, not a log axis' powers of ten
+        ax.minorticks_off()
         ax.set_xlabel("non-embedding parameters (millions)")
         ax.set_ylabel(name)
         ax.grid(True, alpha=0.3)
